@@ -1,0 +1,1 @@
+"""Weight conversion between our MAE layout and other codebases' layouts."""

@@ -1,0 +1,223 @@
+"""The masked autoencoder: a ViT encoder on the visible patches, a light decoder with mask tokens.
+
+Parameter names and layout are those of the official MAE model (``models_mae.py``), so its
+checkpoints load with ``strict=True``; the encoder's names are timm ``VisionTransformer``'s.
+
+References: He et al., "Masked Autoencoders Are Scalable Vision Learners" (2021).
+"""
+
+from functools import partial
+
+import torch
+from timm.layers import PatchEmbed, to_2tuple
+from timm.models.vision_transformer import Block
+from torch import nn
+
+from mae.models.loss import masked_patch_mse
+from mae.models.masking import MASK_STRATEGIES, check_mask_ratio, random_masking, sample_noise
+from mae.models.pos_embed import sincos_2d
+
+
+class MaskedAutoencoderViT(nn.Module):
+    """Masked autoencoder with a Vision Transformer backbone.
+
+    Args:
+        img_size: input size, an int for square images or (H, W); divisible by ``patch_size``.
+        patch_size: patch side p in pixels.
+        in_chans: input channels C.
+        embed_dim: encoder width D.
+        depth: encoder blocks.
+        num_heads: encoder attention heads.
+        decoder_embed_dim: decoder width.
+        decoder_depth: decoder blocks.
+        decoder_num_heads: decoder attention heads.
+        mlp_ratio: MLP hidden width / block width, for encoder and decoder.
+        norm_pix_loss: regress per-patch normalised pixels (the paper's released models do).
+        mask_strategy: how patches are chosen for removal: "random" (the paper's default),
+            "block" (BEiT-style blocks) or "grid" (keep one patch of every 2x2 cell).
+        layer_norm_eps: epsilon of every LayerNorm (1e-6 in the official factories).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        embed_dim: int = 1024,
+        depth: int = 24,
+        num_heads: int = 16,
+        decoder_embed_dim: int = 512,
+        decoder_depth: int = 8,
+        decoder_num_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        norm_pix_loss: bool = False,
+        mask_strategy: str = "random",
+        layer_norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        img_size = to_2tuple(img_size)
+        if img_size[0] % patch_size or img_size[1] % patch_size:
+            raise ValueError(
+                f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {patch_size}; "
+                f"use a multiple of {patch_size} (e.g. {img_size[0] // patch_size * patch_size})"
+            )
+        for name, dim, heads in (("", embed_dim, num_heads), ("decoder_", decoder_embed_dim, decoder_num_heads)):
+            if dim % heads:
+                raise ValueError(f"{name}embed_dim {dim} is not divisible by {name}num_heads {heads}")
+            if dim % 4:
+                raise ValueError(f"{name}embed_dim {dim} must be divisible by 4 for 2-D sin-cos position embeddings")
+        if mask_strategy not in MASK_STRATEGIES:
+            raise ValueError(f"mask_strategy {mask_strategy!r} is unknown; expected one of {MASK_STRATEGIES}")
+        self.norm_pix_loss = norm_pix_loss
+        self.mask_strategy = mask_strategy
+        norm_layer = partial(nn.LayerNorm, eps=layer_norm_eps)
+        block = partial(Block, mlp_ratio=mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
+
+        # Encoder: exactly timm VisionTransformer's parts and names.
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        grid_size = self.patch_embed.grid_size
+        if mask_strategy == "grid" and (grid_size[0] % 2 or grid_size[1] % 2):
+            raise ValueError(f"grid masking needs an even patch grid, got {grid_size[0]}x{grid_size[1]}")
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        # Fixed sin-cos position embeddings: buffers, so no optimizer ever sees them.
+        self.register_buffer("pos_embed", sincos_2d(embed_dim, grid_size).unsqueeze(0))
+        self.blocks = nn.Sequential(*[block(embed_dim, num_heads) for _ in range(depth)])
+        self.norm = norm_layer(embed_dim)
+
+        # Decoder
+        self.decoder_embed = nn.Linear(embed_dim, decoder_embed_dim)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
+        self.register_buffer("decoder_pos_embed", sincos_2d(decoder_embed_dim, grid_size).unsqueeze(0))
+        self.decoder_blocks = nn.Sequential(*[block(decoder_embed_dim, decoder_num_heads) for _ in range(decoder_depth)])
+        self.decoder_norm = norm_layer(decoder_embed_dim)
+        self.decoder_pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
+
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """Xavier-uniform linears and patch projection (as a linear), normal(0.02) tokens."""
+        w = self.patch_embed.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        nn.init.normal_(self.cls_token, std=0.02)
+        nn.init.normal_(self.mask_token, std=0.02)
+        self.apply(_init_linear_and_norm)
+
+    @property
+    def patch_size(self) -> int:
+        return self.patch_embed.patch_size[0]
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """(H/p, W/p)."""
+        return tuple(self.patch_embed.grid_size)
+
+    @property
+    def num_patches(self) -> int:
+        """L = H/p * W/p."""
+        return self.patch_embed.num_patches
+
+    def patchify(self, imgs: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) images -> (N, L, p*p*C) patches, row-major, pixels ordered (p, p, C)."""
+        N, C, H, W = imgs.shape
+        p = self.patch_size
+        h, w = H // p, W // p
+        x = imgs.reshape(N, C, h, p, w, p)
+        x = torch.einsum("nchpwq->nhwpqc", x)
+        return x.reshape(N, h * w, p * p * C)
+
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, L, p*p*C) patches -> (N, C, H, W) images; inverse of ``patchify``."""
+        N = x.shape[0]
+        p = self.patch_size
+        h, w = self.grid_size
+        C = x.shape[-1] // (p * p)
+        x = x.reshape(N, h, w, p, p, C)
+        x = torch.einsum("nhwpqc->nchpwq", x)
+        return x.reshape(N, C, h * p, w * p)
+
+    def sample_noise(
+        self, batch_size: int, mask_ratio: float, device: torch.device | str = "cpu", generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """(N, L) masking scores for this model's strategy (small score = visible patch)."""
+        return sample_noise(self.mask_strategy, batch_size, self.grid_size, mask_ratio, device, generator)
+
+    def forward_encoder(
+        self, imgs: torch.Tensor, mask_ratio: float, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Encode the visible patches only.
+
+        Args:
+            imgs: (N, C, H, W).
+            mask_ratio: fraction of patches removed, in [0, 1).
+            noise: (N, L) masking scores (small = kept); drawn by ``mask_strategy`` when None.
+
+        Returns:
+            latent: (N, 1 + len_keep, D), cls token first, ``len_keep = int(L * (1 - mask_ratio))``.
+            mask: (N, L), 0 = visible, 1 = masked.
+            ids_restore: (N, L) permutation that puts the shuffled tokens back in patch order.
+        """
+        check_mask_ratio(mask_ratio, self.mask_strategy)
+        x = self.patch_embed(imgs)
+        x = x + self.pos_embed[:, 1:, :]
+        if noise is None:
+            noise = self.sample_noise(x.shape[0], mask_ratio, x.device)
+        x, mask, ids_restore = random_masking(x, mask_ratio, noise)
+
+        cls_token = self.cls_token + self.pos_embed[:, :1, :]
+        x = torch.cat([cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.blocks(x)
+        x = self.norm(x)
+        return x, mask, ids_restore
+
+    def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
+        """Reconstruct every patch from the visible latents plus mask tokens.
+
+        Args:
+            latent: (N, 1 + len_keep, D) encoder output.
+            ids_restore: (N, L) from ``forward_encoder``.
+
+        Returns:
+            (N, L, p*p*C) predicted pixels of every patch, in patch order.
+        """
+        x = self.decoder_embed(latent)
+        N, L = ids_restore.shape
+        mask_tokens = self.mask_token.expand(N, L + 1 - x.shape[1], -1)
+        x_ = torch.cat([x[:, 1:, :], mask_tokens], dim=1)  # shuffled order: visible first
+        x_ = torch.gather(x_, 1, ids_restore.unsqueeze(-1).expand(-1, -1, x.shape[2]))
+        x = torch.cat([x[:, :1, :], x_], dim=1)
+        x = x + self.decoder_pos_embed
+
+        x = self.decoder_blocks(x)
+        x = self.decoder_norm(x)
+        x = self.decoder_pred(x)
+        return x[:, 1:, :]
+
+    def forward_loss(self, imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """MSE between ``pred`` (N, L, p*p*C) and the patches of ``imgs``, on masked patches only."""
+        return masked_patch_mse(pred, self.patchify(imgs), mask, self.norm_pix_loss)
+
+    def forward(
+        self, imgs: torch.Tensor, mask_ratio: float = 0.75, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns (loss, pred (N, L, p*p*C), mask (N, L) with 1 = masked)."""
+        latent, mask, ids_restore = self.forward_encoder(imgs, mask_ratio, noise)
+        pred = self.forward_decoder(latent, ids_restore)
+        loss = self.forward_loss(imgs, pred, mask)
+        return loss, pred, mask
+
+    def forward_features(self, imgs: torch.Tensor) -> torch.Tensor:
+        """Encoder on all patches, no masking: (N, C, H, W) -> (N, 1 + L, D), normed, patch order."""
+        x = self.patch_embed(imgs) + self.pos_embed[:, 1:, :]
+        cls_token = self.cls_token + self.pos_embed[:, :1, :]
+        x = torch.cat([cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.norm(self.blocks(x))
+
+
+def _init_linear_and_norm(m: nn.Module) -> None:
+    if isinstance(m, nn.Linear):
+        nn.init.xavier_uniform_(m.weight)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)

@@ -1,0 +1,163 @@
+"""Patch masking: which patches the encoder sees.
+
+Every strategy is expressed as a per-patch score ("noise", shape (N, L)); ``random_masking``
+keeps the ``int(L * (1 - mask_ratio))`` patches with the *smallest* score. For the paper's
+default strategy the score is uniform noise, exactly as in the official code; the other
+strategies of the paper's ablation (Table 1f) only choose their scores differently, so every
+strategy keeps the same number of patches and batches stay rectangular.
+
+References: He et al., MAE (2021), Sec. 3 and Table 1f; Bao et al., BEiT (2021), Alg. 1 for
+block-wise masking.
+"""
+
+import math
+import random
+from typing import Literal
+
+import torch
+
+MaskStrategy = Literal["random", "block", "grid"]
+MASK_STRATEGIES: tuple[str, ...] = ("random", "block", "grid")
+
+
+def num_kept(num_patches: int, mask_ratio: float) -> int:
+    """Number of visible patches: ``int(L * (1 - mask_ratio))``, as the official code rounds."""
+    return int(num_patches * (1 - mask_ratio))
+
+
+def check_mask_ratio(mask_ratio: float, strategy: str = "random") -> None:
+    """Raise ``ValueError`` for a ratio outside [0, 1) or a ratio the strategy cannot produce."""
+    if strategy not in MASK_STRATEGIES:
+        raise ValueError(f"mask strategy {strategy!r} is unknown; expected one of {MASK_STRATEGIES}")
+    if not 0.0 <= mask_ratio < 1.0:
+        raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
+    if strategy == "grid" and not math.isclose(mask_ratio, 0.75):
+        raise ValueError(f"grid masking keeps one patch of every 2x2 cell, so mask_ratio must be 0.75, got {mask_ratio}")
+
+
+def random_masking(
+    x: torch.Tensor, mask_ratio: float, noise: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep the patches with the smallest noise, per sample.
+
+    Args:
+        x: (N, L, D) patch tokens.
+        mask_ratio: fraction of patches to remove, in [0, 1).
+        noise: (N, L) scores; small noise is kept. Uniform random when None.
+
+    Returns:
+        x_kept: (N, len_keep, D) visible tokens, in ascending-noise order.
+        mask: (N, L) float, 0 = keep, 1 = remove, in the original patch order.
+        ids_restore: (N, L) indices that undo the shuffle: ``gather(shuffled, ids_restore)``.
+    """
+    N, L, D = x.shape
+    len_keep = num_kept(L, mask_ratio)
+    if noise is None:
+        noise = torch.rand(N, L, device=x.device)
+    elif noise.shape != (N, L):
+        raise ValueError(f"noise must have shape (N, L) = {(N, L)}, got {tuple(noise.shape)}")
+
+    ids_shuffle = torch.argsort(noise.to(x.device), dim=1)
+    ids_restore = torch.argsort(ids_shuffle, dim=1)
+    ids_keep = ids_shuffle[:, :len_keep]
+    x_kept = torch.gather(x, 1, ids_keep.unsqueeze(-1).expand(-1, -1, D))
+
+    mask = torch.ones(N, L, device=x.device, dtype=x.dtype)
+    mask.scatter_(1, ids_keep, 0.0)
+    return x_kept, mask, ids_restore
+
+
+def block_mask(
+    grid_size: tuple[int, int],
+    num_masked: int,
+    rng: random.Random,
+    min_block_patches: int = 16,
+    min_aspect: float = 0.3,
+) -> torch.Tensor:
+    """One BEiT-style block-wise mask with exactly ``num_masked`` patches removed.
+
+    Rectangles of random area and aspect ratio are added until the target count is reached;
+    if no rectangle fits any more (small grids), the remainder is filled with random single
+    patches so the count is always exact.
+
+    Returns:
+        (H/p, W/p) bool, True = masked.
+    """
+    grid_h, grid_w = grid_size
+    mask = torch.zeros(grid_h, grid_w, dtype=torch.bool)
+    log_aspect = (math.log(min_aspect), math.log(1 / min_aspect))
+    min_area = min(min_block_patches, num_masked)
+    count = 0
+    while count < num_masked:
+        budget = num_masked - count
+        added = 0
+        for _ in range(10):  # BEiT's attempts per block
+            area = rng.uniform(min(min_area, budget), budget)
+            aspect = math.exp(rng.uniform(*log_aspect))
+            h = int(round(math.sqrt(area * aspect)))
+            w = int(round(math.sqrt(area / aspect)))
+            if not (0 < h <= grid_h and 0 < w <= grid_w):
+                continue
+            top, left = rng.randint(0, grid_h - h), rng.randint(0, grid_w - w)
+            block = mask[top : top + h, left : left + w]
+            new = h * w - int(block.sum())
+            if 0 < new <= budget:
+                block.fill_(True)
+                added = new
+                break
+        if added == 0:
+            break
+        count += added
+    if count < num_masked:
+        free = torch.nonzero(~mask.flatten()).flatten().tolist()
+        fill = rng.sample(free, num_masked - count)
+        mask.view(-1)[fill] = True
+    return mask
+
+
+def block_noise(
+    batch_size: int,
+    grid_size: tuple[int, int],
+    mask_ratio: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """(N, L) scores for block-wise masking: masked patches score in [1, 2), kept in [0, 1)."""
+    L = grid_size[0] * grid_size[1]
+    num_masked = L - num_kept(L, mask_ratio)
+    # One draw from torch's generator seeds the Python RNG, so global seeding reproduces masks.
+    rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    masks = torch.stack([block_mask(grid_size, num_masked, rng).flatten() for _ in range(batch_size)])
+    return masks.float() + torch.rand(batch_size, L, generator=generator)
+
+
+def grid_noise(batch_size: int, grid_size: tuple[int, int]) -> torch.Tensor:
+    """(N, L) scores for grid masking: keep the top-left patch of every 2x2 cell."""
+    grid_h, grid_w = grid_size
+    if grid_h % 2 or grid_w % 2:
+        raise ValueError(f"grid masking needs an even patch grid, got {grid_h}x{grid_w}")
+    rows = torch.arange(grid_h).reshape(-1, 1)
+    cols = torch.arange(grid_w).reshape(1, -1)
+    masked = ((rows % 2 == 1) | (cols % 2 == 1)).flatten().float()
+    order = torch.arange(grid_h * grid_w) / (grid_h * grid_w)  # keeps visible tokens in raster order
+    return (masked + order).expand(batch_size, -1).clone()
+
+
+def sample_noise(
+    strategy: str,
+    batch_size: int,
+    grid_size: tuple[int, int],
+    mask_ratio: float,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """(N, L) masking scores for ``strategy``; pass them to ``random_masking`` as ``noise``.
+
+    ``generator`` must live on the CPU for ``block`` and on ``device`` for ``random``.
+    """
+    check_mask_ratio(mask_ratio, strategy)
+    L = grid_size[0] * grid_size[1]
+    if strategy == "random":
+        return torch.rand(batch_size, L, device=device, generator=generator)
+    if strategy == "block":
+        return block_noise(batch_size, grid_size, mask_ratio, generator).to(device)
+    return grid_noise(batch_size, grid_size).to(device)

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from mae.models.masking import block_noise, check_mask_ratio, grid_noise, num_kept, random_masking, sample_noise
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.4, 0.75, 0.9, 0.999])
+def test_random_masking__keeps_int_L_times_one_minus_ratio(ratio):
+    x = torch.randn(3, 49, 8)
+    kept, mask, ids_restore = random_masking(x, ratio)
+    assert kept.shape == (3, int(49 * (1 - ratio)), 8)
+    assert torch.all(mask.sum(1) == 49 - int(49 * (1 - ratio)))
+
+
+def test_random_masking__keeps_smallest_noise_in_ascending_order():
+    x = torch.arange(6.0).reshape(1, 6, 1)
+    noise = torch.tensor([[0.5, 0.1, 0.9, 0.3, 0.7, 0.2]])
+    kept, mask, _ = random_masking(x, 0.5, noise)
+    assert kept.flatten().tolist() == [1.0, 5.0, 3.0]
+    assert mask.tolist() == [[1.0, 0.0, 1.0, 0.0, 1.0, 0.0]]
+
+
+def test_random_masking__ids_restore_undoes_the_shuffle():
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, 3)
+    noise = torch.rand(4, 16)
+    ids_shuffle = torch.argsort(noise, dim=1)
+    shuffled = torch.gather(x, 1, ids_shuffle.unsqueeze(-1).expand(-1, -1, 3))
+    _, _, ids_restore = random_masking(x, 0.75, noise)
+    restored = torch.gather(shuffled, 1, ids_restore.unsqueeze(-1).expand(-1, -1, 3))
+    torch.testing.assert_close(restored, x)
+
+
+def test_random_masking__rejects_noise_of_wrong_shape():
+    with pytest.raises(ValueError, match="noise must have shape"):
+        random_masking(torch.randn(2, 16, 4), 0.75, torch.rand(2, 15))
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.0, 1.5])
+def test_check_mask_ratio__outside_unit_interval_is_an_error(ratio):
+    with pytest.raises(ValueError, match=r"mask_ratio must be in \[0, 1\)"):
+        check_mask_ratio(ratio)
+
+
+def test_check_mask_ratio__grid_needs_075_and_unknown_strategy_fails():
+    check_mask_ratio(0.75, "grid")
+    with pytest.raises(ValueError, match="grid masking"):
+        check_mask_ratio(0.5, "grid")
+    with pytest.raises(ValueError, match="unknown"):
+        check_mask_ratio(0.75, "checkerboard")
+
+
+@pytest.mark.parametrize("ratio", [0.4, 0.5, 0.75, 0.9])
+@pytest.mark.parametrize("grid", [(8, 8), (14, 14), (4, 6)])
+def test_block_noise__exact_count_and_contiguous_blocks(ratio, grid):
+    gen = torch.Generator().manual_seed(0)
+    L = grid[0] * grid[1]
+    noise = block_noise(8, grid, ratio, gen)
+    x = torch.randn(8, L, 2)
+    kept, mask, _ = random_masking(x, ratio, noise)
+    assert kept.shape[1] == num_kept(L, ratio)
+    assert torch.all(mask.sum(1) == L - num_kept(L, ratio))
+    # masked patches are kept together: most masked patches have a masked 4-neighbour
+    m = mask.reshape(8, *grid).bool()
+    neighbour = torch.zeros_like(m)
+    neighbour[:, 1:] |= m[:, :-1]
+    neighbour[:, :-1] |= m[:, 1:]
+    neighbour[:, :, 1:] |= m[:, :, :-1]
+    neighbour[:, :, :-1] |= m[:, :, 1:]
+    assert (m & neighbour).sum() / m.sum() > 0.9
+
+
+def test_block_noise__is_reproducible_with_a_seeded_generator():
+    a = block_noise(4, (8, 8), 0.75, torch.Generator().manual_seed(3))
+    b = block_noise(4, (8, 8), 0.75, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(a, b)
+
+
+def test_grid_noise__keeps_top_left_of_every_2x2_cell():
+    _, mask, _ = random_masking(torch.randn(2, 16, 1), 0.75, grid_noise(2, (4, 4)))
+    expected = torch.ones(4, 4)
+    expected[::2, ::2] = 0
+    assert torch.equal(mask[0].reshape(4, 4), expected)
+    assert torch.equal(mask[1], mask[0])
+
+
+def test_grid_noise__odd_grid_is_an_error():
+    with pytest.raises(ValueError, match="even patch grid"):
+        grid_noise(1, (7, 7))
+
+
+def test_sample_noise__random_is_uniform_noise_of_shape_N_L():
+    noise = sample_noise("random", 5, (4, 4), 0.75, generator=torch.Generator().manual_seed(0))
+    assert noise.shape == (5, 16)
+    assert noise.min() >= 0 and noise.max() < 1
