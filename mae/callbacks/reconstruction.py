@@ -1,0 +1,83 @@
+"""Periodic reconstruction figures of a fixed batch, saved as PNG and sent to the logger."""
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from torchvision.utils import save_image
+
+from mae.visualize import reconstruct, reconstruction_grid
+
+
+class ReconstructionCallback(pl.Callback):
+    """Every ``every_n_epochs`` epochs (and after the last), render ``num_images`` fixed images.
+
+    The images come from the validation split when there is one (else the training split, drawn
+    once); the masks are fixed by ``seed``, so figures from different epochs are comparable.
+    Files: ``<log_dir>/reconstructions/epoch_XXXX.png``.
+
+    Args:
+        every_n_epochs: render period in epochs; 0 disables the callback.
+        num_images: rows in the figure.
+        seed: seed of the fixed masks.
+    """
+
+    def __init__(self, every_n_epochs: int = 1, num_images: int = 8, seed: int = 0) -> None:
+        if every_n_epochs < 0 or num_images < 1:
+            raise ValueError(f"need every_n_epochs >= 0 and num_images >= 1, got {every_n_epochs}, {num_images}")
+        self.every_n_epochs = every_n_epochs
+        self.num_images = num_images
+        self.seed = seed
+        self.images: torch.Tensor | None = None
+        self.last_path: Path | None = None
+
+    def _fixed_images(self, trainer: pl.Trainer) -> torch.Tensor:
+        datamodule = trainer.datamodule
+        dataset = getattr(datamodule, "val_set", None) or getattr(datamodule, "train_set", None)
+        if dataset is None:
+            return next(iter(trainer.train_dataloader))[0][: self.num_images]
+        count = min(self.num_images, len(dataset))
+        spread = torch.linspace(0, len(dataset) - 1, count).long().tolist()  # across classes, not the first few
+        return torch.stack([dataset[i][0] for i in spread])
+
+    @rank_zero_only
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.every_n_epochs == 0:
+            return
+        epoch = trainer.current_epoch + 1
+        last = trainer.max_epochs is not None and epoch >= trainer.max_epochs
+        if epoch % self.every_n_epochs and not last:
+            return
+        self.last_path = self.render(trainer, pl_module, epoch)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Runs stopped by max_steps end mid-epoch: still leave a figure of the final weights.
+        if self.every_n_epochs and trainer.is_global_zero and self.last_path is None:
+            self.last_path = self.render(trainer, pl_module, trainer.current_epoch)
+
+    def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> Path:
+        """Write the figure for ``epoch`` and return its path."""
+        if self.images is None:
+            self.images = self._fixed_images(trainer)
+        model = pl_module.model
+        dtype = next(model.parameters()).dtype
+        imgs = self.images.to(pl_module.device, dtype)
+        generator = torch.Generator().manual_seed(self.seed)
+        noise = model.sample_noise(imgs.shape[0], pl_module.mask_ratio, "cpu", generator).to(imgs.device)
+        was_training = model.training
+        model.eval()
+        grid = reconstruction_grid(reconstruct(model, imgs, pl_module.mask_ratio, noise))
+        model.train(was_training)
+
+        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "reconstructions"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"epoch_{epoch:04d}.png"
+        save_image(grid, path)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_image("reconstructions", grid, trainer.global_step)
+            elif hasattr(logger, "log_image"):  # W&B, Neptune, MLflow
+                logger.log_image(key="reconstructions", images=[grid], step=trainer.global_step)
+        return path

@@ -1,0 +1,96 @@
+"""Command-line entry points on LightningCLI: every model, data and trainer key from YAML or flags."""
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+
+from mae.callbacks import ImageThroughputMonitor, ReconstructionCallback
+from mae.checkpoint_io import AtomicCheckpointIO
+from mae.data import ImageDataModule
+from mae.pretrain import MAEPretrainModule
+
+PRETRAIN_TRAINER_DEFAULTS: dict[str, Any] = {
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": "runs", "name": "pretrain"},
+    },
+    "log_every_n_steps": 10,
+}
+
+
+class PretrainCLI(LightningCLI):
+    """``train.py``: one input size (``data.img_size``) feeds the model; checkpoints, reconstruction
+    figures and throughput logging are always on and configured under their own keys."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.filename": "epoch_{epoch:04d}",
+                "checkpoint.auto_insert_metric_name": False,
+                "checkpoint.save_last": True,
+                "checkpoint.save_top_k": -1,
+                "checkpoint.every_n_epochs": 10,
+            }
+        )
+        parser.add_lightning_class_args(ReconstructionCallback, "reconstruction")
+        parser.add_lightning_class_args(ImageThroughputMonitor, "throughput")
+        parser.add_argument(
+            "--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint, e.g. <run>/checkpoints/last.ckpt"
+        )
+
+
+def use_atomic_checkpoints(trainer: pl.Trainer) -> None:
+    """Swap the default checkpoint writer for one that writes to a temporary file and renames it."""
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+
+def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
+    """Parse the config, build model/data/trainer, train, and print where the outputs are."""
+    cli = PretrainCLI(
+        MAEPretrainModule,
+        ImageDataModule,
+        subclass_mode_data=True,
+        run=False,
+        args=args,
+        seed_everything_default=0,
+        trainer_defaults=PRETRAIN_TRAINER_DEFAULTS,
+        save_config_kwargs={"overwrite": True},
+    )
+    ckpt_path = cli.config.ckpt_path
+    if ckpt_path is not None and not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path} does not exist (expected a .ckpt file written by train.py)")
+    use_atomic_checkpoints(cli.trainer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    print_run_summary(cli.trainer)
+    return cli
+
+
+@rank_zero_only
+def print_run_summary(trainer: pl.Trainer) -> None:
+    """Tell the user where the run's outputs are and how the loss went."""
+    log_dir = Path(trainer.log_dir or trainer.default_root_dir)
+    lines = [f"Run folder: {log_dir}"]
+    for name, path in (("config", log_dir / "config.yaml"), ("metrics", log_dir / "metrics.csv")):
+        if path.exists():
+            lines.append(f"  {name + ':':<18}{path}")
+    checkpoint = trainer.checkpoint_callback
+    if checkpoint is not None and checkpoint.last_model_path:
+        lines.append(f"  {'last checkpoint:':<18}{checkpoint.last_model_path}")
+    if checkpoint is not None and checkpoint.best_model_path and checkpoint.monitor:
+        lines.append(f"  {'best checkpoint:':<18}{checkpoint.best_model_path} ({checkpoint.monitor})")
+    figures = [cb.last_path for cb in trainer.callbacks if isinstance(cb, ReconstructionCallback) and cb.last_path]
+    if figures:
+        lines.append(f"  {'reconstructions:':<18}{figures[0]}")
+    losses = getattr(trainer.lightning_module, "epoch_losses", [])
+    if losses:
+        shown = " -> ".join(f"{v:.4f}" for v in losses)
+        lines.append(f"  train loss per epoch: {shown}")
+    print("\n".join(lines), flush=True)
