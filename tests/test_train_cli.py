@@ -1,0 +1,127 @@
+"""train.py end to end, as a subprocess, on data the tests write."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.helpers import write_cifar, write_image_folder
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = {
+    "model": "mae_vit_tiny_patch4",
+    "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2, "decoder_embed_dim": 32, "decoder_depth": 1,
+                     "decoder_num_heads": 2},
+    "warmup_epochs": 1,
+}
+
+
+def _config(tmp_path: Path, data: dict, max_epochs: int) -> Path:
+    config = {
+        "seed_everything": 0,
+        "model": TINY_MODEL,
+        "data": data,
+        "trainer": {
+            "max_epochs": max_epochs, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                       "init_args": {"save_dir": str(tmp_path / "runs"), "name": "test"}},
+        },
+        "checkpoint": {"every_n_epochs": 1},
+        "reconstruction": {"every_n_epochs": 1, "num_images": 2},
+        "throughput": {"window_size": 2},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_train__image_folder_then_resume_continues_at_the_right_step(tmp_path):
+    classes = ["cat", "dog", "owl"]
+    write_image_folder(tmp_path / "data" / "train", classes, per_class=4, size=(50, 37))
+    write_image_folder(tmp_path / "data" / "val", classes, per_class=2, size=(37, 50), seed=1)
+    data = {"class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {"root": str(tmp_path / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0}}
+    config = _config(tmp_path, data, max_epochs=2)
+    first = _train("--config", str(config))
+
+    run = tmp_path / "runs" / "test" / "version_0"
+    assert "12 training images in 3 classes, 6 validation images" in first.stdout + first.stderr
+    assert "Run folder:" in first.stdout and "last.ckpt" in first.stdout
+    assert (run / "config.yaml").exists()
+    assert (run / "reconstructions" / "epoch_0002.png").exists()
+    last = run / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 6 and ckpt["epoch"] == 1
+    assert "model.cls_token" in ckpt["state_dict"]
+    rows = _metrics(run)
+    assert any(r.get("val/loss") for r in rows)
+    assert any(r.get("train/device/samples_per_sec") for r in rows)
+    lrs = {int(r["step"]): float(r["train/lr"]) for r in rows if r.get("train/lr")}
+
+    _train("--config", str(config), "--trainer.max_epochs", "3", "--ckpt_path", str(last))
+    resumed_run = tmp_path / "runs" / "test" / "version_1"
+    resumed = torch.load(resumed_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert resumed["global_step"] == 9 and resumed["epoch"] == 2
+    steps = [int(r["step"]) for r in _metrics(resumed_run) if r.get("train/lr")]
+    assert min(steps) >= 6  # no step repeated from the start
+    assert lrs  # the first run logged its lr per step
+
+
+def test_train__cifar_files(tmp_path):
+    write_cifar(tmp_path / "cifar", "cifar10", train_per_batch=4, test=4)
+    data = {"class_path": "mae.data.CIFARDataModule",
+            "init_args": {"root": str(tmp_path / "cifar"), "img_size": 32, "batch_size": 5, "num_workers": 0}}
+    config = _config(tmp_path, data, max_epochs=1)
+    result = _train("--config", str(config), "--trainer.max_steps", "3", "--model.warmup_epochs", "0")
+    run = tmp_path / "runs" / "test" / "version_0"
+    assert (run / "checkpoints" / "last.ckpt").exists()
+    assert list((run / "reconstructions").glob("*.png"))
+    assert "20 training images in 10 classes" in result.stdout + result.stderr
+
+
+def test_train__unknown_key_fails_loudly(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain/default.yaml", "--model.mask_ration", "0.5"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0 and "mask_ration" in result.stderr
+
+
+def test_train__missing_resume_checkpoint_is_named(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain/default.yaml",
+         "--ckpt_path", str(tmp_path / "nope.ckpt"), "--trainer.logger", "false"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0 and "nope.ckpt does not exist" in result.stderr
+
+
+def test_train__print_config_shows_the_resolved_recipe():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain/imagenet_vit_base.yaml", "--print_config"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["model"]["base_lr"] == 1.5e-4 and printed["trainer"]["max_epochs"] == 800
+    assert printed["data"]["init_args"]["img_size"] == 224
+    with pytest.raises(KeyError):
+        printed["model"]["img_size"]  # linked from data.img_size, not settable twice

@@ -1,0 +1,59 @@
+import torch
+
+from mae.callbacks import ReconstructionCallback
+from mae.models import MaskedAutoencoderViT
+from mae.visualize import denormalize, reconstruct, reconstruction_grid
+from tests.conftest import TINY
+
+
+def test_reconstruct__norm_pix_prediction_is_unnormalised_with_target_statistics():
+    torch.manual_seed(0)
+    model = MaskedAutoencoderViT(**TINY, norm_pix_loss=True).eval()
+    imgs = torch.randn(2, 3, 32, 32)
+    target = model.patchify(imgs)
+    normed = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6).sqrt()
+    # a model that predicts the normalised target perfectly
+    model.forward_decoder = lambda latent, ids_restore: normed
+    views = reconstruct(model, imgs, 0.75)
+    torch.testing.assert_close(views["reconstruction"], imgs, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(views["reconstruction_visible"], imgs, rtol=1e-4, atol=1e-4)
+    masked_fraction = (views["masked"] == 0).float().mean().item()
+    assert abs(masked_fraction - 0.75) < 0.01
+
+
+def test_reconstruction_grid__four_columns_one_row_per_image():
+    views = {k: torch.zeros(3, 3, 32, 32) for k in ("original", "masked", "reconstruction", "reconstruction_visible")}
+    grid = reconstruction_grid(views)
+    assert grid.shape == (3, 3 * 34 + 2, 4 * 34 + 2)
+    torch.testing.assert_close(denormalize(torch.zeros(1, 3, 1, 1)).flatten(), torch.tensor([0.485, 0.456, 0.406]))
+
+
+class _ImageLogger:
+    def __init__(self):
+        self.logged = []
+
+    def log_image(self, key, images, step):
+        self.logged.append((key, images[0].shape, step))
+
+
+class _Trainer:
+    def __init__(self, tmp_path, logger):
+        self.log_dir = str(tmp_path)
+        self.default_root_dir = str(tmp_path)
+        self.loggers = [logger]
+        self.global_step = 7
+        self.datamodule = type("DM", (), {"val_set": [(torch.randn(3, 32, 32), 0) for _ in range(5)]})()
+
+
+def test_reconstruction_callback__writes_png_and_sends_it_to_the_logger(tmp_path):
+    torch.manual_seed(0)
+    module = type("M", (), {})()
+    module.model = MaskedAutoencoderViT(**TINY)
+    module.mask_ratio = 0.75
+    module.device = torch.device("cpu")
+    logger = _ImageLogger()
+    callback = ReconstructionCallback(num_images=3)
+    path = callback.render(_Trainer(tmp_path, logger), module, epoch=3)
+    assert path == tmp_path / "reconstructions" / "epoch_0003.png" and path.stat().st_size > 0
+    assert logger.logged == [("reconstructions", (3, 3 * 34 + 2, 4 * 34 + 2), 7)]
+    assert module.model.training  # mode restored
