@@ -42,7 +42,10 @@ class PretrainCLI(LightningCLI):
         parser.add_lightning_class_args(ReconstructionCallback, "reconstruction")
         parser.add_lightning_class_args(ImageThroughputMonitor, "throughput")
         parser.add_argument(
-            "--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint, e.g. <run>/checkpoints/last.ckpt"
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="Resume from this checkpoint, e.g. <run>/checkpoints/last.ckpt",
         )
 
 

@@ -10,8 +10,20 @@ from mae.pretrain import MAEPretrainModule
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "pretrain").glob("*.yaml"))
 # Keep the big models light and the trainer on this machine's CPU.
-LIGHT = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1",
-         "--trainer.strategy", "auto", "--trainer.precision", "32-true", "--trainer.logger", "false"]
+LIGHT = [
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.devices",
+    "1",
+    "--trainer.num_nodes",
+    "1",
+    "--trainer.strategy",
+    "auto",
+    "--trainer.precision",
+    "32-true",
+    "--trainer.logger",
+    "false",
+]
 
 
 def test_configs__the_required_recipes_exist():
@@ -25,7 +37,10 @@ def test_config__parses_and_builds(config, monkeypatch):
     monkeypatch.setattr("sys.argv", ["train.py"])
     overrides = ["--model.model_kwargs", '{"depth": 1, "decoder_depth": 1}'] if "imagenet" in config.name else []
     cli = PretrainCLI(
-        MAEPretrainModule, ImageDataModule, subclass_mode_data=True, run=False,
+        MAEPretrainModule,
+        ImageDataModule,
+        subclass_mode_data=True,
+        run=False,
         args=["--config", str(config), *LIGHT, *overrides],
     )
     assert isinstance(cli.model, MAEPretrainModule) and isinstance(cli.datamodule, ImageDataModule)

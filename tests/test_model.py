@@ -5,9 +5,20 @@ from mae.models import MODEL_REGISTRY, MaskedAutoencoderViT, create_model
 from tests.conftest import TINY
 
 OFFICIAL_TOP_LEVEL_KEYS = {
-    "cls_token", "pos_embed", "mask_token", "decoder_pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias",
-    "norm.weight", "norm.bias", "decoder_embed.weight", "decoder_embed.bias", "decoder_norm.weight",
-    "decoder_norm.bias", "decoder_pred.weight", "decoder_pred.bias",
+    "cls_token",
+    "pos_embed",
+    "mask_token",
+    "decoder_pos_embed",
+    "patch_embed.proj.weight",
+    "patch_embed.proj.bias",
+    "norm.weight",
+    "norm.bias",
+    "decoder_embed.weight",
+    "decoder_embed.bias",
+    "decoder_norm.weight",
+    "decoder_norm.bias",
+    "decoder_pred.weight",
+    "decoder_pred.bias",
 }
 OFFICIAL_BLOCK_KEYS = {
     f"{m}.{p}" for m in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2") for p in ("weight", "bias")
@@ -51,15 +62,34 @@ def test_factories__official_sizes(name, dims):
     assert model.blocks[0].attn.qkv.bias is not None
 
 
-def test_factories__full_depths_and_small_variants():
-    depths = {"mae_vit_base_patch16": 12, "mae_vit_large_patch16": 24, "mae_vit_huge_patch14": 32}
-    for name, depth in depths.items():
-        assert MODEL_REGISTRY[name].__name__ == name
+@pytest.mark.parametrize(
+    "ours, timm_name",
+    [
+        ("mae_vit_base_patch16", "vit_base_patch16_224"),
+        ("mae_vit_large_patch16", "vit_large_patch16_224"),
+        ("mae_vit_huge_patch14", "vit_huge_patch14_224"),
+    ],
+)
+def test_encoder__full_size_keys_and_shapes_equal_timm_vit(ours, timm_name):
+    import timm
+
+    with torch.device("meta"):  # full sizes without allocating memory
+        model = create_model(ours)
+        vit = timm.create_model(timm_name, pretrained=False, num_classes=0)
+    encoder = {
+        k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith("decoder") and k != "mask_token"
+    }
+    assert encoder == {k: tuple(v.shape) for k, v in vit.state_dict().items()}
+    assert len(model.decoder_blocks) == 8
+
+
+def test_factories__small_variants():
     tiny = create_model("mae_vit_tiny_patch16", decoder_depth=1)
     assert tiny.cls_token.shape[-1] == 192 and len(tiny.blocks) == 12
     cifar = create_model("mae_vit_tiny_patch4")
     assert cifar.grid_size == (8, 8) and cifar.mask_token.shape[-1] == 128
     assert create_model("mae_vit_small_patch16", depth=1).cls_token.shape[-1] == 384
+    assert MODEL_REGISTRY["mae_vit_base_patch16_dec512d8b"] is MODEL_REGISTRY["mae_vit_base_patch16"]
 
 
 def test_create_model__unknown_name_or_argument_lists_the_valid_ones():

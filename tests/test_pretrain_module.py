@@ -39,8 +39,14 @@ def _module(**kwargs) -> MAEPretrainModule:
 
 def _trainer(tmp_path, **kwargs) -> pl.Trainer:
     defaults = dict(
-        default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
     )
     return pl.Trainer(**{**defaults, **kwargs})
 

@@ -14,8 +14,14 @@ from tests.helpers import write_cifar, write_image_folder
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = {
     "model": "mae_vit_tiny_patch4",
-    "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2, "decoder_embed_dim": 32, "decoder_depth": 1,
-                     "decoder_num_heads": 2},
+    "model_kwargs": {
+        "embed_dim": 32,
+        "depth": 1,
+        "num_heads": 2,
+        "decoder_embed_dim": 32,
+        "decoder_depth": 1,
+        "decoder_num_heads": 2,
+    },
     "warmup_epochs": 1,
 }
 
@@ -26,10 +32,15 @@ def _config(tmp_path: Path, data: dict, max_epochs: int) -> Path:
         "model": TINY_MODEL,
         "data": data,
         "trainer": {
-            "max_epochs": max_epochs, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
+            "max_epochs": max_epochs,
+            "accelerator": "cpu",
+            "devices": 1,
+            "enable_progress_bar": False,
             "log_every_n_steps": 1,
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
-                       "init_args": {"save_dir": str(tmp_path / "runs"), "name": "test"}},
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path / "runs"), "name": "test"},
+            },
         },
         "checkpoint": {"every_n_epochs": 1},
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
@@ -57,8 +68,10 @@ def test_train__image_folder_then_resume_continues_at_the_right_step(tmp_path):
     classes = ["cat", "dog", "owl"]
     write_image_folder(tmp_path / "data" / "train", classes, per_class=4, size=(50, 37))
     write_image_folder(tmp_path / "data" / "val", classes, per_class=2, size=(37, 50), seed=1)
-    data = {"class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {"root": str(tmp_path / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0}}
+    data = {
+        "class_path": "mae.data.ImageFolderDataModule",
+        "init_args": {"root": str(tmp_path / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},
+    }
     config = _config(tmp_path, data, max_epochs=2)
     first = _train("--config", str(config))
 
@@ -87,8 +100,10 @@ def test_train__image_folder_then_resume_continues_at_the_right_step(tmp_path):
 
 def test_train__cifar_files(tmp_path):
     write_cifar(tmp_path / "cifar", "cifar10", train_per_batch=4, test=4)
-    data = {"class_path": "mae.data.CIFARDataModule",
-            "init_args": {"root": str(tmp_path / "cifar"), "img_size": 32, "batch_size": 5, "num_workers": 0}}
+    data = {
+        "class_path": "mae.data.CIFARDataModule",
+        "init_args": {"root": str(tmp_path / "cifar"), "img_size": 32, "batch_size": 5, "num_workers": 0},
+    }
     config = _config(tmp_path, data, max_epochs=1)
     result = _train("--config", str(config), "--trainer.max_steps", "3", "--model.warmup_epochs", "0")
     run = tmp_path / "runs" / "test" / "version_0"
@@ -99,25 +114,55 @@ def test_train__cifar_files(tmp_path):
 
 def test_train__unknown_key_fails_loudly(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain/default.yaml", "--model.mask_ration", "0.5"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--config",
+            "configs/pretrain/default.yaml",
+            "--model.mask_ration",
+            "0.5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode != 0 and "mask_ration" in result.stderr
 
 
 def test_train__missing_resume_checkpoint_is_named(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain/default.yaml",
-         "--ckpt_path", str(tmp_path / "nope.ckpt"), "--trainer.logger", "false"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--config",
+            "configs/pretrain/default.yaml",
+            "--ckpt_path",
+            str(tmp_path / "nope.ckpt"),
+            "--trainer.logger",
+            "false",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode != 0 and "nope.ckpt does not exist" in result.stderr
 
 
 def test_train__print_config_shows_the_resolved_recipe():
     result = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain/imagenet_vit_base.yaml", "--print_config"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--config",
+            "configs/pretrain/imagenet_vit_base.yaml",
+            "--print_config",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     printed = yaml.safe_load(result.stdout)

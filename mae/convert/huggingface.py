@@ -57,7 +57,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
             group, idx, module, param = m.groups()
             prefix = f"{_BLOCK_PREFIX[group]}.{idx}"
             if module == "attn.qkv":
-                for name, chunk in zip(_QKV, value.chunk(3, dim=0)):
+                for name, chunk in zip(_QKV, value.chunk(3, dim=0), strict=True):
                     out[f"{prefix}.{name}.{param}"] = chunk.clone()
             else:
                 out[f"{prefix}.{_IN_BLOCK[module]}.{param}"] = value

@@ -1,7 +1,8 @@
 """MAE models: the masked autoencoder, its masking strategies and named sizes."""
 
-from mae.models.factory import MODEL_REGISTRY, create_model
 from mae.models.factory import (
+    MODEL_REGISTRY,
+    create_model,
     mae_vit_base_patch16,
     mae_vit_huge_patch14,
     mae_vit_large_patch16,

@@ -88,7 +88,9 @@ class MaskedAutoencoderViT(nn.Module):
         self.decoder_embed = nn.Linear(embed_dim, decoder_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
         self.register_buffer("decoder_pos_embed", sincos_2d(decoder_embed_dim, grid_size).unsqueeze(0))
-        self.decoder_blocks = nn.Sequential(*[block(decoder_embed_dim, decoder_num_heads) for _ in range(decoder_depth)])
+        self.decoder_blocks = nn.Sequential(
+            *[block(decoder_embed_dim, decoder_num_heads) for _ in range(decoder_depth)]
+        )
         self.decoder_norm = norm_layer(decoder_embed_dim)
         self.decoder_pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
 
@@ -136,7 +138,11 @@ class MaskedAutoencoderViT(nn.Module):
         return x.reshape(N, C, h * p, w * p)
 
     def sample_noise(
-        self, batch_size: int, mask_ratio: float, device: torch.device | str = "cpu", generator: torch.Generator | None = None
+        self,
+        batch_size: int,
+        mask_ratio: float,
+        device: torch.device | str = "cpu",
+        generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """(N, L) masking scores for this model's strategy (small score = visible patch)."""
         return sample_noise(self.mask_strategy, batch_size, self.grid_size, mask_ratio, device, generator)

@@ -32,7 +32,9 @@ def check_mask_ratio(mask_ratio: float, strategy: str = "random") -> None:
     if not 0.0 <= mask_ratio < 1.0:
         raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
     if strategy == "grid" and not math.isclose(mask_ratio, 0.75):
-        raise ValueError(f"grid masking keeps one patch of every 2x2 cell, so mask_ratio must be 0.75, got {mask_ratio}")
+        raise ValueError(
+            f"grid masking keeps one patch of every 2x2 cell, so mask_ratio must be 0.75, got {mask_ratio}"
+        )
 
 
 def random_masking(
