@@ -1,0 +1,219 @@
+"""Lightning data modules. Each yields ``(images (N, 3, H, W), labels (N,))`` batches.
+
+Pretraining uses the MAE augmentation on the training split and a resize + center-crop view of
+the validation split. ``img_size`` is the single source of the input size: the CLI links it to
+the model, so data and model cannot disagree.
+"""
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets.folder import find_classes
+
+from mae.data.datasets import CIFAR_CLASSES, DigitsDataset, ImageFolderSubset, cifar_files, select_classes
+from mae.data.transforms import eval_transform, pretrain_transform
+
+
+class ImageDataModule(pl.LightningDataModule, ABC):
+    """Shared loader settings; subclasses build ``self.train_set`` / ``self.val_set`` in ``setup``.
+
+    Args:
+        img_size: input side (or (H, W)) in pixels, shared with the model.
+        batch_size: images per device per step.
+        num_workers: loader worker processes per device.
+        pin_memory: page-locked host memory for faster host-to-GPU copies.
+        persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        batch_size: int = 64,
+        num_workers: int = 4,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
+        self.img_size = img_size
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+    @abstractmethod
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        """(train, val or None), with the pretraining / evaluation transforms."""
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is None:
+            self.train_set, self.val_set = self.build_datasets()
+            val = f", {len(self.val_set)} validation images" if self.val_set is not None else ", no validation split"
+            classes = getattr(self.train_set, "classes", None)
+            rank_zero_info(
+                f"{type(self).__name__}: {len(self.train_set)} training images"
+                + (f" in {len(classes)} classes" if classes is not None else "")
+                + val
+            )
+
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            drop_last=train,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            persistent_workers=self.persistent_workers and self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        if len(self.train_set) < self.batch_size:
+            raise ValueError(
+                f"{type(self).__name__}: {len(self.train_set)} training images is fewer than "
+                f"data.batch_size={self.batch_size}; lower the batch size"
+            )
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        return self._loader(self.val_set, train=False) if self.val_set is not None else []
+
+
+class DigitsDataModule(ImageDataModule):
+    """Built-in offline data: scikit-learn's 1,797 handwritten digits, upsampled to ``img_size``."""
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 32,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        super().__init__(img_size, batch_size, num_workers, pin_memory, persistent_workers)
+
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        # The 8x8 source has no border to crop away, so evaluation just resizes (crop ratio 1).
+        return (
+            DigitsDataset("train", pretrain_transform(self.img_size)),
+            DigitsDataset("val", eval_transform(self.img_size, crop_ratio=1.0)),
+        )
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """ImageNet layout: ``root/<train_split>/<class>/<image>`` and optionally ``root/<val_split>/...``.
+
+    Args:
+        root: dataset folder.
+        train_split: subfolder with the training classes.
+        val_split: subfolder with the validation classes; skipped when it does not exist.
+        class_list: file with one class folder name per line (e.g. the ImageNet-100 wnids).
+        num_classes: use only this many classes (``class_selection`` picks which).
+        class_selection: "first" (sorted names) or "random" (seeded by ``subset_seed``).
+        max_images_per_class: cap on training images per class (first in sorted order).
+        subset_seed: seed of the random class selection.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        train_split: str = "train",
+        val_split: str | None = "val",
+        class_list: str | None = None,
+        num_classes: int | None = None,
+        class_selection: Literal["first", "random"] = "first",
+        max_images_per_class: int | None = None,
+        subset_seed: int = 0,
+        img_size: int | tuple[int, int] = 224,
+        batch_size: int = 64,
+        num_workers: int = 8,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+    ) -> None:
+        super().__init__(img_size, batch_size, num_workers, pin_memory, persistent_workers)
+        if class_list is not None and num_classes is not None:
+            raise ValueError("set data.class_list or data.num_classes, not both")
+        if max_images_per_class is not None and max_images_per_class < 1:
+            raise ValueError(f"data.max_images_per_class must be >= 1, got {max_images_per_class}")
+        self.root = Path(root)
+        self.train_split = train_split
+        self.val_split = val_split
+        self.class_list = class_list
+        self.num_classes = num_classes
+        self.class_selection = class_selection
+        self.max_images_per_class = max_images_per_class
+        self.subset_seed = subset_seed
+
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        train_dir = self.root / self.train_split
+        if not train_dir.is_dir():
+            raise FileNotFoundError(
+                f"training folder {train_dir} does not exist; expected the ImageNet layout "
+                f"{self.root}/{self.train_split}/<class>/<image> (set data.root / data.train_split)"
+            )
+        available, _ = find_classes(str(train_dir))
+        classes = select_classes(
+            available, self.class_list, self.num_classes, self.class_selection, self.subset_seed
+        )
+        train = ImageFolderSubset(train_dir, classes, self.max_images_per_class, pretrain_transform(self.img_size))
+        val = None
+        if self.val_split is not None and (self.root / self.val_split).is_dir():
+            val = ImageFolderSubset(self.root / self.val_split, train.classes, None, eval_transform(self.img_size))
+        return train, val
+
+
+class CIFARDataModule(ImageDataModule):
+    """CIFAR-10/100 from the standard python-pickle files in ``root`` (e.g. ``root/cifar-10-batches-py``).
+
+    Args:
+        root: folder holding ``cifar-10-batches-py`` or ``cifar-100-python``.
+        dataset: "cifar10" or "cifar100".
+        download: fetch the files when missing (needs network access).
+    """
+
+    def __init__(
+        self,
+        root: str = "data",
+        dataset: Literal["cifar10", "cifar100"] = "cifar10",
+        download: bool = False,
+        img_size: int | tuple[int, int] = 32,
+        batch_size: int = 128,
+        num_workers: int = 4,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+    ) -> None:
+        super().__init__(img_size, batch_size, num_workers, pin_memory, persistent_workers)
+        if dataset not in CIFAR_CLASSES:
+            raise ValueError(f"data.dataset must be one of {sorted(CIFAR_CLASSES)}, got {dataset!r}")
+        self.root = Path(root)
+        self.dataset = dataset
+        self.download = download
+
+    def prepare_data(self) -> None:
+        if self.download:
+            CIFAR_CLASSES[self.dataset](str(self.root), train=True, download=True)
+
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        folder, files = cifar_files(self.dataset)
+        missing = [f for f in files if not (self.root / folder / f).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{self.dataset} files {missing} not found in {self.root / folder}; point data.root at the "
+                f"folder that holds {folder}/ or set data.download=true where the network allows"
+            )
+        cls = CIFAR_CLASSES[self.dataset]
+        # CIFAR images are 32x32 already: evaluation resizes without cropping.
+        return (
+            cls(str(self.root), train=True, transform=pretrain_transform(self.img_size)),
+            cls(str(self.root), train=False, transform=eval_transform(self.img_size, crop_ratio=1.0)),
+        )

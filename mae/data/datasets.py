@@ -1,0 +1,141 @@
+"""Datasets: ImageNet-style folders with class subsets, local CIFAR files, and built-in digits."""
+
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
+
+
+class ImageFolderSubset(ImageFolder):
+    """``ImageFolder`` restricted to chosen classes and at most ``max_per_class`` images each.
+
+    Args:
+        root: folder of ``<class>/<image>`` files.
+        classes: class folder names to use (all when None); labels follow this sorted list.
+        max_per_class: keep the first images (in sorted file order) of each class.
+        transform: applied to each PIL image.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        classes: Sequence[str] | None = None,
+        max_per_class: int | None = None,
+        transform: Callable | None = None,
+    ) -> None:
+        self._selected = sorted(classes) if classes is not None else None
+        super().__init__(str(root), transform=transform)
+        if max_per_class is not None:
+            counts: dict[int, int] = {}
+            kept = []
+            for path, label in self.samples:
+                if counts.get(label, 0) < max_per_class:
+                    counts[label] = counts.get(label, 0) + 1
+                    kept.append((path, label))
+            self.samples = self.imgs = kept
+            self.targets = [label for _, label in kept]
+
+    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+        classes, _ = super().find_classes(directory)
+        if self._selected is not None:
+            missing = [c for c in self._selected if c not in set(classes)]
+            if missing:
+                shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+                raise FileNotFoundError(
+                    f"{len(missing)} selected class(es) have no folder in {directory}: {shown} "
+                    f"(found {len(classes)} class folders, e.g. {', '.join(classes[:3])})"
+                )
+            classes = self._selected
+        return classes, {c: i for i, c in enumerate(classes)}
+
+
+def select_classes(
+    available: Sequence[str],
+    class_list: str | Path | None = None,
+    num_classes: int | None = None,
+    selection: str = "first",
+    seed: int = 0,
+) -> list[str] | None:
+    """Class subset: names from a class-list file, or the first / a random ``num_classes``.
+
+    A class-list file has one class folder name (e.g. an ImageNet wnid) per line; blank lines and
+    ``#`` comments are ignored. Returns None for "all classes".
+    """
+    if class_list is not None:
+        path = Path(class_list)
+        if not path.is_file():
+            raise FileNotFoundError(f"class_list file {path} does not exist")
+        names = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+        names = [n for n in names if n]
+        if not names:
+            raise ValueError(f"class_list file {path} names no classes (one class folder name per line)")
+        return names
+    if num_classes is None:
+        return None
+    if not 1 <= num_classes <= len(available):
+        raise ValueError(f"num_classes={num_classes} but {len(available)} classes are available")
+    if selection == "first":
+        return list(available[:num_classes])
+    if selection == "random":
+        return sorted(random.Random(seed).sample(list(available), num_classes))
+    raise ValueError(f"class_selection must be 'first' or 'random', got {selection!r}")
+
+
+def _files_only(cls: type) -> type:
+    """A torchvision CIFAR class that checks the standard files exist instead of their md5 sums,
+    so locally re-packed copies in the standard python-pickle format load too."""
+    return type(
+        f"Local{cls.__name__}",
+        (cls,),
+        {
+            "train_list": [[name, None] for name, _ in cls.train_list],
+            "test_list": [[name, None] for name, _ in cls.test_list],
+            "meta": {**cls.meta, "md5": None},
+        },
+    )
+
+
+LocalCIFAR10 = _files_only(CIFAR10)
+LocalCIFAR100 = _files_only(CIFAR100)
+CIFAR_CLASSES = {"cifar10": LocalCIFAR10, "cifar100": LocalCIFAR100}
+
+
+def cifar_files(name: str) -> tuple[str, list[str]]:
+    """(folder name, file names) of the standard python-pickle release of ``name``."""
+    cls = CIFAR_CLASSES[name]
+    files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+    return cls.base_folder, files
+
+
+class DigitsDataset(Dataset):
+    """scikit-learn's handwritten digits (1,797 real 8x8 grayscale scans, 10 classes), offline.
+
+    Every fifth image (index % 5 == 0) forms the validation split (360 images); the rest (1,437)
+    the training split. Images are returned as 8x8 RGB PIL images; the transform resizes them.
+    """
+
+    def __init__(self, split: str = "train", transform: Callable | None = None) -> None:
+        from sklearn.datasets import load_digits
+
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        digits = load_digits()
+        index = np.arange(len(digits.images))
+        keep = index % 5 == 0 if split == "val" else index % 5 != 0
+        self.images = np.round(digits.images[keep] * (255 / 16)).astype(np.uint8)
+        self.targets = digits.target[keep].tolist()
+        self.classes = [str(d) for d in range(10)]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        img = Image.fromarray(self.images[index]).convert("RGB")
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.targets[index]
