@@ -112,6 +112,10 @@ class MAEPretrainModule(pl.LightningModule):
         self.effective_batch = effective_batch_size(batch_size, trainer.num_devices, trainer.num_nodes, accumulate)
         hp = self.hparams
         self.resolved_lr = hp.lr if hp.lr is not None else scaled_lr(hp.base_lr, self.effective_batch)
+        if trainer.train_dataloader is None:  # not loaded when only max_steps bounds the run
+            trainer.fit_loop.setup_data()
+        if not math.isfinite(trainer.num_training_batches):
+            raise ValueError("the training data has no length, so model.warmup_epochs cannot be turned into steps")
         # Lightning steps the optimizer on an epoch's last batch even mid-accumulation.
         steps_per_epoch = math.ceil(trainer.num_training_batches / accumulate)
         warmup_steps = round(hp.warmup_epochs * steps_per_epoch)

@@ -95,3 +95,12 @@ def test_module__warmup_longer_than_run_fails_before_training(tmp_path):
     trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=0)
     with pytest.raises(ValueError, match="warmup_epochs=5"):
         trainer.fit(module, datamodule=RandomImages())
+
+
+def test_module__bf16_mixed_precision_trains(tmp_path):
+    module = _module(warmup_epochs=0)
+    trainer = _trainer(tmp_path, max_steps=2, limit_val_batches=1, precision="bf16-mixed")
+    trainer.fit(module, datamodule=RandomImages())
+    assert trainer.global_step == 2
+    assert torch.isfinite(trainer.callback_metrics["train/loss_step"])
+    assert next(module.model.parameters()).dtype == torch.float32  # master weights stay fp32
