@@ -51,10 +51,14 @@ def _config(tmp_path: Path, data: dict, max_epochs: int) -> Path:
     return path
 
 
-def _train(*args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args], cwd=REPO, capture_output=True, text=True, timeout=300
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    result = _run(*args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -112,58 +116,19 @@ def test_train__cifar_files(tmp_path):
     assert "20 training images in 10 classes" in result.stdout + result.stderr
 
 
-def test_train__unknown_key_fails_loudly(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            "--config",
-            "configs/pretrain/default.yaml",
-            "--model.mask_ration",
-            "0.5",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_train__unknown_key_fails_loudly():
+    result = _run("--config", "configs/pretrain/default.yaml", "--model.mask_ration", "0.5", timeout=120)
     assert result.returncode != 0 and "mask_ration" in result.stderr
 
 
 def test_train__missing_resume_checkpoint_is_named(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            "--config",
-            "configs/pretrain/default.yaml",
-            "--ckpt_path",
-            str(tmp_path / "nope.ckpt"),
-            "--trainer.logger",
-            "false",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = str(tmp_path / "nope.ckpt")
+    result = _run("--config", "configs/pretrain/default.yaml", "--ckpt_path", missing, "--trainer.logger", "false")
     assert result.returncode != 0 and "nope.ckpt does not exist" in result.stderr
 
 
 def test_train__print_config_shows_the_resolved_recipe():
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            "--config",
-            "configs/pretrain/imagenet_vit_base.yaml",
-            "--print_config",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run("--config", "configs/pretrain/imagenet_vit_base.yaml", "--print_config", timeout=120)
     assert result.returncode == 0, result.stderr
     printed = yaml.safe_load(result.stdout)
     assert printed["model"]["base_lr"] == 1.5e-4 and printed["trainer"]["max_epochs"] == 800

@@ -16,7 +16,7 @@ class ReconstructionCallback(pl.Callback):
 
     The images come from the validation split when there is one (else the training split, drawn
     once); the masks are fixed by ``seed``, so figures from different epochs are comparable.
-    Files: ``<log_dir>/reconstructions/epoch_XXXX.png``.
+    Files: ``<log_dir>/reconstructions/epoch_0005.png`` and so on.
 
     Args:
         every_n_epochs: render period in epochs; 0 disables the callback.

@@ -162,9 +162,7 @@ class ImageFolderDataModule(ImageDataModule):
                 f"{self.root}/{self.train_split}/<class>/<image> (set data.root / data.train_split)"
             )
         available, _ = find_classes(str(train_dir))
-        classes = select_classes(
-            available, self.class_list, self.num_classes, self.class_selection, self.subset_seed
-        )
+        classes = select_classes(available, self.class_list, self.num_classes, self.class_selection, self.subset_seed)
         train = ImageFolderSubset(train_dir, classes, self.max_images_per_class, pretrain_transform(self.img_size))
         val = None
         if self.val_split is not None and (self.root / self.val_split).is_dir():
