@@ -37,9 +37,10 @@ _IN_BLOCK = {
     "mlp.fc2": "output.dense",
 }
 _QKV = ("attention.attention.query", "attention.attention.key", "attention.attention.value")
-# transformers 5 in-memory names -> hub names.
+# transformers 5 names -> hub names (in memory, and as its save_pretrained writes the decoder).
 _V5_TO_HUB = [
     (r"^vit\.layers\.", "vit.encoder.layer."),
+    (r"^decoder\.decoder_encoder\.layer\.", "decoder.decoder_layers."),
     (r"\.attention\.q_proj\.", ".attention.attention.query."),
     (r"\.attention\.k_proj\.", ".attention.attention.key."),
     (r"\.attention\.v_proj\.", ".attention.attention.value."),

@@ -56,6 +56,13 @@ class MaskedAutoencoderViT(nn.Module):
     ) -> None:
         super().__init__()
         img_size = to_2tuple(img_size)
+        # Constructor arguments, so checkpoints and exports can rebuild this exact architecture.
+        self.config = dict(
+            img_size=tuple(img_size), patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, depth=depth,
+            num_heads=num_heads, decoder_embed_dim=decoder_embed_dim, decoder_depth=decoder_depth,
+            decoder_num_heads=decoder_num_heads, mlp_ratio=mlp_ratio, norm_pix_loss=norm_pix_loss,
+            mask_strategy=mask_strategy, layer_norm_eps=layer_norm_eps,
+        )  # fmt: skip
         if img_size[0] % patch_size or img_size[1] % patch_size:
             raise ValueError(
                 f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {patch_size}; "

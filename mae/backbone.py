@@ -1,0 +1,130 @@
+"""Pretrained MAE weights from any supported source, as a timm ViT backbone or a full MAE model."""
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from timm.layers import resample_abs_pos_embed, to_2tuple
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from mae.convert.report import LoadReport, load_checked
+from mae.convert.sources import MAECheckpoint, read_checkpoint
+from mae.models.mae import MaskedAutoencoderViT
+
+log = logging.getLogger(__name__)
+
+
+def vit_args(config: dict[str, Any]) -> dict[str, Any]:
+    """timm ``VisionTransformer`` arguments of the encoder described by an MAE ``config``."""
+    return dict(
+        img_size=tuple(config["img_size"]), patch_size=config["patch_size"], in_chans=config["in_chans"],
+        embed_dim=config["embed_dim"], depth=config["depth"], num_heads=config["num_heads"],
+        mlp_ratio=config["mlp_ratio"], qkv_bias=True, class_token=True,
+    )  # fmt: skip
+
+
+def resample_pos_embed(pos_embed, new_grid: tuple[int, int], old_grid: tuple[int, int]):
+    """(1, 1 + h*w, D) -> (1, 1 + H*W, D): bicubic on the patch positions, cls position kept, as the
+    official MAE's interpolation (no antialiasing)."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    return resample_abs_pos_embed(
+        pos_embed, new_size=list(new_grid), old_size=list(old_grid), num_prefix_tokens=1,
+        interpolation="bicubic", antialias=False,
+    )  # fmt: skip
+
+
+def load_backbone(
+    source: str | Path | MAECheckpoint,
+    img_size: int | tuple[int, int] | None = None,
+    global_pool: str = "token",
+    num_classes: int = 0,
+    format: str = "auto",
+    num_heads: int | None = None,
+    **vit_kwargs: Any,
+) -> VisionTransformer:
+    """A timm ``VisionTransformer`` holding the pretrained encoder of ``source``. No masking, ever:
+    every patch is encoded, in spatial (raster) order.
+
+    Args:
+        source: checkpoint path (see ``mae.convert.sources`` for the formats) or a read checkpoint.
+        img_size: input size; position embeddings are resampled when it changes the patch grid.
+        global_pool: "token" (cls token, after the pretrained final norm) or "avg" (mean of patch
+            tokens, then a new ``fc_norm``, the MAE fine-tuning choice).
+        num_classes: 0 for features only; otherwise a new (or, if the source has one of that size,
+            loaded) linear head.
+        format: "auto" or one of ``mae.convert.sources.FORMATS``.
+        num_heads: override when the file does not say (see the load report's notes).
+        **vit_kwargs: more ``VisionTransformer`` arguments (e.g. ``drop_path_rate``).
+
+    Returns:
+        The model; ``forward_features`` gives (N, 1 + L, D) tokens, ``forward_intermediates``
+        per-block feature maps. The load report is logged and kept as ``model.load_report``.
+    """
+    ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
+    config = dict(ckpt.config)
+    if num_heads is not None:
+        config["num_heads"] = num_heads
+    args = vit_args(config)
+    old_grid = tuple(s // config["patch_size"] for s in config["img_size"])
+    if img_size is not None:
+        args["img_size"] = to_2tuple(img_size)
+    model = VisionTransformer(
+        **args,
+        global_pool=global_pool,
+        num_classes=num_classes,
+        norm_layer=partial(nn.LayerNorm, eps=config["layer_norm_eps"]),
+        **vit_kwargs,
+    )
+    state = ckpt.encoder_state_dict()
+    new_grid = tuple(model.patch_embed.grid_size)
+    state["pos_embed"] = resample_pos_embed(state["pos_embed"], new_grid, old_grid)
+
+    report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes))
+    if new_grid != old_grid:
+        report.notes.append(f"position embeddings resampled from {old_grid} to {new_grid} patches (bicubic)")
+    allowed_missing, allowed_ignored = ["head.*"], ["head.*"]
+    if global_pool == "avg":
+        allowed_missing.append("fc_norm.*")  # a new norm after pooling, as in MAE fine-tuning
+        allowed_ignored.append("norm.*")  # the pretrained final norm has no place after pooling
+    else:
+        allowed_ignored.append("fc_norm.*")
+    if "head.weight" in state and num_classes != state["head.weight"].shape[0]:
+        state = {k: v for k, v in state.items() if not k.startswith("head.")}
+        report.notes.append("the source's classification head has another number of classes: not loaded")
+    load_checked(model, state, report, allowed_missing, allowed_ignored)
+    report.ignored += sorted(set(ckpt.state_dict) - set(ckpt.encoder_state_dict())) + ckpt.ignored  # decoder
+    log.info("%s", report)
+    model.load_report = report
+    return model
+
+
+def load_mae(
+    source: str | Path | MAECheckpoint, format: str = "auto", **overrides: Any
+) -> tuple[MaskedAutoencoderViT, LoadReport]:
+    """A ``MaskedAutoencoderViT`` (encoder and decoder) from a checkpoint that has a decoder.
+
+    ``overrides`` change ``MaskedAutoencoderViT`` arguments that the file cannot fix (e.g.
+    ``mask_strategy``, ``norm_pix_loss``, ``num_heads``); a new ``img_size`` rebuilds the fixed
+    sin-cos position embeddings for the new grid.
+    """
+    ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
+    if not ckpt.has_decoder:
+        raise ValueError(
+            f"{ckpt.source} holds an encoder only (no decoder_* weights), so it cannot reconstruct images; "
+            f"use mae.load_backbone for features or fine-tuning"
+        )
+    config = {**ckpt.config, **overrides}
+    model = MaskedAutoencoderViT(**config)
+    state = dict(ckpt.state_dict)
+    report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes))
+    if model.pos_embed.shape != state["pos_embed"].shape:
+        # Fixed sin-cos embeddings: the new grid's are exact, nothing to interpolate.
+        state.pop("pos_embed")
+        state.pop("decoder_pos_embed", None)
+        report.notes.append("fixed sin-cos position embeddings rebuilt for the new image size")
+    load_checked(model, state, report, allowed_missing=["pos_embed", "decoder_pos_embed"])
+    log.info("%s", report)
+    return model, report

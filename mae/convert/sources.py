@@ -1,0 +1,259 @@
+"""Reading every MAE checkpoint format people have into one layout: the official MAE / timm names.
+
+Formats (auto-detected from the file's structure, or named explicitly):
+
+- ``lightning``: our pretraining checkpoints (``train.py``), ``{"state_dict": {"model.<key>": ...}}``.
+- ``official``: files of the official MAE code, ``{"model": state_dict, ["optimizer", "epoch", "args"]}``,
+  full (with decoder) or encoder-only, pretrained or fine-tuned.
+- ``timm``: a timm ``VisionTransformer`` state dict (``.pth`` / ``.bin`` / ``.safetensors``), including
+  our exported encoders (with their ``.json`` beside them).
+- ``huggingface``: a ``ViTMAEForPreTraining`` / ``ViTMAEModel`` / ``ViTModel`` folder or weights file
+  with its ``config.json``.
+"""
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mae.convert.huggingface import from_hf_state_dict
+from mae.convert.safe_load import read_safetensors, safe_torch_load
+from mae.models.factory import MODEL_REGISTRY, create_model
+
+FORMATS = ("auto", "lightning", "official", "timm", "huggingface")
+_HF_PREFIXES = ("vit.", "embeddings.", "encoder.layer", "layers.", "layernorm.", "decoder.decoder_")
+_HF_IGNORED = ("pooler.", "classifier.", "vit.pooler.")
+# Standard ViT widths -> heads (64-d heads, except ViT-H: 16 heads of 80).
+_HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+
+@dataclass
+class MAECheckpoint:
+    """A checkpoint in the official MAE layout, with the architecture it needs.
+
+    Attributes:
+        state_dict: official MAE keys (encoder keys are timm ``VisionTransformer`` keys).
+        config: ``MaskedAutoencoderViT`` arguments (decoder ones only meaningful with a decoder).
+        format: the detected or given format.
+        notes: assumptions made where the file did not say (e.g. the number of heads).
+        ignored: source tensors with no place in an MAE / ViT (e.g. a Hugging Face pooler).
+    """
+
+    source: str
+    format: str
+    state_dict: dict[str, torch.Tensor]
+    config: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def has_decoder(self) -> bool:
+        return "decoder_embed.weight" in self.state_dict
+
+    def encoder_state_dict(self) -> dict[str, torch.Tensor]:
+        """The timm ``VisionTransformer`` part: everything but ``mask_token`` and ``decoder_*``."""
+        return {k: v for k, v in self.state_dict.items() if not (k.startswith("decoder") or k == "mask_token")}
+
+
+def read_checkpoint(source: str | Path, format: str = "auto") -> MAECheckpoint:
+    """Read ``source`` (file or Hugging Face folder) as untrusted input; see the module doc for formats.
+
+    Raises:
+        FileNotFoundError, ValueError: with the path, what was found and what was expected.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"checkpoint format {format!r} is unknown; expected one of {FORMATS}")
+    path = Path(source)
+    if path.is_dir():
+        return _read_huggingface(path, _hf_weights_in(path))
+    if path.suffix == ".safetensors":
+        tensors = read_safetensors(path)
+        if format == "huggingface" or (format == "auto" and _looks_like_hf(tensors)):
+            return _read_huggingface(path.parent, tensors, path)
+        return _read_timm(path, tensors)
+
+    obj = safe_torch_load(path)
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict or state dict")
+    if format == "auto":
+        if "state_dict" in obj and "pytorch-lightning_version" in obj:
+            format = "lightning"
+        elif isinstance(obj.get("model"), dict):
+            format = "official"
+        elif all(isinstance(v, torch.Tensor) for v in obj.values()):
+            format = "huggingface" if _looks_like_hf(obj) else "timm"
+        else:
+            raise ValueError(
+                f"cannot tell the format of {path}: top-level keys {sorted(obj)[:8]}; expected a Lightning "
+                f"checkpoint ('state_dict'), an official MAE file ('model') or a plain state dict; "
+                f"name the format explicitly with format=/--format"
+            )
+    if format == "lightning":
+        return _read_lightning(path, obj)
+    if format == "official":
+        return _read_official(path, obj)
+    if format == "huggingface":
+        return _read_huggingface(path.parent, obj, path)
+    return _read_timm(path, obj)
+
+
+def _looks_like_hf(tensors: dict[str, torch.Tensor]) -> bool:
+    return any(k.startswith(_HF_PREFIXES) for k in tensors) and "patch_embed.proj.weight" not in tensors
+
+
+def _hf_weights_in(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / "model.safetensors").is_file():
+        return read_safetensors(folder / "model.safetensors")
+    if (folder / "pytorch_model.bin").is_file():
+        return safe_torch_load(folder / "pytorch_model.bin")
+    raise FileNotFoundError(f"{folder} holds neither model.safetensors nor pytorch_model.bin (a Hugging Face folder)")
+
+
+def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
+    state = {k[len("model.") :]: v for k, v in obj["state_dict"].items() if k.startswith("model.")}
+    if not state:
+        raise ValueError(f"{path} is a Lightning checkpoint without 'model.*' weights: not written by mae's train.py")
+    hp = obj.get("hyper_parameters", {})
+    config, notes = None, []
+    if hp.get("model") in MODEL_REGISTRY:
+        kwargs = dict(hp.get("model_kwargs") or {})
+        for key in ("img_size", "norm_pix_loss", "mask_strategy"):
+            if key in hp:
+                kwargs[key] = hp[key]
+        with torch.device("meta"):
+            config = create_model(hp["model"], **kwargs).config
+    if config is None:
+        config, notes = infer_config(state)
+    return MAECheckpoint(str(path), "lightning", state, config, notes)
+
+
+def _read_official(path: Path, obj: dict) -> MAECheckpoint:
+    state = obj["model"]
+    args = obj.get("args")
+    hints: dict[str, Any] = {}
+    if args is not None:
+        name = getattr(args, "model", None)
+        if name in MODEL_REGISTRY or f"mae_{name}" in MODEL_REGISTRY:
+            with torch.device("meta"):
+                factory = create_model(name if name in MODEL_REGISTRY else f"mae_{name}").config
+            # Heads come from the named size only when the weights really are that size.
+            if "patch_embed.proj.weight" in state and state["patch_embed.proj.weight"].shape[0] == factory["embed_dim"]:
+                hints["num_heads"] = factory["num_heads"]
+            if (
+                "decoder_embed.weight" in state
+                and state["decoder_embed.weight"].shape[0] == factory["decoder_embed_dim"]
+            ):
+                hints["decoder_num_heads"] = factory["decoder_num_heads"]
+        if getattr(args, "input_size", None):
+            hints["img_size"] = args.input_size
+        if getattr(args, "norm_pix_loss", None) is not None:
+            hints["norm_pix_loss"] = bool(args.norm_pix_loss)
+    config, notes = infer_config(state, hints)
+    return MAECheckpoint(str(path), "official", state, config, notes)
+
+
+def _read_timm(path: Path, state: dict) -> MAECheckpoint:
+    hints: dict[str, Any] = {}
+    sidecar = path.with_suffix(".json")
+    if sidecar.is_file():  # written by mae.export
+        meta = json.loads(sidecar.read_text())
+        args = meta.get("model_args", {})
+        hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
+        hints.update({k: v for k, v in meta.get("mae", {}).items() if k in ("layer_norm_eps", "norm_pix_loss")})
+    config, notes = infer_config(state, hints)
+    return MAECheckpoint(str(path), "timm", state, config, notes)
+
+
+def _read_huggingface(folder: Path, tensors: dict[str, torch.Tensor], path: Path | None = None) -> MAECheckpoint:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"Hugging Face weights {path or folder} need their config.json beside them (not found in {folder})"
+        )
+    hf = json.loads(config_file.read_text())
+    if not hf.get("qkv_bias", True):
+        raise ValueError(f"{config_file}: qkv_bias=false models are not MAE ViTs (MAE uses query/key/value biases)")
+    ignored = sorted(k for k in tensors if k.startswith(_HF_IGNORED))
+    kept = {}
+    for key, value in tensors.items():
+        if key in ignored:
+            continue
+        kept[key if key.startswith(("vit.", "decoder.")) else f"vit.{key}"] = value  # ViTMAEModel / ViTModel
+    state = from_hf_state_dict(kept)
+    width = hf.get("hidden_size", 768)
+    hints = {
+        "img_size": hf.get("image_size", 224),
+        "num_heads": hf.get("num_attention_heads"),
+        "decoder_num_heads": hf.get("decoder_num_attention_heads"),
+        "layer_norm_eps": hf.get("layer_norm_eps", 1e-12),
+        "norm_pix_loss": bool(hf.get("norm_pix_loss", False)),
+    }
+    config, notes = infer_config(state, {k: v for k, v in hints.items() if v is not None})
+    if config["layer_norm_eps"] != 1e-6:
+        notes.append(
+            f"layer_norm_eps={config['layer_norm_eps']:g} from config.json (the official MAE uses 1e-6); kept so "
+            f"outputs match the Hugging Face model"
+        )
+    if config["embed_dim"] != width:
+        raise ValueError(f"{config_file}: hidden_size {width} but the weights are {config['embed_dim']} wide")
+    return MAECheckpoint(str(path or folder), "huggingface", state, config, notes, ignored)
+
+
+def infer_config(state: dict[str, torch.Tensor], hints: dict[str, Any] | None = None) -> tuple[dict, list[str]]:
+    """``MaskedAutoencoderViT`` arguments from tensor shapes, with ``hints`` for what shapes cannot tell.
+
+    Returns:
+        (config, notes): notes say what was assumed (heads from the width, a square image).
+    """
+    hints = dict(hints or {})
+    notes: list[str] = []
+    if "patch_embed.proj.weight" not in state or "pos_embed" not in state:
+        raise ValueError(
+            f"not a ViT / MAE state dict: no patch_embed.proj.weight or pos_embed (keys start {sorted(state)[:5]})"
+        )
+    proj = state["patch_embed.proj.weight"]
+    if proj.ndim != 4:
+        raise ValueError(f"patch_embed.proj.weight must be a conv weight (D, C, p, p), got shape {tuple(proj.shape)}")
+    embed_dim, in_chans, patch_size = proj.shape[0], proj.shape[1], proj.shape[-1]
+    depth = _count_blocks(state, "blocks")
+    mlp_ratio = state["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim if depth else 4.0
+
+    num_patches = state["pos_embed"].shape[1] - 1
+    img_size = hints.get("img_size")
+    if img_size is None:
+        side = math.isqrt(num_patches)
+        if side * side != num_patches:
+            raise ValueError(f"pos_embed has {num_patches} patch positions, not a square grid: pass img_size=(H, W)")
+        img_size = side * patch_size
+        notes.append(f"img_size={img_size} from the {side}x{side} position grid")
+    img_size = tuple(img_size) if isinstance(img_size, (list, tuple)) else (img_size, img_size)
+
+    num_heads = hints.get("num_heads")
+    if num_heads is None:
+        num_heads = _HEADS_BY_WIDTH.get(embed_dim, max(1, embed_dim // 64))
+        notes.append(f"num_heads={num_heads} assumed from width {embed_dim} (the file does not say); pass num_heads=")
+    config = dict(
+        img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, depth=depth,
+        num_heads=num_heads, mlp_ratio=mlp_ratio, norm_pix_loss=hints.get("norm_pix_loss", False),
+        mask_strategy="random", layer_norm_eps=hints.get("layer_norm_eps", 1e-6),
+        decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16,
+    )  # fmt: skip
+    if "decoder_embed.weight" in state:
+        dec_dim = state["decoder_embed.weight"].shape[0]
+        dec_heads = hints.get("decoder_num_heads")
+        if dec_heads is None:
+            dec_heads = 16 if dec_dim == 512 else max(1, dec_dim // 32)
+            notes.append(f"decoder_num_heads={dec_heads} assumed from decoder width {dec_dim}")
+        config.update(
+            decoder_embed_dim=dec_dim, decoder_depth=_count_blocks(state, "decoder_blocks"), decoder_num_heads=dec_heads
+        )
+    return config, notes
+
+
+def _count_blocks(state: dict[str, torch.Tensor], prefix: str) -> int:
+    indices = {int(m.group(1)) for k in state if (m := re.match(rf"^{prefix}\.(\d+)\.", k))}
+    return max(indices) + 1 if indices else 0
