@@ -25,6 +25,26 @@ def vit_args(config: dict[str, Any]) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def build_vit(
+    config: dict[str, Any],
+    img_size: int | tuple[int, int] | None = None,
+    global_pool: str = "token",
+    num_classes: int = 0,
+    **vit_kwargs: Any,
+) -> VisionTransformer:
+    """A freshly initialised timm ``VisionTransformer`` with the encoder architecture of an MAE ``config``."""
+    args = vit_args(config)
+    if img_size is not None:
+        args["img_size"] = to_2tuple(img_size)
+    return VisionTransformer(
+        **args,
+        global_pool=global_pool,
+        num_classes=num_classes,
+        norm_layer=partial(nn.LayerNorm, eps=config["layer_norm_eps"]),
+        **vit_kwargs,
+    )
+
+
 def resample_pos_embed(pos_embed, new_grid: tuple[int, int], old_grid: tuple[int, int]):
     """(1, 1 + h*w, D) -> (1, 1 + H*W, D): bicubic on the patch positions, cls position kept, as the
     official MAE's interpolation (no antialiasing)."""
@@ -67,17 +87,8 @@ def load_backbone(
     config = dict(ckpt.config)
     if num_heads is not None:
         config["num_heads"] = num_heads
-    args = vit_args(config)
     old_grid = tuple(s // config["patch_size"] for s in config["img_size"])
-    if img_size is not None:
-        args["img_size"] = to_2tuple(img_size)
-    model = VisionTransformer(
-        **args,
-        global_pool=global_pool,
-        num_classes=num_classes,
-        norm_layer=partial(nn.LayerNorm, eps=config["layer_norm_eps"]),
-        **vit_kwargs,
-    )
+    model = build_vit(config, img_size, global_pool, num_classes, **vit_kwargs)
     state = ckpt.encoder_state_dict()
     new_grid = tuple(model.patch_embed.grid_size)
     state["pos_embed"] = resample_pos_embed(state["pos_embed"], new_grid, old_grid)

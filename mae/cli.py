@@ -12,6 +12,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from mae.callbacks import ImageThroughputMonitor, ReconstructionCallback
 from mae.checkpoint_io import AtomicCheckpointIO
 from mae.data import ImageDataModule
+from mae.finetune import MAEFinetuneModule
+from mae.knn import KNNCallback
 from mae.pretrain import MAEPretrainModule
 
 PRETRAIN_TRAINER_DEFAULTS: dict[str, Any] = {
@@ -23,9 +25,18 @@ PRETRAIN_TRAINER_DEFAULTS: dict[str, Any] = {
 }
 
 
-class PretrainCLI(LightningCLI):
-    """``train.py``: one input size (``data.img_size``) feeds the model; checkpoints, reconstruction
-    figures and throughput logging are always on and configured under their own keys."""
+FINETUNE_TRAINER_DEFAULTS: dict[str, Any] = {
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": "runs", "name": "finetune"},
+    },
+    "log_every_n_steps": 10,
+}
+
+
+class _MAECLI(LightningCLI):
+    """Shared by the entry points: one input size (``data.img_size``) feeds the model; checkpoints
+    and throughput logging are always on and configured under their own keys."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
@@ -39,7 +50,6 @@ class PretrainCLI(LightningCLI):
                 "checkpoint.every_n_epochs": 10,
             }
         )
-        parser.add_lightning_class_args(ReconstructionCallback, "reconstruction")
         parser.add_lightning_class_args(ImageThroughputMonitor, "throughput")
         parser.add_argument(
             "--ckpt_path",
@@ -49,10 +59,43 @@ class PretrainCLI(LightningCLI):
         )
 
 
+class PretrainCLI(_MAECLI):
+    """``train.py``: adds reconstruction figures and the kNN monitor."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_lightning_class_args(ReconstructionCallback, "reconstruction")
+        parser.add_lightning_class_args(KNNCallback, "knn")
+        parser.set_defaults({"knn.every_n_epochs": 0})
+
+
+class FinetuneCLI(_MAECLI):
+    """``finetune.py``: the class count comes from the data too; the best checkpoint by ``val/acc1``."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.link_arguments("data.num_labels", "model.num_classes", apply_on="instantiate")
+        parser.set_defaults(
+            {"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_top_k": 1,
+             "checkpoint.every_n_epochs": 1}
+        )  # fmt: skip
+        parser.add_argument(
+            "--validate_only", type=bool, default=False,
+            help="Only evaluate (top-1/top-5 on the validation split), e.g. a fine-tuned --ckpt_path",
+        )  # fmt: skip
+
+
 def use_atomic_checkpoints(trainer: pl.Trainer) -> None:
     """Swap the default checkpoint writer for one that writes to a temporary file and renames it."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+
+def _check_ckpt_path(cli: LightningCLI) -> str | None:
+    ckpt_path = cli.config.ckpt_path
+    if ckpt_path is not None and not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path} does not exist (expected a .ckpt file written by this tool)")
+    return ckpt_path
 
 
 def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
@@ -67,13 +110,41 @@ def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
         trainer_defaults=PRETRAIN_TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
     )
-    ckpt_path = cli.config.ckpt_path
-    if ckpt_path is not None and not Path(ckpt_path).is_file():
-        raise FileNotFoundError(f"--ckpt_path {ckpt_path} does not exist (expected a .ckpt file written by train.py)")
+    ckpt_path = _check_ckpt_path(cli)
     use_atomic_checkpoints(cli.trainer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     print_run_summary(cli.trainer)
     return cli
+
+
+def finetune_main(args: list[str] | None = None) -> FinetuneCLI:
+    """Fine-tune / linear-probe (or only evaluate), then print top-1 / top-5 and where the outputs are."""
+    cli = FinetuneCLI(
+        MAEFinetuneModule,
+        ImageDataModule,
+        subclass_mode_data=True,
+        run=False,
+        args=args,
+        seed_everything_default=0,
+        trainer_defaults=FINETUNE_TRAINER_DEFAULTS,
+        save_config_kwargs={"overwrite": True},
+    )
+    ckpt_path = _check_ckpt_path(cli)
+    use_atomic_checkpoints(cli.trainer)
+    if cli.config.validate_only:
+        results = cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        print_accuracy(results[0] if results else {})
+        return cli
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    print_run_summary(cli.trainer)
+    print_accuracy({k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/acc")})
+    return cli
+
+
+@rank_zero_only
+def print_accuracy(metrics: dict[str, float]) -> None:
+    if "val/acc1" in metrics:
+        print(f"validation top-1 {metrics['val/acc1'] * 100:.2f}%, top-5 {metrics['val/acc5'] * 100:.2f}%", flush=True)
 
 
 @rank_zero_only

@@ -1,7 +1,9 @@
 """Optimisation as in the MAE recipe: lr scaling, weight-decay groups, per-step warmup + cosine."""
 
 import math
+from dataclasses import dataclass
 
+import lightning.pytorch as pl
 from timm.optim import param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import nn
@@ -52,3 +54,59 @@ def official_lr(epoch: float, lr: float, min_lr: float, warmup_epochs: float, ep
     if epoch < warmup_epochs:
         return lr * epoch / warmup_epochs
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup_epochs) / (epochs - warmup_epochs)))
+
+
+@dataclass
+class ResolvedSchedule:
+    """The run's optimisation numbers, computed once the trainer knows devices and data length."""
+
+    batch_size: int
+    effective_batch: int
+    lr: float
+    steps_per_epoch: int
+    warmup_steps: int
+    total_steps: int
+
+    def describe(self, trainer: pl.Trainer, rule: str) -> str:
+        return (
+            f"effective batch {self.effective_batch} = {self.batch_size} per device x {trainer.num_devices} "
+            f"device(s) x {trainer.num_nodes} node(s) x {trainer.accumulate_grad_batches} accumulation; "
+            f"lr {self.lr:.4g} ({rule}); {self.steps_per_epoch} steps/epoch, {self.warmup_steps} warmup steps, "
+            f"{self.total_steps} steps"
+        )
+
+
+def resolve_schedule(trainer: pl.Trainer, base_lr: float, lr: float | None, warmup_epochs: float) -> ResolvedSchedule:
+    """Effective batch, scaled lr and step counts of a Lightning run (call from ``configure_optimizers``).
+
+    Raises:
+        ValueError: an unbounded run, data without a length, or a warmup not shorter than the run.
+    """
+    total_steps = trainer.estimated_stepping_batches
+    if not math.isfinite(total_steps):
+        raise ValueError("set trainer.max_epochs or trainer.max_steps: the cosine schedule needs the run length")
+    accumulate = trainer.accumulate_grad_batches
+    batch_size = per_device_batch_size(trainer)
+    effective = effective_batch_size(batch_size, trainer.num_devices, trainer.num_nodes, accumulate)
+    if trainer.train_dataloader is None:  # not loaded when only max_steps bounds the run
+        trainer.fit_loop.setup_data()
+    if not math.isfinite(trainer.num_training_batches):
+        raise ValueError("the training data has no length, so model.warmup_epochs cannot be turned into steps")
+    # Lightning steps the optimizer on an epoch's last batch even mid-accumulation.
+    steps_per_epoch = math.ceil(trainer.num_training_batches / accumulate)
+    warmup_steps = round(warmup_epochs * steps_per_epoch)
+    if warmup_steps >= total_steps:
+        raise ValueError(
+            f"model.warmup_epochs={warmup_epochs} ({warmup_steps} steps) is not shorter than the run "
+            f"({int(total_steps)} steps of {steps_per_epoch} per epoch); lower it or train longer"
+        )
+    resolved_lr = lr if lr is not None else scaled_lr(base_lr, effective)
+    return ResolvedSchedule(batch_size, effective, resolved_lr, steps_per_epoch, warmup_steps, int(total_steps))
+
+
+def per_device_batch_size(trainer: pl.Trainer) -> int:
+    """The data module's ``batch_size`` (or the training loader's)."""
+    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is not None and hasattr(datamodule, "batch_size"):
+        return datamodule.batch_size
+    return trainer.train_dataloader.batch_size

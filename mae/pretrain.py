@@ -1,6 +1,5 @@
 """The pretraining ``LightningModule``: a thin wrapper that trains ``MaskedAutoencoderViT``."""
 
-import math
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -10,7 +9,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import check_mask_ratio
-from mae.optim import effective_batch_size, scaled_lr, warmup_cosine_scheduler, weight_decay_groups
+from mae.optim import per_device_batch_size, resolve_schedule, warmup_cosine_scheduler, weight_decay_groups
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "norm_pix_loss", "mask_strategy")
@@ -71,16 +70,8 @@ class MAEPretrainModule(pl.LightningModule):
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
 
     def setup(self, stage: str) -> None:
-        batch_size = self._per_device_batch_size()
-        if batch_size is not None:
-            self.flops_per_batch = mae_train_flops(self.model, batch_size, self.mask_ratio)
-
-    def _per_device_batch_size(self) -> int | None:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is not None and hasattr(datamodule, "batch_size"):
-            return datamodule.batch_size
-        loader = self.trainer.train_dataloader
-        return getattr(loader, "batch_size", None)
+        if stage == "fit":
+            self.flops_per_batch = mae_train_flops(self.model, per_device_batch_size(self.trainer), self.mask_ratio)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         imgs = batch[0]
@@ -103,40 +94,18 @@ class MAEPretrainModule(pl.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=imgs.shape[0])
 
     def configure_optimizers(self) -> dict:
-        trainer = self.trainer
-        total_steps = trainer.estimated_stepping_batches
-        if not math.isfinite(total_steps):
-            raise ValueError("set trainer.max_epochs or trainer.max_steps: the cosine schedule needs the run length")
-        batch_size = self._per_device_batch_size()
-        accumulate = trainer.accumulate_grad_batches
-        self.effective_batch = effective_batch_size(batch_size, trainer.num_devices, trainer.num_nodes, accumulate)
         hp = self.hparams
-        self.resolved_lr = hp.lr if hp.lr is not None else scaled_lr(hp.base_lr, self.effective_batch)
-        if trainer.train_dataloader is None:  # not loaded when only max_steps bounds the run
-            trainer.fit_loop.setup_data()
-        if not math.isfinite(trainer.num_training_batches):
-            raise ValueError("the training data has no length, so model.warmup_epochs cannot be turned into steps")
-        # Lightning steps the optimizer on an epoch's last batch even mid-accumulation.
-        steps_per_epoch = math.ceil(trainer.num_training_batches / accumulate)
-        warmup_steps = round(hp.warmup_epochs * steps_per_epoch)
-        if warmup_steps >= total_steps:
-            raise ValueError(
-                f"model.warmup_epochs={hp.warmup_epochs} ({warmup_steps} steps) is not shorter than the run "
-                f"({total_steps} steps of {steps_per_epoch} per epoch); lower it or train longer"
-            )
+        schedule = resolve_schedule(self.trainer, hp.base_lr, hp.lr, hp.warmup_epochs)
+        self.effective_batch, self.resolved_lr = schedule.effective_batch, schedule.lr
         optimizer = torch.optim.AdamW(
             weight_decay_groups(self.model, hp.weight_decay),
-            lr=self.resolved_lr,
+            lr=schedule.lr,
             betas=tuple(hp.betas),
             fused=self.device.type == "cuda",
         )
-        scheduler = warmup_cosine_scheduler(optimizer, int(total_steps), warmup_steps, hp.min_lr)
-        rule = "set directly" if hp.lr is not None else f"= {hp.base_lr:g} x {self.effective_batch} / 256"
-        rank_zero_info(
-            f"effective batch {self.effective_batch} = {batch_size} per device x {trainer.num_devices} device(s) "
-            f"x {trainer.num_nodes} node(s) x {accumulate} accumulation; lr {self.resolved_lr:.4g} ({rule}); "
-            f"{steps_per_epoch} steps/epoch, {warmup_steps} warmup steps, {int(total_steps)} steps"
-        )
+        scheduler = warmup_cosine_scheduler(optimizer, schedule.total_steps, schedule.warmup_steps, hp.min_lr)
+        rule = "set directly" if hp.lr is not None else f"= {hp.base_lr:g} x {schedule.effective_batch} / 256"
+        rank_zero_info(schedule.describe(self.trainer, rule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def lr_scheduler_step(self, scheduler, metric: Any) -> None:

@@ -1,7 +1,15 @@
 """Data: datasets, transforms and Lightning data modules."""
 
 from mae.data.datamodules import CIFARDataModule, DigitsDataModule, ImageDataModule, ImageFolderDataModule
-from mae.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, pretrain_transform
+from mae.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    eval_transform,
+    finetune_transform,
+    linprobe_transform,
+    pretrain_transform,
+    train_transform,
+)
 
 __all__ = [
     "CIFARDataModule",
@@ -11,5 +19,8 @@ __all__ = [
     "ImageDataModule",
     "ImageFolderDataModule",
     "eval_transform",
+    "finetune_transform",
+    "linprobe_transform",
+    "train_transform",
     "pretrain_transform",
 ]

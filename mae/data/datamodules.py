@@ -1,11 +1,13 @@
 """Lightning data modules. Each yields ``(images (N, 3, H, W), labels (N,))`` batches.
 
-Pretraining uses the MAE augmentation on the training split and a resize + center-crop view of
-the validation split. ``img_size`` is the single source of the input size: the CLI links it to
-the model, so data and model cannot disagree.
+The training split gets the augmentation of the chosen recipe (``augmentation``: pretrain,
+finetune or linprobe); the validation split a resize + center-crop view. ``img_size`` is the
+single source of the input size: the CLIs link it (and ``num_labels``) to the model, so data and
+model cannot disagree.
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -16,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import find_classes
 
 from mae.data.datasets import CIFAR_CLASSES, DigitsDataset, ImageFolderSubset, cifar_files, select_classes
-from mae.data.transforms import eval_transform, pretrain_transform
+from mae.data.transforms import Augmentation, eval_transform, train_transform
 
 
 class ImageDataModule(pl.LightningDataModule, ABC):
@@ -28,7 +30,14 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         num_workers: loader worker processes per device.
         pin_memory: page-locked host memory for faster host-to-GPU copies.
         persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
+        augmentation: training augmentation recipe: "pretrain" (MAE pretraining), "finetune"
+            (RandAugment + random erasing) or "linprobe" (crop + flip).
+        auto_augment: timm RandAugment policy of the finetune recipe.
+        re_prob: random-erasing probability of the finetune recipe.
+        eval_crop_ratio: evaluation view = resize to ``img_size / eval_crop_ratio`` + center crop.
     """
+
+    default_eval_crop_ratio = 224 / 256
 
     def __init__(
         self,
@@ -37,8 +46,19 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         num_workers: int = 4,
         pin_memory: bool = True,
         persistent_workers: bool = True,
+        augmentation: Augmentation = "pretrain",
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        re_prob: float = 0.25,
+        eval_crop_ratio: float | None = None,
     ) -> None:
         super().__init__()
+        train_transform(augmentation, 32, auto_augment, re_prob)  # fail now on a bad setting, not at setup
+        if eval_crop_ratio is not None and not 0 < eval_crop_ratio <= 1:
+            raise ValueError(f"data.eval_crop_ratio must be in (0, 1], got {eval_crop_ratio}")
+        self.augmentation = augmentation
+        self.auto_augment = auto_augment
+        self.re_prob = re_prob
+        self.eval_crop_ratio = eval_crop_ratio or self.default_eval_crop_ratio
         if batch_size < 1:
             raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
         if num_workers < 0:
@@ -52,12 +72,25 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         self.val_set: Dataset | None = None
 
     @abstractmethod
-    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
-        """(train, val or None), with the pretraining / evaluation transforms."""
+    def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
+        """(train, val or None) with the given transforms."""
+
+    @property
+    @abstractmethod
+    def num_labels(self) -> int:
+        """Number of classes of the (selected) data."""
+
+    def eval_transform(self) -> Callable:
+        return eval_transform(self.img_size, self.eval_crop_ratio)
+
+    def feature_datasets(self) -> tuple[Dataset, Dataset | None]:
+        """(train, val) both with the evaluation transform, for frozen-feature evaluation (kNN)."""
+        return self.build_datasets(self.eval_transform(), self.eval_transform())
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            self.train_set, self.val_set = self.build_datasets()
+            train_tf = train_transform(self.augmentation, self.img_size, self.auto_augment, self.re_prob)
+            self.train_set, self.val_set = self.build_datasets(train_tf, self.eval_transform())
             val = f", {len(self.val_set)} validation images" if self.val_set is not None else ", no validation split"
             classes = getattr(self.train_set, "classes", None)
             rank_zero_info(
@@ -90,7 +123,12 @@ class ImageDataModule(pl.LightningDataModule, ABC):
 
 
 class DigitsDataModule(ImageDataModule):
-    """Built-in offline data: scikit-learn's 1,797 handwritten digits, upsampled to ``img_size``."""
+    """Built-in offline data: scikit-learn's 1,797 handwritten digits (10 classes), upsampled to ``img_size``.
+
+    The 8x8 source has no border to crop away, so evaluation just resizes (crop ratio 1).
+    """
+
+    default_eval_crop_ratio = 1.0
 
     def __init__(
         self,
@@ -99,15 +137,22 @@ class DigitsDataModule(ImageDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
+        augmentation: Augmentation = "pretrain",
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        re_prob: float = 0.25,
+        eval_crop_ratio: float | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, num_workers, pin_memory, persistent_workers)
+        super().__init__(
+            img_size, batch_size, num_workers, pin_memory, persistent_workers, augmentation, auto_augment, re_prob,
+            eval_crop_ratio,
+        )  # fmt: skip
 
-    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
-        # The 8x8 source has no border to crop away, so evaluation just resizes (crop ratio 1).
-        return (
-            DigitsDataset("train", pretrain_transform(self.img_size)),
-            DigitsDataset("val", eval_transform(self.img_size, crop_ratio=1.0)),
-        )
+    @property
+    def num_labels(self) -> int:
+        return 10
+
+    def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
+        return DigitsDataset("train", train_tf), DigitsDataset("val", eval_tf)
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -139,8 +184,15 @@ class ImageFolderDataModule(ImageDataModule):
         num_workers: int = 8,
         pin_memory: bool = True,
         persistent_workers: bool = True,
+        augmentation: Augmentation = "pretrain",
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        re_prob: float = 0.25,
+        eval_crop_ratio: float | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, num_workers, pin_memory, persistent_workers)
+        super().__init__(
+            img_size, batch_size, num_workers, pin_memory, persistent_workers, augmentation, auto_augment, re_prob,
+            eval_crop_ratio,
+        )  # fmt: skip
         if class_list is not None and num_classes is not None:
             raise ValueError("set data.class_list or data.num_classes, not both")
         if max_images_per_class is not None and max_images_per_class < 1:
@@ -154,7 +206,8 @@ class ImageFolderDataModule(ImageDataModule):
         self.max_images_per_class = max_images_per_class
         self.subset_seed = subset_seed
 
-    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+    def selected_classes(self) -> list[str]:
+        """The class folders in use (after the class list / first-K / random-K selection)."""
         train_dir = self.root / self.train_split
         if not train_dir.is_dir():
             raise FileNotFoundError(
@@ -162,22 +215,34 @@ class ImageFolderDataModule(ImageDataModule):
                 f"{self.root}/{self.train_split}/<class>/<image> (set data.root / data.train_split)"
             )
         available, _ = find_classes(str(train_dir))
-        classes = select_classes(available, self.class_list, self.num_classes, self.class_selection, self.subset_seed)
-        train = ImageFolderSubset(train_dir, classes, self.max_images_per_class, pretrain_transform(self.img_size))
+        selected = select_classes(available, self.class_list, self.num_classes, self.class_selection, self.subset_seed)
+        return sorted(selected) if selected is not None else available
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.selected_classes())
+
+    def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
+        classes = self.selected_classes()
+        train = ImageFolderSubset(self.root / self.train_split, classes, self.max_images_per_class, train_tf)
         val = None
         if self.val_split is not None and (self.root / self.val_split).is_dir():
-            val = ImageFolderSubset(self.root / self.val_split, train.classes, None, eval_transform(self.img_size))
+            val = ImageFolderSubset(self.root / self.val_split, classes, None, eval_tf)
         return train, val
 
 
 class CIFARDataModule(ImageDataModule):
     """CIFAR-10/100 from the standard python-pickle files in ``root`` (e.g. ``root/cifar-10-batches-py``).
 
+    CIFAR images are 32x32 already: evaluation resizes them without cropping (crop ratio 1).
+
     Args:
         root: folder holding ``cifar-10-batches-py`` or ``cifar-100-python``.
         dataset: "cifar10" or "cifar100".
         download: fetch the files when missing (needs network access).
     """
+
+    default_eval_crop_ratio = 1.0
 
     def __init__(
         self,
@@ -189,8 +254,15 @@ class CIFARDataModule(ImageDataModule):
         num_workers: int = 4,
         pin_memory: bool = True,
         persistent_workers: bool = True,
+        augmentation: Augmentation = "pretrain",
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        re_prob: float = 0.25,
+        eval_crop_ratio: float | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, num_workers, pin_memory, persistent_workers)
+        super().__init__(
+            img_size, batch_size, num_workers, pin_memory, persistent_workers, augmentation, auto_augment, re_prob,
+            eval_crop_ratio,
+        )  # fmt: skip
         if dataset not in CIFAR_CLASSES:
             raise ValueError(f"data.dataset must be one of {sorted(CIFAR_CLASSES)}, got {dataset!r}")
         self.root = Path(root)
@@ -201,7 +273,11 @@ class CIFARDataModule(ImageDataModule):
         if self.download:
             CIFAR_CLASSES[self.dataset](str(self.root), train=True, download=True)
 
-    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+    @property
+    def num_labels(self) -> int:
+        return 10 if self.dataset == "cifar10" else 100
+
+    def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         folder, files = cifar_files(self.dataset)
         missing = [f for f in files if not (self.root / folder / f).is_file()]
         if missing:
@@ -210,8 +286,4 @@ class CIFARDataModule(ImageDataModule):
                 f"folder that holds {folder}/ or set data.download=true where the network allows"
             )
         cls = CIFAR_CLASSES[self.dataset]
-        # CIFAR images are 32x32 already: evaluation resizes without cropping.
-        return (
-            cls(str(self.root), train=True, transform=pretrain_transform(self.img_size)),
-            cls(str(self.root), train=False, transform=eval_transform(self.img_size, crop_ratio=1.0)),
-        )
+        return cls(str(self.root), train=True, transform=train_tf), cls(str(self.root), train=False, transform=eval_tf)

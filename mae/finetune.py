@@ -1,0 +1,176 @@
+"""The fine-tuning / linear-probing ``LightningModule``: a timm ViT classifier from a pretrained encoder.
+
+Fine-tuning follows the paper's end-to-end protocol (layer-wise lr decay, drop path, mixup/cutmix,
+label smoothing, AdamW); linear probing its frozen-encoder protocol (cls token, BatchNorm without
+affine before the linear head, LARS, no weight decay).
+"""
+
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from timm.data import Mixup
+from timm.layers import trunc_normal_
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import Lars, param_groups_layer_decay
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from mae.backbone import build_vit, load_backbone
+from mae.models import create_model
+from mae.optim import resolve_schedule, warmup_cosine_scheduler
+
+
+class MAEFinetuneModule(pl.LightningModule):
+    """A ViT classifier initialised from a pretrained MAE encoder.
+
+    Args:
+        checkpoint: pretrained weights (ours, an export, official MAE, timm or Hugging Face; see
+            ``mae.load_backbone``). None trains the same architecture from scratch.
+        checkpoint_format: "auto" or a format name of ``mae.convert.sources.FORMATS``.
+        model: MAE size whose encoder is built when ``checkpoint`` is None (e.g. "mae_vit_base_patch16").
+        model_kwargs: ``MaskedAutoencoderViT`` overrides for that size (e.g. depth).
+        img_size: input size; linked from ``data.img_size`` (position embeddings are resampled when
+            it differs from the pretraining size).
+        num_classes: linked from the data module.
+        mode: "finetune" (all weights) or "linprobe" (frozen encoder, BatchNorm + linear head).
+        global_pool: "avg" (mean of patch tokens + fc_norm, the paper's fine-tuning) or "token" (cls).
+        drop_path_rate: stochastic depth (paper: 0.1 B, 0.2 L, 0.3 H).
+        layer_decay: layer-wise lr decay (paper: 0.65 B, 0.75 L/H); 1 disables it.
+        base_lr: lr per 256 images (paper: 5e-4 B, 1e-3 L/H; linear probe 0.1).
+        lr: absolute lr, overriding the scaling rule when set.
+        min_lr: lr at the end of the cosine (paper: 1e-6; linear probe 0).
+        weight_decay: AdamW weight decay (paper 0.05; linear probe 0).
+        warmup_epochs: linear warmup (paper: 5; linear probe 10).
+        mixup: mixup alpha (paper 0.8); 0 disables.
+        cutmix: cutmix alpha (paper 1.0); 0 disables.
+        label_smoothing: (paper 0.1).
+        head_init_std: std of the new head's trunc-normal init (paper: 2e-5; linear probe 0.01).
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        checkpoint_format: str = "auto",
+        model: str = "mae_vit_base_patch16",
+        model_kwargs: dict[str, Any] | None = None,
+        img_size: int | tuple[int, int] = 224,
+        num_classes: int = 1000,
+        mode: Literal["finetune", "linprobe"] = "finetune",
+        global_pool: Literal["avg", "token"] = "avg",
+        drop_path_rate: float = 0.1,
+        layer_decay: float = 0.65,
+        base_lr: float = 5e-4,
+        lr: float | None = None,
+        min_lr: float = 1e-6,
+        weight_decay: float = 0.05,
+        warmup_epochs: float = 5.0,
+        mixup: float = 0.8,
+        cutmix: float = 1.0,
+        label_smoothing: float = 0.1,
+        head_init_std: float = 2e-5,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if mode not in ("finetune", "linprobe"):
+            raise ValueError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
+        if not 0 < layer_decay <= 1:
+            raise ValueError(f"model.layer_decay must be in (0, 1], got {layer_decay}")
+        if num_classes < 1:
+            raise ValueError(f"model.num_classes must be >= 1, got {num_classes}")
+        if mode == "linprobe" and (mixup > 0 or cutmix > 0 or drop_path_rate > 0):
+            raise ValueError("linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0")
+
+        vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=drop_path_rate)
+        if checkpoint is not None:
+            self.vit = load_backbone(checkpoint, img_size, format=checkpoint_format, **vit_kwargs)
+            rank_zero_info(str(self.vit.load_report))
+            new_head = "head.weight" in self.vit.load_report.missing
+        else:
+            with torch.device("meta"):
+                config = create_model(model, img_size=img_size, **(model_kwargs or {})).config
+            self.vit = build_vit(config, img_size, **vit_kwargs)
+            new_head = True
+        if new_head:
+            trunc_normal_(self.vit.head.weight, std=head_init_std)
+            nn.init.zeros_(self.vit.head.bias)
+        if mode == "linprobe":
+            for p in self.vit.parameters():
+                p.requires_grad = False
+            width = self.vit.head.in_features
+            self.vit.head = nn.Sequential(nn.BatchNorm1d(width, affine=False, eps=1e-6), self.vit.head)
+            for p in self.vit.head.parameters():
+                p.requires_grad = True
+
+        self.mixup = None
+        if mode == "finetune" and (mixup > 0 or cutmix > 0):
+            self.mixup = Mixup(
+                mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=label_smoothing, num_classes=num_classes
+            )
+            self.train_criterion: nn.Module = SoftTargetCrossEntropy()
+        elif label_smoothing > 0:
+            self.train_criterion = LabelSmoothingCrossEntropy(smoothing=label_smoothing)
+        else:
+            self.train_criterion = nn.CrossEntropyLoss()
+        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
+        self.effective_batch: int | None = None
+        self.resolved_lr: float | None = None
+        self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor; not counted here
+
+    def forward(self, imgs: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) -> (N, num_classes) logits."""
+        return self.vit(imgs)
+
+    def on_fit_start(self) -> None:
+        datamodule = self.trainer.datamodule
+        batch_size = getattr(datamodule, "batch_size", 0)
+        if self.mixup is not None and batch_size % 2:
+            raise ValueError(f"mixup/cutmix pair up images: data.batch_size must be even, got {batch_size}")
+        augmentation = getattr(datamodule, "augmentation", None)
+        if augmentation not in (None, self.hparams.mode):
+            rank_zero_info(f"note: model.mode is {self.hparams.mode!r} but data.augmentation is {augmentation!r}")
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        imgs, targets = batch
+        if self.mixup is not None:
+            imgs, targets = self.mixup(imgs, targets)  # training only: validation sees clean images
+        loss = self.train_criterion(self(imgs), targets)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=imgs.shape[0])
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[-1]["lr"], on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        imgs, targets = batch
+        logits = self(imgs)
+        self.val_acc1.update(logits, targets)
+        self.val_acc5.update(logits, targets)
+        self.log("val/loss", nn.functional.cross_entropy(logits, targets), sync_dist=True, batch_size=imgs.shape[0])
+        self.log("val/acc1", self.val_acc1, prog_bar=True)
+        self.log("val/acc5", self.val_acc5)
+
+    def configure_optimizers(self) -> dict:
+        hp = self.hparams
+        schedule = resolve_schedule(self.trainer, hp.base_lr, hp.lr, hp.warmup_epochs)
+        self.effective_batch, self.resolved_lr = schedule.effective_batch, schedule.lr
+        if hp.mode == "linprobe":
+            head = [p for p in self.vit.head.parameters() if p.requires_grad]
+            groups = [
+                {"params": [p for p in head if p.ndim > 1], "always_adapt": True},  # LARS trust ratio on weights
+                {"params": [p for p in head if p.ndim <= 1], "always_adapt": False},
+            ]
+            optimizer = Lars(groups, lr=schedule.lr, momentum=0.9, weight_decay=hp.weight_decay, trust_coeff=0.001)
+        else:
+            groups = param_groups_layer_decay(
+                self.vit, hp.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=hp.layer_decay
+            )
+            optimizer = torch.optim.AdamW(groups, lr=schedule.lr, fused=self.device.type == "cuda")
+        scheduler = warmup_cosine_scheduler(optimizer, schedule.total_steps, schedule.warmup_steps, hp.min_lr)
+        rule = "set directly" if hp.lr is not None else f"= {hp.base_lr:g} x {schedule.effective_batch} / 256"
+        rank_zero_info(schedule.describe(self.trainer, rule))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler, metric: Any) -> None:
+        # timm schedulers take the number of optimizer updates done so far (and apply lr_scale).
+        scheduler.step_update(num_updates=self.global_step)

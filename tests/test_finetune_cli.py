@@ -1,0 +1,101 @@
+"""finetune.py end to end, as a subprocess, from a checkpoint that a tiny train.py run produced."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import write_image_folder
+from tests.test_train_cli import TINY_MODEL
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, config: dict, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    path = tmp / f"{script}-{len(list(tmp.glob('*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [sys.executable, str(REPO / script), "--config", str(path), *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _trainer(tmp: Path, name: str) -> dict:
+    return {
+        "max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False, "log_every_n_steps": 1,
+        "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                   "init_args": {"save_dir": str(tmp / "runs"), "name": name}},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pipeline")
+    write_image_folder(tmp / "data" / "train", ["a", "b", "c"], per_class=4, size=(40, 30))
+    write_image_folder(tmp / "data" / "val", ["a", "b", "c"], per_class=2, seed=1)
+    config = {
+        "seed_everything": 0,
+        "model": {**TINY_MODEL, "warmup_epochs": 0},
+        "data": {"class_path": "mae.data.ImageFolderDataModule",
+                 "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0}},
+        "trainer": _trainer(tmp, "pretrain"),
+        "reconstruction": {"every_n_epochs": 0},
+        "knn": {"every_n_epochs": 1, "k": 3},
+    }  # fmt: skip
+    _run("train.py", config, tmp)
+    run = tmp / "runs" / "pretrain" / "version_0"
+    with open(run / "metrics.csv") as f:
+        assert any(r.get("val/knn_acc1") for r in csv.DictReader(f))  # the kNN monitor during pretraining
+    return tmp, run / "checkpoints" / "last.ckpt"
+
+
+def _finetune_config(tmp: Path, ckpt: Path, mode: str) -> dict:
+    model = {"checkpoint": str(ckpt), "mode": mode, "warmup_epochs": 0, "base_lr": 1e-3}
+    if mode == "linprobe":
+        model.update(global_pool="token", mixup=0, cutmix=0, drop_path_rate=0, label_smoothing=0, weight_decay=0)
+    return {
+        "seed_everything": 0,
+        "model": model,
+        "data": {"class_path": "mae.data.ImageFolderDataModule",
+                 "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0,
+                               "augmentation": mode}},
+        "trainer": _trainer(tmp, mode),
+    }  # fmt: skip
+
+
+def test_finetune__from_pretraining_checkpoint_then_evaluate_only(pretrained):
+    tmp, ckpt = pretrained
+    config = _finetune_config(tmp, ckpt, "finetune")
+    result = _run("finetune.py", config, tmp)
+    out = result.stdout + result.stderr
+    assert "validation top-1" in result.stdout
+    assert "not in the checkpoint (left as initialised): fc_norm.bias, fc_norm.weight, head.bias, head.weight" in out
+    finetuned = tmp / "runs" / "finetune" / "version_0" / "checkpoints" / "last.ckpt"
+    assert finetuned.exists()
+    evaluated = _run("finetune.py", config, tmp, "--validate_only", "true", "--ckpt_path", str(finetuned))
+    assert "validation top-1" in evaluated.stdout
+
+
+def test_linprobe__from_pretraining_checkpoint(pretrained):
+    tmp, ckpt = pretrained
+    result = _run("finetune.py", _finetune_config(tmp, ckpt, "linprobe"), tmp)
+    assert "validation top-1" in result.stdout
+    with open(tmp / "runs" / "linprobe" / "version_0" / "metrics.csv") as f:
+        assert any(r.get("val/acc1") for r in csv.DictReader(f))
+
+
+def test_knn__command_line(pretrained):
+    tmp, ckpt = pretrained
+    result = subprocess.run(
+        [sys.executable, "-m", "mae.knn", "--checkpoint", str(ckpt), "--k", "3",
+         "--data.class_path", "mae.data.ImageFolderDataModule", "--data.root", str(tmp / "data"),
+         "--data.img_size", "16", "--data.num_workers", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kNN (k=3, T=0.07) on 6 validation images: top-1" in result.stdout
