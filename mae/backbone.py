@@ -93,7 +93,7 @@ def load_backbone(
     new_grid = tuple(model.patch_embed.grid_size)
     state["pos_embed"] = resample_pos_embed(state["pos_embed"], new_grid, old_grid)
 
-    report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes))
+    report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes), config=config)
     if new_grid != old_grid:
         report.notes.append(f"position embeddings resampled from {old_grid} to {new_grid} patches (bicubic)")
     allowed_missing, allowed_ignored = ["head.*"], ["head.*"]
@@ -130,7 +130,7 @@ def load_mae(
     config = {**ckpt.config, **overrides}
     model = MaskedAutoencoderViT(**config)
     state = dict(ckpt.state_dict)
-    report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes))
+    report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes), config=config)
     if model.pos_embed.shape != state["pos_embed"].shape:
         # Fixed sin-cos embeddings: the new grid's are exact, nothing to interpolate.
         state.pop("pos_embed")

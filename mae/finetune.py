@@ -87,11 +87,14 @@ class MAEFinetuneModule(pl.LightningModule):
             self.vit = load_backbone(checkpoint, img_size, format=checkpoint_format, **vit_kwargs)
             rank_zero_info(str(self.vit.load_report))
             new_head = "head.weight" in self.vit.load_report.missing
+            config = self.vit.load_report.config
         else:
             with torch.device("meta"):
                 config = create_model(model, img_size=img_size, **(model_kwargs or {})).config
             self.vit = build_vit(config, img_size, **vit_kwargs)
             new_head = True
+        # The encoder architecture, stored in checkpoints so mae.load_backbone can rebuild it exactly.
+        self.encoder_config = {**config, "img_size": tuple(self.vit.patch_embed.img_size)}
         if new_head:
             trunc_normal_(self.vit.head.weight, std=head_init_std)
             nn.init.zeros_(self.vit.head.bias)
@@ -118,6 +121,9 @@ class MAEFinetuneModule(pl.LightningModule):
         self.effective_batch: int | None = None
         self.resolved_lr: float | None = None
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor; not counted here
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["mae_encoder_config"] = self.encoder_config
 
     def forward(self, imgs: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) -> (N, num_classes) logits."""

@@ -93,18 +93,21 @@ class KNNCallback(pl.Callback):
         train_set, val_set = datamodule.feature_datasets()
         if val_set is None:
             return
-        if len(train_set) > self.max_train:
-            train_set = torch.utils.data.Subset(train_set, torch.randperm(len(train_set))[: self.max_train].tolist())
+        if len(train_set) > self.max_train:  # a fixed subset, drawn without touching the global RNG
+            keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0))[: self.max_train]
+            train_set = torch.utils.data.Subset(train_set, keep.tolist())
         model = pl_module.model
         was_training = model.training
         model.eval()
         loader = lambda ds: DataLoader(ds, batch_size=datamodule.batch_size, num_workers=datamodule.num_workers)  # noqa: E731
         encode = cls_features(model)
-        acc1, acc5 = knn_accuracy(
-            extract_features(encode, loader(train_set), pl_module.device),
-            extract_features(encode, loader(val_set), pl_module.device),
-            datamodule.num_labels, self.k, self.temperature,
-        )  # fmt: skip
+        # Loaders draw seeds from the global RNG: fork it, so monitoring never changes the training run.
+        with torch.random.fork_rng(devices=[pl_module.device] if pl_module.device.type == "cuda" else []):
+            acc1, acc5 = knn_accuracy(
+                extract_features(encode, loader(train_set), pl_module.device),
+                extract_features(encode, loader(val_set), pl_module.device),
+                datamodule.num_labels, self.k, self.temperature,
+            )  # fmt: skip
         model.train(was_training)
         pl_module.log_dict({"val/knn_acc1": acc1, "val/knn_acc5": acc5}, rank_zero_only=True)
 

@@ -104,13 +104,16 @@ def test_pos_embed_resampling__hand_computed_cases():
     # 1x2 -> 1x4 (bicubic, a=-0.75, half-pixel centres): new x = 0.5*i - 0.25, border clamped
     pos = torch.tensor([[[0.0], [1.0]]])
     out = resample_pos_embed(torch.cat([torch.zeros(1, 1, 1), pos], 1), (1, 4), (1, 2))[0, 1:, 0]
+
     # the weights of the cubic convolution kernel at t = 0.75 and t = 0.25 (clamped neighbours)
-    w = lambda t: (
-        -0.75 * t**3 + 1.5 * t**2 - 0.75 * t,
-        1.25 * t**3 - 2.25 * t**2 + 1,
-        -1.25 * t**3 + 1.5 * t**2 + 0.75 * t,
-        0.75 * t**3 - 0.75 * t**2,
-    )  # noqa: E501, E731
+    def w(t: float) -> tuple[float, float, float, float]:  # Keys' cubic kernel weights, a = -0.75
+        return (
+            -0.75 * t**3 + 1.5 * t**2 - 0.75 * t,
+            1.25 * t**3 - 2.25 * t**2 + 1,
+            -1.25 * t**3 + 1.5 * t**2 + 0.75 * t,
+            0.75 * t**3 - 0.75 * t**2,
+        )
+
     a = w(0.75)  # x = -0.25: neighbours -2,-1,0,1 -> values 0,0,0,1
     b = w(0.25)  # x = 0.25: neighbours -1,0,1,2 -> values 0,0,1,1
     expected = torch.tensor([a[3], b[2] + b[3], 1 - (b[2] + b[3]), 1 - a[3]])

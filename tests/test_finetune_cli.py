@@ -68,16 +68,21 @@ def _finetune_config(tmp: Path, ckpt: Path, mode: str) -> dict:
     }  # fmt: skip
 
 
-def test_finetune__from_pretraining_checkpoint_then_evaluate_only(pretrained):
+@pytest.fixture(scope="module")
+def finetuned(pretrained):
     tmp, ckpt = pretrained
     config = _finetune_config(tmp, ckpt, "finetune")
     result = _run("finetune.py", config, tmp)
+    return tmp, config, result, tmp / "runs" / "finetune" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_finetune__from_pretraining_checkpoint_then_evaluate_only(finetuned):
+    tmp, config, result, checkpoint = finetuned
     out = result.stdout + result.stderr
     assert "validation top-1" in result.stdout
     assert "not in the checkpoint (left as initialised): fc_norm.bias, fc_norm.weight, head.bias, head.weight" in out
-    finetuned = tmp / "runs" / "finetune" / "version_0" / "checkpoints" / "last.ckpt"
-    assert finetuned.exists()
-    evaluated = _run("finetune.py", config, tmp, "--validate_only", "true", "--ckpt_path", str(finetuned))
+    assert checkpoint.exists()
+    evaluated = _run("finetune.py", config, tmp, "--validate_only", "true", "--ckpt_path", str(checkpoint))
     assert "validation top-1" in evaluated.stdout
 
 
@@ -99,3 +104,15 @@ def test_knn__command_line(pretrained):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "kNN (k=3, T=0.07) on 6 validation images: top-1" in result.stdout
+
+
+def test_finetuned_checkpoint__loads_back_as_a_backbone(finetuned):
+    import torch
+
+    from mae.backbone import load_backbone
+
+    checkpoint = finetuned[3]
+    model = load_backbone(checkpoint, global_pool="avg", num_classes=3)
+    assert model.load_report.format == "lightning" and model.load_report.missing == []
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    torch.testing.assert_close(model.head.weight, state["vit.head.weight"])

@@ -104,3 +104,25 @@ def test_module__bf16_mixed_precision_trains(tmp_path):
     assert trainer.global_step == 2
     assert torch.isfinite(trainer.callback_metrics["train/loss_step"])
     assert next(module.model.parameters()).dtype == torch.float32  # master weights stay fp32
+
+
+def test_monitoring_callbacks__do_not_change_the_training_run(tmp_path):
+    from mae.callbacks import ReconstructionCallback
+    from mae.knn import KNNCallback
+
+    class Monitored(RandomImages):
+        num_labels = 1
+        num_workers = 0
+
+        def feature_datasets(self):
+            return self.data, self.data
+
+    losses = []
+    for callbacks in ([], [KNNCallback(every_n_epochs=1, k=2), ReconstructionCallback(every_n_epochs=1)]):
+        pl.seed_everything(0)
+        module = _module(warmup_epochs=0)
+        trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, callbacks=callbacks)
+        trainer.fit(module, datamodule=Monitored())
+        losses.append([p.detach().clone() for p in module.parameters()])
+    for a, b in zip(*losses, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

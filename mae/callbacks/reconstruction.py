@@ -60,7 +60,9 @@ class ReconstructionCallback(pl.Callback):
     def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> Path:
         """Write the figure for ``epoch`` and return its path."""
         if self.images is None:
-            self.images = self._fixed_images(trainer)
+            # Drawing the images may run random transforms: keep the training run's RNG untouched.
+            with torch.random.fork_rng(devices=[]):
+                self.images = self._fixed_images(trainer)
         model = pl_module.model
         dtype = next(model.parameters()).dtype
         imgs = self.images.to(pl_module.device, dtype)

@@ -19,6 +19,7 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    config: dict = field(default_factory=dict)  # the architecture that was loaded
 
     def __str__(self) -> str:
         lines = [f"loaded {len(self.loaded)} tensors from {self.source} ({self.format} format)"]

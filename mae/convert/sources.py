@@ -2,7 +2,8 @@
 
 Formats (auto-detected from the file's structure, or named explicitly):
 
-- ``lightning``: our pretraining checkpoints (``train.py``), ``{"state_dict": {"model.<key>": ...}}``.
+- ``lightning``: our checkpoints: pretraining (``train.py``, ``{"state_dict": {"model.<key>": ...}}``) and
+  fine-tuning (``finetune.py``, ``"vit.<key>"`` plus the encoder architecture).
 - ``official``: files of the official MAE code, ``{"model": state_dict, ["optimizer", "epoch", "args"]}``,
   full (with decoder) or encoder-only, pretrained or fine-tuned.
 - ``timm``: a timm ``VisionTransformer`` state dict (``.pth`` / ``.bin`` / ``.safetensors``), including
@@ -114,9 +115,15 @@ def _hf_weights_in(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
+    if "mae_encoder_config" in obj:  # written by finetune.py: a timm ViT under "vit."
+        state = {k[len("vit.") :]: v for k, v in obj["state_dict"].items() if k.startswith("vit.")}
+        config = {**obj["mae_encoder_config"], "img_size": tuple(obj["mae_encoder_config"]["img_size"])}
+        return MAECheckpoint(str(path), "lightning", state, config)
     state = {k[len("model.") :]: v for k, v in obj["state_dict"].items() if k.startswith("model.")}
     if not state:
-        raise ValueError(f"{path} is a Lightning checkpoint without 'model.*' weights: not written by mae's train.py")
+        raise ValueError(
+            f"{path} is a Lightning checkpoint without 'model.*' weights: not written by mae's train.py or finetune.py"
+        )
     hp = obj.get("hyper_parameters", {})
     config, notes = None, []
     if hp.get("model") in MODEL_REGISTRY:
