@@ -1,9 +1,11 @@
 """Command-line entry points on LightningCLI: every model, data and trainer key from YAML or flags."""
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import yaml
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -13,6 +15,7 @@ from mae.callbacks import ImageThroughputMonitor, ReconstructionCallback
 from mae.checkpoint_io import AtomicCheckpointIO
 from mae.data import ImageDataModule
 from mae.finetune import MAEFinetuneModule
+from mae.guards import SigtermCheckpoint, check_resume_checkpoint
 from mae.knn import KNNCallback
 from mae.pretrain import MAEPretrainModule
 
@@ -37,6 +40,16 @@ FINETUNE_TRAINER_DEFAULTS: dict[str, Any] = {
 class _MAECLI(LightningCLI):
     """Shared by the entry points: one input size (``data.img_size``) feeds the model; checkpoints
     and throughput logging are always on and configured under their own keys."""
+
+    linked = {"img_size": "data.img_size"}  # model keys that come from the data module
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        argv = [str(a) for a in (args if args is not None else sys.argv[1:])] if not isinstance(args, dict) else []
+        for key, source in self.linked.items():
+            on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
+            if on_command_line or key in _model_section_keys(argv):
+                parser.error(f"model.{key} is taken from {source} so data and model agree: set {source} instead")
+        super().parse_arguments(parser, args)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
@@ -72,6 +85,8 @@ class PretrainCLI(_MAECLI):
 class FinetuneCLI(_MAECLI):
     """``finetune.py``: the class count comes from the data too; the best checkpoint by ``val/acc1``."""
 
+    linked = {"img_size": "data.img_size", "num_classes": "data (its number of classes)"}
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
         parser.link_arguments("data.num_labels", "model.num_classes", apply_on="instantiate")
@@ -85,16 +100,28 @@ class FinetuneCLI(_MAECLI):
         )  # fmt: skip
 
 
-def use_atomic_checkpoints(trainer: pl.Trainer) -> None:
-    """Swap the default checkpoint writer for one that writes to a temporary file and renames it."""
+def _model_section_keys(argv: list[str]) -> set[str]:
+    """Keys under ``model:`` in the YAML files given with ``--config``."""
+    keys: set[str] = set()
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--config" and Path(value).is_file():
+            config = yaml.safe_load(Path(value).read_text()) or {}
+            if isinstance(config.get("model"), dict):
+                keys |= set(config["model"])
+    return keys
+
+
+def harden_trainer(trainer: pl.Trainer) -> None:
+    """Atomic checkpoint writes (temporary file, then rename) and a checkpoint on SIGTERM."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+    trainer.callbacks.append(SigtermCheckpoint())
 
 
 def _check_ckpt_path(cli: LightningCLI) -> str | None:
     ckpt_path = cli.config.ckpt_path
-    if ckpt_path is not None and not Path(ckpt_path).is_file():
-        raise FileNotFoundError(f"--ckpt_path {ckpt_path} does not exist (expected a .ckpt file written by this tool)")
+    if ckpt_path is not None:
+        check_resume_checkpoint(ckpt_path, cli.model)
     return ckpt_path
 
 
@@ -111,7 +138,7 @@ def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
         save_config_kwargs={"overwrite": True},
     )
     ckpt_path = _check_ckpt_path(cli)
-    use_atomic_checkpoints(cli.trainer)
+    harden_trainer(cli.trainer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     print_run_summary(cli.trainer)
     return cli
@@ -130,7 +157,7 @@ def finetune_main(args: list[str] | None = None) -> FinetuneCLI:
         save_config_kwargs={"overwrite": True},
     )
     ckpt_path = _check_ckpt_path(cli)
-    use_atomic_checkpoints(cli.trainer)
+    harden_trainer(cli.trainer)
     if cli.config.validate_only:
         results = cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         print_accuracy(results[0] if results else {})

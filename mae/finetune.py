@@ -18,6 +18,7 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from mae.backbone import build_vit, load_backbone
+from mae.guards import check_finite_loss
 from mae.models import create_model
 from mae.optim import resolve_schedule, warmup_cosine_scheduler
 
@@ -143,6 +144,7 @@ class MAEFinetuneModule(pl.LightningModule):
         if self.mixup is not None:
             imgs, targets = self.mixup(imgs, targets)  # training only: validation sees clean images
         loss = self.train_criterion(self(imgs), targets)
+        check_finite_loss(loss, self)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=imgs.shape[0])
         self.log("train/lr", self.trainer.optimizers[0].param_groups[-1]["lr"], on_step=True, on_epoch=False)
         return loss

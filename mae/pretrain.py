@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from mae.guards import check_finite_loss
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import check_mask_ratio
@@ -76,6 +77,7 @@ class MAEPretrainModule(pl.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         imgs = batch[0]
         loss, _, _ = self.model(imgs, self.mask_ratio)
+        check_finite_loss(loss, self)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=imgs.shape[0])
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss

@@ -167,6 +167,7 @@ class ImageFolderDataModule(ImageDataModule):
         class_selection: "first" (sorted names) or "random" (seeded by ``subset_seed``).
         max_images_per_class: cap on training images per class (first in sorted order).
         subset_seed: seed of the random class selection.
+        on_bad_image: "skip" unreadable files (warning with their names) or "raise" at the first.
     """
 
     def __init__(
@@ -179,6 +180,7 @@ class ImageFolderDataModule(ImageDataModule):
         class_selection: Literal["first", "random"] = "first",
         max_images_per_class: int | None = None,
         subset_seed: int = 0,
+        on_bad_image: Literal["skip", "raise"] = "skip",
         img_size: int | tuple[int, int] = 224,
         batch_size: int = 64,
         num_workers: int = 8,
@@ -205,6 +207,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.class_selection = class_selection
         self.max_images_per_class = max_images_per_class
         self.subset_seed = subset_seed
+        self.on_bad_image = on_bad_image
 
     def selected_classes(self) -> list[str]:
         """The class folders in use (after the class list / first-K / random-K selection)."""
@@ -224,10 +227,12 @@ class ImageFolderDataModule(ImageDataModule):
 
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         classes = self.selected_classes()
-        train = ImageFolderSubset(self.root / self.train_split, classes, self.max_images_per_class, train_tf)
+        train = ImageFolderSubset(
+            self.root / self.train_split, classes, self.max_images_per_class, train_tf, self.on_bad_image
+        )
         val = None
         if self.val_split is not None and (self.root / self.val_split).is_dir():
-            val = ImageFolderSubset(self.root / self.val_split, classes, None, eval_tf)
+            val = ImageFolderSubset(self.root / self.val_split, classes, None, eval_tf, self.on_bad_image)
         return train, val
 
 

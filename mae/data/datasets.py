@@ -1,13 +1,17 @@
 """Datasets: ImageNet-style folders with class subsets, local CIFAR files, and built-in digits."""
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
+
+log = logging.getLogger(__name__)
 
 
 class ImageFolderSubset(ImageFolder):
@@ -17,7 +21,9 @@ class ImageFolderSubset(ImageFolder):
         root: folder of ``<class>/<image>`` files.
         classes: class folder names to use (all when None); labels follow this sorted list.
         max_per_class: keep the first images (in sorted file order) of each class.
-        transform: applied to each PIL image.
+        transform: applied to each PIL image (any mode is converted to RGB first).
+        on_bad_image: "skip" an unreadable (corrupt, truncated, not an image) file, warning once
+            per file and worker with its name, and use the next readable one; or "raise" at once.
     """
 
     def __init__(
@@ -26,8 +32,13 @@ class ImageFolderSubset(ImageFolder):
         classes: Sequence[str] | None = None,
         max_per_class: int | None = None,
         transform: Callable | None = None,
+        on_bad_image: Literal["skip", "raise"] = "skip",
     ) -> None:
+        if on_bad_image not in ("skip", "raise"):
+            raise ValueError(f"data.on_bad_image must be 'skip' or 'raise', got {on_bad_image!r}")
         self._selected = sorted(classes) if classes is not None else None
+        self.on_bad_image = on_bad_image
+        self.bad_files: set[str] = set()  # seen by this process (each loader worker has its own)
         super().__init__(str(root), transform=transform)
         if max_per_class is not None:
             counts: dict[int, int] = {}
@@ -38,6 +49,25 @@ class ImageFolderSubset(ImageFolder):
                     kept.append((path, label))
             self.samples = self.imgs = kept
             self.targets = [label for _, label in kept]
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        for offset in range(len(self.samples)):
+            path, target = self.samples[(index + offset) % len(self.samples)]
+            try:
+                sample = self.loader(path)  # PIL open + convert("RGB"): fully decodes, so truncation shows here
+            except (OSError, ValueError, SyntaxError) as err:  # PIL's errors for undecodable files
+                if self.on_bad_image == "raise":
+                    raise ValueError(
+                        f"cannot read image {path}: {err}; remove the file or set data.on_bad_image=skip"
+                    ) from err
+                if path not in self.bad_files:
+                    self.bad_files.add(path)
+                    log.warning("skipping unreadable image %s (%s); %d skipped so far", path, err, len(self.bad_files))
+                continue
+            if self.transform is not None:
+                sample = self.transform(sample)
+            return sample, target
+        raise ValueError(f"no readable image among the {len(self.samples)} files of {self.root}")
 
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
         classes, _ = super().find_classes(directory)

@@ -1,0 +1,281 @@
+"""Bad input gets a clear error or a named skip; killed runs resume; the same seed gives the same run."""
+
+import csv
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+from PIL import Image
+
+from mae.data import ImageFolderDataModule
+from mae.guards import check_resume_checkpoint
+from tests.helpers import write_image_folder
+from tests.test_pretrain_module import RandomImages, RecordLR, _trainer
+from tests.test_pretrain_module import _module as _pretrain_module
+from tests.test_train_cli import TINY_MODEL
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _module(**kwargs):
+    """The tiny pretraining module of the CLI tests' config (so CLI checkpoints fit it)."""
+    kwargs.setdefault("model_kwargs", TINY_MODEL["model_kwargs"])
+    return _pretrain_module(**kwargs)
+
+
+# ---------------------------------------------------------------- data
+
+
+@pytest.fixture
+def messy_folder(tmp_path):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", ["a", "b"], per_class=3)
+    rgb = np.random.default_rng(0).integers(0, 256, (20, 20, 3), dtype=np.uint8)
+    Image.fromarray(rgb[..., 0]).save(root / "train" / "a" / "gray.png")  # L
+    Image.fromarray(rgb).convert("P").save(root / "train" / "a" / "palette.png")  # P
+    Image.fromarray(np.dstack([rgb, rgb[..., :1]])).save(root / "train" / "b" / "rgba.png")  # RGBA
+    Image.fromarray(rgb).convert("CMYK").save(root / "train" / "b" / "cmyk.jpg")  # CMYK
+    Image.fromarray(rgb[:5, :5]).save(root / "train" / "b" / "tiny.png")  # smaller than the crop
+    (root / "train" / "a" / "not_an_image.jpg").write_bytes(b"definitely not a jpeg")
+    good = (root / "train" / "a" / "img_000.jpg").read_bytes()
+    (root / "train" / "b" / "truncated.jpg").write_bytes(good[: len(good) // 3])
+    return root
+
+
+def test_data__odd_modes_and_tiny_images_load_as_rgb_and_bad_files_are_skipped_by_name(messy_folder, caplog):
+    dm = ImageFolderDataModule(str(messy_folder), img_size=16, batch_size=13, num_workers=0)
+    dm.setup()
+    with caplog.at_level("WARNING"):
+        images = [dm.train_set[i][0] for i in range(len(dm.train_set))]
+    assert len(images) == 13 and all(x.shape == (3, 16, 16) for x in images)
+    assert {Path(p).name for p in dm.train_set.bad_files} == {"not_an_image.jpg", "truncated.jpg"}
+    assert "not_an_image.jpg" in caplog.text and "truncated.jpg" in caplog.text
+    warned = [line for line in caplog.text.splitlines() if "skipping unreadable image" in line]
+    assert len(warned) == 2  # once per file, not per access
+    imgs, _ = next(iter(dm.train_dataloader()))
+    assert imgs.shape == (13, 3, 16, 16)
+    assert len([line for line in caplog.text.splitlines() if "skipping unreadable image" in line]) == 2
+
+
+def test_data__fail_fast_names_the_file(messy_folder):
+    dm = ImageFolderDataModule(str(messy_folder), img_size=16, num_workers=0, on_bad_image="raise")
+    dm.setup()
+    with pytest.raises(ValueError, match=r"cannot read image .*(not_an_image|truncated)\.jpg.*on_bad_image=skip"):
+        for i in range(len(dm.train_set)):
+            dm.train_set[i]
+
+
+def test_data__empty_root_and_class_without_images_are_named(tmp_path):
+    (tmp_path / "train").mkdir()
+    with pytest.raises(FileNotFoundError, match="class folder"):
+        ImageFolderDataModule(str(tmp_path)).setup()
+    (tmp_path / "train" / "cats").mkdir()
+    (tmp_path / "train" / "cats" / "notes.txt").write_text("no images here")
+    with pytest.raises(FileNotFoundError, match="cats"):
+        ImageFolderDataModule(str(tmp_path)).setup()
+
+
+# ---------------------------------------------------------------- config (through the real CLI)
+
+
+def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain/default.yaml", "--trainer.logger",
+         "false", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--data.img_size", "30"], "img_size 30x30 is not divisible by patch_size 4"),
+        (["--model.mask_ratio", "1.0"], r"mask_ratio must be in [0, 1)"),
+        (["--data.batch_size", "0"], "batch_size must be >= 1"),
+        (["--data.batch_size", "many"], "batch_size"),
+        (["--model.model", "mae_vit_gigantic"], "valid names: mae_vit_base_patch16"),
+        (["--model.mask_strategy", "rows"], "mask_strategy"),
+        (["--model.img_size", "64"], "model.img_size is taken from data.img_size"),
+    ],
+)
+def test_config__bad_values_fail_at_start_with_the_key(args, expected):
+    result = _cli(*args)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_resume_checkpoint__missing_corrupt_and_foreign_files(tmp_path):
+    module = _module()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check_resume_checkpoint(tmp_path / "x.ckpt", module)
+    trainer = _trainer(tmp_path, max_steps=1, limit_val_batches=0, enable_checkpointing=True,
+                       callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)])  # fmt: skip
+    trainer.fit(_module(warmup_epochs=0), datamodule=RandomImages())
+    last = tmp_path / "ck" / "last.ckpt"
+    check_resume_checkpoint(last, _module())  # fits
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(last.read_bytes()[:2000])
+    with pytest.raises(ValueError, match="truncated"):
+        check_resume_checkpoint(broken, module)
+    wider = _module(model_kwargs={**TINY_MODEL["model_kwargs"], "embed_dim": 64, "num_heads": 4})
+    with pytest.raises(
+        ValueError, match=r"another model architecture.*attn.proj.weight: \(32, 32\) in the file, \(64, 64\) here"
+    ):
+        check_resume_checkpoint(last, wider)
+    plain = tmp_path / "weights.pth"
+    torch.save({"model": {}}, plain)
+    with pytest.raises(ValueError, match="model.checkpoint instead"):
+        check_resume_checkpoint(plain, module)
+
+
+# ---------------------------------------------------------------- training faults
+
+
+class NaNAfter(RandomImages):
+    """Images turn into NaN from the second epoch on."""
+
+    def train_dataloader(self):
+        epoch = self.trainer.current_epoch
+        data = self.data.tensors[0] * (float("nan") if epoch >= 1 else 1.0)
+        ds = torch.utils.data.TensorDataset(data, self.data.tensors[1])
+        return torch.utils.data.DataLoader(ds, batch_size=self.batch_size)
+
+
+def test_training__non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)
+    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=4, limit_val_batches=0, enable_checkpointing=True,
+                       callbacks=[ckpt], reload_dataloaders_every_n_epochs=1)  # fmt: skip
+    module = _module(warmup_epochs=0)
+    with pytest.raises(FloatingPointError, match=r"non-finite training loss .* at step 4 \(epoch 1\).*last.ckpt"):
+        trainer.fit(module, datamodule=NaNAfter())
+    saved = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 4
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
+
+
+def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
+    def run(max_epochs, ckpt_path=None, folder="a"):
+        record = RecordLR()
+        callback = ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)
+        trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=5, limit_val_batches=0,
+                           enable_checkpointing=True, callbacks=[record, callback])  # fmt: skip
+        module = _module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)
+        trainer.fit(module, datamodule=RandomImages(), ckpt_path=ckpt_path)
+        return record.lrs
+
+    full = run(4, folder="full")
+    # the interrupted run plans the same 4 epochs but is stopped after 2 (as a kill would)
+    first = _StopAfter(2)
+    trainer = _trainer(tmp_path, max_epochs=4, limit_train_batches=5, limit_val_batches=0, enable_checkpointing=True,
+                       callbacks=[first, ModelCheckpoint(dirpath=tmp_path / "cut", save_last=True)])  # fmt: skip
+    trainer.fit(_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages())
+    resumed = run(4, ckpt_path=tmp_path / "cut" / "last.ckpt", folder="resumed")
+    assert len(resumed) == 10
+    assert resumed == pytest.approx(full[10:], rel=1e-12, abs=0)
+
+
+class _StopAfter(pl.Callback):
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch + 1 >= self.epochs:
+            trainer.should_stop = True
+
+
+# ---------------------------------------------------------------- kill, SIGTERM, determinism (real train.py)
+
+
+def _config(tmp: Path, name: str, max_epochs: int = 6) -> Path:
+    write_image_folder(tmp / "data" / "train", ["a", "b"], per_class=16, size=(24, 24))
+    config = {
+        "seed_everything": 0,
+        "model": {**TINY_MODEL, "warmup_epochs": 1},
+        "data": {"class_path": "mae.data.ImageFolderDataModule",
+                 "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0}},
+        "trainer": {"max_epochs": max_epochs, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
+                    "log_every_n_steps": 1, "default_root_dir": str(tmp),
+                    "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                               "init_args": {"save_dir": str(tmp / "runs"), "name": name}}},
+        "checkpoint": {"every_n_epochs": 1, "dirpath": str(tmp / "ckpts")},
+        "reconstruction": {"every_n_epochs": 0},
+    }  # fmt: skip
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _start(config: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "--config", str(config), *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _wait_for_training(proc: subprocess.Popen) -> None:
+    for line in proc.stdout:  # the schedule line is printed just before the first step
+        if "effective batch" in line:
+            return
+    raise AssertionError("train.py ended before training started")
+
+
+def test_faults__sigkill_at_random_moments_then_resume_completes(tmp_path):
+    config = _config(tmp_path, "kill")
+    rng = random.Random(0)
+    for _ in range(3):
+        last = tmp_path / "ckpts" / "last.ckpt"
+        proc = _start(config, *(["--ckpt_path", str(last)] if last.exists() else []))
+        _wait_for_training(proc)
+        time.sleep(rng.uniform(0.2, 2.5))  # anywhere in a step, a validation or a checkpoint save
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        for ckpt in (tmp_path / "ckpts").glob("*.ckpt"):  # whatever is on disk loads
+            torch.load(ckpt, map_location="cpu", weights_only=True)
+    last = tmp_path / "ckpts" / "last.ckpt"
+    proc = _start(config, *(["--ckpt_path", str(last)] if last.exists() else []))
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    final = torch.load(last, map_location="cpu", weights_only=True)
+    assert final["epoch"] == 5 and final["global_step"] == 6 * 8
+
+
+def test_faults__sigterm_saves_a_resumable_checkpoint(tmp_path):
+    config = _config(tmp_path, "term", max_epochs=50)
+    proc = _start(config)
+    _wait_for_training(proc)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert "SIGTERM: saved" in out, out[-3000:]
+    last = tmp_path / "ckpts" / "last.ckpt"
+    saved = torch.load(last, map_location="cpu", weights_only=True)
+    assert saved["global_step"] > 0
+    check_resume_checkpoint(last, _module(img_size=16))
+    epochs = saved["epoch"] + 2  # finish the interrupted epoch and one more
+    proc = _start(config, "--ckpt_path", str(last), "--trainer.max_epochs", str(epochs))
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == epochs * 8
+
+
+def test_determinism__same_seed_same_losses_step_by_step(tmp_path):
+    losses = []
+    for name in ("one", "two"):
+        config = _config(tmp_path, name, max_epochs=2)
+        proc = _start(config)
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+        with open(tmp_path / "runs" / name / "version_0" / "metrics.csv") as f:
+            losses.append([r["train/loss_step"] for r in csv.DictReader(f) if r.get("train/loss_step")])
+    assert len(losses[0]) == 16 and losses[0] == losses[1]
