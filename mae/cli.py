@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 import yaml
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -19,7 +20,14 @@ from mae.guards import SigtermCheckpoint, check_resume_checkpoint
 from mae.knn import KNNCallback
 from mae.pretrain import MAEPretrainModule
 
+
+def default_precision() -> str:
+    """bf16 autocast where the GPU supports it (fp16 MAE runs are known to hit NaNs), else fp32."""
+    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
+
+
 PRETRAIN_TRAINER_DEFAULTS: dict[str, Any] = {
+    "precision": default_precision(),
     "logger": {
         "class_path": "lightning.pytorch.loggers.CSVLogger",
         "init_args": {"save_dir": "runs", "name": "pretrain"},
@@ -29,6 +37,7 @@ PRETRAIN_TRAINER_DEFAULTS: dict[str, Any] = {
 
 
 FINETUNE_TRAINER_DEFAULTS: dict[str, Any] = {
+    "precision": default_precision(),
     "logger": {
         "class_path": "lightning.pytorch.loggers.CSVLogger",
         "init_args": {"save_dir": "runs", "name": "finetune"},
@@ -140,7 +149,7 @@ def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
     ckpt_path = _check_ckpt_path(cli)
     harden_trainer(cli.trainer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
-    print_run_summary(cli.trainer)
+    print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
     return cli
 
 
@@ -163,7 +172,7 @@ def finetune_main(args: list[str] | None = None) -> FinetuneCLI:
         print_accuracy(results[0] if results else {})
         return cli
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
-    print_run_summary(cli.trainer)
+    print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
     print_accuracy({k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/acc")})
     return cli
 
@@ -175,9 +184,9 @@ def print_accuracy(metrics: dict[str, float]) -> None:
 
 
 @rank_zero_only
-def print_run_summary(trainer: pl.Trainer) -> None:
-    """Tell the user where the run's outputs are and how the loss went."""
-    log_dir = Path(trainer.log_dir or trainer.default_root_dir)
+def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
+    """Tell the user where the run's outputs are and how the loss went (``log_dir``: found on every
+    process beforehand, since finding it is a collective)."""
     lines = [f"Run folder: {log_dir}"]
     for name, path in (("config", log_dir / "config.yaml"), ("metrics", log_dir / "metrics.csv")):
         if path.exists():

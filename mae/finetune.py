@@ -15,6 +15,7 @@ from timm.layers import trunc_normal_
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import Lars, param_groups_layer_decay
 from torch import nn
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from mae.backbone import build_vit, load_backbone
@@ -117,6 +118,7 @@ class MAEFinetuneModule(pl.LightningModule):
             self.train_criterion = LabelSmoothingCrossEntropy(smoothing=label_smoothing)
         else:
             self.train_criterion = nn.CrossEntropyLoss()
+        self.val_loss = MeanMetric()  # reduced exactly across processes, like the accuracies
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
         self.effective_batch: int | None = None
@@ -154,7 +156,8 @@ class MAEFinetuneModule(pl.LightningModule):
         logits = self(imgs)
         self.val_acc1.update(logits, targets)
         self.val_acc5.update(logits, targets)
-        self.log("val/loss", nn.functional.cross_entropy(logits, targets), sync_dist=True, batch_size=imgs.shape[0])
+        self.val_loss.update(nn.functional.cross_entropy(logits, targets), weight=imgs.shape[0])
+        self.log("val/loss", self.val_loss)
         self.log("val/acc1", self.val_acc1, prog_bar=True)
         self.log("val/acc5", self.val_acc5)
 

@@ -5,6 +5,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics import MeanMetric
 
 from mae.guards import check_finite_loss
 from mae.models import create_model
@@ -69,6 +70,7 @@ class MAEPretrainModule(pl.LightningModule):
         self.effective_batch: int | None = None
         self.resolved_lr: float | None = None
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
+        self.val_loss = MeanMetric()
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
@@ -93,7 +95,8 @@ class MAEPretrainModule(pl.LightningModule):
         generator = torch.Generator().manual_seed(batch_idx)
         noise = self.model.sample_noise(imgs.shape[0], self.mask_ratio, "cpu", generator).to(imgs.device)
         loss, _, _ = self.model(imgs, self.mask_ratio, noise)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=imgs.shape[0])
+        self.val_loss.update(loss, weight=imgs.shape[0])  # reduced exactly across processes
+        self.log("val/loss", self.val_loss, prog_bar=True)
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams

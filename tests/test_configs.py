@@ -48,12 +48,17 @@ def test_config__parses_and_builds(config, monkeypatch):
     assert cli.model.model.patch_embed.img_size == tuple([cli.datamodule.img_size] * 2)
 
 
-def test_config__paper_recipe_values():
+@pytest.mark.parametrize("name", ["imagenet_vit_base.yaml", "imagenet_vit_base_1gpu.yaml"])
+def test_config__paper_recipe_values_on_64_gpus_and_on_one(name):
     import yaml
 
-    recipe = yaml.safe_load((CONFIGS[0].parent / "imagenet_vit_base.yaml").read_text())
+    from mae.optim import effective_batch_size, scaled_lr
+
+    recipe = yaml.safe_load((CONFIGS[0].parent / name).read_text())
     model, trainer, data = recipe["model"], recipe["trainer"], recipe["data"]["init_args"]
     assert model["model"] == "mae_vit_base_patch16" and model["mask_ratio"] == 0.75 and model["norm_pix_loss"]
     assert model["base_lr"] == 1.5e-4 and model["warmup_epochs"] == 40 and trainer["max_epochs"] == 800
-    effective = data["batch_size"] * trainer["devices"] * trainer["num_nodes"] * trainer["accumulate_grad_batches"]
-    assert effective == 4096
+    effective = effective_batch_size(
+        data["batch_size"], trainer["devices"], trainer["num_nodes"], trainer["accumulate_grad_batches"]
+    )
+    assert effective == 4096 and scaled_lr(model["base_lr"], effective) == pytest.approx(2.4e-3)

@@ -53,7 +53,7 @@ def test_reconstruction_callback__writes_png_and_sends_it_to_the_logger(tmp_path
     module.device = torch.device("cpu")
     logger = _ImageLogger()
     callback = ReconstructionCallback(num_images=3)
-    path = callback.render(_Trainer(tmp_path, logger), module, epoch=3)
+    path = callback.render(_Trainer(tmp_path, logger), module, 3, tmp_path / "reconstructions")
     assert path == tmp_path / "reconstructions" / "epoch_0003.png" and path.stat().st_size > 0
     assert logger.logged == [("reconstructions", (3, 3 * 34 + 2, 4 * 34 + 2), 7)]
     assert module.model.training  # mode restored

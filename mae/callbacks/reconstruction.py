@@ -5,7 +5,6 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_only
 from torchvision.utils import save_image
 
 from mae.visualize import reconstruct, reconstruction_grid
@@ -42,7 +41,6 @@ class ReconstructionCallback(pl.Callback):
         spread = torch.linspace(0, len(dataset) - 1, count).long().tolist()  # across classes, not the first few
         return torch.stack([dataset[i][0] for i in spread])
 
-    @rank_zero_only
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_n_epochs == 0:
             return
@@ -50,15 +48,23 @@ class ReconstructionCallback(pl.Callback):
         last = trainer.max_epochs is not None and epoch >= trainer.max_epochs
         if epoch % self.every_n_epochs and not last:
             return
-        self.last_path = self.render(trainer, pl_module, epoch)
+        out_dir = self._out_dir(trainer)  # on every process: finding the log folder is a collective
+        if trainer.is_global_zero:
+            self.last_path = self.render(trainer, pl_module, epoch, out_dir)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Runs stopped by max_steps end mid-epoch: still leave a figure of the final weights.
-        if self.every_n_epochs and trainer.is_global_zero and self.last_path is None:
-            self.last_path = self.render(trainer, pl_module, trainer.current_epoch)
+        if self.every_n_epochs and self.last_path is None:
+            out_dir = self._out_dir(trainer)
+            if trainer.is_global_zero:
+                self.last_path = self.render(trainer, pl_module, trainer.current_epoch, out_dir)
 
-    def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> Path:
-        """Write the figure for ``epoch`` and return its path."""
+    @staticmethod
+    def _out_dir(trainer: pl.Trainer) -> Path:
+        return Path(trainer.log_dir or trainer.default_root_dir) / "reconstructions"
+
+    def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int, out_dir: Path) -> Path:
+        """Write the figure for ``epoch`` into ``out_dir`` and return its path (call on one process)."""
         if self.images is None:
             # Drawing the images may run random transforms: keep the training run's RNG untouched.
             with torch.random.fork_rng(devices=[]):
@@ -73,7 +79,6 @@ class ReconstructionCallback(pl.Callback):
         grid = reconstruction_grid(reconstruct(model, imgs, pl_module.mask_ratio, noise))
         model.train(was_training)
 
-        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "reconstructions"
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"epoch_{epoch:04d}.png"
         save_image(grid, path)

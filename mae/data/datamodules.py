@@ -13,6 +13,8 @@ from typing import Literal
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import find_classes
@@ -31,7 +33,7 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         pin_memory: page-locked host memory for faster host-to-GPU copies.
         persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
         augmentation: training augmentation recipe: "pretrain" (MAE pretraining), "finetune"
-            (RandAugment + random erasing) or "linprobe" (crop + flip).
+            (RandAugment + random erasing), "linprobe" (crop + flip) or "none" (resize only).
         auto_augment: timm RandAugment policy of the finetune recipe.
         re_prob: random-erasing probability of the finetune recipe.
         eval_crop_ratio: evaluation view = resize to ``img_size / eval_crop_ratio`` + center crop.
@@ -100,10 +102,16 @@ class ImageDataModule(pl.LightningDataModule, ABC):
             )
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        sampler = None
+        if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Every validation image exactly once across processes (the default sampler pads shards
+            # with repeats), so reduced metrics equal the single-process ones.
+            sampler = UnrepeatedDistributedSampler(dataset, shuffle=False)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=train,
+            sampler=sampler,
             drop_last=train,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and torch.cuda.is_available(),

@@ -7,7 +7,7 @@ from torchvision import transforms as T
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-Augmentation = Literal["pretrain", "finetune", "linprobe"]
+Augmentation = Literal["pretrain", "finetune", "linprobe", "none"]
 
 
 class ToRGB:
@@ -63,14 +63,17 @@ def train_transform(
     auto_augment: str | None = "rand-m9-mstd0.5-inc1",
     re_prob: float = 0.25,
 ) -> T.Compose:
-    """The training transform of a recipe: "pretrain", "finetune" or "linprobe"."""
+    """The training transform of a recipe: "pretrain", "finetune", "linprobe", or "none" (the
+    evaluation view: no randomness, e.g. for the no-augmentation small-data MAE runs)."""
     if augmentation == "pretrain":
         return pretrain_transform(img_size)
     if augmentation == "finetune":
         return finetune_transform(img_size, auto_augment, re_prob)
     if augmentation == "linprobe":
         return linprobe_transform(img_size)
-    raise ValueError(f"data.augmentation must be 'pretrain', 'finetune' or 'linprobe', got {augmentation!r}")
+    if augmentation == "none":
+        return eval_transform(img_size, crop_ratio=1.0)
+    raise ValueError(f"data.augmentation must be 'pretrain', 'finetune', 'linprobe' or 'none', got {augmentation!r}")
 
 
 def eval_transform(img_size: int | tuple[int, int], crop_ratio: float = 224 / 256) -> T.Compose:
