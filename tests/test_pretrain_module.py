@@ -126,3 +126,13 @@ def test_monitoring_callbacks__do_not_change_the_training_run(tmp_path):
         losses.append([p.detach().clone() for p in module.parameters()])
     for a, b in zip(*losses, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_module__accumulation_longer_than_an_epoch_still_updates_every_epoch(tmp_path):
+    module = _module(base_lr=1e-3, warmup_epochs=0)
+    before = [p.detach().clone() for p in module.parameters()]
+    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, accumulate_grad_batches=4)
+    trainer.fit(module, datamodule=RandomImages(batch_size=4))
+    assert module.effective_batch == 16  # lr scaled by the accumulation the run asked for
+    assert trainer.global_step == 2  # 3 batches < 4 accumulated: one update at each epoch end
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
