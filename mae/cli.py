@@ -134,20 +134,25 @@ def _check_ckpt_path(cli: LightningCLI) -> str | None:
     return ckpt_path
 
 
-def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
-    """Parse the config, build model/data/trainer, train, and print where the outputs are."""
-    cli = PretrainCLI(
-        MAEPretrainModule,
+def _build(cli_class: type[_MAECLI], module: type, trainer_defaults: dict, args: list[str] | None) -> Any:
+    """Parse and instantiate; then check ``--ckpt_path`` and harden the trainer, all before any work."""
+    cli = cli_class(
+        module,
         ImageDataModule,
         subclass_mode_data=True,
         run=False,
         args=args,
         seed_everything_default=0,
-        trainer_defaults=PRETRAIN_TRAINER_DEFAULTS,
+        trainer_defaults=trainer_defaults,
         save_config_kwargs={"overwrite": True},
     )
-    ckpt_path = _check_ckpt_path(cli)
     harden_trainer(cli.trainer)
+    return cli, _check_ckpt_path(cli)
+
+
+def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
+    """Parse the config, build model/data/trainer, train, and print where the outputs are."""
+    cli, ckpt_path = _build(PretrainCLI, MAEPretrainModule, PRETRAIN_TRAINER_DEFAULTS, args)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
     return cli
@@ -155,18 +160,7 @@ def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
 
 def finetune_main(args: list[str] | None = None) -> FinetuneCLI:
     """Fine-tune / linear-probe (or only evaluate), then print top-1 / top-5 and where the outputs are."""
-    cli = FinetuneCLI(
-        MAEFinetuneModule,
-        ImageDataModule,
-        subclass_mode_data=True,
-        run=False,
-        args=args,
-        seed_everything_default=0,
-        trainer_defaults=FINETUNE_TRAINER_DEFAULTS,
-        save_config_kwargs={"overwrite": True},
-    )
-    ckpt_path = _check_ckpt_path(cli)
-    harden_trainer(cli.trainer)
+    cli, ckpt_path = _build(FinetuneCLI, MAEFinetuneModule, FINETUNE_TRAINER_DEFAULTS, args)
     if cli.config.validate_only:
         results = cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         print_accuracy(results[0] if results else {})

@@ -21,7 +21,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from mae.backbone import build_vit, load_backbone
 from mae.guards import check_finite_loss
 from mae.models import create_model
-from mae.optim import resolve_schedule, warmup_cosine_scheduler
+from mae.optim import resolve_schedule, stepwise_schedule
 
 
 class MAEFinetuneModule(pl.LightningModule):
@@ -177,10 +177,7 @@ class MAEFinetuneModule(pl.LightningModule):
                 self.vit, hp.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=hp.layer_decay
             )
             optimizer = torch.optim.AdamW(groups, lr=schedule.lr, fused=self.device.type == "cuda")
-        scheduler = warmup_cosine_scheduler(optimizer, schedule.total_steps, schedule.warmup_steps, hp.min_lr)
-        rule = "set directly" if hp.lr is not None else f"= {hp.base_lr:g} x {schedule.effective_batch} / 256"
-        rank_zero_info(schedule.describe(self.trainer, rule))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return stepwise_schedule(optimizer, schedule, self.trainer, hp.base_lr, hp.lr, hp.min_lr)
 
     def lr_scheduler_step(self, scheduler, metric: Any) -> None:
         # timm schedulers take the number of optimizer updates done so far (and apply lr_scale).

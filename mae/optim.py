@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
 from timm.optim import param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import nn
@@ -110,3 +111,15 @@ def per_device_batch_size(trainer: pl.Trainer) -> int:
     if datamodule is not None and hasattr(datamodule, "batch_size"):
         return datamodule.batch_size
     return trainer.train_dataloader.batch_size
+
+
+def stepwise_schedule(optimizer: Optimizer, schedule: ResolvedSchedule, trainer: pl.Trainer, base_lr: float,
+                      lr: float | None, min_lr: float) -> dict:  # fmt: skip
+    """Lightning's optimizer config with the warmup + cosine updated every step; prints the numbers.
+
+    Pair with ``lr_scheduler_step`` calling ``scheduler.step_update(num_updates=global_step)``.
+    """
+    scheduler = warmup_cosine_scheduler(optimizer, schedule.total_steps, schedule.warmup_steps, min_lr)
+    rule = "set directly" if lr is not None else f"= {base_lr:g} x {schedule.effective_batch} / 256"
+    rank_zero_info(schedule.describe(trainer, rule))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

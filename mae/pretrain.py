@@ -4,14 +4,13 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 from mae.guards import check_finite_loss
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import check_mask_ratio
-from mae.optim import per_device_batch_size, resolve_schedule, warmup_cosine_scheduler, weight_decay_groups
+from mae.optim import per_device_batch_size, resolve_schedule, stepwise_schedule, weight_decay_groups
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "norm_pix_loss", "mask_strategy")
@@ -108,10 +107,7 @@ class MAEPretrainModule(pl.LightningModule):
             betas=tuple(hp.betas),
             fused=self.device.type == "cuda",
         )
-        scheduler = warmup_cosine_scheduler(optimizer, schedule.total_steps, schedule.warmup_steps, hp.min_lr)
-        rule = "set directly" if hp.lr is not None else f"= {hp.base_lr:g} x {schedule.effective_batch} / 256"
-        rank_zero_info(schedule.describe(self.trainer, rule))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return stepwise_schedule(optimizer, schedule, self.trainer, hp.base_lr, hp.lr, hp.min_lr)
 
     def lr_scheduler_step(self, scheduler, metric: Any) -> None:
         # timm schedulers take the number of optimizer updates done so far.
