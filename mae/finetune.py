@@ -5,6 +5,7 @@ label smoothing, AdamW); linear probing its frozen-encoder protocol (cls token, 
 affine before the linear head, LARS, no weight decay).
 """
 
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -84,6 +85,12 @@ class MAEFinetuneModule(pl.LightningModule):
         if mode == "linprobe" and (mixup > 0 or cutmix > 0 or drop_path_rate > 0):
             raise ValueError("linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0")
 
+        if checkpoint is not None and not Path(checkpoint).exists():
+            raise FileNotFoundError(
+                f"model.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
+                f"config, run `python train.py --config configs/pretrain/default.yaml` first) or set it to null "
+                f"to train from scratch"
+            )
         vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=drop_path_rate)
         if checkpoint is not None:
             self.vit = load_backbone(checkpoint, img_size, format=checkpoint_format, **vit_kwargs)

@@ -120,6 +120,11 @@ def test_pos_embed_resampling__hand_computed_cases():
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
 
 
+def test_finetune__missing_pretrained_checkpoint_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist: point it at pretrained weights.*null"):
+        _module(checkpoint=str(tmp_path / "missing.ckpt"))
+
+
 def test_finetune__wrong_architecture_checkpoint_is_refused(tmp_path):
     path = tmp_path / "resnet.pth"
     torch.save({"conv1.weight": torch.zeros(64, 3, 7, 7)}, path)
