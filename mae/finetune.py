@@ -80,8 +80,8 @@ class MAEFinetuneModule(pl.LightningModule):
             raise ValueError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
         if not 0 < layer_decay <= 1:
             raise ValueError(f"model.layer_decay must be in (0, 1], got {layer_decay}")
-        if num_classes < 1:
-            raise ValueError(f"model.num_classes must be >= 1, got {num_classes}")
+        if num_classes < 2:
+            raise ValueError(f"model.num_classes must be >= 2 (a classifier), got {num_classes}")
         if mode == "linprobe" and (mixup > 0 or cutmix > 0 or drop_path_rate > 0):
             raise ValueError("linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0")
 

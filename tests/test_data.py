@@ -113,3 +113,19 @@ def test_datamodule__invalid_loader_settings_fail_at_construction():
         dm = DigitsDataModule(batch_size=5000)
         dm.setup()
         dm.train_dataloader()
+
+
+def test_labelled_fraction__class_balanced_and_seeded():
+    from mae.data.datasets import labelled_fraction
+
+    dm = DigitsDataModule(img_size=16)
+    dm.train_fraction, dm.subset_seed = 0.1, 3
+    dm.setup()
+    labels = [dm.train_set.dataset.targets[i] for i in dm.train_set.indices]
+    counts = torch.bincount(torch.tensor(labels), minlength=10)
+    assert counts.sum() == len(dm.train_set) and torch.all((counts >= 13) & (counts <= 16))  # ~10% of ~144 each
+    again = labelled_fraction(dm.train_set.dataset, 0.1, seed=3)
+    assert again.indices == dm.train_set.indices
+    assert labelled_fraction(dm.train_set.dataset, 0.1, seed=4).indices != dm.train_set.indices
+    with pytest.raises(ValueError, match="fraction"):
+        labelled_fraction(dm.train_set.dataset, 0.0)

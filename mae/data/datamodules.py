@@ -19,7 +19,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import find_classes
 
-from mae.data.datasets import CIFAR_CLASSES, DigitsDataset, ImageFolderSubset, cifar_files, select_classes
+from mae.data.datasets import (
+    CIFAR_CLASSES,
+    DigitsDataset,
+    ImageFolderSubset,
+    cifar_files,
+    labelled_fraction,
+    select_classes,
+)
 from mae.data.transforms import Augmentation, eval_transform, train_transform
 
 
@@ -40,6 +47,8 @@ class ImageDataModule(pl.LightningDataModule, ABC):
     """
 
     default_eval_crop_ratio = 224 / 256
+    train_fraction = 1.0  # keep this fraction of the training images per class (label-efficiency runs)
+    subset_seed = 0
 
     def __init__(
         self,
@@ -93,6 +102,8 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         if self.train_set is None:
             train_tf = train_transform(self.augmentation, self.img_size, self.auto_augment, self.re_prob)
             self.train_set, self.val_set = self.build_datasets(train_tf, self.eval_transform())
+            if self.train_fraction < 1.0:
+                self.train_set = labelled_fraction(self.train_set, self.train_fraction, self.subset_seed)
             val = f", {len(self.val_set)} validation images" if self.val_set is not None else ", no validation split"
             classes = getattr(self.train_set, "classes", None)
             rank_zero_info(

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,25 @@ def select_classes(
     if selection == "random":
         return sorted(random.Random(seed).sample(list(available), num_classes))
     raise ValueError(f"class_selection must be 'first' or 'random', got {selection!r}")
+
+
+def labelled_fraction(dataset: Dataset, fraction: float, seed: int = 0) -> Subset:
+    """A seeded, class-balanced subset: ``round(fraction * n_c)`` (at least 1) images of each class c.
+
+    The dataset must expose ``targets`` (ImageFolder, CIFAR and digits do); ``classes`` is kept.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"train fraction must be in (0, 1], got {fraction}")
+    targets = torch.as_tensor(dataset.targets)
+    generator = torch.Generator().manual_seed(seed)
+    keep = []
+    for label in targets.unique().tolist():
+        members = torch.nonzero(targets == label).flatten()
+        members = members[torch.randperm(len(members), generator=generator)]
+        keep += members[: max(1, round(fraction * len(members)))].tolist()
+    subset = Subset(dataset, sorted(keep))
+    subset.classes = getattr(dataset, "classes", None)
+    return subset
 
 
 def _files_only(cls: type) -> type:
