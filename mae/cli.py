@@ -26,24 +26,14 @@ def default_precision() -> str:
     return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
 
 
-PRETRAIN_TRAINER_DEFAULTS: dict[str, Any] = {
-    "precision": default_precision(),
-    "logger": {
-        "class_path": "lightning.pytorch.loggers.CSVLogger",
-        "init_args": {"save_dir": "runs", "name": "pretrain"},
-    },
-    "log_every_n_steps": 10,
-}
-
-
-FINETUNE_TRAINER_DEFAULTS: dict[str, Any] = {
-    "precision": default_precision(),
-    "logger": {
-        "class_path": "lightning.pytorch.loggers.CSVLogger",
-        "init_args": {"save_dir": "runs", "name": "finetune"},
-    },
-    "log_every_n_steps": 10,
-}
+def trainer_defaults(run_name: str) -> dict[str, Any]:
+    """Trainer settings when a config gives none: CSV metrics under ``runs/<run_name>``."""
+    return {
+        "precision": default_precision(),
+        "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                   "init_args": {"save_dir": "runs", "name": run_name}},
+        "log_every_n_steps": 10,
+    }  # fmt: skip
 
 
 class _MAECLI(LightningCLI):
@@ -152,7 +142,7 @@ def _build(cli_class: type[_MAECLI], module: type, trainer_defaults: dict, args:
 
 def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
     """Parse the config, build model/data/trainer, train, and print where the outputs are."""
-    cli, ckpt_path = _build(PretrainCLI, MAEPretrainModule, PRETRAIN_TRAINER_DEFAULTS, args)
+    cli, ckpt_path = _build(PretrainCLI, MAEPretrainModule, trainer_defaults("pretrain"), args)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
     return cli
@@ -160,7 +150,7 @@ def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
 
 def finetune_main(args: list[str] | None = None) -> FinetuneCLI:
     """Fine-tune / linear-probe (or only evaluate), then print top-1 / top-5 and where the outputs are."""
-    cli, ckpt_path = _build(FinetuneCLI, MAEFinetuneModule, FINETUNE_TRAINER_DEFAULTS, args)
+    cli, ckpt_path = _build(FinetuneCLI, MAEFinetuneModule, trainer_defaults("finetune"), args)
     if cli.config.validate_only:
         results = cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         print_accuracy(results[0] if results else {})

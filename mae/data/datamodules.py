@@ -9,7 +9,7 @@ model cannot disagree.
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -152,18 +152,15 @@ class DigitsDataModule(ImageDataModule):
     def __init__(
         self,
         img_size: int | tuple[int, int] = 32,
-        batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
-        augmentation: Augmentation = "pretrain",
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        re_prob: float = 0.25,
-        eval_crop_ratio: float | None = None,
+        **kwargs: Any,
     ) -> None:
+        """Other arguments: those of ``ImageDataModule`` (batch_size, augmentation, ...)."""
         super().__init__(
-            img_size, batch_size, num_workers, pin_memory, persistent_workers, augmentation, auto_augment, re_prob,
-            eval_crop_ratio,
+            img_size=img_size, num_workers=num_workers, pin_memory=pin_memory,
+            persistent_workers=persistent_workers, **kwargs,
         )  # fmt: skip
 
     @property
@@ -187,6 +184,7 @@ class ImageFolderDataModule(ImageDataModule):
         max_images_per_class: cap on training images per class (first in sorted order).
         subset_seed: seed of the random class selection.
         on_bad_image: "skip" unreadable files (warning with their names) or "raise" at the first.
+        **kwargs: the loader and augmentation settings of ``ImageDataModule``.
     """
 
     def __init__(
@@ -200,20 +198,10 @@ class ImageFolderDataModule(ImageDataModule):
         max_images_per_class: int | None = None,
         subset_seed: int = 0,
         on_bad_image: Literal["skip", "raise"] = "skip",
-        img_size: int | tuple[int, int] = 224,
-        batch_size: int = 64,
         num_workers: int = 8,
-        pin_memory: bool = True,
-        persistent_workers: bool = True,
-        augmentation: Augmentation = "pretrain",
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        re_prob: float = 0.25,
-        eval_crop_ratio: float | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            img_size, batch_size, num_workers, pin_memory, persistent_workers, augmentation, auto_augment, re_prob,
-            eval_crop_ratio,
-        )  # fmt: skip
+        super().__init__(num_workers=num_workers, **kwargs)
         if class_list is not None and num_classes is not None:
             raise ValueError("set data.class_list or data.num_classes, not both")
         if max_images_per_class is not None and max_images_per_class < 1:
@@ -264,6 +252,7 @@ class CIFARDataModule(ImageDataModule):
         root: folder holding ``cifar-10-batches-py`` or ``cifar-100-python``.
         dataset: "cifar10" or "cifar100".
         download: fetch the files when missing (needs network access).
+        **kwargs: the loader and augmentation settings of ``ImageDataModule``.
     """
 
     default_eval_crop_ratio = 1.0
@@ -275,18 +264,9 @@ class CIFARDataModule(ImageDataModule):
         download: bool = False,
         img_size: int | tuple[int, int] = 32,
         batch_size: int = 128,
-        num_workers: int = 4,
-        pin_memory: bool = True,
-        persistent_workers: bool = True,
-        augmentation: Augmentation = "pretrain",
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        re_prob: float = 0.25,
-        eval_crop_ratio: float | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            img_size, batch_size, num_workers, pin_memory, persistent_workers, augmentation, auto_augment, re_prob,
-            eval_crop_ratio,
-        )  # fmt: skip
+        super().__init__(img_size=img_size, batch_size=batch_size, **kwargs)
         if dataset not in CIFAR_CLASSES:
             raise ValueError(f"data.dataset must be one of {sorted(CIFAR_CLASSES)}, got {dataset!r}")
         self.root = Path(root)
