@@ -19,11 +19,14 @@ from mae.finetune import MAEFinetuneModule
 from mae.guards import SigtermCheckpoint, check_resume_checkpoint
 from mae.knn import KNNCallback
 from mae.pretrain import MAEPretrainModule
+from mae.runtime import keep_freed_memory, native_bf16
 
 
 def default_precision() -> str:
-    """bf16 autocast where the GPU supports it (fp16 MAE runs are known to hit NaNs), else fp32."""
-    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
+    """bf16 autocast where the device that trains computes bf16 natively (a GPU from Ampere on, a CPU
+    with AVX-512 BF16 / AMX; fp16 MAE runs are known to hit NaNs), else fp32."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "bf16-mixed" if native_bf16(device) else "32-true"
 
 
 def trainer_defaults(run_name: str) -> dict[str, Any]:
@@ -126,6 +129,7 @@ def _check_ckpt_path(cli: LightningCLI) -> str | None:
 
 def _build(cli_class: type[_MAECLI], module: type, trainer_defaults: dict, args: list[str] | None) -> Any:
     """Parse and instantiate; then check ``--ckpt_path`` and harden the trainer, all before any work."""
+    keep_freed_memory()  # no page faults re-mapping activations every step (mae.runtime)
     cli = cli_class(
         module,
         ImageDataModule,

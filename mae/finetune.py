@@ -23,6 +23,7 @@ from mae.backbone import build_vit, load_backbone
 from mae.guards import check_finite_loss
 from mae.models import create_model
 from mae.optim import resolve_schedule, stepwise_schedule
+from mae.runtime import set_attention_kernel, training_settings
 
 
 class MAEFinetuneModule(pl.LightningModule):
@@ -139,6 +140,13 @@ class MAEFinetuneModule(pl.LightningModule):
         """(N, C, H, W) -> (N, num_classes) logits."""
         return self.vit(imgs)
 
+    def setup(self, stage: str) -> None:
+        # The measured kernel choices for the training device and precision (mae.runtime); setup()
+        # runs before the module moves to its device, so ask the strategy where it will run.
+        precision = "bf16" if "bf16" in str(self.trainer.precision) else "fp32"
+        self.settings = training_settings(self.trainer.strategy.root_device, precision)
+        set_attention_kernel(self.vit, self.settings.attention)
+
     def on_fit_start(self) -> None:
         datamodule = self.trainer.datamodule
         batch_size = getattr(datamodule, "batch_size", 0)
@@ -183,7 +191,8 @@ class MAEFinetuneModule(pl.LightningModule):
             groups = param_groups_layer_decay(
                 self.vit, hp.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=hp.layer_decay
             )
-            optimizer = torch.optim.AdamW(groups, lr=schedule.lr, fused=self.device.type == "cuda")
+            fused = getattr(self, "settings", None) is not None and self.settings.fused_adamw
+            optimizer = torch.optim.AdamW(groups, lr=schedule.lr, fused=fused)
         return stepwise_schedule(optimizer, schedule, self.trainer, hp.base_lr, hp.lr, hp.min_lr)
 
     def lr_scheduler_step(self, scheduler, metric: Any) -> None:

@@ -41,6 +41,11 @@ class SigtermCheckpoint(pl.Callback):
         callback = trainer.checkpoint_callback
         folder = Path(callback.dirpath) if callback is not None and callback.dirpath else Path(trainer.default_root_dir)
         path = folder / "last.ckpt"
+        if callback is not None and hasattr(callback, "last_model_path"):
+            # Recorded in the checkpoint: on resume, the checkpoint callback then keeps writing this
+            # last.ckpt instead of starting a last-v1.ckpt beside it (as it would when the SIGTERM
+            # comes before it has saved a last.ckpt of its own, i.e. in the first epoch).
+            callback.last_model_path = str(path)
         trainer.save_checkpoint(path)
         rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path {path}")
 

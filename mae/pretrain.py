@@ -6,11 +6,13 @@ import lightning.pytorch as pl
 import torch
 from torchmetrics import MeanMetric
 
+from mae.data.transforms import normalize_batch
 from mae.guards import check_finite_loss
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import check_mask_ratio
 from mae.optim import per_device_batch_size, resolve_schedule, stepwise_schedule, weight_decay_groups
+from mae.runtime import TrainingSettings, set_attention_kernel, training_settings
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "norm_pix_loss", "mask_strategy")
@@ -32,6 +34,11 @@ class MAEPretrainModule(pl.LightningModule):
         weight_decay: AdamW decay on weights (not on biases and norms).
         betas: AdamW betas.
         warmup_epochs: linear warmup length in (fractional) epochs.
+        attention: attention kernel, "sdpa" or "explicit"; "auto" picks the faster one measured for
+            the training device and precision (``mae.runtime.training_settings``).
+        compile: ``torch.compile`` the model ("auto": for runs of at least ``mae.runtime.COMPILE_MIN_STEPS``
+            optimizer steps, which repay the compilation time).
+        fused_adamw: the single-kernel AdamW ("auto": as ``mae.runtime.training_settings`` says).
     """
 
     def __init__(
@@ -48,10 +55,19 @@ class MAEPretrainModule(pl.LightningModule):
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_epochs: float = 40.0,
+        attention: Literal["auto", "sdpa", "explicit"] = "auto",
+        compile: bool | Literal["auto"] = "auto",
+        fused_adamw: bool | Literal["auto"] = "auto",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         check_mask_ratio(mask_ratio, mask_strategy)
+        if attention not in ("auto", "sdpa", "explicit"):
+            raise ValueError(f"model.attention must be 'auto', 'sdpa' or 'explicit', got {attention!r}")
+        for name, value in (("compile", compile), ("fused_adamw", fused_adamw)):
+            if value not in (True, False, "auto"):
+                raise ValueError(f"model.{name} must be true, false or auto, got {value!r}")
+        self.settings: TrainingSettings | None = None  # resolved for the training device in setup()
         model_kwargs = dict(model_kwargs or {})
         clash = [k for k in _OWN_ARGS if k in model_kwargs]
         if clash:
@@ -74,9 +90,29 @@ class MAEPretrainModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":
             self.flops_per_batch = mae_train_flops(self.model, per_device_batch_size(self.trainer), self.mask_ratio)
+        self.settings = self.resolve_settings(self.trainer.estimated_stepping_batches if stage == "fit" else 0)
+        set_attention_kernel(self.model, self.settings.attention)
+
+    def on_fit_start(self) -> None:
+        if self.settings.compile:
+            self.model.compile()  # in place: checkpoints keep the plain parameter names
+
+    def resolve_settings(self, steps: float | None = None) -> TrainingSettings:
+        """The run's kernel choices: the measured defaults for the device, precision and run length
+        (``steps`` optimizer steps), with this module's overrides."""
+        hp = self.hparams
+        precision = "bf16" if "bf16" in str(self.trainer.precision) else "fp32"
+        # setup() runs before the module moves to its device: ask the strategy where it will run
+        auto = training_settings(self.trainer.strategy.root_device, precision, steps)
+        return TrainingSettings(
+            precision=precision,
+            attention=auto.attention if hp.attention == "auto" else hp.attention,
+            compile=auto.compile if hp.compile == "auto" else hp.compile,
+            fused_adamw=auto.fused_adamw if hp.fused_adamw == "auto" else hp.fused_adamw,
+        )
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        imgs = batch[0]
+        imgs = normalize_batch(batch[0])  # the pretraining crop ships uint8 images: normalise on the device
         loss, _, _ = self.model(imgs, self.mask_ratio)
         check_finite_loss(loss, self)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=imgs.shape[0])
@@ -89,7 +125,7 @@ class MAEPretrainModule(pl.LightningModule):
             self.epoch_losses.append(float(loss))
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        imgs = batch[0]
+        imgs = normalize_batch(batch[0])
         # The same masks every epoch, so validation losses are comparable across epochs.
         generator = torch.Generator().manual_seed(batch_idx)
         noise = self.model.sample_noise(imgs.shape[0], self.mask_ratio, "cpu", generator).to(imgs.device)
@@ -105,7 +141,7 @@ class MAEPretrainModule(pl.LightningModule):
             weight_decay_groups(self.model, hp.weight_decay),
             lr=schedule.lr,
             betas=tuple(hp.betas),
-            fused=self.device.type == "cuda",
+            fused=(self.settings or self.resolve_settings()).fused_adamw,
         )
         return stepwise_schedule(optimizer, schedule, self.trainer, hp.base_lr, hp.lr, hp.min_lr)
 

@@ -1,8 +1,11 @@
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torchvision import transforms as T
 
 from mae.data import CIFARDataModule, DigitsDataModule, ImageFolderDataModule, pretrain_transform
+from mae.data.transforms import PretrainCrop, normalize_batch
 from tests.helpers import write_cifar, write_image_folder
 
 
@@ -14,14 +17,72 @@ def imagenet_like(tmp_path):
     return tmp_path
 
 
+def _smooth_jpeg(path, size=(500, 375)):
+    """A photo-like JPEG (smooth gradients plus texture), so resampling differences stay small."""
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(0)
+    pixels = np.stack([xx * 255 / w, yy * 255 / h, (xx + yy) * 127 / (w + h) + 64], -1)
+    pixels = np.clip(pixels + rng.normal(0, 8, pixels.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(pixels).save(path, quality=90)
+    return path
+
+
+def _torchvision_pretrain(img_size):
+    """The official pretraining transform, in torchvision terms."""
+    return T.Compose([
+        T.RandomResizedCrop(img_size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
+        T.RandomHorizontalFlip(),
+        T.ToTensor(),
+        T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["jpg", "png"])
+@pytest.mark.parametrize("img_size", [64, 320])  # down- and upsampling
+def test_pretrain_crop__same_pixels_as_torchvision_recipe(tmp_path, fmt, img_size):
+    """The random numbers and (to two intensity levels, 1 % of a level on average) the pixels of
+    RandomResizedCrop(0.2-1, bicubic) + flip + ToTensor + Normalize on a PIL image, once normalised."""
+    path = _smooth_jpeg(tmp_path / "a.jpg")
+    if fmt == "png":
+        Image.open(path).save(tmp_path / "a.png")
+        path = tmp_path / "a.png"
+    ours, reference = pretrain_transform(img_size), _torchvision_pretrain(img_size)
+    one_level = 1 / 255 / 0.224  # one intensity step after normalisation (smallest std)
+    for seed in range(6):
+        torch.manual_seed(seed)
+        expected, next_reference = reference(Image.open(path).convert("RGB")), torch.rand(1)
+        torch.manual_seed(seed)
+        got, next_ours = ours(Image.open(path)), torch.rand(1)
+        assert got.dtype == torch.uint8 and got.shape == (3, img_size, img_size)
+        diff = (normalize_batch(got[None])[0] - expected).abs()
+        assert diff.max() <= 2.0001 * one_level and diff.mean() < 0.02 * one_level
+        assert next_ours == next_reference  # the same random numbers consumed
+
+
+def test_pretrain_crop__modes_and_broken_files(tmp_path):
+    rng = np.random.default_rng(0)
+    gray = tmp_path / "gray.jpg"
+    Image.fromarray(rng.integers(0, 256, (40, 50), dtype=np.uint8)).save(gray)
+    cmyk = tmp_path / "cmyk.jpg"
+    Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).convert("CMYK").save(cmyk)
+    for path in (gray, cmyk):
+        torch.manual_seed(0)
+        expected = _torchvision_pretrain(16)(Image.open(path).convert("RGB"))
+        torch.manual_seed(0)
+        got = normalize_batch(pretrain_transform(16)(Image.open(path))[None])[0]
+        assert (got - expected).abs().max() < 0.02
+    truncated = tmp_path / "truncated.jpg"
+    data = gray.read_bytes()
+    truncated.write_bytes(data[: len(data) * 2 // 3])  # header intact, scan data cut
+    with pytest.raises(OSError, match="truncated.jpg"):
+        pretrain_transform(16)(Image.open(truncated))
+
+
 def test_pretrain_transform__official_recipe():
-    ops = pretrain_transform(224).transforms
-    crop = next(t for t in ops if isinstance(t, T.RandomResizedCrop))
-    assert crop.size == (224, 224) and crop.scale == (0.2, 1.0)
-    assert crop.interpolation == T.InterpolationMode.BICUBIC
-    assert any(isinstance(t, T.RandomHorizontalFlip) for t in ops)
-    norm = next(t for t in ops if isinstance(t, T.Normalize))
-    assert tuple(norm.mean) == (0.485, 0.456, 0.406) and tuple(norm.std) == (0.229, 0.224, 0.225)
+    crop = pretrain_transform(224)
+    assert isinstance(crop, PretrainCrop)
+    assert crop.size == (224, 224) and crop.scale == (0.2, 1.0) and crop.ratio == (3 / 4, 4 / 3)
 
 
 def test_image_folder__all_classes_batches_and_report(imagenet_like, capsys):
@@ -29,8 +90,9 @@ def test_image_folder__all_classes_batches_and_report(imagenet_like, capsys):
     dm.setup("fit")
     assert len(dm.train_set) == 20 and len(dm.train_set.classes) == 4 and len(dm.val_set) == 8
     imgs, labels = next(iter(dm.train_dataloader()))
-    assert imgs.shape == (4, 3, 32, 32) and imgs.dtype == torch.float32 and labels.shape == (4,)
-    assert imgs.min() < -0.5  # normalised, not [0, 1]
+    assert imgs.shape == (4, 3, 32, 32) and imgs.dtype == torch.uint8 and labels.shape == (4,)
+    imgs = normalize_batch(imgs)
+    assert imgs.dtype == torch.float32 and imgs.min() < -0.5  # normalised, not [0, 1]
 
 
 def test_image_folder__class_list_file_and_cap(imagenet_like, tmp_path):

@@ -14,10 +14,11 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 
 from mae.data import ImageFolderDataModule
-from mae.guards import check_resume_checkpoint
+from mae.guards import SigtermCheckpoint, check_resume_checkpoint
 from tests.helpers import write_image_folder
 from tests.test_pretrain_module import RandomImages, RecordLR, _trainer
 from tests.test_pretrain_module import _module as _pretrain_module
@@ -248,6 +249,36 @@ def test_faults__sigkill_at_random_moments_then_resume_completes(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     final = torch.load(last, map_location="cpu", weights_only=True)
     assert final["epoch"] == 5 and final["global_step"] == 6 * 8
+
+
+class _SigtermAt(pl.Callback):
+    """Raise Lightning's SIGTERM exception after a given global step, as its signal handler does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise SIGTERMException()
+
+
+def test_faults__sigterm_in_the_first_epoch_then_resume_keeps_one_last_ckpt(tmp_path):
+    """A SIGTERM before the checkpoint callback saved anything: the resumed run must go on writing the
+    same last.ckpt (not a last-v1.ckpt beside it, leaving last.ckpt stale for the next resume)."""
+    ckpts = tmp_path / "ckpts"
+
+    def trainer(epochs, *callbacks):
+        callbacks = [ModelCheckpoint(dirpath=ckpts, save_last=True), SigtermCheckpoint(), *callbacks]
+        return _trainer(
+            tmp_path, max_epochs=epochs, limit_val_batches=0, enable_checkpointing=True, callbacks=callbacks
+        )
+
+    with pytest.raises(SIGTERMException):
+        trainer(2, _SigtermAt(3)).fit(_module(), datamodule=RandomImages())
+    assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 3
+    trainer(2).fit(_module(), datamodule=RandomImages(), ckpt_path=ckpts / "last.ckpt")
+    assert sorted(p.name for p in ckpts.glob("last*")) == ["last.ckpt"]
+    assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 2 * 10
 
 
 def test_faults__sigterm_saves_a_resumable_checkpoint(tmp_path):

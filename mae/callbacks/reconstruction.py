@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import save_image
 
+from mae.data.transforms import normalize_batch
 from mae.visualize import reconstruct, reconstruction_grid
 
 
@@ -36,10 +37,10 @@ class ReconstructionCallback(pl.Callback):
         datamodule = trainer.datamodule
         dataset = getattr(datamodule, "val_set", None) or getattr(datamodule, "train_set", None)
         if dataset is None:
-            return next(iter(trainer.train_dataloader))[0][: self.num_images]
+            return normalize_batch(next(iter(trainer.train_dataloader))[0][: self.num_images])
         count = min(self.num_images, len(dataset))
         spread = torch.linspace(0, len(dataset) - 1, count).long().tolist()  # across classes, not the first few
-        return torch.stack([dataset[i][0] for i in spread])
+        return normalize_batch(torch.stack([dataset[i][0] for i in spread]))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_n_epochs == 0:

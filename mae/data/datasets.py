@@ -22,7 +22,8 @@ class ImageFolderSubset(ImageFolder):
         root: folder of ``<class>/<image>`` files.
         classes: class folder names to use (all when None); labels follow this sorted list.
         max_per_class: keep the first images (in sorted file order) of each class.
-        transform: applied to each PIL image (any mode is converted to RGB first).
+        transform: applied to each opened, not yet decoded PIL image (of any mode: the transform
+            converts to RGB, as every transform of ``mae.data.transforms`` does).
         on_bad_image: "skip" an unreadable (corrupt, truncated, not an image) file, warning once
             per file and worker with its name, and use the next readable one; or "raise" at once.
     """
@@ -55,7 +56,10 @@ class ImageFolderSubset(ImageFolder):
         for offset in range(len(self.samples)):
             path, target = self.samples[(index + offset) % len(self.samples)]
             try:
-                sample = self.loader(path)  # PIL open + convert("RGB"): fully decodes, so truncation shows here
+                # Decoding happens in the transform (or here without one), so a pretraining crop can
+                # decode a JPEG at reduced scale; truncation and corruption surface inside this block.
+                sample = Image.open(path)
+                sample = self.transform(sample) if self.transform is not None else sample.convert("RGB")
             except (OSError, ValueError, SyntaxError) as err:  # PIL's errors for undecodable files
                 if self.on_bad_image == "raise":
                     raise ValueError(
@@ -65,8 +69,6 @@ class ImageFolderSubset(ImageFolder):
                     self.bad_files.add(path)
                     log.warning("skipping unreadable image %s (%s); %d skipped so far", path, err, len(self.bad_files))
                 continue
-            if self.transform is not None:
-                sample = self.transform(sample)
             return sample, target
         raise ValueError(f"no readable image among the {len(self.samples)} files of {self.root}")
 

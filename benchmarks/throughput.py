@@ -1,0 +1,342 @@
+"""MAE pretraining-step throughput: ours vs Hugging Face ``ViTMAEForPreTraining``, interleaved in one process.
+
+A step is forward + backward + AdamW step with mask ratio 0.75 and norm_pix_loss, on the same
+weights and the same masks for both implementations. Each round times ``--steps`` steps of every
+contender in turn (A B C ... A B C ..., the order rotating every round), so drift in the machine's
+speed hits all of them alike; the table reports medians over rounds. For each config it prints
+images/s, the ratio to the best Hugging Face variant, achieved GFLOP/s from the analytic FLOP count
+(matmuls only, ``mae/models/flops.py``) and its fraction of the measured matmul peak (one large
+``torch.mm`` of the same dtype on the same threads), peak memory of a training step, and minor page
+faults per step on CPU.
+
+    python benchmarks/throughput.py                            # every config, the standard variants
+    python benchmarks/throughput.py --configs cifar --rounds 3 # one config, quicker
+    python benchmarks/throughput.py --configs base224 --batch-size 256 --device cuda  # GPU run
+
+Variants: ``fp32`` / ``bf16`` (autocast), ``sdpa`` / ``explicit`` attention, ``compile``
+(``torch.compile`` of the model; its compilation happens in the untimed warm-up steps), ``fused AdamW``.
+"ours default" is what ``train.py`` runs with its default settings on this device for a long run
+(``mae.runtime.training_settings``). By default the whole process, peers included, uses the allocator
+setting ``train.py`` uses (``--allocator``).
+"""
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from mae.convert.huggingface import save_hf_pretrained
+from mae.models import MaskedAutoencoderViT
+from mae.models.flops import mae_train_flops
+from mae.runtime import TrainingSettings, apply_training_settings, keep_freed_memory, training_settings
+
+MASK_RATIO = 0.75
+
+# Model shapes from issue 7: the CIFAR-size MAE and the ViT-Tiny / ViT-Base MAEs at 224 px.
+CONFIGS = {
+    "cifar": dict(
+        model=dict(img_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3,
+                   decoder_embed_dim=128, decoder_depth=4, decoder_num_heads=4),
+        batch_size=128,
+    ),
+    "tiny224": dict(
+        model=dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3,
+                   decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16),
+        batch_size=32,
+    ),
+    "base224": dict(
+        model=dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
+                   decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16),
+        batch_size=16,
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Contender:
+    impl: str  # "ours" or "hf"
+    settings: TrainingSettings
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or f"{self.impl} {self.settings.describe()}"
+
+
+def contenders(device: torch.device, variants: list[str]) -> list[Contender]:
+    """Hugging Face's four precision x attention variants, ours on the same four, ours default, and the
+    default with compile and with fused AdamW flipped (so each choice's effect is visible)."""
+    out = []
+    default = training_settings(device)
+    if "peers" in variants:
+        for precision in ("fp32", "bf16"):
+            for attention in ("sdpa", "explicit"):
+                plain = TrainingSettings(precision=precision, attention=attention, compile=False, fused_adamw=False)
+                out += [Contender("hf", plain), Contender("ours", plain)]
+    if "default" in variants:
+        out.append(Contender("ours", default, f"ours default ({default.describe()})"))
+    if "ablations" in variants:  # the default with one choice flipped
+        out.append(Contender("ours", replace(default, compile=not default.compile)))
+        out.append(Contender("ours", replace(default, fused_adamw=not default.fused_adamw)))
+    return out
+
+
+def reference_model(spec: dict) -> MaskedAutoencoderViT:
+    """The weights every contender starts from (Hugging Face's are these, converted)."""
+    torch.manual_seed(0)
+    return MaskedAutoencoderViT(**spec, norm_pix_loss=True)
+
+
+def build_step(contender: Contender, spec: dict, device: torch.device, hf_dir: str, batch_size: int):
+    """A closure running one training step of ``contender`` on a fixed batch and fixed masks; ``hf_dir``
+    holds ``reference_model(spec)`` saved with ``save_hf_pretrained``."""
+    ours = reference_model(spec)
+    gen = torch.Generator().manual_seed(0)
+    imgs = torch.randn(batch_size, 3, spec["img_size"], spec["img_size"], generator=gen).to(device)
+    noise = torch.rand(batch_size, ours.num_patches, generator=gen).to(device)
+    settings = contender.settings
+    if contender.impl == "hf":
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        attn = {"sdpa": "sdpa", "explicit": "eager"}[settings.attention]
+        model = transformers.ViTMAEForPreTraining.from_pretrained(hf_dir, attn_implementation=attn).to(device)
+        model.train()
+
+        def loss_fn():
+            return model(pixel_values=imgs, noise=noise).loss
+
+    else:
+        model = ours.to(device).train()
+        model = apply_training_settings(model, settings)
+
+        def loss_fn():
+            return model(imgs, MASK_RATIO, noise)[0]
+
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95), weight_decay=0.05,
+        fused=settings.fused_adamw,
+    )  # fmt: skip
+    autocast = settings.precision == "bf16"
+
+    def step() -> float:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step, ours
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak_gflops(dtype: torch.dtype, device: torch.device, reps: int = 5) -> float:
+    """Best GFLOP/s of an n x n x n ``torch.mm`` (the machine's practical matmul ceiling); n = 2048 on
+    CPU, 8192 on a GPU."""
+    n = 8192 if device.type == "cuda" else 2048
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        sync(device)
+        t = time.perf_counter()
+        torch.mm(a, b)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def cpu_peak_memory_mib(contender: Contender, config: str, batch_size: int, allocator: str, steps: int = 3) -> float:
+    """Peak resident memory of CPU training steps (activations, gradients, AdamW state) above what the
+    process held with the model built, in MiB; measured in a fresh process, where no earlier step's
+    freed memory hides the peak."""
+    probe = json.dumps({"contender": [contender.impl, asdict(contender.settings)], "config": config,
+                        "batch_size": batch_size, "steps": steps})  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, __file__, "--memory-probe", probe, "--allocator", allocator],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"memory probe for {contender.name} failed:\n{result.stderr[-2000:]}")
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def _resident_kib() -> tuple[int, int]:
+    """(current, peak) resident memory of this process in KiB (Linux /proc)."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS", "VmHWM")))
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def _memory_probe(probe: str) -> None:
+    spec = json.loads(probe)
+    impl, settings = spec["contender"]
+    contender = Contender(impl, TrainingSettings(**settings))
+    model_spec = CONFIGS[spec["config"]]["model"]
+    with tempfile.TemporaryDirectory() as hf_dir:
+        save_hf_pretrained(reference_model(model_spec), hf_dir, MASK_RATIO)
+        step, _ = build_step(contender, model_spec, torch.device("cpu"), hf_dir, spec["batch_size"])
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak (VmHWM) to the current resident size
+        before, _ = _resident_kib()
+        for _ in range(spec["steps"]):
+            step()
+        _, peak = _resident_kib()
+    print((peak - before) / 1024)
+
+
+def time_steps(step: Callable, steps: int, device: torch.device) -> tuple[float, float, float | None]:
+    """Seconds for ``steps`` steps, minor page faults per step, and on CUDA the peak memory the steps
+    allocated above what was allocated before them (MiB)."""
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    seconds = time.perf_counter() - start
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
+    memory = (torch.cuda.max_memory_allocated() - resident) / 2**20 if device.type == "cuda" else None
+    return seconds, faults, memory
+
+
+def bench_config(config: str, args: argparse.Namespace, device: torch.device, peaks: dict) -> list[dict]:
+    spec = CONFIGS[config]["model"]
+    batch_size = args.batch_size or CONFIGS[config]["batch_size"]
+    entries = contenders(device, args.variants)
+    with tempfile.TemporaryDirectory() as hf_dir:
+        save_hf_pretrained(reference_model(spec), hf_dir, MASK_RATIO)
+        steps, model = {}, None
+        for c in entries:
+            steps[c.name], model = build_step(c, spec, device, hf_dir, batch_size)
+            for _ in range(args.warmup):  # includes compilation for compiled variants
+                steps[c.name]()
+        times = {c.name: [] for c in entries}
+        faults = {c.name: [] for c in entries}
+        memory = {}
+        for r in range(args.rounds):
+            order = entries[r % len(entries) :] + entries[: r % len(entries)]
+            for c in order:
+                seconds, f, m = time_steps(steps[c.name], args.steps, device)
+                times[c.name].append(batch_size * args.steps / seconds)
+                faults[c.name].append(f)
+                memory[c.name] = m
+        del steps
+        gc.collect()
+    flops = mae_train_flops(model, batch_size, MASK_RATIO)
+    hf_best = max((statistics.median(times[c.name]) for c in entries if c.impl == "hf"), default=None)
+    rows = []
+    for c in entries:
+        ips = statistics.median(times[c.name])
+        gflops = flops / batch_size * ips / 1e9
+        row = dict(config=config, batch_size=batch_size, contender=c.name, impl=c.impl, img_s=ips,
+                   vs_hf_best=ips / hf_best if hf_best else None, gflops=gflops,
+                   peak_fraction=gflops / peaks[c.settings.precision],
+                   faults_per_step=statistics.median(faults[c.name]) if device.type == "cpu" else None)  # fmt: skip
+        if device.type == "cuda":
+            row["memory_mib"] = memory[c.name]
+        elif args.memory:
+            row["memory_mib"] = cpu_peak_memory_mib(c, config, batch_size, args.allocator)
+        rows.append(row)
+        print(format_row(row), flush=True)
+    return rows
+
+
+def format_row(row: dict) -> str:
+    ratio = f"{row['vs_hf_best']:.2f}x" if row["vs_hf_best"] else "-"
+    memory = f"{row['memory_mib']:.0f}" if row.get("memory_mib") is not None else "-"
+    faults = f"{row['faults_per_step']:.0f}" if row.get("faults_per_step") is not None else "-"
+    return (
+        f"| {row['config']} (batch {row['batch_size']}) | {row['contender']} | {row['img_s']:.1f} | {ratio} | "
+        f"{row['gflops']:.0f} | {100 * row['peak_fraction']:.0f} % | {memory} | {faults} |"
+    )
+
+
+HEADER = (
+    "| config | contender | img/s | vs best HF | GFLOP/s | of matmul peak | peak memory MiB | page faults/step |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--variants", nargs="+", default=["peers", "default", "ablations"],
+                   choices=["peers", "default", "ablations"])  # fmt: skip
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch-size", type=int, default=None, help="override every config's batch size")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender (compilation happens here)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per contender per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory measurement")
+    p.add_argument(
+        "--allocator",
+        choices=["kept", "glibc"],
+        default="kept",
+        help="kept: mae.runtime.keep_freed_memory() for the whole process, as train.py does (every "
+        "contender, Hugging Face too, runs with it); glibc: the C library's defaults",
+    )
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse(argv)
+    if args.allocator == "kept":
+        keep_freed_memory()
+    if args.memory_probe:
+        _memory_probe(args.memory_probe)
+        return []
+    device = torch.device(args.device)
+    peaks = {"fp32": matmul_peak_gflops(torch.float32, device), "bf16": matmul_peak_gflops(torch.bfloat16, device)}
+    print(f"machine: {machine(device)}; allocator: {args.allocator}")
+    print(f"matmul peak: fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s")
+    print(HEADER, flush=True)
+    rows = []
+    for config in args.configs:
+        rows += bench_config(config, args, device, peaks)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(device), "peaks": peaks, "rows": rows}, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,101 @@
+"""How a training step runs on this device: precision, attention kernel, compilation, fused optimizer,
+and the host memory allocator.
+
+The defaults are measured, not assumed (``benchmarks/throughput.py``, README "Performance"): on CPUs
+with native bf16 (AVX-512 BF16 / AMX), bf16 autocast with explicit attention, fused AdamW, a
+compiled model for runs long enough to repay compilation, and an allocator that keeps freed pages;
+on GPUs, bf16 with PyTorch's fused SDPA (flash attention).
+"""
+
+import ctypes
+import ctypes.util
+import platform
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from timm.layers import Attention
+from torch import nn
+
+Precision = Literal["fp32", "bf16"]
+AttentionKernel = Literal["sdpa", "explicit"]
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """precision: "bf16" (autocast) or "fp32"; attention: "sdpa" (``scaled_dot_product_attention``) or
+    "explicit" (softmax(q k^T) v as matmuls); compile: ``torch.compile`` the model; fused_adamw: the
+    single-kernel AdamW."""
+
+    precision: Precision
+    attention: AttentionKernel
+    compile: bool
+    fused_adamw: bool
+
+    def describe(self) -> str:
+        extras = [name for name, on in (("compile", self.compile), ("fused AdamW", self.fused_adamw)) if on]
+        return " + ".join([self.precision, self.attention] + extras)
+
+
+def native_bf16(device: torch.device | str) -> bool:
+    """Whether ``device`` computes bf16 matmuls natively (CUDA compute capability >= 8, or a CPU with
+    AVX-512 BF16 / AMX); emulated bf16 is slower than fp32."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return False
+
+
+# Compiling the model costs about a minute on 2 CPU cores (less with a warm cache) and saves 25-40 %
+# of every step after it: worth it from about a thousand steps on.
+COMPILE_MIN_STEPS = 1000
+
+
+def training_settings(
+    device: torch.device | str, precision: Precision | None = None, steps: int | float | None = None
+) -> TrainingSettings:
+    """The fastest measured settings for pretraining on ``device`` in ``precision`` (default: bf16
+    where the device computes it natively, else fp32), for a run of ``steps`` optimizer steps (None:
+    a long run)."""
+    device = torch.device(device)
+    precision = precision or ("bf16" if native_bf16(device) else "fp32")
+    # On CPU, SDPA's bf16 path is slower than two matmuls and a softmax at MAE's sequence lengths.
+    attention = "explicit" if device.type == "cpu" and precision == "bf16" else "sdpa"
+    compile_pays = steps is None or steps >= COMPILE_MIN_STEPS
+    fused = device.type in ("cpu", "cuda")
+    return TrainingSettings(precision=precision, attention=attention, compile=compile_pays, fused_adamw=fused)
+
+
+def set_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> nn.Module:
+    """Switch every timm ``Attention`` in ``model`` to ``kernel``; returns ``model``."""
+    if kernel not in ("sdpa", "explicit"):
+        raise ValueError(f"attention kernel must be 'sdpa' or 'explicit', got {kernel!r}")
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.fused_attn = kernel == "sdpa"
+    return model
+
+
+def apply_training_settings(model: nn.Module, settings: TrainingSettings) -> nn.Module:
+    """Set the attention kernel and compile in place if asked (parameter names stay unprefixed)."""
+    set_attention_kernel(model, settings.attention)
+    if settings.compile:
+        model.compile()
+    return model
+
+
+def keep_freed_memory() -> bool:
+    """Stop glibc from returning tensor memory to the OS between training steps; returns whether set.
+
+    By default glibc serves large blocks (activations) by ``mmap`` and unmaps them when freed, and
+    trims the heap top, so each step page-faults its activations in again: on CPU that costs 2-22 %
+    of a step. Serving blocks up to 32 MiB (glibc's maximum) from the heap and never trimming it
+    keeps the pages mapped, at the cost of the process keeping its peak memory. Linux/glibc only.
+    """
+    if platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc":
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
