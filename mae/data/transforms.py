@@ -79,8 +79,8 @@ def normalize_batch(imgs: torch.Tensor) -> torch.Tensor:
     if imgs.dtype != torch.uint8:
         return imgs
     mean = torch.tensor(IMAGENET_MEAN, device=imgs.device).view(1, -1, 1, 1) * 255
-    std = torch.tensor(IMAGENET_STD, device=imgs.device).view(1, -1, 1, 1) * 255
-    return (imgs.float() - mean) / std
+    inv_std = 1 / (torch.tensor(IMAGENET_STD, device=imgs.device).view(1, -1, 1, 1) * 255)
+    return imgs.float().sub_(mean).mul_(inv_std)  # one new tensor, two in-place passes
 
 
 def pretrain_transform(img_size: int | tuple[int, int]) -> PretrainCrop:
