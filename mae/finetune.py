@@ -23,7 +23,7 @@ from mae.backbone import build_vit, load_backbone
 from mae.guards import check_finite_loss
 from mae.models import create_model
 from mae.optim import resolve_schedule, stepwise_schedule
-from mae.runtime import set_attention_kernel, training_settings
+from mae.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
 
 
 class MAEFinetuneModule(pl.LightningModule):
@@ -76,6 +76,7 @@ class MAEFinetuneModule(pl.LightningModule):
         head_init_std: float = 2e-5,
     ) -> None:
         super().__init__()
+        self.settings: TrainingSettings | None = None  # resolved for the training device in setup()
         self.save_hyperparameters()
         if mode not in ("finetune", "linprobe"):
             raise ValueError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
@@ -141,10 +142,7 @@ class MAEFinetuneModule(pl.LightningModule):
         return self.vit(imgs)
 
     def setup(self, stage: str) -> None:
-        # The measured kernel choices for the training device and precision (mae.runtime); setup()
-        # runs before the module moves to its device, so ask the strategy where it will run.
-        precision = "bf16" if "bf16" in str(self.trainer.precision) else "fp32"
-        self.settings = training_settings(self.trainer.strategy.root_device, precision)
+        self.settings = settings_for_trainer(self.trainer)  # measured kernel choices (mae.runtime)
         set_attention_kernel(self.vit, self.settings.attention)
 
     def on_fit_start(self) -> None:
@@ -191,7 +189,7 @@ class MAEFinetuneModule(pl.LightningModule):
             groups = param_groups_layer_decay(
                 self.vit, hp.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=hp.layer_decay
             )
-            fused = getattr(self, "settings", None) is not None and self.settings.fused_adamw
+            fused = (self.settings or settings_for_trainer(self.trainer)).fused_adamw
             optimizer = torch.optim.AdamW(groups, lr=schedule.lr, fused=fused)
         return stepwise_schedule(optimizer, schedule, self.trainer, hp.base_lr, hp.lr, hp.min_lr)
 

@@ -12,7 +12,7 @@ from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import check_mask_ratio
 from mae.optim import per_device_batch_size, resolve_schedule, stepwise_schedule, weight_decay_groups
-from mae.runtime import TrainingSettings, set_attention_kernel, training_settings
+from mae.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "norm_pix_loss", "mask_strategy")
@@ -101,11 +101,9 @@ class MAEPretrainModule(pl.LightningModule):
         """The run's kernel choices: the measured defaults for the device, precision and run length
         (``steps`` optimizer steps), with this module's overrides."""
         hp = self.hparams
-        precision = "bf16" if "bf16" in str(self.trainer.precision) else "fp32"
-        # setup() runs before the module moves to its device: ask the strategy where it will run
-        auto = training_settings(self.trainer.strategy.root_device, precision, steps)
+        auto = settings_for_trainer(self.trainer, steps)
         return TrainingSettings(
-            precision=precision,
+            precision=auto.precision,
             attention=auto.attention if hp.attention == "auto" else hp.attention,
             compile=auto.compile if hp.compile == "auto" else hp.compile,
             fused_adamw=auto.fused_adamw if hp.fused_adamw == "auto" else hp.fused_adamw,

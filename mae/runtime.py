@@ -68,6 +68,13 @@ def training_settings(
     return TrainingSettings(precision=precision, attention=attention, compile=compile_pays, fused_adamw=fused)
 
 
+def settings_for_trainer(trainer, steps: int | float | None = None) -> TrainingSettings:
+    """``training_settings`` for a Lightning run: its precision and the device its strategy trains on
+    (a module's ``setup()`` runs before the module is moved there, so ``module.device`` is not it yet)."""
+    precision = "bf16" if "bf16" in str(trainer.precision) else "fp32"
+    return training_settings(trainer.strategy.root_device, precision, steps)
+
+
 def set_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> nn.Module:
     """Switch every timm ``Attention`` in ``model`` to ``kernel``; returns ``model``."""
     if kernel not in ("sdpa", "explicit"):

@@ -85,3 +85,18 @@ def test_pretrain_module__compiled_model_trains_and_saves_plain_names(tmp_path):
     trainer.save_checkpoint(tmp_path / "c.ckpt")
     keys = torch.load(tmp_path / "c.ckpt", weights_only=True)["state_dict"]
     assert "model.cls_token" in keys and not any("_orig_mod" in k for k in keys)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
+def test_finetune_module__uses_the_settings_of_its_device_and_precision(tmp_path, precision):
+    from tests.test_finetune import LabelledImages
+    from tests.test_finetune import _module as _finetune_module
+
+    module = _finetune_module()
+    trainer = _trainer(tmp_path, max_steps=1, precision=precision, limit_val_batches=0)
+    trainer.fit(module, datamodule=LabelledImages())
+    bf16 = precision == "bf16-mixed"
+    assert module.settings.precision == ("bf16" if bf16 else "fp32")
+    assert module.settings.attention == ("explicit" if bf16 else "sdpa")  # on CPU
+    assert all(b.attn.fused_attn == (not bf16) for b in module.vit.blocks)
+    assert trainer.optimizers[0].defaults["fused"] == module.settings.fused_adamw
