@@ -5,6 +5,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from mae.data import CIFARDataModule, DigitsDataModule, ImageFolderDataModule, pretrain_transform
+from mae.data.datamodules import collate_images
 from mae.data.transforms import PretrainCrop, normalize_batch
 from tests.helpers import write_cifar, write_image_folder
 
@@ -79,6 +80,45 @@ def test_pretrain_crop__modes_and_broken_files(tmp_path):
         pretrain_transform(16)(Image.open(truncated))
 
 
+@pytest.mark.parametrize("fmt", ["jpg", "png"])
+def test_pretrain_crop__file_path_gives_the_crop_of_the_opened_image(tmp_path, fmt):
+    """Datasets hand ``PretrainCrop`` file paths (no PIL header parse for JPEGs): same pixels, same
+    random numbers as for the opened PIL image."""
+    path = _smooth_jpeg(tmp_path / "a.jpg", size=(120, 90))
+    if fmt == "png":
+        Image.open(path).save(tmp_path / "a.png")
+        path = tmp_path / "a.png"
+    crop = pretrain_transform(48)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        from_image, after_image = crop(Image.open(path)), torch.rand(1)
+        torch.manual_seed(seed)
+        from_path, after_path = crop(str(path)), torch.rand(1)
+        assert torch.equal(from_path, from_image) and after_path == after_image
+
+
+def test_collate_images__channels_last_batch_of_crops_normalises_exactly(tmp_path):
+    """Crops (stored H x W x C) stack into a channels-last batch without transposing; normalising it
+    gives exactly the values of the contiguous batch. Other tensors collate as by default."""
+    path = _smooth_jpeg(tmp_path / "a.jpg", size=(120, 90))
+    torch.manual_seed(0)
+    crops = [pretrain_transform(32)(str(path)) for _ in range(4)]
+    imgs, labels = collate_images([(c, i) for i, c in enumerate(crops)])
+    assert imgs.shape == (4, 3, 32, 32) and imgs.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(imgs, torch.stack(crops).contiguous()) and labels.tolist() == [0, 1, 2, 3]
+    normalised = normalize_batch(imgs)
+    assert normalised.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(normalised, normalize_batch(imgs.contiguous()))
+    assert normalize_batch(imgs.contiguous()).is_contiguous()
+    floats = [torch.randn(3, 8, 8) for _ in range(3)]
+    assert collate_images([(x, 0) for x in floats])[0].is_contiguous()
+    # In a loader worker the batch is written straight into shared memory, layout kept.
+    pairs = [(c, 0) for c in crops]
+    loader = torch.utils.data.DataLoader(pairs, batch_size=4, num_workers=1, collate_fn=collate_images)
+    from_worker, _ = next(iter(loader))
+    assert torch.equal(from_worker, imgs) and from_worker.stride() == imgs.stride()
+
+
 def test_pretrain_transform__official_recipe():
     crop = pretrain_transform(224)
     assert isinstance(crop, PretrainCrop)
@@ -91,6 +131,7 @@ def test_image_folder__all_classes_batches_and_report(imagenet_like, capsys):
     assert len(dm.train_set) == 20 and len(dm.train_set.classes) == 4 and len(dm.val_set) == 8
     imgs, labels = next(iter(dm.train_dataloader()))
     assert imgs.shape == (4, 3, 32, 32) and imgs.dtype == torch.uint8 and labels.shape == (4,)
+    assert imgs.is_contiguous(memory_format=torch.channels_last)  # as the crops are stored
     imgs = normalize_batch(imgs)
     assert imgs.dtype == torch.float32 and imgs.min() < -0.5  # normalised, not [0, 1]
 

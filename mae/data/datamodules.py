@@ -17,6 +17,7 @@ import torch.distributed as dist
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
+from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 from torchvision.datasets.folder import find_classes
 
 from mae.data.datasets import (
@@ -28,6 +29,20 @@ from mae.data.datasets import (
     select_classes,
 )
 from mae.data.transforms import Augmentation, eval_transform, train_transform
+
+
+def collate_images(batch: list) -> Any:
+    """``default_collate``, except that (C, H, W) images stored H x W x C (``PretrainCrop``'s uint8
+    crops) are stacked into a channels-last (N, C, H, W) batch instead of a contiguous one: the
+    transposition would cost a loader worker about 0.1 ms per 224 px image, while normalising the
+    batch and the patch-embedding convolution take channels-last input as it is."""
+    return collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: _collate_tensors})
+
+
+def _collate_tensors(batch: list[torch.Tensor], **kwargs: Any) -> torch.Tensor:
+    if batch[0].dim() == 3 and all(x.permute(1, 2, 0).is_contiguous() and not x.is_contiguous() for x in batch):
+        return collate_tensor_fn([x.permute(1, 2, 0) for x in batch], **kwargs).permute(0, 3, 1, 2)
+    return collate_tensor_fn(batch, **kwargs)
 
 
 class ImageDataModule(pl.LightningDataModule, ABC):
@@ -124,6 +139,7 @@ class ImageDataModule(pl.LightningDataModule, ABC):
             shuffle=train,
             sampler=sampler,
             drop_last=train,
+            collate_fn=collate_images,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.persistent_workers and self.num_workers > 0,

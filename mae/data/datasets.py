@@ -23,7 +23,8 @@ class ImageFolderSubset(ImageFolder):
         classes: class folder names to use (all when None); labels follow this sorted list.
         max_per_class: keep the first images (in sorted file order) of each class.
         transform: applied to each opened, not yet decoded PIL image (of any mode: the transform
-            converts to RGB, as every transform of ``mae.data.transforms`` does).
+            converts to RGB, as every transform of ``mae.data.transforms`` does), or to the file's
+            path if the transform has ``reads_files = True`` (``PretrainCrop``).
         on_bad_image: "skip" an unreadable (corrupt, truncated, not an image) file, warning once
             per file and worker with its name, and use the next readable one; or "raise" at once.
     """
@@ -56,10 +57,13 @@ class ImageFolderSubset(ImageFolder):
         for offset in range(len(self.samples)):
             path, target = self.samples[(index + offset) % len(self.samples)]
             try:
-                # Decoding happens in the transform (or here without one), so a pretraining crop can
-                # decode a JPEG at reduced scale; truncation and corruption surface inside this block.
-                sample = Image.open(path)
-                sample = self.transform(sample) if self.transform is not None else sample.convert("RGB")
+                # Decoding happens in the transform (or here without one), so truncation and corruption
+                # surface inside this block; a transform that reads files itself gets the path.
+                if getattr(self.transform, "reads_files", False):
+                    sample = self.transform(path)
+                else:
+                    sample = Image.open(path)
+                    sample = self.transform(sample) if self.transform is not None else sample.convert("RGB")
             except (OSError, ValueError, SyntaxError) as err:  # PIL's errors for undecodable files
                 if self.on_bad_image == "raise":
                     raise ValueError(
