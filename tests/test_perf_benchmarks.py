@@ -71,4 +71,5 @@ def test_dataloader_benchmark__ours_and_torchvision_on_generated_jpegs(capsys):
         ["--images", "20", "--img-sizes", "32", "--batch-size", "4", "--batches", "2", "--rounds", "2"]
     )
     assert len(rows) == 1 and rows[0]["torchvision"] > 0 and rows[0]["ours"] > 0
+    assert rows[0]["ours_normalised"] < rows[0]["ours"]  # the same batches, plus their normalisation
     assert "| 32 px |" in capsys.readouterr().out

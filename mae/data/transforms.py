@@ -33,7 +33,7 @@ class PretrainCrop:
 
     Draws the same random numbers as torchvision's ``RandomResizedCrop`` + ``RandomHorizontalFlip`` on
     a PIL image and gives the same pixels to within two intensity levels of 255 (0.01 on average).
-    It is about 2x faster per worker at 224 px (``benchmarks/dataloader.py``): JPEG files are decoded by
+    It is over 2x faster per worker at 224 px (``benchmarks/dataloader.py``): JPEG files are decoded by
     torchvision's libjpeg-turbo decoder straight into a tensor (given a path, without PIL parsing the
     header first), the bicubic resize is PyTorch's vectorised uint8 kernel (antialiased, PIL's
     filter), and no float image is made per sample, so workers also ship a quarter of the bytes.
