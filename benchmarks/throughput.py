@@ -16,8 +16,11 @@ faults per step on CPU.
 Variants: ``fp32`` / ``bf16`` (autocast), ``sdpa`` / ``explicit`` attention, ``compile``
 (``torch.compile`` of the model; its compilation happens in the untimed warm-up steps), ``fused AdamW``.
 "ours default" is what ``train.py`` runs with its default settings on this device for a long run
-(``mae.runtime.training_settings``). By default the whole process, peers included, uses the allocator
-setting ``train.py`` uses (``--allocator``).
+(``mae.runtime.training_settings``). The host allocator (``--allocator``): by default the whole
+process, peers included, keeps freed memory mapped as ``train.py`` does (``kept``); ``glibc`` runs
+everyone with the C library's defaults; ``shipped`` runs each implementation as it ships (ours as
+``train.py`` sets it up, Hugging Face with glibc's defaults), which takes a fresh process per timed
+block, since the setting is per process (rounds still interleave the contenders).
 """
 
 import argparse
@@ -163,21 +166,33 @@ def matmul_peak_gflops(dtype: torch.dtype, device: torch.device, reps: int = 5) 
     return 2 * n**3 / best / 1e9
 
 
-def cpu_peak_memory_mib(contender: Contender, config: str, batch_size: int, allocator: str, steps: int = 3) -> float:
-    """Peak resident memory of CPU training steps (activations, gradients, AdamW state) above what the
-    process held with the model built, in MiB; measured in a fresh process, where no earlier step's
-    freed memory hides the peak."""
-    probe = json.dumps({"contender": [contender.impl, asdict(contender.settings)], "config": config,
-                        "batch_size": batch_size, "steps": steps})  # fmt: skip
+def process_allocator(contender: Contender, allocator: str) -> str:
+    """The allocator setting ("kept" or "glibc") of ``contender``'s process under ``--allocator``."""
+    if allocator == "shipped":
+        return "kept" if contender.impl == "ours" else "glibc"
+    return allocator
+
+
+def _probe(flag: str, payload: dict, contender: Contender, allocator: str) -> list[float]:
+    """Run this script with ``flag`` in a fresh process; the numbers of its last output line."""
     result = subprocess.run(
-        [sys.executable, __file__, "--memory-probe", probe, "--allocator", allocator],
+        [sys.executable, __file__, flag, json.dumps(payload), "--allocator", process_allocator(contender, allocator)],
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"memory probe for {contender.name} failed:\n{result.stderr[-2000:]}")
-    return float(result.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{flag} for {contender.name} failed:\n{result.stderr[-2000:]}")
+    return [float(x) for x in result.stdout.strip().splitlines()[-1].split()]
+
+
+def cpu_peak_memory_mib(contender: Contender, config: str, batch_size: int, allocator: str, steps: int = 3) -> float:
+    """Peak resident memory of CPU training steps (activations, gradients, AdamW state) above what the
+    process held with the model built, in MiB; measured in a fresh process, where no earlier step's
+    freed memory hides the peak."""
+    payload = {"contender": [contender.impl, asdict(contender.settings)], "config": config,
+               "batch_size": batch_size, "steps": steps}  # fmt: skip
+    return _probe("--memory-probe", payload, contender, allocator)[0]
 
 
 def _resident_kib() -> tuple[int, int]:
@@ -205,6 +220,29 @@ def _memory_probe(probe: str) -> None:
     print((peak - before) / 1024)
 
 
+def timed_block_in_process(contender: Contender, config: str, args: argparse.Namespace, hf_dir: str):
+    """``time_steps`` of ``contender`` (after ``--warmup`` steps) in a fresh process with its own
+    allocator setting: (seconds, page faults per step, CUDA peak MiB or None)."""
+    payload = {"contender": [contender.impl, asdict(contender.settings)], "config": config, "hf_dir": hf_dir,
+               "batch_size": args.batch_size or CONFIGS[config]["batch_size"], "device": args.device,
+               "warmup": args.warmup, "steps": args.steps}  # fmt: skip
+    seconds, faults, memory = _probe("--time-probe", payload, contender, args.allocator)
+    return seconds, faults, None if memory < 0 else memory
+
+
+def _time_probe(probe: str) -> None:
+    spec = json.loads(probe)
+    impl, settings = spec["contender"]
+    device = torch.device(spec["device"])
+    model_spec = CONFIGS[spec["config"]]["model"]
+    step, _ = build_step(Contender(impl, TrainingSettings(**settings)), model_spec, device, spec["hf_dir"],
+                         spec["batch_size"])  # fmt: skip
+    for _ in range(spec["warmup"]):
+        step()
+    seconds, faults, memory = time_steps(step, spec["steps"], device)
+    print(seconds, faults, -1 if memory is None else memory)
+
+
 def time_steps(step: Callable, steps: int, device: torch.device) -> tuple[float, float, float | None]:
     """Seconds for ``steps`` steps, minor page faults per step, and on CUDA the peak memory the steps
     allocated above what was allocated before them (MiB)."""
@@ -227,11 +265,13 @@ def bench_config(config: str, args: argparse.Namespace, device: torch.device, pe
     spec = CONFIGS[config]["model"]
     batch_size = args.batch_size or CONFIGS[config]["batch_size"]
     entries = contenders(device, args.variants)
+    model = reference_model(spec)
+    in_process = args.allocator != "shipped"
     with tempfile.TemporaryDirectory() as hf_dir:
-        save_hf_pretrained(reference_model(spec), hf_dir, MASK_RATIO)
-        steps, model = {}, None
-        for c in entries:
-            steps[c.name], model = build_step(c, spec, device, hf_dir, batch_size)
+        save_hf_pretrained(model, hf_dir, MASK_RATIO)
+        steps = {}
+        for c in entries if in_process else []:
+            steps[c.name], _ = build_step(c, spec, device, hf_dir, batch_size)
             for _ in range(args.warmup):  # includes compilation for compiled variants
                 steps[c.name]()
         times = {c.name: [] for c in entries}
@@ -240,7 +280,10 @@ def bench_config(config: str, args: argparse.Namespace, device: torch.device, pe
         for r in range(args.rounds):
             order = entries[r % len(entries) :] + entries[: r % len(entries)]
             for c in order:
-                seconds, f, m = time_steps(steps[c.name], args.steps, device)
+                if in_process:
+                    seconds, f, m = time_steps(steps[c.name], args.steps, device)
+                else:
+                    seconds, f, m = timed_block_in_process(c, config, args, hf_dir)
                 times[c.name].append(batch_size * args.steps / seconds)
                 faults[c.name].append(f)
                 memory[c.name] = m
@@ -306,13 +349,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory measurement")
     p.add_argument(
         "--allocator",
-        choices=["kept", "glibc"],
+        choices=["kept", "glibc", "shipped"],
         default="kept",
         help="kept: mae.runtime.keep_freed_memory() for the whole process, as train.py does (every "
-        "contender, Hugging Face too, runs with it); glibc: the C library's defaults",
+        "contender, Hugging Face too, runs with it); glibc: the C library's defaults; shipped: each "
+        "implementation as it ships (ours kept, Hugging Face glibc), a fresh process per timed block",
     )
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--time-probe", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -322,6 +367,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         keep_freed_memory()
     if args.memory_probe:
         _memory_probe(args.memory_probe)
+        return []
+    if args.time_probe:
+        _time_probe(args.time_probe)
         return []
     device = torch.device(args.device)
     peaks = {"fp32": matmul_peak_gflops(torch.float32, device), "bf16": matmul_peak_gflops(torch.bfloat16, device)}

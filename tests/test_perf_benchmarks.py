@@ -47,6 +47,21 @@ def test_throughput_benchmark__contenders_and_memory_probe():
     assert 10 < mib < 2000  # activations of 32 images, gradients and AdamW state of a 6M-parameter model
 
 
+def test_throughput_benchmark__shipped_allocators_time_each_block_in_its_own_process(tmp_path):
+    """``--allocator shipped``: ours keeps freed memory (as train.py), Hugging Face runs with glibc's
+    defaults, each timed block in a fresh process with that setting."""
+    throughput = _load("throughput")
+    plain = TrainingSettings(precision="fp32", attention="explicit", compile=False, fused_adamw=False)
+    ours, hf = throughput.Contender("ours", plain), throughput.Contender("hf", plain)
+    assert [throughput.process_allocator(c, "shipped") for c in (ours, hf)] == ["kept", "glibc"]
+    assert [throughput.process_allocator(c, "glibc") for c in (ours, hf)] == ["glibc", "glibc"]
+    args = throughput.parse(["--allocator", "shipped", "--batch-size", "2", "--warmup", "1", "--steps", "1"])
+    save_hf_pretrained(throughput.reference_model(throughput.CONFIGS["cifar"]["model"]), tmp_path, 0.75)
+    for contender in (ours, hf):
+        seconds, faults, memory = throughput.timed_block_in_process(contender, "cifar", args, str(tmp_path))
+        assert seconds > 0 and faults >= 0 and memory is None  # CPU: no CUDA peak
+
+
 def test_throughput_benchmark__same_step_as_hugging_face():
     """Both contenders run the same computation: equal losses, step after step, from the same weights
     and masks."""
