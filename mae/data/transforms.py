@@ -84,7 +84,8 @@ def _decode_rgb(source: Image.Image | str | os.PathLike) -> torch.Tensor:
     except RuntimeError as err:
         raise OSError(f"cannot read {path}: {err}") from err
     if data[:2].tolist() != [0xFF, 0xD8]:  # not a JPEG (no start-of-image marker): let PIL decode it
-        return _pil_rgb(Image.open(path))
+        with Image.open(path) as img:
+            return _pil_rgb(img)
     try:
         return decode_jpeg(data, mode=ImageReadMode.RGB)
     except RuntimeError as err:  # corrupt or truncated: PIL's error type, so loaders can skip the file
