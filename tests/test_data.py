@@ -78,6 +78,8 @@ def test_pretrain_crop__modes_and_broken_files(tmp_path):
     truncated.write_bytes(data[: len(data) * 2 // 3])  # header intact, scan data cut
     with pytest.raises(OSError, match="truncated.jpg"):
         pretrain_transform(16)(Image.open(truncated))
+    with pytest.raises(OSError, match="missing.jpg"):  # e.g. deleted after the folder was listed
+        pretrain_transform(16)(str(tmp_path / "missing.jpg"))
 
 
 @pytest.mark.parametrize("fmt", ["jpg", "png"])

@@ -10,7 +10,7 @@ from PIL import Image
 from timm.data import create_transform
 from torch.nn import functional as F
 from torchvision import transforms as T
-from torchvision.io import ImageReadMode, decode_jpeg, read_file
+from torchvision.io import ImageReadMode, decode_jpeg
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -79,10 +79,9 @@ def _decode_rgb(source: Image.Image | str | os.PathLike) -> torch.Tensor:
         source.close()  # PIL read only the header; decode the file's bytes with libjpeg-turbo directly
     else:
         path = os.fspath(source)
-    try:
-        data = read_file(path)
-    except RuntimeError as err:
-        raise OSError(f"cannot read {path}: {err}") from err
+    with open(path, "rb") as f:  # Python's OSError names the file (missing, a folder, no permission)
+        data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
+        f.readinto(data.numpy())
     if data[:2].tolist() != [0xFF, 0xD8]:  # not a JPEG (no start-of-image marker): let PIL decode it
         with Image.open(path) as img:
             return _pil_rgb(img)
