@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU check of issue 7, as one short script: ViT-B/16 MAE pretraining at batch 256 on one GPU, ours
+# vs Hugging Face's ViTMAE, interleaved (benchmarks/throughput.py), plus ViT-Tiny/16, the CIFAR-size
+# model and ours alone on ViT-L/16. Results go to $OUT (default ./gpu_results): one JSON file per config,
+machine.txt and run.log.
+#
+#     bash benchmarks/gpu_check.sh            # about 6 minutes on an H200
+#
+# A preflight first checks that our bf16 step runs with PyTorch's flash-attention kernel forced and that
+# torch.compile works on this machine; if compilation fails, the compiled variants are left out.
+set -u -o pipefail
+OUT=${OUT:-gpu_results}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu BATCH=2 STEPS=1 ROUNDS=1 dry-runs the script
+DEADLINE=${DEADLINE:-540}  # seconds: later configs are cut short or skipped to end by then
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/machine.txt"
+python3 -c "import torch, timm, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'timm', timm.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/machine.txt"
+
+variants="peers default ablations"
+if ! timeout 180 python3 - "$DEVICE" <<'EOF' 2>&1 | tee -a "$OUT/run.log"; then
+import sys, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from mae.models import create_model
+from mae.runtime import apply_training_settings, training_settings
+
+device = sys.argv[1]
+settings = training_settings(device)
+print(f"default settings on {device}:", settings.describe())
+model = create_model("mae_vit_base_patch16", norm_pix_loss=True).to(device)
+imgs = torch.randn(8, 3, 224, 224, device=device)
+backend = SDPBackend.FLASH_ATTENTION if device == "cuda" else SDPBackend.MATH
+with sdpa_kernel([backend]), torch.autocast(device, dtype=torch.bfloat16):
+    loss = model(imgs, 0.75)[0]
+loss.backward()
+print(f"{backend.name} attention forward + backward: loss", loss.item())
+compiled = apply_training_settings(create_model("mae_vit_tiny_patch4", img_size=32).to(device), settings)
+with torch.autocast(device, dtype=torch.bfloat16):
+    compiled(torch.randn(8, 3, 32, 32, device=device), 0.75)[0].backward()
+print("torch.compile: ok")
+EOF
+    echo "preflight failed: running without the compiled variants" | tee -a "$OUT/run.log"
+    variants="peers"
+fi
+
+bench() {  # config, batch size, seconds allowed at most, variants; skipped when the deadline is near
+    local allowed=$(( DEADLINE - SECONDS < $3 ? DEADLINE - SECONDS : $3 ))
+    if (( allowed < 40 )); then echo "skipped $1: ${allowed}s left before the deadline" | tee -a "$OUT/run.log"; return; fi
+    timeout "$allowed" python3 benchmarks/throughput.py --device "$DEVICE" --configs "$1" \
+        --batch-size "${BATCH:-$2}" --variants $4 --warmup 3 --steps "${STEPS:-10}" --rounds "${ROUNDS:-5}" \
+        --no-memory --json "$OUT/$1.json" 2>&1 | tee -a "$OUT/run.log"
+}
+bench base224 256 330 "$variants"
+bench tiny224 256 120 "$variants"
+bench cifar 128 120 "$variants"
+bench large224 256 120 default
+echo "finished after ${SECONDS}s" | tee -a "$OUT/run.log"
