@@ -2,16 +2,16 @@
 # The GPU check of issue 7, as one short script: ViT-B/16 MAE pretraining at batch 256 on one GPU, ours
 # vs Hugging Face's ViTMAE, interleaved (benchmarks/throughput.py), plus ViT-Tiny/16, the CIFAR-size
 # model and ours alone on ViT-L/16. Results go to $OUT (default ./gpu_results): one JSON file per config,
-machine.txt and run.log.
+# machine.txt and run.log. README "Performance" shows the H200 results (benchmarks/results/throughput_h200.json).
 #
-#     bash benchmarks/gpu_check.sh            # about 6 minutes on an H200
+#     bash benchmarks/gpu_check.sh            # about 9 minutes on an H200, most of it compiling
 #
 # A preflight first checks that our bf16 step runs with PyTorch's flash-attention kernel forced and that
 # torch.compile works on this machine; if compilation fails, the compiled variants are left out.
 set -u -o pipefail
 OUT=${OUT:-gpu_results}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu BATCH=2 STEPS=1 ROUNDS=1 dry-runs the script
-DEADLINE=${DEADLINE:-540}  # seconds: later configs are cut short or skipped to end by then
+DEADLINE=${DEADLINE:-570}  # seconds: later configs are cut short or skipped to end by then
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/machine.txt"
@@ -44,15 +44,16 @@ EOF
     variants="peers"
 fi
 
-bench() {  # config, batch size, seconds allowed at most, variants; skipped when the deadline is near
+# config, batch size, seconds allowed at most, variants, rounds, steps; skipped when the deadline is near
+bench() {
     local allowed=$(( DEADLINE - SECONDS < $3 ? DEADLINE - SECONDS : $3 ))
     if (( allowed < 40 )); then echo "skipped $1: ${allowed}s left before the deadline" | tee -a "$OUT/run.log"; return; fi
     timeout "$allowed" python3 benchmarks/throughput.py --device "$DEVICE" --configs "$1" \
-        --batch-size "${BATCH:-$2}" --variants $4 --warmup 3 --steps "${STEPS:-10}" --rounds "${ROUNDS:-5}" \
+        --batch-size "${BATCH:-$2}" --variants $4 --warmup 3 --rounds "${ROUNDS:-$5}" --steps "${STEPS:-$6}" \
         --no-memory --json "$OUT/$1.json" 2>&1 | tee -a "$OUT/run.log"
 }
-bench base224 256 330 "$variants"
-bench tiny224 256 120 "$variants"
-bench cifar 128 120 "$variants"
-bench large224 256 120 default
+bench base224 256 330 "$variants" 5 10
+bench cifar 128 130 "$variants" 5 10
+bench tiny224 256 130 "${variants% ablations}" 3 10  # each compiled variant costs ~40 s more
+bench large224 256 110 default 3 5
 echo "finished after ${SECONDS}s" | tee -a "$OUT/run.log"

@@ -88,3 +88,24 @@ def test_dataloader_benchmark__ours_and_torchvision_on_generated_jpegs(capsys):
     assert len(rows) == 1 and rows[0]["torchvision"] > 0 and rows[0]["ours"] > 0
     assert rows[0]["ours_normalised"] < rows[0]["ours"]  # the same batches, plus their normalisation
     assert "| 32 px |" in capsys.readouterr().out
+
+
+def test_throughput_benchmark__224_configs_are_the_papers_models_and_the_gpu_script_names_real_configs():
+    """base224 / large224 are the paper's ViT-B/16 and ViT-L/16 MAEs (decoder 512-d x 8); the default
+    run leaves ViT-L out; benchmarks/gpu_check.sh parses and only names configs the benchmark has."""
+    import re
+    import subprocess
+
+    from mae.models import MaskedAutoencoderViT, create_model
+
+    throughput = _load("throughput")
+    for config, name in (("base224", "mae_vit_base_patch16"), ("large224", "mae_vit_large_patch16")):
+        with torch.device("meta"):
+            ours = MaskedAutoencoderViT(**throughput.CONFIGS[config]["model"])
+            paper = create_model(name)
+        assert [(n, p.shape) for n, p in ours.named_parameters()] == [(n, p.shape) for n, p in paper.named_parameters()]
+    assert throughput.parse([]).configs == ["cifar", "tiny224", "base224"]
+    script = REPO / "benchmarks" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    named = re.findall(r"^bench (\w+) ", script.read_text(), flags=re.MULTILINE)
+    assert named[0] == "base224" and set(named) == set(throughput.CONFIGS)
