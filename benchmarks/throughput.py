@@ -12,6 +12,7 @@ faults per step on CPU.
     python benchmarks/throughput.py                            # every config, the standard variants
     python benchmarks/throughput.py --configs cifar --rounds 3 # one config, quicker
     python benchmarks/throughput.py --configs base224 --batch-size 256 --device cuda  # GPU run
+    bash benchmarks/gpu_check.sh                                                    # the whole GPU check
 
 Variants: ``fp32`` / ``bf16`` (autocast), ``sdpa`` / ``explicit`` attention, ``compile``
 (``torch.compile`` of the model; its compilation happens in the untimed warm-up steps), ``fused AdamW``.
