@@ -9,7 +9,7 @@ images/s, the ratio to the best Hugging Face variant, achieved GFLOP/s from the 
 ``torch.mm`` of the same dtype on the same threads), peak memory of a training step, and minor page
 faults per step on CPU.
 
-    python benchmarks/throughput.py                            # every config, the standard variants
+    python benchmarks/throughput.py                            # cifar, tiny224, base224 (large224 on request)
     python benchmarks/throughput.py --configs cifar --rounds 3 # one config, quicker
     python benchmarks/throughput.py --configs base224 --batch-size 256 --device cuda  # GPU run
     bash benchmarks/gpu_check.sh                                                    # the whole GPU check
