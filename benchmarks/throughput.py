@@ -109,7 +109,9 @@ def reference_model(spec: dict) -> MaskedAutoencoderViT:
     return MaskedAutoencoderViT(**spec, norm_pix_loss=True)
 
 
-def build_step(contender: Contender, spec: dict, device: torch.device, hf_dir: str, batch_size: int):
+def build_step(
+    contender: Contender, spec: dict, device: torch.device, hf_dir: str, batch_size: int
+) -> Callable[[], torch.Tensor]:
     """A closure running one training step of ``contender`` on a fixed batch and fixed masks; ``hf_dir``
     holds ``reference_model(spec)`` saved with ``save_hf_pretrained``."""
     ours = reference_model(spec)
@@ -141,7 +143,7 @@ def build_step(contender: Contender, spec: dict, device: torch.device, hf_dir: s
     )  # fmt: skip
     autocast = settings.precision == "bf16"
 
-    def step() -> float:
+    def step() -> torch.Tensor:  # the loss, left on the device (no sync per step)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             loss = loss_fn()
         loss.backward()
@@ -149,7 +151,7 @@ def build_step(contender: Contender, spec: dict, device: torch.device, hf_dir: s
         optimizer.zero_grad(set_to_none=True)
         return loss
 
-    return step, ours
+    return step
 
 
 def sync(device: torch.device) -> None:
@@ -217,7 +219,7 @@ def _memory_probe(probe: str) -> None:
     model_spec = CONFIGS[spec["config"]]["model"]
     with tempfile.TemporaryDirectory() as hf_dir:
         save_hf_pretrained(reference_model(model_spec), hf_dir, MASK_RATIO)
-        step, _ = build_step(contender, model_spec, torch.device("cpu"), hf_dir, spec["batch_size"])
+        step = build_step(contender, model_spec, torch.device("cpu"), hf_dir, spec["batch_size"])
         gc.collect()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak (VmHWM) to the current resident size
@@ -243,7 +245,7 @@ def _time_probe(probe: str) -> None:
     impl, settings = spec["contender"]
     device = torch.device(spec["device"])
     model_spec = CONFIGS[spec["config"]]["model"]
-    step, _ = build_step(Contender(impl, TrainingSettings(**settings)), model_spec, device, spec["hf_dir"],
+    step = build_step(Contender(impl, TrainingSettings(**settings)), model_spec, device, spec["hf_dir"],
                          spec["batch_size"])  # fmt: skip
     for _ in range(spec["warmup"]):
         step()
@@ -279,7 +281,7 @@ def bench_config(config: str, args: argparse.Namespace, device: torch.device, pe
         save_hf_pretrained(model, hf_dir, MASK_RATIO)
         steps = {}
         for c in entries if in_process else []:
-            steps[c.name], _ = build_step(c, spec, device, hf_dir, batch_size)
+            steps[c.name] = build_step(c, spec, device, hf_dir, batch_size)
             for _ in range(args.warmup):  # includes compilation for compiled variants
                 steps[c.name]()
         times = {c.name: [] for c in entries}

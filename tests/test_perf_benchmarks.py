@@ -72,7 +72,7 @@ def test_throughput_benchmark__same_step_as_hugging_face():
         save_hf_pretrained(throughput.reference_model(spec), hf_dir, throughput.MASK_RATIO)
         losses = {}
         for impl in ("ours", "hf"):
-            step, _ = throughput.build_step(throughput.Contender(impl, plain), spec, torch.device("cpu"), hf_dir, 2)
+            step = throughput.build_step(throughput.Contender(impl, plain), spec, torch.device("cpu"), hf_dir, 2)
             losses[impl] = [float(step()) for _ in range(3)]
     assert losses["ours"][0] == pytest.approx(losses["hf"][0], abs=1e-6)  # the same forward
     # Adam's first update is +-lr per element whatever the gradient's size, so float-level gradient
