@@ -23,7 +23,7 @@ if ! timeout 180 python3 - "$DEVICE" <<'EOF' 2>&1 | tee -a "$OUT/run.log"; then
 import sys, torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from mae.models import create_model
-from mae.runtime import apply_training_settings, training_settings
+from mae.training.runtime import apply_training_settings, training_settings
 
 device = sys.argv[1]
 settings = training_settings(device)

@@ -24,13 +24,13 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
-from mae.backbone import build_vit, load_backbone
-from mae.callbacks import ReconstructionCallback
+from mae.convert.backbone import build_vit, load_backbone
 from mae.data import CIFARDataModule, DigitsDataModule, ImageDataModule, ImageFolderDataModule
-from mae.finetune import MAEFinetuneModule
-from mae.knn import cls_features, extract_features, knn_accuracy
+from mae.eval.knn import cls_features, extract_features, knn_accuracy
 from mae.models import create_model
-from mae.pretrain import MAEPretrainModule
+from mae.training.callbacks import ReconstructionCallback
+from mae.training.finetune import MAEFinetuneModule
+from mae.training.pretrain import MAEPretrainModule
 
 # The default job's model (configs/pretrain/default.yaml).
 SMALL_VIT = dict(embed_dim=128, depth=4, num_heads=4, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=4)
@@ -38,8 +38,9 @@ SMALL_VIT = dict(embed_dim=128, depth=4, num_heads=4, decoder_embed_dim=96, deco
 
 def make_data(args: argparse.Namespace, augmentation: str, fraction: float = 1.0, seed: int = 0) -> ImageDataModule:
     common = dict(
-        img_size=args.img_size, batch_size=args.batch_size, num_workers=args.workers, augmentation=augmentation
-    )
+        img_size=args.img_size, batch_size=args.batch_size, num_workers=args.workers, augmentation=augmentation,
+        train_fraction=fraction, subset_seed=seed,
+    )  # fmt: skip
     if augmentation == "finetune":
         common.update(auto_augment=args.auto_augment, re_prob=args.re_prob)
     if args.data == "digits":
@@ -48,7 +49,6 @@ def make_data(args: argparse.Namespace, augmentation: str, fraction: float = 1.0
         dm = ImageFolderDataModule(args.root, **common)
     else:
         dm = CIFARDataModule(args.root, dataset=args.data, **common)
-    dm.train_fraction, dm.subset_seed = fraction, seed
     return dm
 
 

@@ -1,5 +1,9 @@
-"""Command-line entry points on LightningCLI: every model, data and trainer key from YAML or flags."""
+"""Every command-line entry point: ``train.py`` and ``finetune.py`` (LightningCLI: every model, data and
+trainer key from YAML or flags), ``python -m mae.export`` and ``python -m mae.knn``."""
 
+import argparse
+import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,14 +16,16 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from mae.callbacks import ImageThroughputMonitor, ReconstructionCallback
-from mae.checkpoint_io import AtomicCheckpointIO
+from mae.convert.backbone import load_backbone
+from mae.convert.export import export_encoder
+from mae.convert.sources import FORMATS, read_checkpoint
 from mae.data import ImageDataModule
-from mae.finetune import MAEFinetuneModule
-from mae.guards import SigtermCheckpoint, check_resume_checkpoint
-from mae.knn import KNNCallback
-from mae.pretrain import MAEPretrainModule
-from mae.runtime import keep_freed_memory, native_bf16
+from mae.eval.knn import knn_evaluate
+from mae.training.callbacks import ImageThroughputMonitor, KNNCallback, ReconstructionCallback, SigtermCheckpoint
+from mae.training.checkpointing import AtomicCheckpointIO, check_resume_checkpoint
+from mae.training.finetune import MAEFinetuneModule
+from mae.training.pretrain import MAEPretrainModule
+from mae.training.runtime import keep_freed_memory, native_bf16
 
 
 def default_precision() -> str:
@@ -46,11 +52,13 @@ class _MAECLI(LightningCLI):
     linked = {"img_size": "data.img_size"}  # model keys that come from the data module
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        argv = [str(a) for a in (args if args is not None else sys.argv[1:])] if not isinstance(args, dict) else []
-        for key, source in self.linked.items():
-            on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
-            if on_command_line or key in _model_section_keys(argv):
-                parser.error(f"model.{key} is taken from {source} so data and model agree: set {source} instead")
+        if not isinstance(args, dict):
+            args = expand_stacked_configs([str(a) for a in (args if args is not None else sys.argv[1:])])
+            for key, source in self.linked.items():
+                on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in args)
+                # jsonargparse drops a linked key set in a YAML file without a word: refuse it here.
+                if on_command_line or key in _model_section_keys(args):
+                    parser.error(f"model.{key} is taken from {source} so data and model agree: set {source} instead")
         super().parse_arguments(parser, args)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -102,12 +110,49 @@ class FinetuneCLI(_MAECLI):
         )  # fmt: skip
 
 
+# First line of a config that only changes another one (``configs/pretrain/imagenet_vit_base_1gpu.yaml``).
+_STACKS_ON = re.compile(r"^# stacks on: (\S+\.yaml)")
+
+
+def _config_files(argv: list[str]) -> list[tuple[int, str]]:
+    """(position, path) of every ``--config PATH`` / ``--config=PATH`` in ``argv``."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            found.append((i + 1, argv[i + 1]))
+        elif arg.startswith("--config="):
+            found.append((i, arg.split("=", 1)[1]))
+    return found
+
+
+def expand_stacked_configs(argv: list[str]) -> list[str]:
+    """Put the base config before every stacked config given without it.
+
+    A stacked config names its base on its first line (``# stacks on: base.yaml``, relative to the
+    file); ``--config base.yaml --config stacked.yaml`` is the documented form, and a stacked
+    config given alone gets its base inserted before it, so it still runs the whole recipe.
+    """
+    out = list(argv)
+    for position, path in reversed(_config_files(argv)):
+        file = Path(path)
+        first_line = file.read_text().split("\n", 1)[0] if file.is_file() else ""
+        match = _STACKS_ON.match(first_line)
+        if match is None:
+            continue
+        base = file.parent / match.group(1)
+        given = [Path(p).resolve() for _, p in _config_files(argv) if Path(p).is_file()]
+        if base.resolve() not in given:
+            start = position if out[position].startswith("--config=") else position - 1
+            out[start:start] = ["--config", str(base)]
+    return out
+
+
 def _model_section_keys(argv: list[str]) -> set[str]:
     """Keys under ``model:`` in the YAML files given with ``--config``."""
     keys: set[str] = set()
-    for flag, value in zip(argv, argv[1:], strict=False):
-        if flag == "--config" and Path(value).is_file():
-            config = yaml.safe_load(Path(value).read_text()) or {}
+    for _, path in _config_files(argv):
+        if Path(path).is_file():
+            config = yaml.safe_load(Path(path).read_text()) or {}
             if isinstance(config.get("model"), dict):
                 keys |= set(config["model"])
     return keys
@@ -129,7 +174,7 @@ def _check_ckpt_path(cli: LightningCLI) -> str | None:
 
 def _build(cli_class: type[_MAECLI], module: type, trainer_defaults: dict, args: list[str] | None) -> Any:
     """Parse and instantiate; then check ``--ckpt_path`` and harden the trainer, all before any work."""
-    keep_freed_memory()  # no page faults re-mapping activations every step (mae.runtime)
+    keep_freed_memory()  # no page faults re-mapping activations every step (mae.training.runtime)
     cli = cli_class(
         module,
         ImageDataModule,
@@ -192,3 +237,57 @@ def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
         shown = " -> ".join(f"{v:.4f}" for v in losses)
         lines.append(f"  train loss per epoch: {shown}")
     print("\n".join(lines), flush=True)
+
+
+def export_main(argv: list[str] | None = None) -> None:
+    """``python -m mae.export CHECKPOINT OUT.safetensors``: the encoder as a plain timm ViT + its arguments."""
+    parser = argparse.ArgumentParser(
+        description="Export a pretrained encoder as a plain timm ViT (safetensors + a JSON of its timm arguments).",
+        prog="python -m mae.export",
+    )
+    parser.add_argument(
+        "checkpoint", help="our .ckpt, an official MAE .pth, a timm state dict or a Hugging Face folder"
+    )
+    parser.add_argument("out", help="output .safetensors path (a .json with the timm arguments is written beside it)")
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="source format (default: detect)")
+    parser.add_argument("--num_heads", type=int, default=None, help="attention heads, for files that do not say")
+    args = parser.parse_args(argv)
+    weights, sidecar = export_encoder(args.checkpoint, args.out, args.format, args.num_heads)
+    for note in read_checkpoint(args.checkpoint, args.format).notes:
+        print(f"note: {note}")
+    meta = json.loads(sidecar.read_text())
+    print(f"wrote {weights} and {sidecar}")
+    print(
+        f'load with timm alone: timm.create_model("{meta["architecture"]}", pretrained=True, '
+        f'pretrained_cfg_overlay=dict(file="{weights}"), **json.load(open("{sidecar}"))["model_args"])'
+    )
+
+
+def knn_command(
+    checkpoint: Path,
+    data: ImageDataModule,
+    k: int = 20,
+    temperature: float = 0.07,
+    checkpoint_format: str = "auto",
+    device: str = "cpu",
+) -> tuple[float, float]:
+    """kNN accuracy of a pretrained encoder: ``python -m mae.knn --checkpoint CKPT --data.class_path ...``.
+
+    Args:
+        checkpoint: any source ``mae.load_backbone`` reads.
+        data: a data module (e.g. ``mae.data.DigitsDataModule``); its train split is the memory bank.
+        k: neighbours.
+        temperature: vote temperature.
+        checkpoint_format: "auto" or a format name.
+        device: where to run the encoder.
+    """
+    backbone = load_backbone(checkpoint, img_size=data.img_size, format=checkpoint_format).to(device).eval()
+    acc1, acc5, queries = knn_evaluate(backbone, data, k, temperature, device)
+    print(f"kNN (k={k}, T={temperature}) on {queries} validation images: top-1 {acc1:.2f}%, top-5 {acc5:.2f}%")
+    return acc1, acc5
+
+
+def knn_main(argv: list[str] | None = None) -> tuple[float, float]:
+    from jsonargparse import CLI
+
+    return CLI(knn_command, as_positional=False, args=argv)

@@ -7,17 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from mae.models import MaskedAutoencoderViT  # noqa: E402
-
-TINY = dict(
-    img_size=32,
-    patch_size=4,
-    embed_dim=64,
-    depth=2,
-    num_heads=4,
-    decoder_embed_dim=32,
-    decoder_depth=2,
-    decoder_num_heads=4,
-)
+from tests.helpers import TINY  # noqa: E402
 
 
 @pytest.fixture

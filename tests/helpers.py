@@ -1,10 +1,135 @@
-"""Test data writers: small JPEG ImageFolders and CIFAR-format pickle files."""
+"""Everything the tests share: tiny model sizes, in-memory data modules, a Lightning trainer for
+module tests, running the entry points as subprocesses, and writers of small image folders and
+CIFAR-format files."""
 
+import csv
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import numpy as np
+import torch
+import yaml
 from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+# MaskedAutoencoderViT arguments of a 32x32 model small enough for exact comparisons.
+TINY = dict(
+    img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4, decoder_embed_dim=32, decoder_depth=2,
+    decoder_num_heads=4,
+)  # fmt: skip
+# model_kwargs of the smallest trainable mae_vit_tiny_patch4 (pretraining module tests).
+TINY_KWARGS = dict(embed_dim=32, depth=1, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2)
+# The ``model:`` section of a CLI config with that model.
+TINY_MODEL = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "warmup_epochs": 1}
+
+
+class RandomImages(pl.LightningDataModule):
+    """``n`` random (3, 16, 16) float images with label 0."""
+
+    def __init__(self, n: int = 40, batch_size: int = 4) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        g = torch.Generator().manual_seed(0)
+        self.data = TensorDataset(torch.randn(n, 3, 16, 16, generator=g), torch.zeros(n, dtype=torch.long))
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+class LabelledImages(RandomImages):
+    """``RandomImages`` labelled ``i % num_classes``."""
+
+    def __init__(self, n: int = 40, batch_size: int = 4, num_classes: int = 3) -> None:
+        super().__init__(n, batch_size)
+        self.data.tensors = (self.data.tensors[0], torch.arange(n) % num_classes)
+
+
+class RecordLR(pl.Callback):
+    """The first parameter group's lr at every training batch."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def pretrain_module(**kwargs):
+    """A seeded tiny ``MAEPretrainModule`` for 16x16 inputs."""
+    from mae.training.pretrain import MAEPretrainModule
+
+    torch.manual_seed(0)
+    defaults = dict(model="mae_vit_tiny_patch4", img_size=16, model_kwargs=TINY_KWARGS, warmup_epochs=1)
+    return MAEPretrainModule(**{**defaults, **kwargs})
+
+
+# A 3-block encoder for fine-tuning tests: enough blocks to tell layer-decay scales apart.
+FINETUNE_KWARGS = dict(embed_dim=32, depth=3, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2)
+
+
+def finetune_module(**kwargs):
+    """A seeded ``MAEFinetuneModule`` from scratch: 3 classes, 16x16 inputs."""
+    from mae.training.finetune import MAEFinetuneModule
+
+    torch.manual_seed(0)
+    defaults = dict(
+        model="mae_vit_tiny_patch4", model_kwargs=FINETUNE_KWARGS, img_size=16, num_classes=3, warmup_epochs=0
+    )
+    return MAEFinetuneModule(**{**defaults, **kwargs})
+
+
+def make_trainer(tmp_path, **kwargs) -> pl.Trainer:
+    """A quiet CPU trainer: no logger, checkpoints, progress bar or sanity check unless asked."""
+    defaults = dict(
+        default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    return pl.Trainer(**{**defaults, **kwargs})
+
+
+def csv_logger(tmp: Path, name: str) -> dict:
+    """The ``trainer.logger`` entry of a CLI config: CSV metrics under ``tmp/runs/<name>``."""
+    return {"class_path": "lightning.pytorch.loggers.CSVLogger",
+            "init_args": {"save_dir": str(tmp / "runs"), "name": name}}  # fmt: skip
+
+
+def write_config(tmp: Path, config: dict, name: str) -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run_script(script: str, *args: str, config: dict | None = None, tmp: Path | None = None, timeout: int = 300,
+               check: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run ``python <script> [--config <config as YAML in tmp>] *args`` in the repository.
+
+    ``script`` is a file (``train.py``) or ``-m module``; with ``check`` a non-zero exit fails the
+    test, showing the output's tail.
+    """
+    command = script.split() if script.startswith("-m ") else [str(REPO / script)]
+    if config is not None:
+        path = write_config(tmp, config, f"{Path(command[-1]).stem}-{len(list(tmp.glob('*.yaml')))}")
+        args = ("--config", str(path), *args)
+    result = subprocess.run(
+        [sys.executable, *command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+    if check:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Rows of a run's ``metrics.csv``."""
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
 
 
 def write_image_folder(root: Path, classes: list[str], per_class: int, size=(40, 30), seed: int = 0) -> Path:

@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mae.backbone import load_backbone, load_mae
+from mae.cli import export_main as main
+from mae.convert.backbone import load_backbone, load_mae
+from mae.convert.export import export_encoder
 from mae.convert.huggingface import save_hf_pretrained
 from mae.convert.sources import read_checkpoint
-from mae.export import export_encoder, main
 from mae.models import MaskedAutoencoderViT, create_model
 
 

@@ -3,7 +3,7 @@ import pickle
 import pytest
 import torch
 
-from mae.checkpoint_io import AtomicCheckpointIO
+from mae.training.checkpointing import AtomicCheckpointIO
 
 
 def test_atomic_save__replaces_the_file_and_leaves_no_temporary(tmp_path):

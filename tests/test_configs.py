@@ -3,10 +3,13 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
-from mae.cli import PretrainCLI
+from mae.cli import PretrainCLI, expand_stacked_configs
 from mae.data import ImageDataModule
-from mae.pretrain import MAEPretrainModule
+from mae.training.optim import effective_batch_size, scaled_lr
+from mae.training.pretrain import MAEPretrainModule
+from tests.helpers import run_script
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "pretrain").glob("*.yaml"))
 # Keep the big models light and the trainer on this machine's CPU.
@@ -48,17 +51,54 @@ def test_config__parses_and_builds(config, monkeypatch):
     assert cli.model.model.patch_embed.img_size == tuple([cli.datamodule.img_size] * 2)
 
 
-@pytest.mark.parametrize("name", ["imagenet_vit_base.yaml", "imagenet_vit_base_1gpu.yaml"])
-def test_config__paper_recipe_values_on_64_gpus_and_on_one(name):
-    import yaml
+def _printed(*configs: str) -> dict:
+    """The config ``train.py`` resolves from ``configs`` (each a file name in configs/pretrain/)."""
+    args = [a for name in configs for a in ("--config", f"configs/pretrain/{name}")]
+    return yaml.safe_load(run_script("train.py", *args, "--print_config", timeout=120).stdout)
 
-    from mae.optim import effective_batch_size, scaled_lr
 
-    recipe = yaml.safe_load((CONFIGS[0].parent / name).read_text())
+STACKS = {
+    "64gpu": ["imagenet_vit_base.yaml"],
+    "1gpu-stacked": ["imagenet_vit_base.yaml", "imagenet_vit_base_1gpu.yaml"],
+    "1gpu-alone": ["imagenet_vit_base_1gpu.yaml"],
+}
+
+
+@pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
+def test_config__paper_recipe_values_on_64_gpus_and_on_one(stack):
+    recipe = _printed(*stack)
     model, trainer, data = recipe["model"], recipe["trainer"], recipe["data"]["init_args"]
     assert model["model"] == "mae_vit_base_patch16" and model["mask_ratio"] == 0.75 and model["norm_pix_loss"]
     assert model["base_lr"] == 1.5e-4 and model["warmup_epochs"] == 40 and trainer["max_epochs"] == 800
+    assert data["root"] == "/path/to/imagenet" and data["img_size"] == 224  # from the base file
     effective = effective_batch_size(
         data["batch_size"], trainer["devices"], trainer["num_nodes"], trainer["accumulate_grad_batches"]
     )
     assert effective == 4096 and scaled_lr(model["base_lr"], effective) == pytest.approx(2.4e-3)
+    assert (trainer["devices"] == 1) == ("1gpu" in stack[-1])
+
+
+@pytest.mark.parametrize("size, model", [("large", "mae_vit_large_patch16"), ("huge", "mae_vit_huge_patch14")])
+def test_config__vit_large_and_huge_recipes_stack_on_the_base_recipe(size, model):
+    recipe = _printed("imagenet_vit_base.yaml", f"imagenet_vit_{size}.yaml")
+    assert recipe["model"]["model"] == model and recipe["model"]["base_lr"] == 1.5e-4
+    assert recipe["trainer"]["max_epochs"] == 800 and recipe["trainer"]["logger"]["init_args"]["name"].endswith(size)
+
+
+def test_expand_stacked_configs__inserts_the_base_once(tmp_path):
+    (tmp_path / "base.yaml").write_text("model:\n  mask_ratio: 0.6\n")
+    (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\nmodel:\n  base_lr: 0.002\n")
+    base, top = str(tmp_path / "base.yaml"), str(tmp_path / "top.yaml")
+    assert expand_stacked_configs(["--config", top, "--x", "1"]) == ["--config", base, "--config", top, "--x", "1"]
+    assert expand_stacked_configs([f"--config={top}"]) == ["--config", base, f"--config={top}"]
+    assert expand_stacked_configs(["--config", base, "--config", top]) == ["--config", base, "--config", top]
+
+
+@pytest.mark.parametrize("form", ["--config PATH", "--config=PATH"])
+def test_linked_model_img_size_in_a_yaml_is_refused(tmp_path, form):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  img_size: 64\n")
+    args = ["--config", str(path)] if form == "--config PATH" else [f"--config={path}"]
+    result = run_script("train.py", "--config", "configs/pretrain/default.yaml", *args, "--trainer.logger", "false",
+                        timeout=120, check=False)  # fmt: skip
+    assert result.returncode != 0 and "model.img_size is taken from data.img_size" in result.stderr

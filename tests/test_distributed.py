@@ -2,19 +2,14 @@
 
 import csv
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from mae.backbone import load_backbone
-from tests.helpers import write_image_folder
-from tests.test_train_cli import TINY_MODEL
-
-REPO = Path(__file__).resolve().parents[1]
+from mae.convert.backbone import load_backbone
+from tests.helpers import TINY_MODEL, csv_logger, run_script, write_config, write_image_folder
 
 
 def _run(script: str, config: dict, tmp: Path, name: str, devices: int, *extra: str) -> str:
@@ -27,13 +22,7 @@ def _run(script: str, config: dict, tmp: Path, name: str, devices: int, *extra: 
     config["trainer"]["logger"]["init_args"]["name"] = name
     config["checkpoint"] = {"dirpath": str(tmp / name / "ckpts"), "every_n_epochs": 1, "save_top_k": -1,
                             "monitor": None}  # fmt: skip
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        [sys.executable, str(REPO / script), "--config", str(path), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_script(script, "--config", str(write_config(tmp, config, name)), *extra, timeout=400)
     return result.stdout + result.stderr
 
 
@@ -65,8 +54,7 @@ def setup(tmp_path_factory):
         "data": {"class_path": "mae.data.ImageFolderDataModule",
                  "init_args": {"root": str(tmp / "data"), "img_size": 16, "num_workers": 0, "augmentation": "none"}},
         "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "log_every_n_steps": 1,
-                    "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
-                               "init_args": {"save_dir": str(tmp / "runs")}}},
+                    "logger": csv_logger(tmp, "unnamed")},
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
     }  # fmt: skip
     outputs = {name: _run("train.py", base, tmp, name, devices) for name, devices in (("ddp", 2), ("single", 1))}

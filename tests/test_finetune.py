@@ -2,42 +2,19 @@
 
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from torch import nn
 
-from mae.backbone import resample_pos_embed
-from mae.finetune import MAEFinetuneModule
-from mae.knn import knn_accuracy, knn_classify
-from tests.test_pretrain_module import RandomImages
-
-TINY = dict(embed_dim=32, depth=3, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2)
-
-
-class LabelledImages(RandomImages):
-    def __init__(self, n: int = 40, batch_size: int = 4, num_classes: int = 3) -> None:
-        super().__init__(n, batch_size)
-        self.data.tensors = (self.data.tensors[0], torch.arange(n) % num_classes)
-
-
-def _module(**kwargs) -> MAEFinetuneModule:
-    torch.manual_seed(0)
-    defaults = dict(model="mae_vit_tiny_patch4", model_kwargs=TINY, img_size=16, num_classes=3, warmup_epochs=0)
-    return MAEFinetuneModule(**{**defaults, **kwargs})
-
-
-def _trainer(tmp_path, **kwargs) -> pl.Trainer:
-    defaults = dict(
-        default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-    )  # fmt: skip
-    return pl.Trainer(**{**defaults, **kwargs})
+from mae.convert.backbone import resample_pos_embed
+from mae.eval.knn import knn_accuracy, knn_classify
+from mae.training.finetune import MAEFinetuneModule
+from tests.helpers import LabelledImages, finetune_module, make_trainer
 
 
 def test_layer_decay__lr_scale_per_block_as_the_paper(tmp_path):
-    module = _module(layer_decay=0.5)
-    trainer = _trainer(tmp_path, max_steps=2, limit_val_batches=0)
+    module = finetune_module(layer_decay=0.5)
+    trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=0)
     trainer.fit(module, datamodule=LabelledImages())
     names = {id(p): n for n, p in module.vit.named_parameters()}
     scale = {}
@@ -56,7 +33,7 @@ def test_layer_decay__lr_scale_per_block_as_the_paper(tmp_path):
 
 
 def test_mixup__applied_to_training_batches_only(tmp_path):
-    module = _module()
+    module = finetune_module()
     calls = []
     mixup = module.mixup
 
@@ -66,7 +43,7 @@ def test_mixup__applied_to_training_batches_only(tmp_path):
 
     module.mixup = spy
     seen_val = []
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=2)
+    trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=2)
     original = module.validation_step
     module.validation_step = lambda batch, batch_idx: (seen_val.append(batch[1].dtype), original(batch, batch_idx))[1]
     trainer.fit(module, datamodule=LabelledImages())
@@ -76,14 +53,16 @@ def test_mixup__applied_to_training_batches_only(tmp_path):
 
 def test_mixup__odd_batch_fails_at_start(tmp_path):
     with pytest.raises(ValueError, match="batch_size must be even"):
-        _trainer(tmp_path, max_steps=1).fit(_module(), datamodule=LabelledImages(batch_size=3))
+        make_trainer(tmp_path, max_steps=1).fit(finetune_module(), datamodule=LabelledImages(batch_size=3))
 
 
 def test_linprobe__frozen_encoder_batchnorm_head_and_lars(tmp_path):
-    module = _module(mode="linprobe", global_pool="token", mixup=0, cutmix=0, drop_path_rate=0, label_smoothing=0)
+    module = finetune_module(
+        mode="linprobe", global_pool="token", mixup=0, cutmix=0, drop_path_rate=0, label_smoothing=0
+    )
     before = {k: v.clone() for k, v in module.vit.state_dict().items() if not k.startswith("head")}
     assert isinstance(module.vit.head[0], nn.BatchNorm1d) and not module.vit.head[0].affine
-    trainer = _trainer(tmp_path, max_steps=3, limit_val_batches=1)
+    trainer = make_trainer(tmp_path, max_steps=3, limit_val_batches=1)
     trainer.fit(module, datamodule=LabelledImages())
     assert type(trainer.optimizers[0]).__name__ == "Lars"
     trainable = {n for n, p in module.vit.named_parameters() if p.requires_grad}
@@ -91,7 +70,7 @@ def test_linprobe__frozen_encoder_batchnorm_head_and_lars(tmp_path):
     for key, value in before.items():
         torch.testing.assert_close(module.vit.state_dict()[key], value)
     with pytest.raises(ValueError, match="frozen features"):
-        _module(mode="linprobe")  # mixup / drop path make no sense on frozen features
+        finetune_module(mode="linprobe")  # mixup / drop path make no sense on frozen features
 
 
 def test_pos_embed_resampling__hand_computed_cases():
@@ -122,14 +101,14 @@ def test_pos_embed_resampling__hand_computed_cases():
 
 def test_finetune__missing_pretrained_checkpoint_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist: point it at pretrained weights.*null"):
-        _module(checkpoint=str(tmp_path / "missing.ckpt"))
+        finetune_module(checkpoint=str(tmp_path / "missing.ckpt"))
 
 
 def test_finetune__wrong_architecture_checkpoint_is_refused(tmp_path):
     path = tmp_path / "resnet.pth"
     torch.save({"conv1.weight": torch.zeros(64, 3, 7, 7)}, path)
     with pytest.raises(ValueError, match="not a ViT / MAE state dict"):
-        _module(checkpoint=str(path))
+        finetune_module(checkpoint=str(path))
 
 
 def test_knn__weighted_votes_hand_computed():
@@ -154,6 +133,7 @@ def test_finetune_configs__the_required_recipes_exist():
     assert {
         "finetune/default.yaml", "finetune/imagenet_vit_base.yaml", "finetune/cifar10_vit_base.yaml",
         "finetune/cifar10_vit_tiny.yaml", "finetune/cifar100_vit_base.yaml", "linprobe/imagenet_vit_base.yaml",
+        "finetune/imagenet_vit_large.yaml", "finetune/imagenet_vit_huge.yaml",
     } <= names  # fmt: skip
 
 
@@ -172,7 +152,7 @@ def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
     elif "cifar" in config.name:
         write_cifar(tmp_path, "cifar100" if "cifar100" in config.name else "cifar10", train_per_batch=1, test=1)
         data = ["--data.root", str(tmp_path)]
-    light = ["--model.model_kwargs", '{"depth": 1}'] if "vit_base" in config.name else []
+    light = ["--model.model_kwargs", '{"depth": 1}'] if "imagenet" in config.name or "vit_base" in config.name else []
     cli = FinetuneCLI(
         MAEFinetuneModule, ImageDataModule, subclass_mode_data=True, run=False,
         args=["--config", str(config), *LIGHT, *data, *light],

@@ -2,34 +2,21 @@
 
 import csv
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.helpers import write_image_folder
-from tests.test_train_cli import TINY_MODEL
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import TINY_MODEL, csv_logger, run_script, write_image_folder
 
 
 def _run(script: str, config: dict, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
-    path = tmp / f"{script}-{len(list(tmp.glob('*.yaml')))}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        [sys.executable, str(REPO / script), "--config", str(path), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
+    return run_script(script, *extra, config=config, tmp=tmp)
 
 
 def _trainer(tmp: Path, name: str) -> dict:
     return {
         "max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False, "log_every_n_steps": 1,
-        "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
-                   "init_args": {"save_dir": str(tmp / "runs"), "name": name}},
+        "logger": csv_logger(tmp, name),
     }  # fmt: skip
 
 
@@ -96,20 +83,17 @@ def test_linprobe__from_pretraining_checkpoint(pretrained):
 
 def test_knn__command_line(pretrained):
     tmp, ckpt = pretrained
-    result = subprocess.run(
-        [sys.executable, "-m", "mae.knn", "--checkpoint", str(ckpt), "--k", "3",
-         "--data.class_path", "mae.data.ImageFolderDataModule", "--data.root", str(tmp / "data"),
-         "--data.img_size", "16", "--data.num_workers", "0"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+    result = run_script(
+        "-m mae.knn", "--checkpoint", str(ckpt), "--k", "3", "--data.class_path", "mae.data.ImageFolderDataModule",
+        "--data.root", str(tmp / "data"), "--data.img_size", "16", "--data.num_workers", "0",
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
     assert "kNN (k=3, T=0.07) on 6 validation images: top-1" in result.stdout
 
 
 def test_finetuned_checkpoint__loads_back_as_a_backbone(finetuned):
     import torch
 
-    from mae.backbone import load_backbone
+    from mae.convert.backbone import load_backbone
 
     checkpoint = finetuned[3]
     model = load_backbone(checkpoint, global_pool="avg", num_classes=3)

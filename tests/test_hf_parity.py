@@ -5,7 +5,7 @@ import torch
 
 from mae.convert.huggingface import from_hf_state_dict, save_hf_pretrained, to_hf_state_dict
 from mae.models import MaskedAutoencoderViT
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 transformers = pytest.importorskip("transformers")
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mae.models import MODEL_REGISTRY, MaskedAutoencoderViT, create_model
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 OFFICIAL_TOP_LEVEL_KEYS = {
     "cls_token",

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from mae.models import MaskedAutoencoderViT
-from mae.optim import (
+from mae.training.optim import (
     effective_batch_size,
     official_lr,
     scaled_lr,
     warmup_cosine_scheduler,
     weight_decay_groups,
 )
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 
 def _lrs(total: int, warmup: int, lr: float, min_lr: float) -> list[float]:

@@ -1,60 +1,15 @@
 import lightning.pytorch as pl
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
-from mae.optim import official_lr
-from mae.pretrain import MAEPretrainModule
-
-TINY_KWARGS = dict(embed_dim=32, depth=1, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2)
-
-
-class RandomImages(pl.LightningDataModule):
-    def __init__(self, n: int = 40, batch_size: int = 4) -> None:
-        super().__init__()
-        self.batch_size = batch_size
-        g = torch.Generator().manual_seed(0)
-        self.data = TensorDataset(torch.randn(n, 3, 16, 16, generator=g), torch.zeros(n, dtype=torch.long))
-
-    def train_dataloader(self):
-        return DataLoader(self.data, batch_size=self.batch_size, shuffle=True)
-
-    def val_dataloader(self):
-        return DataLoader(self.data, batch_size=self.batch_size)
-
-
-class RecordLR(pl.Callback):
-    def __init__(self) -> None:
-        self.lrs: list[float] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
-
-
-def _module(**kwargs) -> MAEPretrainModule:
-    torch.manual_seed(0)
-    defaults = dict(model="mae_vit_tiny_patch4", img_size=16, model_kwargs=TINY_KWARGS, warmup_epochs=1)
-    return MAEPretrainModule(**{**defaults, **kwargs})
-
-
-def _trainer(tmp_path, **kwargs) -> pl.Trainer:
-    defaults = dict(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    return pl.Trainer(**{**defaults, **kwargs})
+from mae.training.optim import official_lr
+from tests.helpers import RandomImages, RecordLR, make_trainer, pretrain_module
 
 
 def test_module__lr_every_step_follows_the_official_schedule(tmp_path):
     record = RecordLR()
-    module = _module(base_lr=1e-3, min_lr=1e-5)
-    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=5, limit_val_batches=0, callbacks=[record])
+    module = pretrain_module(base_lr=1e-3, min_lr=1e-5)
+    trainer = make_trainer(tmp_path, max_epochs=3, limit_train_batches=5, limit_val_batches=0, callbacks=[record])
     trainer.fit(module, datamodule=RandomImages(batch_size=4))
     assert module.effective_batch == 4 and module.resolved_lr == pytest.approx(1e-3 * 4 / 256)
     assert len(record.lrs) == 15
@@ -63,16 +18,18 @@ def test_module__lr_every_step_follows_the_official_schedule(tmp_path):
 
 
 def test_module__accumulation_scales_lr_and_steps_on_a_short_last_window(tmp_path):
-    module = _module(base_lr=1e-3)
-    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=5, limit_val_batches=0, accumulate_grad_batches=2)
+    module = pretrain_module(base_lr=1e-3)
+    trainer = make_trainer(
+        tmp_path, max_epochs=2, limit_train_batches=5, limit_val_batches=0, accumulate_grad_batches=2
+    )
     trainer.fit(module, datamodule=RandomImages(batch_size=4))
     assert module.effective_batch == 8 and module.resolved_lr == pytest.approx(1e-3 * 8 / 256)
     assert trainer.global_step == 2 * 3  # 5 batches with accumulation 2 -> 3 optimizer steps per epoch
 
 
 def test_module__validation_loss_is_the_same_each_time(tmp_path):
-    module = _module()
-    trainer = _trainer(tmp_path, max_epochs=1, limit_val_batches=3)
+    module = pretrain_module()
+    trainer = make_trainer(tmp_path, max_epochs=1, limit_val_batches=3)
     dm = RandomImages()
     first = trainer.validate(module, datamodule=dm, verbose=False)[0]["val/loss"]
     second = trainer.validate(module, datamodule=dm, verbose=False)[0]["val/loss"]
@@ -81,25 +38,25 @@ def test_module__validation_loss_is_the_same_each_time(tmp_path):
 
 def test_module__bad_settings_fail_at_construction():
     with pytest.raises(ValueError, match=r"mask_ratio must be in \[0, 1\)"):
-        _module(mask_ratio=1.0)
+        pretrain_module(mask_ratio=1.0)
     with pytest.raises(ValueError, match="set model.img_size"):
-        _module(model_kwargs={"img_size": 64})
+        pretrain_module(model_kwargs={"img_size": 64})
     with pytest.raises(ValueError, match="unknown model argument"):
-        _module(model_kwargs={"dept": 2})
+        pretrain_module(model_kwargs={"dept": 2})
     with pytest.raises(ValueError, match="valid names"):
-        _module(model="vit_base")
+        pretrain_module(model="vit_base")
 
 
 def test_module__warmup_longer_than_run_fails_before_training(tmp_path):
-    module = _module(warmup_epochs=5)
-    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=0)
+    module = pretrain_module(warmup_epochs=5)
+    trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=0)
     with pytest.raises(ValueError, match="warmup_epochs=5"):
         trainer.fit(module, datamodule=RandomImages())
 
 
 def test_module__bf16_mixed_precision_trains(tmp_path):
-    module = _module(warmup_epochs=0)
-    trainer = _trainer(tmp_path, max_steps=2, limit_val_batches=1, precision="bf16-mixed")
+    module = pretrain_module(warmup_epochs=0)
+    trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=1, precision="bf16-mixed")
     trainer.fit(module, datamodule=RandomImages())
     assert trainer.global_step == 2
     assert torch.isfinite(trainer.callback_metrics["train/loss_step"])
@@ -107,8 +64,7 @@ def test_module__bf16_mixed_precision_trains(tmp_path):
 
 
 def test_monitoring_callbacks__do_not_change_the_training_run(tmp_path):
-    from mae.callbacks import ReconstructionCallback
-    from mae.knn import KNNCallback
+    from mae.training.callbacks import KNNCallback, ReconstructionCallback
 
     class Monitored(RandomImages):
         num_labels = 1
@@ -120,8 +76,8 @@ def test_monitoring_callbacks__do_not_change_the_training_run(tmp_path):
     losses = []
     for callbacks in ([], [KNNCallback(every_n_epochs=1, k=2), ReconstructionCallback(every_n_epochs=1)]):
         pl.seed_everything(0)
-        module = _module(warmup_epochs=0)
-        trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, callbacks=callbacks)
+        module = pretrain_module(warmup_epochs=0)
+        trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, callbacks=callbacks)
         trainer.fit(module, datamodule=Monitored())
         losses.append([p.detach().clone() for p in module.parameters()])
     for a, b in zip(*losses, strict=True):
@@ -129,9 +85,11 @@ def test_monitoring_callbacks__do_not_change_the_training_run(tmp_path):
 
 
 def test_module__accumulation_longer_than_an_epoch_still_updates_every_epoch(tmp_path):
-    module = _module(base_lr=1e-3, warmup_epochs=0)
+    module = pretrain_module(base_lr=1e-3, warmup_epochs=0)
     before = [p.detach().clone() for p in module.parameters()]
-    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, accumulate_grad_batches=4)
+    trainer = make_trainer(
+        tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, accumulate_grad_batches=4
+    )
     trainer.fit(module, datamodule=RandomImages(batch_size=4))
     assert module.effective_batch == 16  # lr scaled by the accumulation the run asked for
     assert trainer.global_step == 2  # 3 batches < 4 accumulated: one update at each epoch end

@@ -12,26 +12,25 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 
 from mae.data import ImageFolderDataModule
-from mae.guards import SigtermCheckpoint, check_resume_checkpoint
-from tests.helpers import write_image_folder
-from tests.test_pretrain_module import RandomImages, RecordLR, _trainer
-from tests.test_pretrain_module import _module as _pretrain_module
-from tests.test_train_cli import TINY_MODEL
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _module(**kwargs):
-    """The tiny pretraining module of the CLI tests' config (so CLI checkpoints fit it)."""
-    kwargs.setdefault("model_kwargs", TINY_MODEL["model_kwargs"])
-    return _pretrain_module(**kwargs)
-
+from mae.training.callbacks import SigtermCheckpoint
+from mae.training.checkpointing import check_resume_checkpoint
+from tests.helpers import (
+    REPO,
+    TINY_MODEL,
+    RandomImages,
+    RecordLR,
+    csv_logger,
+    make_trainer,
+    pretrain_module,
+    run_script,
+    write_config,
+    write_image_folder,
+)
 
 # ---------------------------------------------------------------- data
 
@@ -89,10 +88,16 @@ def test_data__empty_root_and_class_without_images_are_named(tmp_path):
 
 
 def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain/default.yaml", "--trainer.logger",
-         "false", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return run_script(
+        "train.py",
+        "--config",
+        "configs/pretrain/default.yaml",
+        "--trainer.logger",
+        "false",
+        *args,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -117,21 +122,22 @@ def test_config__bad_values_fail_at_start_with_the_key(args, expected):
 
 
 def test_resume_checkpoint__missing_corrupt_and_foreign_files(tmp_path):
-    module = _module()
+    module = pretrain_module()
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_resume_checkpoint(tmp_path / "x.ckpt", module)
-    trainer = _trainer(tmp_path, max_steps=1, limit_val_batches=0, enable_checkpointing=True,
+    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0, enable_checkpointing=True,
                        callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)])  # fmt: skip
-    trainer.fit(_module(warmup_epochs=0), datamodule=RandomImages())
+    trainer.fit(pretrain_module(warmup_epochs=0), datamodule=RandomImages())
     last = tmp_path / "ck" / "last.ckpt"
-    check_resume_checkpoint(last, _module())  # fits
+    check_resume_checkpoint(last, pretrain_module())  # fits
     broken = tmp_path / "broken.ckpt"
     broken.write_bytes(last.read_bytes()[:2000])
     with pytest.raises(ValueError, match="truncated"):
         check_resume_checkpoint(broken, module)
-    wider = _module(model_kwargs={**TINY_MODEL["model_kwargs"], "embed_dim": 64, "num_heads": 4})
+    wider = pretrain_module(model_kwargs={**TINY_MODEL["model_kwargs"], "embed_dim": 64, "num_heads": 4})
     with pytest.raises(
-        ValueError, match=r"another model architecture.*attn.proj.weight: \(32, 32\) in the file, \(64, 64\) here"
+        ValueError,
+        match=r"another model architecture.*attn.proj.weight has shape \(32, 32\) in the checkpoint but \(64, 64\)",
     ):
         check_resume_checkpoint(last, wider)
     plain = tmp_path / "weights.pth"
@@ -155,9 +161,10 @@ class NaNAfter(RandomImages):
 
 def test_training__non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)
-    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=4, limit_val_batches=0, enable_checkpointing=True,
+    trainer = make_trainer(tmp_path, max_epochs=3, limit_train_batches=4, limit_val_batches=0,
+                           enable_checkpointing=True,
                        callbacks=[ckpt], reload_dataloaders_every_n_epochs=1)  # fmt: skip
-    module = _module(warmup_epochs=0)
+    module = pretrain_module(warmup_epochs=0)
     with pytest.raises(FloatingPointError, match=r"non-finite training loss .* at step 4 \(epoch 1\).*last.ckpt"):
         trainer.fit(module, datamodule=NaNAfter())
     saved = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=True)
@@ -169,18 +176,19 @@ def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
     def run(max_epochs, ckpt_path=None, folder="a"):
         record = RecordLR()
         callback = ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)
-        trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=5, limit_val_batches=0,
+        trainer = make_trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=5, limit_val_batches=0,
                            enable_checkpointing=True, callbacks=[record, callback])  # fmt: skip
-        module = _module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)
+        module = pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)
         trainer.fit(module, datamodule=RandomImages(), ckpt_path=ckpt_path)
         return record.lrs
 
     full = run(4, folder="full")
     # the interrupted run plans the same 4 epochs but is stopped after 2 (as a kill would)
     first = _StopAfter(2)
-    trainer = _trainer(tmp_path, max_epochs=4, limit_train_batches=5, limit_val_batches=0, enable_checkpointing=True,
+    trainer = make_trainer(tmp_path, max_epochs=4, limit_train_batches=5, limit_val_batches=0,
+                           enable_checkpointing=True,
                        callbacks=[first, ModelCheckpoint(dirpath=tmp_path / "cut", save_last=True)])  # fmt: skip
-    trainer.fit(_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages())
+    trainer.fit(pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages())
     resumed = run(4, ckpt_path=tmp_path / "cut" / "last.ckpt", folder="resumed")
     assert len(resumed) == 10
     assert resumed == pytest.approx(full[10:], rel=1e-12, abs=0)
@@ -207,14 +215,11 @@ def _config(tmp: Path, name: str, max_epochs: int = 6) -> Path:
                  "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0}},
         "trainer": {"max_epochs": max_epochs, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
                     "log_every_n_steps": 1, "default_root_dir": str(tmp),
-                    "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
-                               "init_args": {"save_dir": str(tmp / "runs"), "name": name}}},
+                    "logger": csv_logger(tmp, name)},
         "checkpoint": {"every_n_epochs": 1, "dirpath": str(tmp / "ckpts")},
         "reconstruction": {"every_n_epochs": 0},
     }  # fmt: skip
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return write_config(tmp, config, name)
 
 
 def _start(config: Path, *extra: str) -> subprocess.Popen:
@@ -269,14 +274,14 @@ def test_faults__sigterm_in_the_first_epoch_then_resume_keeps_one_last_ckpt(tmp_
 
     def trainer(epochs, *callbacks):
         callbacks = [ModelCheckpoint(dirpath=ckpts, save_last=True), SigtermCheckpoint(), *callbacks]
-        return _trainer(
+        return make_trainer(
             tmp_path, max_epochs=epochs, limit_val_batches=0, enable_checkpointing=True, callbacks=callbacks
         )
 
     with pytest.raises(SIGTERMException):
-        trainer(2, _SigtermAt(3)).fit(_module(), datamodule=RandomImages())
+        trainer(2, _SigtermAt(3)).fit(pretrain_module(), datamodule=RandomImages())
     assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 3
-    trainer(2).fit(_module(), datamodule=RandomImages(), ckpt_path=ckpts / "last.ckpt")
+    trainer(2).fit(pretrain_module(), datamodule=RandomImages(), ckpt_path=ckpts / "last.ckpt")
     assert sorted(p.name for p in ckpts.glob("last*")) == ["last.ckpt"]
     assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 2 * 10
 
@@ -292,7 +297,7 @@ def test_faults__sigterm_saves_a_resumable_checkpoint(tmp_path):
     last = tmp_path / "ckpts" / "last.ckpt"
     saved = torch.load(last, map_location="cpu", weights_only=True)
     assert saved["global_step"] > 0
-    check_resume_checkpoint(last, _module(img_size=16))
+    check_resume_checkpoint(last, pretrain_module(img_size=16))
     epochs = saved["epoch"] + 2  # finish the interrupted epoch and one more
     proc = _start(config, "--ckpt_path", str(last), "--trainer.max_epochs", str(epochs))
     out, _ = proc.communicate(timeout=300)

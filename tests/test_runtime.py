@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from mae import runtime
 from mae.models import create_model
-from mae.runtime import TrainingSettings, set_attention_kernel, training_settings
-from tests.test_pretrain_module import RandomImages, _module, _trainer
+from mae.training import runtime
+from mae.training.runtime import TrainingSettings, set_attention_kernel, training_settings
+from tests.helpers import LabelledImages, RandomImages, finetune_module, make_trainer, pretrain_module
 
 
 def test_attention_kernels__same_loss_and_gradients():
@@ -55,8 +55,8 @@ def test_training_settings__compile_only_for_runs_that_repay_it():
 
 
 def _fit(tmp_path, precision, **module_kwargs):
-    module = _module(warmup_epochs=0, **module_kwargs)
-    trainer = _trainer(tmp_path, max_steps=2, precision=precision, limit_val_batches=0)
+    module = pretrain_module(warmup_epochs=0, **module_kwargs)
+    trainer = make_trainer(tmp_path, max_steps=2, precision=precision, limit_val_batches=0)
     trainer.fit(module, datamodule=RandomImages(n=8))
     return module, trainer
 
@@ -69,7 +69,7 @@ def test_pretrain_module__resolves_settings_for_device_precision_and_length(tmp_
     assert module.settings == TrainingSettings("fp32", "explicit", compile=False, fused_adamw=False)
     assert not trainer.optimizers[0].defaults["fused"]
     with pytest.raises(ValueError, match="model.attention"):
-        _module(attention="flash")
+        pretrain_module(attention="flash")
 
 
 def test_pretrain_module__compiled_model_trains_and_saves_plain_names(tmp_path):
@@ -89,11 +89,8 @@ def test_pretrain_module__compiled_model_trains_and_saves_plain_names(tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
 def test_finetune_module__uses_the_settings_of_its_device_and_precision(tmp_path, precision):
-    from tests.test_finetune import LabelledImages
-    from tests.test_finetune import _module as _finetune_module
-
-    module = _finetune_module()
-    trainer = _trainer(tmp_path, max_steps=1, precision=precision, limit_val_batches=0)
+    module = finetune_module()
+    trainer = make_trainer(tmp_path, max_steps=1, precision=precision, limit_val_batches=0)
     trainer.fit(module, datamodule=LabelledImages())
     bf16 = precision == "bf16-mixed"
     assert module.settings.precision == ("bf16" if bf16 else "fp32")

@@ -1,29 +1,21 @@
 """train.py end to end, as a subprocess, on data the tests write."""
 
-import csv
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from tests.helpers import write_cifar, write_image_folder
-
-REPO = Path(__file__).resolve().parents[1]
-TINY_MODEL = {
-    "model": "mae_vit_tiny_patch4",
-    "model_kwargs": {
-        "embed_dim": 32,
-        "depth": 1,
-        "num_heads": 2,
-        "decoder_embed_dim": 32,
-        "decoder_depth": 1,
-        "decoder_num_heads": 2,
-    },
-    "warmup_epochs": 1,
-}
+from tests.helpers import (
+    TINY_MODEL,
+    csv_logger,
+    read_metrics,
+    run_script,
+    write_cifar,
+    write_config,
+    write_image_folder,
+)
 
 
 def _config(tmp_path: Path, data: dict, max_epochs: int) -> Path:
@@ -37,35 +29,21 @@ def _config(tmp_path: Path, data: dict, max_epochs: int) -> Path:
             "devices": 1,
             "enable_progress_bar": False,
             "log_every_n_steps": 1,
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": str(tmp_path / "runs"), "name": "test"},
-            },
+            "logger": csv_logger(tmp_path, "test"),
         },
         "checkpoint": {"every_n_epochs": 1},
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
         "throughput": {"window_size": 2},
     }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return write_config(tmp_path, config, "config")
 
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
+    return run_script("train.py", *args, timeout=timeout, check=False)
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    result = _run(*args)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    with open(run_dir / "metrics.csv") as f:
-        return list(csv.DictReader(f))
+    return run_script("train.py", *args)
 
 
 def test_train__image_folder_then_resume_continues_at_the_right_step(tmp_path):
@@ -88,16 +66,16 @@ def test_train__image_folder_then_resume_continues_at_the_right_step(tmp_path):
     ckpt = torch.load(last, map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 6 and ckpt["epoch"] == 1
     assert "model.cls_token" in ckpt["state_dict"]
-    rows = _metrics(run)
+    rows = read_metrics(run)
     assert any(r.get("val/loss") for r in rows)
     assert any(r.get("train/device/samples_per_sec") for r in rows)
-    lrs = {int(r["step"]): float(r["train/lr"]) for r in rows if r.get("train/lr")}
+    lrs = {int(r["step"]): float(r["train/lr/decay"]) for r in rows if r.get("train/lr/decay")}
 
     _train("--config", str(config), "--trainer.max_epochs", "3", "--ckpt_path", str(last))
     resumed_run = tmp_path / "runs" / "test" / "version_1"
     resumed = torch.load(resumed_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert resumed["global_step"] == 9 and resumed["epoch"] == 2
-    steps = [int(r["step"]) for r in _metrics(resumed_run) if r.get("train/lr")]
+    steps = [int(r["step"]) for r in read_metrics(resumed_run) if r.get("train/lr/decay")]
     assert min(steps) >= 6  # no step repeated from the start
     assert lrs  # the first run logged its lr per step
 

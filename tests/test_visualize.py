@@ -1,9 +1,9 @@
 import torch
 
-from mae.callbacks import ReconstructionCallback
+from mae.eval.visualize import denormalize, reconstruct, reconstruction_grid
 from mae.models import MaskedAutoencoderViT
-from mae.visualize import denormalize, reconstruct, reconstruction_grid
-from tests.conftest import TINY
+from mae.training.callbacks import ReconstructionCallback
+from tests.helpers import TINY
 
 
 def test_reconstruct__norm_pix_prediction_is_unnormalised_with_target_statistics():

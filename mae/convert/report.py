@@ -44,7 +44,8 @@ def _matches(key: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
-def _block_count(keys: Iterable[str], prefix: str) -> int:
+def block_count(keys: Iterable[str], prefix: str) -> int:
+    """Number of ``<prefix>.<i>.`` blocks among ``keys`` (one more than the highest index)."""
     indices = [int(m.group(1)) for k in keys if (m := re.match(rf"^{prefix}\.(\d+)\.", k))]
     return max(indices) + 1 if indices else 0
 
@@ -79,28 +80,43 @@ def load_checked(
             unused tensors outside the allowed patterns (naming them, and depths when they differ).
     """
     own = module.state_dict()
-    for key, value in state_dict.items():
-        if key in own and own[key].shape != value.shape:
-            raise ValueError(
-                f"{report.source}: {key} has shape {tuple(value.shape)} in the checkpoint but "
-                f"{tuple(own[key].shape)} in the model: {_likely_cause(key)}"
-            )
+    problems = state_dict_mismatch(own, state_dict, allowed_missing, allowed_ignored)
+    if problems:
+        raise ValueError(f"{report.source} does not fit the model: " + "; ".join(problems))
     missing = sorted(k for k in own if k not in state_dict)
     ignored = sorted(k for k in state_dict if k not in own)
-    bad_missing = [k for k in missing if not _matches(k, allowed_missing)]
-    bad_ignored = [k for k in ignored if not _matches(k, allowed_ignored)]
+    module.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
+    report.loaded = sorted(k for k in state_dict if k in own)
+    report.missing, report.ignored = missing, ignored
+    return report
+
+
+def state_dict_mismatch(
+    own: dict[str, torch.Tensor],
+    given: dict[str, torch.Tensor],
+    allowed_missing: Iterable[str] = (),
+    allowed_ignored: Iterable[str] = (),
+) -> list[str]:
+    """Why ``given`` does not fit a module whose state dict is ``own``; empty when it fits.
+
+    Lists shape differences (key, both shapes, the likely cause), differing block counts, and
+    tensors missing from ``given`` or not in the module, outside the allowed glob patterns.
+    """
+    problems = [
+        f"{key} has shape {tuple(given[key].shape)} in the checkpoint but {tuple(own[key].shape)} in the model: "
+        f"{_likely_cause(key)}"
+        for key in sorted(set(own) & set(given))
+        if own[key].shape != given[key].shape
+    ]
+    bad_missing = [k for k in sorted(own) if k not in given and not _matches(k, allowed_missing)]
+    bad_ignored = [k for k in sorted(given) if k not in own and not _matches(k, allowed_ignored)]
     if bad_missing or bad_ignored:
-        problems = []
         for prefix in ("blocks", "decoder_blocks"):
-            have, want = _block_count(state_dict, prefix), _block_count(own, prefix)
+            have, want = block_count(given, prefix), block_count(own, prefix)
             if have != want:
                 problems.append(f"the checkpoint has {have} {prefix} but the model {want} (a different depth)")
         if bad_missing:
             problems.append(f"missing from the checkpoint: {_summarise(bad_missing)}")
         if bad_ignored:
             problems.append(f"not in the model: {_summarise(bad_ignored)}")
-        raise ValueError(f"{report.source} does not fit the model: " + "; ".join(problems))
-    module.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
-    report.loaded = sorted(k for k in state_dict if k in own)
-    report.missing, report.ignored = missing, ignored
-    return report
+    return problems

@@ -2,8 +2,9 @@
 
 Formats (auto-detected from the file's structure, or named explicitly):
 
-- ``lightning``: our checkpoints: pretraining (``train.py``, ``{"state_dict": {"model.<key>": ...}}``) and
-  fine-tuning (``finetune.py``, ``"vit.<key>"`` plus the encoder architecture).
+- ``lightning``: our checkpoints (``train.py``, ``finetune.py``): the architecture is read from the
+  record of ``mae.convert.architecture``; files written before it (version 0.1) from the module's
+  hyperparameters or the fine-tuning module's encoder config.
 - ``official``: files of the official MAE code, ``{"model": state_dict, ["optimizer", "epoch", "args"]}``,
   full (with decoder) or encoder-only, pretrained or fine-tuned.
 - ``timm``: a timm ``VisionTransformer`` state dict (``.pth`` / ``.bin`` / ``.safetensors``), including
@@ -14,14 +15,15 @@ Formats (auto-detected from the file's structure, or named explicitly):
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mae.convert.architecture import ARCHITECTURE_KEY, encoder_config
 from mae.convert.huggingface import from_hf_state_dict
+from mae.convert.report import block_count
 from mae.convert.safe_load import read_safetensors, safe_torch_load
 from mae.models.factory import MODEL_REGISTRY, create_model
 
@@ -115,7 +117,24 @@ def _hf_weights_in(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
-    if "mae_encoder_config" in obj:  # written by finetune.py: a timm ViT under "vit."
+    record = obj.get(ARCHITECTURE_KEY)
+    if record is None:
+        return _read_lightning_v0_1(path, obj)
+    prefix = record.get("state_dict_prefix", "model.")
+    state = {k[len(prefix) :]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
+    if not state:
+        raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record says the weights are under {prefix!r}, but none are")
+    return MAECheckpoint(str(path), "lightning", state, encoder_config(record, str(path)))
+
+
+# The pretraining module's own arguments that version 0.1 kept out of ``model_kwargs``.
+_V0_1_PRETRAIN_ARGS = ("img_size", "norm_pix_loss", "mask_strategy")
+
+
+def _read_lightning_v0_1(path: Path, obj: dict) -> MAECheckpoint:
+    """Checkpoints written before the architecture record: the fine-tuning module stored its encoder
+    config; the pretraining module's architecture is rebuilt from its hyperparameters."""
+    if "mae_encoder_config" in obj:
         state = {k[len("vit.") :]: v for k, v in obj["state_dict"].items() if k.startswith("vit.")}
         config = {**obj["mae_encoder_config"], "img_size": tuple(obj["mae_encoder_config"]["img_size"])}
         return MAECheckpoint(str(path), "lightning", state, config)
@@ -128,9 +147,7 @@ def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
     config, notes = None, []
     if hp.get("model") in MODEL_REGISTRY:
         kwargs = dict(hp.get("model_kwargs") or {})
-        for key in ("img_size", "norm_pix_loss", "mask_strategy"):
-            if key in hp:
-                kwargs[key] = hp[key]
+        kwargs.update({key: hp[key] for key in _V0_1_PRETRAIN_ARGS if key in hp})
         with torch.device("meta"):
             config = create_model(hp["model"], **kwargs).config
     if config is None:
@@ -226,7 +243,7 @@ def infer_config(state: dict[str, torch.Tensor], hints: dict[str, Any] | None = 
     if proj.ndim != 4:
         raise ValueError(f"patch_embed.proj.weight must be a conv weight (D, C, p, p), got shape {tuple(proj.shape)}")
     embed_dim, in_chans, patch_size = proj.shape[0], proj.shape[1], proj.shape[-1]
-    depth = _count_blocks(state, "blocks")
+    depth = block_count(state, "blocks")
     mlp_ratio = state["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim if depth else 4.0
 
     num_patches = state["pos_embed"].shape[1] - 1
@@ -256,11 +273,6 @@ def infer_config(state: dict[str, torch.Tensor], hints: dict[str, Any] | None = 
             dec_heads = 16 if dec_dim == 512 else max(1, dec_dim // 32)
             notes.append(f"decoder_num_heads={dec_heads} assumed from decoder width {dec_dim}")
         config.update(
-            decoder_embed_dim=dec_dim, decoder_depth=_count_blocks(state, "decoder_blocks"), decoder_num_heads=dec_heads
+            decoder_embed_dim=dec_dim, decoder_depth=block_count(state, "decoder_blocks"), decoder_num_heads=dec_heads
         )
     return config, notes
-
-
-def _count_blocks(state: dict[str, torch.Tensor], prefix: str) -> int:
-    indices = {int(m.group(1)) for k in state if (m := re.match(rf"^{prefix}\.(\d+)\.", k))}
-    return max(indices) + 1 if indices else 0

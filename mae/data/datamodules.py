@@ -59,11 +59,12 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         auto_augment: timm RandAugment policy of the finetune recipe.
         re_prob: random-erasing probability of the finetune recipe.
         eval_crop_ratio: evaluation view = resize to ``img_size / eval_crop_ratio`` + center crop.
+        train_fraction: keep this fraction of the training images of each class (label-efficiency
+            runs; a seeded, class-balanced subset).
+        subset_seed: seed of that subset (and of a random class selection, where there is one).
     """
 
     default_eval_crop_ratio = 224 / 256
-    train_fraction = 1.0  # keep this fraction of the training images per class (label-efficiency runs)
-    subset_seed = 0
 
     def __init__(
         self,
@@ -76,8 +77,14 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         re_prob: float = 0.25,
         eval_crop_ratio: float | None = None,
+        train_fraction: float = 1.0,
+        subset_seed: int = 0,
     ) -> None:
         super().__init__()
+        if not 0 < train_fraction <= 1:
+            raise ValueError(f"data.train_fraction must be in (0, 1], got {train_fraction}")
+        self.train_fraction = train_fraction
+        self.subset_seed = subset_seed
         train_transform(augmentation, 32, auto_augment, re_prob)  # fail now on a bad setting, not at setup
         if eval_crop_ratio is not None and not 0 < eval_crop_ratio <= 1:
             raise ValueError(f"data.eval_crop_ratio must be in (0, 1], got {eval_crop_ratio}")
@@ -217,7 +224,7 @@ class ImageFolderDataModule(ImageDataModule):
         num_workers: int = 8,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_workers=num_workers, **kwargs)
+        super().__init__(num_workers=num_workers, subset_seed=subset_seed, **kwargs)
         if class_list is not None and num_classes is not None:
             raise ValueError("set data.class_list or data.num_classes, not both")
         if max_images_per_class is not None and max_images_per_class < 1:
@@ -229,7 +236,6 @@ class ImageFolderDataModule(ImageDataModule):
         self.num_classes = num_classes
         self.class_selection = class_selection
         self.max_images_per_class = max_images_per_class
-        self.subset_seed = subset_seed
         self.on_bad_image = on_bad_image
 
     def selected_classes(self) -> list[str]:

@@ -7,13 +7,13 @@ from typing import Literal
 import numpy as np
 import torch
 from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN
+from timm.data import IMAGENET_DEFAULT_STD as IMAGENET_STD
 from timm.data import create_transform
 from torch.nn import functional as F
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 Augmentation = Literal["pretrain", "finetune", "linprobe", "none"]
 
 

@@ -8,7 +8,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import save_image
 
 from mae.data.transforms import normalize_batch
-from mae.visualize import reconstruct, reconstruction_grid
+from mae.eval.visualize import reconstruct, reconstruction_grid
 
 
 class ReconstructionCallback(pl.Callback):

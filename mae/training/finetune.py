@@ -8,7 +8,6 @@ affine before the linear head, LARS, no weight decay).
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from timm.data import Mixup
@@ -19,14 +18,13 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from mae.backbone import build_vit, load_backbone
-from mae.guards import check_finite_loss
+from mae.convert.architecture import vit_record
+from mae.convert.backbone import build_vit, load_backbone, vit_args
 from mae.models import create_model
-from mae.optim import resolve_schedule, stepwise_schedule
-from mae.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
+from mae.training.base import MAETrainingModule, check_setting
 
 
-class MAEFinetuneModule(pl.LightningModule):
+class MAEFinetuneModule(MAETrainingModule):
     """A ViT classifier initialised from a pretrained MAE encoder.
 
     Args:
@@ -51,7 +49,12 @@ class MAEFinetuneModule(pl.LightningModule):
         cutmix: cutmix alpha (paper 1.0); 0 disables.
         label_smoothing: (paper 0.1).
         head_init_std: std of the new head's trunc-normal init (paper: 2e-5; linear probe 0.01).
+        attention: attention kernel, "sdpa" or "explicit"; "auto" as ``mae.training.runtime`` measured.
+        compile: ``torch.compile`` the classifier (off by default; "auto" as for pretraining).
+        fused_adamw: the single-kernel AdamW ("auto": where the device has it).
     """
+
+    network_attribute = "vit"
 
     def __init__(
         self,
@@ -74,10 +77,15 @@ class MAEFinetuneModule(pl.LightningModule):
         cutmix: float = 1.0,
         label_smoothing: float = 0.1,
         head_init_std: float = 2e-5,
+        attention: Literal["auto", "sdpa", "explicit"] = "auto",
+        compile: bool | Literal["auto"] = False,
+        fused_adamw: bool | Literal["auto"] = "auto",
     ) -> None:
         super().__init__()
-        self.settings: TrainingSettings | None = None  # resolved for the training device in setup()
         self.save_hyperparameters()
+        check_setting("attention", attention, ("auto", "sdpa", "explicit"))
+        check_setting("compile", compile, (True, False, "auto"))
+        check_setting("fused_adamw", fused_adamw, (True, False, "auto"))
         if mode not in ("finetune", "linprobe"):
             raise ValueError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
         if not 0 < layer_decay <= 1:
@@ -104,8 +112,9 @@ class MAEFinetuneModule(pl.LightningModule):
                 config = create_model(model, img_size=img_size, **(model_kwargs or {})).config
             self.vit = build_vit(config, img_size, **vit_kwargs)
             new_head = True
-        # The encoder architecture, stored in checkpoints so mae.load_backbone can rebuild it exactly.
-        self.encoder_config = {**config, "img_size": tuple(self.vit.patch_embed.img_size)}
+        # The classifier's timm arguments, recorded in checkpoints so mae.load_backbone rebuilds it exactly.
+        self.vit_args = {**vit_args({**config, "img_size": tuple(self.vit.patch_embed.img_size)}), **vit_kwargs}
+        self.layer_norm_eps = config["layer_norm_eps"]
         if new_head:
             trunc_normal_(self.vit.head.weight, std=head_init_std)
             nn.init.zeros_(self.vit.head.bias)
@@ -130,22 +139,18 @@ class MAEFinetuneModule(pl.LightningModule):
         self.val_loss = MeanMetric()  # reduced exactly across processes, like the accuracies
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
-        self.effective_batch: int | None = None
-        self.resolved_lr: float | None = None
-        self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor; not counted here
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["mae_encoder_config"] = self.encoder_config
+    def architecture_record(self) -> dict[str, Any]:
+        record = vit_record(self.vit_args, self.layer_norm_eps, prefix="vit.")
+        record["args"]["head"] = "batchnorm_linear" if self.hparams.mode == "linprobe" else "linear"
+        return record
 
     def forward(self, imgs: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) -> (N, num_classes) logits."""
         return self.vit(imgs)
 
-    def setup(self, stage: str) -> None:
-        self.settings = settings_for_trainer(self.trainer)  # measured kernel choices (mae.runtime)
-        set_attention_kernel(self.vit, self.settings.attention)
-
     def on_fit_start(self) -> None:
+        super().on_fit_start()
         datamodule = self.trainer.datamodule
         batch_size = getattr(datamodule, "batch_size", 0)
         if self.mixup is not None and batch_size % 2:
@@ -159,9 +164,7 @@ class MAEFinetuneModule(pl.LightningModule):
         if self.mixup is not None:
             imgs, targets = self.mixup(imgs, targets)  # training only: validation sees clean images
         loss = self.train_criterion(self(imgs), targets)
-        check_finite_loss(loss, self)
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=imgs.shape[0])
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[-1]["lr"], on_step=True, on_epoch=False)
+        self.log_training_loss(loss, imgs.shape[0])
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -174,25 +177,20 @@ class MAEFinetuneModule(pl.LightningModule):
         self.log("val/acc1", self.val_acc1, prog_bar=True)
         self.log("val/acc5", self.val_acc5)
 
-    def configure_optimizers(self) -> dict:
+    def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
         hp = self.hparams
-        schedule = resolve_schedule(self.trainer, hp.base_lr, hp.lr, hp.warmup_epochs)
-        self.effective_batch, self.resolved_lr = schedule.effective_batch, schedule.lr
         if hp.mode == "linprobe":
             head = [p for p in self.vit.head.parameters() if p.requires_grad]
             groups = [
-                {"params": [p for p in head if p.ndim > 1], "always_adapt": True},  # LARS trust ratio on weights
-                {"params": [p for p in head if p.ndim <= 1], "always_adapt": False},
+                {
+                    "params": [p for p in head if p.ndim > 1],
+                    "always_adapt": True,
+                    "name": "weights",
+                },  # LARS trust ratio
+                {"params": [p for p in head if p.ndim <= 1], "always_adapt": False, "name": "biases"},
             ]
-            optimizer = Lars(groups, lr=schedule.lr, momentum=0.9, weight_decay=hp.weight_decay, trust_coeff=0.001)
-        else:
-            groups = param_groups_layer_decay(
-                self.vit, hp.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=hp.layer_decay
-            )
-            fused = (self.settings or settings_for_trainer(self.trainer)).fused_adamw
-            optimizer = torch.optim.AdamW(groups, lr=schedule.lr, fused=fused)
-        return stepwise_schedule(optimizer, schedule, self.trainer, hp.base_lr, hp.lr, hp.min_lr)
-
-    def lr_scheduler_step(self, scheduler, metric: Any) -> None:
-        # timm schedulers take the number of optimizer updates done so far (and apply lr_scale).
-        scheduler.step_update(num_updates=self.global_step)
+            return Lars(groups, lr=lr, momentum=0.9, weight_decay=hp.weight_decay, trust_coeff=0.001)
+        groups = param_groups_layer_decay(
+            self.vit, hp.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=hp.layer_decay
+        )
+        return torch.optim.AdamW(groups, lr=lr, fused=(self.settings or self.resolve_settings()).fused_adamw)

@@ -24,9 +24,11 @@ def scaled_lr(base_lr: float, effective_batch: int) -> float:
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay on weights only: biases and 1-D parameters (norms) get none, as in the official code.
 
-    Frozen tensors (the sin-cos position embeddings) are not in any group.
+    Frozen tensors (the sin-cos position embeddings) are not in any group. The groups are named
+    "no_decay" and "decay" (the lr monitor logs ``train/lr/<name>``).
     """
-    return param_groups_weight_decay(model, weight_decay)
+    no_decay, decay = param_groups_weight_decay(model, weight_decay)
+    return [{**no_decay, "name": "no_decay"}, {**decay, "name": "decay"}]
 
 
 def warmup_cosine_scheduler(

@@ -2,23 +2,22 @@
 
 from typing import Any, Literal
 
-import lightning.pytorch as pl
 import torch
 from torchmetrics import MeanMetric
 
+from mae.convert.architecture import mae_record
 from mae.data.transforms import normalize_batch
-from mae.guards import check_finite_loss
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import check_mask_ratio
-from mae.optim import per_device_batch_size, resolve_schedule, stepwise_schedule, weight_decay_groups
-from mae.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
+from mae.training.base import MAETrainingModule, check_setting
+from mae.training.optim import per_device_batch_size, weight_decay_groups
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "norm_pix_loss", "mask_strategy")
 
 
-class MAEPretrainModule(pl.LightningModule):
+class MAEPretrainModule(MAETrainingModule):
     """MAE pretraining with the paper's optimiser and schedule.
 
     Args:
@@ -35,11 +34,13 @@ class MAEPretrainModule(pl.LightningModule):
         betas: AdamW betas.
         warmup_epochs: linear warmup length in (fractional) epochs.
         attention: attention kernel, "sdpa" or "explicit"; "auto" picks the faster one measured for
-            the training device and precision (``mae.runtime.training_settings``).
-        compile: ``torch.compile`` the model ("auto": for runs of at least ``mae.runtime.COMPILE_MIN_STEPS``
-            optimizer steps, which repay the compilation time).
-        fused_adamw: the single-kernel AdamW ("auto": as ``mae.runtime.training_settings`` says).
+            the training device and precision (``mae.training.runtime.training_settings``).
+        compile: ``torch.compile`` the model ("auto": for runs of at least
+            ``mae.training.runtime.COMPILE_MIN_STEPS`` optimizer steps, which repay the compilation time).
+        fused_adamw: the single-kernel AdamW ("auto": as ``mae.training.runtime.training_settings`` says).
     """
+
+    network_attribute = "model"
 
     def __init__(
         self,
@@ -62,12 +63,9 @@ class MAEPretrainModule(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         check_mask_ratio(mask_ratio, mask_strategy)
-        if attention not in ("auto", "sdpa", "explicit"):
-            raise ValueError(f"model.attention must be 'auto', 'sdpa' or 'explicit', got {attention!r}")
-        for name, value in (("compile", compile), ("fused_adamw", fused_adamw)):
-            if value not in (True, False, "auto"):
-                raise ValueError(f"model.{name} must be true, false or auto, got {value!r}")
-        self.settings: TrainingSettings | None = None  # resolved for the training device in setup()
+        check_setting("attention", attention, ("auto", "sdpa", "explicit"))
+        check_setting("compile", compile, (True, False, "auto"))
+        check_setting("fused_adamw", fused_adamw, (True, False, "auto"))
         model_kwargs = dict(model_kwargs or {})
         clash = [k for k in _OWN_ARGS if k in model_kwargs]
         if clash:
@@ -81,40 +79,21 @@ class MAEPretrainModule(pl.LightningModule):
             model, img_size=img_size, norm_pix_loss=norm_pix_loss, mask_strategy=mask_strategy, **model_kwargs
         )
         self.mask_ratio = mask_ratio
-        self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor
-        self.effective_batch: int | None = None
-        self.resolved_lr: float | None = None
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
         self.val_loss = MeanMetric()
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
             self.flops_per_batch = mae_train_flops(self.model, per_device_batch_size(self.trainer), self.mask_ratio)
-        self.settings = self.resolve_settings(self.trainer.estimated_stepping_batches if stage == "fit" else 0)
-        set_attention_kernel(self.model, self.settings.attention)
+        super().setup(stage)
 
-    def on_fit_start(self) -> None:
-        if self.settings.compile:
-            self.model.compile()  # in place: checkpoints keep the plain parameter names
-
-    def resolve_settings(self, steps: float | None = None) -> TrainingSettings:
-        """The run's kernel choices: the measured defaults for the device, precision and run length
-        (``steps`` optimizer steps), with this module's overrides."""
-        hp = self.hparams
-        auto = settings_for_trainer(self.trainer, steps)
-        return TrainingSettings(
-            precision=auto.precision,
-            attention=auto.attention if hp.attention == "auto" else hp.attention,
-            compile=auto.compile if hp.compile == "auto" else hp.compile,
-            fused_adamw=auto.fused_adamw if hp.fused_adamw == "auto" else hp.fused_adamw,
-        )
+    def architecture_record(self) -> dict[str, Any]:
+        return mae_record(self.model.config, prefix="model.")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         imgs = normalize_batch(batch[0])  # the pretraining crop ships uint8 images: normalise on the device
         loss, _, _ = self.model(imgs, self.mask_ratio)
-        check_finite_loss(loss, self)
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=imgs.shape[0])
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
+        self.log_training_loss(loss, imgs.shape[0])
         return loss
 
     def on_train_epoch_end(self) -> None:
@@ -131,18 +110,10 @@ class MAEPretrainModule(pl.LightningModule):
         self.val_loss.update(loss, weight=imgs.shape[0])  # reduced exactly across processes
         self.log("val/loss", self.val_loss, prog_bar=True)
 
-    def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        schedule = resolve_schedule(self.trainer, hp.base_lr, hp.lr, hp.warmup_epochs)
-        self.effective_batch, self.resolved_lr = schedule.effective_batch, schedule.lr
-        optimizer = torch.optim.AdamW(
-            weight_decay_groups(self.model, hp.weight_decay),
-            lr=schedule.lr,
-            betas=tuple(hp.betas),
+    def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            weight_decay_groups(self.model, self.hparams.weight_decay),
+            lr=lr,
+            betas=tuple(self.hparams.betas),
             fused=(self.settings or self.resolve_settings()).fused_adamw,
         )
-        return stepwise_schedule(optimizer, schedule, self.trainer, hp.base_lr, hp.lr, hp.min_lr)
-
-    def lr_scheduler_step(self, scheduler, metric: Any) -> None:
-        # timm schedulers take the number of optimizer updates done so far.
-        scheduler.step_update(num_updates=self.global_step)

@@ -1,0 +1,96 @@
+"""k-nearest-neighbour classification on frozen features: a fast check of a representation.
+
+Cosine similarity, the k most similar training images vote with weight ``exp(sim / temperature)``.
+References: Wu et al., "Unsupervised Feature Learning via Non-Parametric Instance Discrimination"
+(2018); the weighted kNN protocol popularised by DINO (Caron et al., 2021).
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch.utils.data import DataLoader
+
+from mae.data.datamodules import ImageDataModule
+
+
+@torch.no_grad()
+def extract_features(
+    encode: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``encode`` ((N, C, H, W) -> (N, D)) over ``loader``: (features (M, D) L2-normalised, labels (M,))."""
+    feats, labels = [], []
+    for imgs, targets in loader:
+        out = encode(imgs.to(device)).float()
+        feats.append(torch.nn.functional.normalize(out, dim=1).cpu())
+        labels.append(targets.cpu())
+    return torch.cat(feats), torch.cat(labels)
+
+
+def knn_classify(
+    train_feats: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_feats: torch.Tensor,
+    num_classes: int,
+    k: int = 20,
+    temperature: float = 0.07,
+    chunk: int = 1024,
+) -> torch.Tensor:
+    """Class scores (M_test, num_classes) from temperature-weighted votes of the k nearest neighbours.
+
+    Features must be L2-normalised (cosine similarity = dot product).
+    """
+    k = min(k, len(train_feats))
+    scores = []
+    for start in range(0, len(test_feats), chunk):
+        sim = test_feats[start : start + chunk] @ train_feats.T
+        top_sim, top_idx = sim.topk(k, dim=1)
+        votes = torch.zeros(len(sim), num_classes)
+        votes.scatter_add_(1, train_labels[top_idx], (top_sim / temperature).exp())
+        scores.append(votes)
+    return torch.cat(scores)
+
+
+def knn_accuracy(
+    train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], num_classes: int,
+    k: int = 20, temperature: float = 0.07,
+) -> tuple[float, float]:  # fmt: skip
+    """(top-1, top-5) accuracy in percent of kNN on (features, labels) pairs."""
+    scores = knn_classify(train[0], train[1], test[0], num_classes, k, temperature)
+    top = scores.topk(min(5, num_classes), dim=1).indices
+    labels = test[1].unsqueeze(1)
+    return (100.0 * (top[:, :1] == labels).any(1).float().mean().item(),
+            100.0 * (top == labels).any(1).float().mean().item())  # fmt: skip
+
+
+def cls_features(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The normed cls token of an MAE model or a timm ViT, on all patches (no masking)."""
+    return lambda imgs: model.forward_features(imgs)[:, 0]
+
+
+def knn_evaluate(
+    model: torch.nn.Module,
+    data: ImageDataModule,
+    k: int = 20,
+    temperature: float = 0.07,
+    device: torch.device | str = "cpu",
+    max_train: int | None = None,
+) -> tuple[float, float, int]:
+    """(top-1 %, top-5 %, number of queries) of kNN on ``model``'s cls token: ``data``'s training split (evaluation
+    transform; a fixed subset of ``max_train`` images when larger) is the memory bank, its validation
+    split the queries.
+
+    Raises:
+        ValueError: the data module has no validation split.
+    """
+    train_set, val_set = data.feature_datasets()
+    if val_set is None:
+        raise ValueError(f"kNN evaluation needs a validation split; {type(data).__name__} has none")
+    if max_train is not None and len(train_set) > max_train:  # drawn without touching the global RNG
+        keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0))[:max_train]
+        train_set = torch.utils.data.Subset(train_set, keep.tolist())
+    encode = cls_features(model)
+    feats = [
+        extract_features(encode, DataLoader(ds, batch_size=data.batch_size, num_workers=data.num_workers), device)
+        for ds in (train_set, val_set)
+    ]
+    return *knn_accuracy(feats[0], feats[1], data.num_labels, k, temperature), len(val_set)

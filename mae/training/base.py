@@ -1,0 +1,113 @@
+"""What the pretraining and fine-tuning modules share: kernel settings, the optimiser's step-wise
+schedule, the training-loss guard and logging, the lr monitor and the checkpoint's architecture record."""
+
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import LearningRateMonitor
+from torch import nn
+
+from mae.convert.architecture import ARCHITECTURE_KEY
+from mae.training.optim import resolve_schedule, stepwise_schedule
+from mae.training.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
+
+Auto = Literal["auto"]
+
+
+def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
+    """Stop the run before a non-finite loss reaches the weights (or any checkpoint).
+
+    Raises:
+        FloatingPointError: naming the step, the epoch and the last checkpoint left intact.
+    """
+    if torch.isfinite(loss).item():
+        return
+    trainer = module.trainer
+    callback = trainer.checkpoint_callback
+    last = getattr(callback, "last_model_path", "") or "none written yet"
+    raise FloatingPointError(
+        f"non-finite training loss ({loss.item()}) at step {trainer.global_step} (epoch {trainer.current_epoch}); "
+        f"stopped before the update, so no checkpoint holds it (last good: {last}). Resume from it with a lower lr, "
+        f"bf16-mixed instead of 16-mixed, or check the input data."
+    )
+
+
+def check_setting(name: str, value: Any, allowed: tuple) -> None:
+    """Raises ValueError naming ``model.<name>`` when ``value`` is not one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"model.{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+class MAETrainingModule(pl.LightningModule):
+    """Base of ``MAEPretrainModule`` and ``MAEFinetuneModule``.
+
+    A subclass sets ``self.network`` (the ``nn.Module`` trained and checkpointed, under the
+    attribute named by ``network_attribute``), implements ``build_optimizer(lr)`` and
+    ``architecture_record()``, and calls ``log_training_loss`` in its ``training_step``.
+    Hyperparameters ``base_lr``, ``lr``, ``min_lr``, ``warmup_epochs`` and, when present,
+    ``attention`` / ``compile`` / ``fused_adamw`` ("auto" or a value) are read from ``self.hparams``.
+    """
+
+    network_attribute: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settings: TrainingSettings | None = None  # resolved for the training device in setup()
+        self.effective_batch: int | None = None
+        self.resolved_lr: float | None = None
+        self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor
+
+    @property
+    def network(self) -> nn.Module:
+        return getattr(self, self.network_attribute)
+
+    def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def architecture_record(self) -> dict[str, Any]:
+        """The checkpoint's ``mae_architecture`` entry (``mae.convert.architecture``)."""
+        raise NotImplementedError
+
+    def resolve_settings(self, steps: float | None = None) -> TrainingSettings:
+        """The run's kernel choices: the measured defaults for the device, precision and run length
+        (``steps`` optimizer steps), with this module's overrides."""
+        auto = settings_for_trainer(self.trainer, steps)
+        chosen = {name: self.hparams.get(name, "auto") for name in ("attention", "compile", "fused_adamw")}
+        return TrainingSettings(
+            precision=auto.precision,
+            **{name: getattr(auto, name) if value == "auto" else value for name, value in chosen.items()},
+        )
+
+    def setup(self, stage: str) -> None:
+        self.settings = self.resolve_settings(self.trainer.estimated_stepping_batches if stage == "fit" else 0)
+        set_attention_kernel(self.network, self.settings.attention)
+
+    def on_fit_start(self) -> None:
+        if self.settings.compile:
+            self.network.compile()  # in place: checkpoints keep the plain parameter names
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        # The lr of every parameter group, each logged step, as ``train/lr/<group>``.
+        return [LearningRateMonitor(logging_interval="step")] if self.trainer.loggers else []
+
+    def configure_optimizers(self) -> dict:
+        hp = self.hparams
+        schedule = resolve_schedule(self.trainer, hp.base_lr, hp.lr, hp.warmup_epochs)
+        self.effective_batch, self.resolved_lr = schedule.effective_batch, schedule.lr
+        config = stepwise_schedule(self.build_optimizer(schedule.lr), schedule, self.trainer, hp.base_lr, hp.lr,
+                                   hp.min_lr)  # fmt: skip
+        config["lr_scheduler"]["name"] = "train/lr"
+        return config
+
+    def lr_scheduler_step(self, scheduler, metric: Any) -> None:
+        # timm schedulers take the number of optimizer updates done so far (and apply lr_scale).
+        scheduler.step_update(num_updates=self.global_step)
+
+    def log_training_loss(self, loss: torch.Tensor, batch_size: int) -> None:
+        """Stop on a non-finite loss (before the update), else log ``train/loss`` per step and epoch."""
+        check_finite_loss(loss, self)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=batch_size)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[ARCHITECTURE_KEY] = self.architecture_record()

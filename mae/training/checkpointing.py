@@ -1,0 +1,43 @@
+"""Checkpoints of a training run: atomic writes, and a resume checkpoint validated before any work."""
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+
+from mae.convert.atomic import atomic_write
+from mae.convert.report import state_dict_mismatch
+from mae.convert.safe_load import safe_torch_load
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes to a temporary file in the target folder, fsyncs it, then renames it into place."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
+
+
+def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> None:
+    """Before any training: ``path`` exists, is a readable Lightning checkpoint, and fits ``module``.
+
+    Raises:
+        FileNotFoundError, ValueError: naming the file and what is wrong (missing, corrupt, other
+            architecture: the differing keys and shapes).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--ckpt_path {path} does not exist (expected a .ckpt file written by this tool)")
+    ckpt = safe_torch_load(path)
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "optimizer_states" not in ckpt:
+        raise ValueError(
+            f"--ckpt_path {path} is not a Lightning training checkpoint (no state_dict / optimizer_states); "
+            f"to start from pretrained weights use model.checkpoint instead"
+        )
+    problems = state_dict_mismatch(module.state_dict(), ckpt["state_dict"])
+    if problems:
+        shown = "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else "")
+        raise ValueError(
+            f"--ckpt_path {path} was written for another model architecture than this config builds: {shown}"
+        )
