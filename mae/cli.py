@@ -15,16 +15,25 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from mae.convert.backbone import load_backbone
 from mae.convert.export import export_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
 from mae.data import ImageDataModule
 from mae.eval.knn import knn_evaluate
-from mae.training.callbacks import ImageThroughputMonitor, KNNCallback, ReconstructionCallback, SigtermCheckpoint
+from mae.training.callbacks import (
+    PREEMPTED_EXIT_CODE,
+    ImageThroughputMonitor,
+    KNNCallback,
+    ReconstructionCallback,
+    RemoveOrphanTemporaries,
+    SigtermCheckpoint,
+)
 from mae.training.checkpointing import AtomicCheckpointIO, check_resume_checkpoint
 from mae.training.finetune import MAEFinetuneModule
 from mae.training.pretrain import MAEPretrainModule
+from mae.training.resume import continue_in_run_folder, resolve_ckpt_path
 from mae.training.runtime import keep_freed_memory, native_bf16
 
 
@@ -78,7 +87,8 @@ class _MAECLI(LightningCLI):
             "--ckpt_path",
             type=str | None,
             default=None,
-            help="Resume from this checkpoint, e.g. <run>/checkpoints/last.ckpt",
+            help="Resume from this checkpoint, e.g. <run>/checkpoints/last.ckpt, continuing in its run folder; "
+            "'last': the newest last.ckpt of the configured run, or a fresh start when there is none (requeue-safe)",
         )
 
 
@@ -159,16 +169,21 @@ def _model_section_keys(argv: list[str]) -> set[str]:
 
 
 def harden_trainer(trainer: pl.Trainer) -> None:
-    """Atomic checkpoint writes (temporary file, then rename) and a checkpoint on SIGTERM."""
+    """Atomic checkpoint writes (temporary file, then rename), a checkpoint on SIGTERM, and no
+    temporary files left over from a kill during an earlier save."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-    trainer.callbacks.append(SigtermCheckpoint())
+    trainer.callbacks += [SigtermCheckpoint(), RemoveOrphanTemporaries()]
 
 
-def _check_ckpt_path(cli: LightningCLI) -> str | None:
-    ckpt_path = cli.config.ckpt_path
+def _resume(cli: LightningCLI) -> str | None:
+    """``--ckpt_path`` resolved (``last``), validated against the model, and its run folder continued."""
+    ckpt_path = resolve_ckpt_path(cli.trainer, cli.config.ckpt_path)
     if ckpt_path is not None:
-        check_resume_checkpoint(ckpt_path, cli.model)
+        step = check_resume_checkpoint(ckpt_path, cli.model)
+        keep_metrics = continue_in_run_folder(cli.trainer, ckpt_path, step)
+        if keep_metrics is not None:
+            cli.trainer.callbacks.append(keep_metrics)
     return ckpt_path
 
 
@@ -186,13 +201,21 @@ def _build(cli_class: type[_MAECLI], module: type, trainer_defaults: dict, args:
         save_config_kwargs={"overwrite": True},
     )
     harden_trainer(cli.trainer)
-    return cli, _check_ckpt_path(cli)
+    return cli, _resume(cli)
+
+
+def _fit(cli: LightningCLI, ckpt_path: str | None) -> None:
+    """``trainer.fit``; after a SIGTERM checkpoint, exit with ``PREEMPTED_EXIT_CODE`` (not 0)."""
+    try:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    except SIGTERMException:
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
     """Parse the config, build model/data/trainer, train, and print where the outputs are."""
     cli, ckpt_path = _build(PretrainCLI, MAEPretrainModule, trainer_defaults("pretrain"), args)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    _fit(cli, ckpt_path)
     print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
     return cli
 
@@ -204,7 +227,7 @@ def finetune_main(args: list[str] | None = None) -> FinetuneCLI:
         results = cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         print_accuracy(results[0] if results else {})
         return cli
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    _fit(cli, ckpt_path)
     print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
     print_accuracy({k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/acc")})
     return cli

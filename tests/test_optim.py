@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from mae.models import MaskedAutoencoderViT
 from mae.training.optim import (
@@ -71,3 +72,47 @@ def test_weight_decay_groups__official_grouping():
     assert "blocks.0.attn.qkv.bias" in no_decay and "norm.weight" in no_decay and "decoder_norm.bias" in no_decay
     assert all(n.endswith(".bias") or model.get_parameter(n).ndim == 1 for n in no_decay)
     assert len(decay) + len(no_decay) == len(list(model.parameters()))  # pos embeds are buffers
+
+
+class _Wrapper(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self._fsdp_wrapped_module = inner
+
+
+def _as_fsdp_shards(module: nn.Module) -> nn.Module:
+    """What FSDP (``use_orig_params=True``, Lightning's default) leaves when Lightning builds the
+    optimizer: every parameter a 1-D view of its shard, names prefixed ``_fsdp_wrapped_module.``."""
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None:
+                sub._parameters[name] = nn.Parameter(p.detach().flatten(), requires_grad=p.requires_grad)
+    return _Wrapper(module)
+
+
+def _grouping(optimizer: torch.optim.Optimizer, module: nn.Module) -> dict[str, tuple]:
+    """parameter name (wrappers removed) -> (weight decay, lr scale) in ``optimizer``."""
+    names = {id(p): n.replace("_fsdp_wrapped_module.", "") for n, p in module.named_parameters()}
+    return {
+        names[id(p)]: (g["weight_decay"], g.get("lr_scale", 1.0)) for g in optimizer.param_groups for p in g["params"]
+    }
+
+
+@pytest.mark.parametrize("kind", ["pretrain", "finetune"])
+def test_param_groups__same_weight_decay_and_lr_scales_when_fsdp_flattened_the_parameters(kind):
+    from timm.optim import param_groups_weight_decay
+
+    from mae.training.runtime import TrainingSettings
+    from tests.helpers import finetune_module, pretrain_module
+
+    module = pretrain_module() if kind == "pretrain" else finetune_module()
+    module.settings = TrainingSettings(precision="fp32", attention="sdpa", compile=False, fused_adamw=False)
+    attribute = module.network_attribute
+    plain = _grouping(module.build_optimizer(1e-3), getattr(module, attribute))
+    assert any(wd > 0 for wd, _ in plain.values()) and any(wd == 0 for wd, _ in plain.values())
+
+    wrapped = _as_fsdp_shards(getattr(module, attribute))
+    # grouping the flattened parameters by ndim would decay nothing: the failure this guards against
+    assert all(g["weight_decay"] == 0 for g in param_groups_weight_decay(wrapped, 0.05) if g["params"])
+    setattr(module, attribute, wrapped)
+    assert _grouping(module.build_optimizer(1e-3), wrapped) == plain

@@ -12,12 +12,13 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 
 from mae.data import ImageFolderDataModule
-from mae.training.callbacks import SigtermCheckpoint
+from mae.training.callbacks import PREEMPTED_EXIT_CODE, SigtermCheckpoint
 from mae.training.checkpointing import check_resume_checkpoint
 from tests.helpers import (
     REPO,
@@ -27,6 +28,7 @@ from tests.helpers import (
     csv_logger,
     make_trainer,
     pretrain_module,
+    read_metrics,
     run_script,
     write_config,
     write_image_folder,
@@ -294,6 +296,7 @@ def test_faults__sigterm_saves_a_resumable_checkpoint(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert "SIGTERM: saved" in out, out[-3000:]
+    assert proc.returncode == PREEMPTED_EXIT_CODE == 143  # a preempted run is not a finished one
     last = tmp_path / "ckpts" / "last.ckpt"
     saved = torch.load(last, map_location="cpu", weights_only=True)
     assert saved["global_step"] > 0
@@ -303,6 +306,38 @@ def test_faults__sigterm_saves_a_resumable_checkpoint(tmp_path):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == epochs * 8
+
+
+def test_faults__sigterm_twice_with_the_same_command_line_completes_in_one_run_folder(tmp_path):
+    """A requeue script repeats its command line: `--ckpt_path last` starts fresh, then resumes in the
+    same run folder after each preemption, until the run is complete."""
+    config = _config(tmp_path, "requeue", max_epochs=10)  # 8 steps per epoch
+    recipe = yaml.safe_load(config.read_text())
+    del recipe["checkpoint"]["dirpath"]  # checkpoints in the run folder, as by default
+    config.write_text(yaml.safe_dump(recipe))
+    run = tmp_path / "runs" / "requeue" / "version_0"
+    stopped_at = []
+    for _ in range(2):
+        proc = _start(config, "--ckpt_path", "last")
+        _wait_for_training(proc)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
+        stopped_at.append(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"])
+    orphan = run / "checkpoints" / ".last.ckpt.tmp-999999999"  # a kill during a save left this
+    orphan.write_bytes(b"partial")
+    proc = _start(config, "--ckpt_path", "last")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert 0 < stopped_at[0] < stopped_at[1] < 80
+    assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # one run folder
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 80
+    assert sorted(p.name for p in (run / "checkpoints").glob("last*")) == ["last.ckpt"] and not orphan.exists()
+    assert "removed" in out and orphan.name in out
+    steps = [int(r["step"]) for r in read_metrics(run) if r.get("train/loss_step")]
+    assert min(steps) == 0 and max(steps) == 79  # the first attempt's rows kept, the last attempt's added
+    assert len(steps) == len(set(steps)) == 80  # no step logged twice
 
 
 def test_determinism__same_seed_same_losses_step_by_step(tmp_path):

@@ -72,11 +72,11 @@ def test_train__image_folder_then_resume_continues_at_the_right_step(tmp_path):
     lrs = {int(r["step"]): float(r["train/lr/decay"]) for r in rows if r.get("train/lr/decay")}
 
     _train("--config", str(config), "--trainer.max_epochs", "3", "--ckpt_path", str(last))
-    resumed_run = tmp_path / "runs" / "test" / "version_1"
-    resumed = torch.load(resumed_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert not (run.parent / "version_1").exists()  # resumed in the checkpoint's run folder
+    resumed = torch.load(last, map_location="cpu", weights_only=False)
     assert resumed["global_step"] == 9 and resumed["epoch"] == 2
-    steps = [int(r["step"]) for r in read_metrics(resumed_run) if r.get("train/lr/decay")]
-    assert min(steps) >= 6  # no step repeated from the start
+    steps = [int(r["step"]) for r in read_metrics(run) if r.get("train/lr/decay")]
+    assert steps == sorted(set(steps)) and min(steps) == 0 and max(steps) >= 6  # both runs' rows, none twice
     assert lrs  # the first run logged its lr per step
 
 

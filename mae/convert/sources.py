@@ -151,7 +151,7 @@ def _read_lightning_v0_1(path: Path, obj: dict) -> MAECheckpoint:
         with torch.device("meta"):
             config = create_model(hp["model"], **kwargs).config
     if config is None:
-        config, notes = infer_config(state)
+        config, notes = infer_config(state, source=path)
     return MAECheckpoint(str(path), "lightning", state, config, notes)
 
 
@@ -176,7 +176,7 @@ def _read_official(path: Path, obj: dict) -> MAECheckpoint:
             hints["img_size"] = args.input_size
         if getattr(args, "norm_pix_loss", None) is not None:
             hints["norm_pix_loss"] = bool(args.norm_pix_loss)
-    config, notes = infer_config(state, hints)
+    config, notes = infer_config(state, hints, path)
     return MAECheckpoint(str(path), "official", state, config, notes)
 
 
@@ -188,7 +188,7 @@ def _read_timm(path: Path, state: dict) -> MAECheckpoint:
         args = meta.get("model_args", {})
         hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
         hints.update({k: v for k, v in meta.get("mae", {}).items() if k in ("layer_norm_eps", "norm_pix_loss")})
-    config, notes = infer_config(state, hints)
+    config, notes = infer_config(state, hints, path)
     return MAECheckpoint(str(path), "timm", state, config, notes)
 
 
@@ -199,6 +199,11 @@ def _read_huggingface(folder: Path, tensors: dict[str, torch.Tensor], path: Path
             f"Hugging Face weights {path or folder} need their config.json beside them (not found in {folder})"
         )
     hf = json.loads(config_file.read_text())
+    if hf.get("hidden_act", "gelu") != "gelu":  # Hugging Face's "gelu" is the exact (erf) GELU of MAE
+        raise ValueError(
+            f"{config_file}: hidden_act is {hf['hidden_act']!r}; MAE ViTs use exact GELU ('gelu'), so this model "
+            f"would compute something else here"
+        )
     if not hf.get("qkv_bias", True):
         raise ValueError(f"{config_file}: qkv_bias=false models are not MAE ViTs (MAE uses query/key/value biases)")
     ignored = sorted(k for k in tensors if k.startswith(_HF_IGNORED))
@@ -216,7 +221,7 @@ def _read_huggingface(folder: Path, tensors: dict[str, torch.Tensor], path: Path
         "layer_norm_eps": hf.get("layer_norm_eps", 1e-12),
         "norm_pix_loss": bool(hf.get("norm_pix_loss", False)),
     }
-    config, notes = infer_config(state, {k: v for k, v in hints.items() if v is not None})
+    config, notes = infer_config(state, {k: v for k, v in hints.items() if v is not None}, path or folder)
     if config["layer_norm_eps"] != 1e-6:
         notes.append(
             f"layer_norm_eps={config['layer_norm_eps']:g} from config.json (the official MAE uses 1e-6); kept so "
@@ -227,8 +232,11 @@ def _read_huggingface(folder: Path, tensors: dict[str, torch.Tensor], path: Path
     return MAECheckpoint(str(path or folder), "huggingface", state, config, notes, ignored)
 
 
-def infer_config(state: dict[str, torch.Tensor], hints: dict[str, Any] | None = None) -> tuple[dict, list[str]]:
-    """``MaskedAutoencoderViT`` arguments from tensor shapes, with ``hints`` for what shapes cannot tell.
+def infer_config(
+    state: dict[str, torch.Tensor], hints: dict[str, Any] | None = None, source: str | Path = "the state dict"
+) -> tuple[dict, list[str]]:
+    """``MaskedAutoencoderViT`` arguments from tensor shapes, with ``hints`` for what shapes cannot tell;
+    ``source`` names the file in errors.
 
     Returns:
         (config, notes): notes say what was assumed (heads from the width, a square image).
@@ -237,11 +245,14 @@ def infer_config(state: dict[str, torch.Tensor], hints: dict[str, Any] | None = 
     notes: list[str] = []
     if "patch_embed.proj.weight" not in state or "pos_embed" not in state:
         raise ValueError(
-            f"not a ViT / MAE state dict: no patch_embed.proj.weight or pos_embed (keys start {sorted(state)[:5]})"
+            f"{source} is not a ViT / MAE state dict: no patch_embed.proj.weight or pos_embed (keys start "
+            f"{sorted(state)[:5]})"
         )
     proj = state["patch_embed.proj.weight"]
     if proj.ndim != 4:
-        raise ValueError(f"patch_embed.proj.weight must be a conv weight (D, C, p, p), got shape {tuple(proj.shape)}")
+        raise ValueError(
+            f"{source}: patch_embed.proj.weight must be a conv weight (D, C, p, p), got shape {tuple(proj.shape)}"
+        )
     embed_dim, in_chans, patch_size = proj.shape[0], proj.shape[1], proj.shape[-1]
     depth = block_count(state, "blocks")
     mlp_ratio = state["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim if depth else 4.0
@@ -251,7 +262,9 @@ def infer_config(state: dict[str, torch.Tensor], hints: dict[str, Any] | None = 
     if img_size is None:
         side = math.isqrt(num_patches)
         if side * side != num_patches:
-            raise ValueError(f"pos_embed has {num_patches} patch positions, not a square grid: pass img_size=(H, W)")
+            raise ValueError(
+                f"{source}: pos_embed has {num_patches} patch positions, not a square grid: pass img_size=(H, W)"
+            )
         img_size = side * patch_size
         notes.append(f"img_size={img_size} from the {side}x{side} position grid")
     img_size = tuple(img_size) if isinstance(img_size, (list, tuple)) else (img_size, img_size)

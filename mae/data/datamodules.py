@@ -28,7 +28,7 @@ from mae.data.datasets import (
     labelled_fraction,
     select_classes,
 )
-from mae.data.transforms import Augmentation, eval_transform, train_transform
+from mae.data.transforms import DEFAULT_MAX_PIXELS, Augmentation, eval_transform, train_transform
 
 
 def collate_images(batch: list) -> Any:
@@ -59,6 +59,8 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         auto_augment: timm RandAugment policy of the finetune recipe.
         re_prob: random-erasing probability of the finetune recipe.
         eval_crop_ratio: evaluation view = resize to ``img_size / eval_crop_ratio`` + center crop.
+        max_image_pixels: larger images are skipped (or, with ``on_bad_image: raise``, stop the run)
+            by name as decompression bombs; None: no limit. The default is PIL's.
         train_fraction: keep this fraction of the training images of each class (label-efficiency
             runs; a seeded, class-balanced subset).
         subset_seed: seed of that subset (and of a random class selection, where there is one).
@@ -77,10 +79,14 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         re_prob: float = 0.25,
         eval_crop_ratio: float | None = None,
+        max_image_pixels: int | None = DEFAULT_MAX_PIXELS,
         train_fraction: float = 1.0,
         subset_seed: int = 0,
     ) -> None:
         super().__init__()
+        if max_image_pixels is not None and max_image_pixels < 1:
+            raise ValueError(f"data.max_image_pixels must be positive or null, got {max_image_pixels}")
+        self.max_image_pixels = max_image_pixels
         if not 0 < train_fraction <= 1:
             raise ValueError(f"data.train_fraction must be in (0, 1], got {train_fraction}")
         self.train_fraction = train_fraction
@@ -122,7 +128,9 @@ class ImageDataModule(pl.LightningDataModule, ABC):
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            train_tf = train_transform(self.augmentation, self.img_size, self.auto_augment, self.re_prob)
+            train_tf = train_transform(
+                self.augmentation, self.img_size, self.auto_augment, self.re_prob, self.max_image_pixels
+            )
             self.train_set, self.val_set = self.build_datasets(train_tf, self.eval_transform())
             if self.train_fraction < 1.0:
                 self.train_set = labelled_fraction(self.train_set, self.train_fraction, self.subset_seed)
@@ -257,11 +265,14 @@ class ImageFolderDataModule(ImageDataModule):
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         classes = self.selected_classes()
         train = ImageFolderSubset(
-            self.root / self.train_split, classes, self.max_images_per_class, train_tf, self.on_bad_image
-        )
+            self.root / self.train_split, classes, self.max_images_per_class, train_tf, self.on_bad_image,
+            self.max_image_pixels,
+        )  # fmt: skip
         val = None
         if self.val_split is not None and (self.root / self.val_split).is_dir():
-            val = ImageFolderSubset(self.root / self.val_split, classes, None, eval_tf, self.on_bad_image)
+            val = ImageFolderSubset(
+                self.root / self.val_split, classes, None, eval_tf, self.on_bad_image, self.max_image_pixels
+            )
         return train, val
 
 

@@ -1,6 +1,7 @@
 """Datasets: ImageNet-style folders with class subsets, local CIFAR files, and built-in digits."""
 
 import logging
+import os
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,8 +12,39 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
+from torchvision.datasets.folder import has_file_allowed_extension
+
+from mae.data.transforms import DEFAULT_MAX_PIXELS, open_image, to_rgb
 
 log = logging.getLogger(__name__)
+
+
+def walk_once(top: str, seen: set[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """``os.walk(top, followlinks=True)`` that enters no folder whose resolved path is in ``seen``
+    (and adds those it enters), so a symlink loop (``cat/parent -> ..``) or two links to one folder
+    cannot repeat images. ``top`` itself is always entered.
+
+    Returns:
+        ((folder, file names) for every folder entered, symlinked folders skipped as already seen).
+    """
+    seen.add(os.path.realpath(top))
+    folders, skipped, pending = [], [], [top]
+    while pending:
+        folder = pending.pop()
+        files = []
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=True):
+                    real = os.path.realpath(entry.path)
+                    if real in seen:
+                        skipped.append(entry.path)
+                    else:
+                        seen.add(real)
+                        pending.append(entry.path)
+                elif entry.is_file(follow_symlinks=True):
+                    files.append(entry.name)
+        folders.append((folder, files))
+    return folders, sorted(skipped)
 
 
 class ImageFolderSubset(ImageFolder):
@@ -25,8 +57,10 @@ class ImageFolderSubset(ImageFolder):
         transform: applied to each opened, not yet decoded PIL image (of any mode: the transform
             converts to RGB, as every transform of ``mae.data.transforms`` does), or to the file's
             path if the transform has ``reads_files = True`` (``PretrainCrop``).
-        on_bad_image: "skip" an unreadable (corrupt, truncated, not an image) file, warning once
-            per file and worker with its name, and use the next readable one; or "raise" at once.
+        on_bad_image: "skip" an unreadable (corrupt, truncated, not an image, over ``max_pixels``)
+            file, warning once per file and worker with its name, and use the next readable one; or
+            "raise" at once.
+        max_pixels: images with more pixels are refused as decompression bombs (None: no limit).
     """
 
     def __init__(
@@ -36,11 +70,13 @@ class ImageFolderSubset(ImageFolder):
         max_per_class: int | None = None,
         transform: Callable | None = None,
         on_bad_image: Literal["skip", "raise"] = "skip",
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         if on_bad_image not in ("skip", "raise"):
             raise ValueError(f"data.on_bad_image must be 'skip' or 'raise', got {on_bad_image!r}")
         self._selected = sorted(classes) if classes is not None else None
         self.on_bad_image = on_bad_image
+        self.max_pixels = max_pixels
         self.bad_files: set[str] = set()  # seen by this process (each loader worker has its own)
         super().__init__(str(root), transform=transform)
         if max_per_class is not None:
@@ -62,9 +98,9 @@ class ImageFolderSubset(ImageFolder):
                 if getattr(self.transform, "reads_files", False):
                     sample = self.transform(path)
                 else:
-                    sample = Image.open(path)
-                    sample = self.transform(sample) if self.transform is not None else sample.convert("RGB")
-            except (OSError, ValueError, SyntaxError) as err:  # PIL's errors for undecodable files
+                    sample = open_image(path, self.max_pixels)
+                    sample = self.transform(sample) if self.transform is not None else to_rgb(sample)
+            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:  # undecodable or too large
                 if self.on_bad_image == "raise":
                     raise ValueError(
                         f"cannot read image {path}: {err}; remove the file or set data.on_bad_image=skip"
@@ -75,6 +111,40 @@ class ImageFolderSubset(ImageFolder):
                 continue
             return sample, target
         raise ValueError(f"no readable image among the {len(self.samples)} files of {self.root}")
+
+    def make_dataset(
+        self,
+        directory: str,
+        class_to_idx: dict[str, int],
+        extensions: tuple[str, ...] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        """torchvision's listing (sorted folders, then sorted files), entering each folder once."""
+        valid = is_valid_file or (lambda path: has_file_allowed_extension(path, extensions))
+        samples, empty, skipped = [], [], []
+        # The root and every class folder count as listed: a link back to them adds nothing.
+        seen = {os.path.realpath(directory)} | {os.path.realpath(os.path.join(directory, c)) for c in class_to_idx}
+        for name in sorted(class_to_idx):
+            folders, links = walk_once(os.path.join(directory, name), seen)
+            skipped += links
+            found = [
+                (os.path.join(root, f), class_to_idx[name]) for root, files in sorted(folders) for f in sorted(files)
+            ]
+            found = [item for item in found if valid(item[0])]
+            if not found:
+                empty.append(name)
+            samples += found
+        if skipped:
+            shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+            log.warning("%s: %d symlinked folder(s) lead to folders already listed, skipped: %s", directory,
+                        len(skipped), shown)  # fmt: skip
+        if empty and not allow_empty:
+            raise FileNotFoundError(
+                f"Found no valid file for the classes {', '.join(empty)} in {directory}. "
+                f"Supported extensions are: {', '.join(extensions or ())}"
+            )
+        return samples
 
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
         classes, _ = super().find_classes(directory)

@@ -15,13 +15,90 @@ from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
 Augmentation = Literal["pretrain", "finetune", "linprobe", "none"]
+# PIL's own default limit (about 89.5 megapixels), above which an image is treated as a decompression bomb.
+DEFAULT_MAX_PIXELS = 89_478_485
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _name(img: Image.Image) -> str:
+    return getattr(img, "filename", "") or "an in-memory image"
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB of any PIL image. 16-bit images (``I;16*``, and ``I`` with values in 0-65535) are
+    scaled by their type's range (/257) and 32-bit float ones (``F``, values in [0, 1]) by 255, never
+    clipped; palette, RGBA, CMYK and grayscale convert as PIL does.
+
+    Raises:
+        ValueError: naming the file and its mode, for values outside the type's range or a mode
+            PIL cannot convert.
+    """
+    if img.mode == "RGB":
+        return img
+    if img.mode in _SIXTEEN_BIT_MODES or img.mode in ("I", "F"):
+        pixels = np.asarray(img)
+        low, high = (float(pixels.min()), float(pixels.max())) if pixels.size else (0.0, 0.0)
+        scale, top = (255.0, 1.0) if img.mode == "F" else (1 / 257, 65535.0)
+        if not (np.isfinite(low) and np.isfinite(high) and 0 <= low and high <= top):
+            raise ValueError(
+                f"cannot convert image {_name(img)} of mode {img.mode}: values {low:g}..{high:g} are outside "
+                f"the 0..{top:g} range its type is scaled from"
+            )
+        gray = np.rint(pixels.astype(np.float32) * scale).astype(np.uint8)
+        return Image.fromarray(gray).convert("RGB")
+    try:
+        return img.convert("RGB")
+    except (ValueError, OSError) as err:
+        raise ValueError(f"cannot convert image {_name(img)} of mode {img.mode} to RGB: {err}") from err
+
+
+def open_image(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """``Image.open`` (header only, not decoded) with ``max_pixels`` as the decompression-bomb limit.
+
+    Raises:
+        PIL.Image.DecompressionBombError: naming the file, its size and the limit.
+    """
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # the limit checked below replaces PIL's own
+    try:
+        img = Image.open(path)
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+    check_pixel_count(path, *img.size, max_pixels)
+    return img
+
+
+def check_pixel_count(path: str | os.PathLike, width: int, height: int, max_pixels: int | None) -> None:
+    """Raises ``PIL.Image.DecompressionBombError`` when ``width x height`` exceeds ``max_pixels``."""
+    if max_pixels is not None and width * height > max_pixels:
+        raise Image.DecompressionBombError(
+            f"image {path} is {width}x{height} = {width * height:,} pixels, over data.max_image_pixels="
+            f"{max_pixels:,} (a decompression bomb, or a huge scan: raise the limit if it is genuine)"
+        )
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's start-of-frame header, None when none is found in ``data``."""
+    i = 2
+    while i + 9 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOF0-15 but DHT, JPG, DAC
+            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
+        i += 2 + length
+    return None
 
 
 class ToRGB:
-    """Convert any PIL mode (grayscale, palette, RGBA, CMYK) to RGB."""
+    """Convert any PIL image to 8-bit RGB (``to_rgb``: 16-bit and float images scaled, not clipped)."""
 
     def __call__(self, img):
-        return img if img.mode == "RGB" else img.convert("RGB")
+        return to_rgb(img)
 
     def __repr__(self) -> str:
         return "ToRGB()"
@@ -43,18 +120,25 @@ class PretrainCrop:
     Args:
         img_size: output side, or (H, W).
         scale: range of the crop's area as a fraction of the image.
+        max_pixels: larger images are refused as decompression bombs (None: no limit).
     """
 
     ratio = (3 / 4, 4 / 3)
     reads_files = True  # datasets may pass a file path instead of an opened PIL image
 
-    def __init__(self, img_size: int | tuple[int, int], scale: tuple[float, float] = (0.2, 1.0)):
+    def __init__(
+        self,
+        img_size: int | tuple[int, int],
+        scale: tuple[float, float] = (0.2, 1.0),
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    ):
         self.size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)  # (H, W)
         self.scale = scale
+        self.max_pixels = max_pixels
 
     def __call__(self, img: Image.Image | str | os.PathLike) -> torch.Tensor:
         """``img``: a PIL image (opened, decoded or not) or an image file's path."""
-        pixels = _decode_rgb(img)
+        pixels = _decode_rgb(img, self.max_pixels)
         top, left, h, w = T.RandomResizedCrop.get_params(pixels, list(self.scale), list(self.ratio))
         flip = torch.rand(1).item() < 0.5
         pixels = F.interpolate(
@@ -69,9 +153,10 @@ class PretrainCrop:
         return f"PretrainCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, bicubic, flip=0.5)"
 
 
-def _decode_rgb(source: Image.Image | str | os.PathLike) -> torch.Tensor:
+def _decode_rgb(source: Image.Image | str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """(3, H, W) uint8 pixels, H x W x 3 in memory, of an image file or a (possibly not yet decoded)
-    PIL image. Unreadable files raise ``OSError`` naming the file, as PIL does."""
+    PIL image. Unreadable files raise ``OSError`` naming the file, as PIL does; images over
+    ``max_pixels`` raise ``DecompressionBombError`` before they are decoded."""
     if isinstance(source, Image.Image):
         path = getattr(source, "filename", "") if source.format == "JPEG" else ""
         if not path:
@@ -83,8 +168,11 @@ def _decode_rgb(source: Image.Image | str | os.PathLike) -> torch.Tensor:
         data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
         f.readinto(data.numpy())
     if data[:2].tolist() != [0xFF, 0xD8]:  # not a JPEG (no start-of-image marker): let PIL decode it
-        with Image.open(path) as img:
+        with open_image(path, max_pixels) as img:
             return _pil_rgb(img)
+    size = jpeg_size(data[:65536].numpy().tobytes())
+    if size is not None:
+        check_pixel_count(path, *size, max_pixels)
     try:
         return decode_jpeg(data, mode=ImageReadMode.RGB)
     except RuntimeError as err:  # corrupt or truncated: PIL's error type, so loaders can skip the file
@@ -92,9 +180,7 @@ def _decode_rgb(source: Image.Image | str | os.PathLike) -> torch.Tensor:
 
 
 def _pil_rgb(img: Image.Image) -> torch.Tensor:
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return torch.from_numpy(np.array(img)).permute(2, 0, 1)
+    return torch.from_numpy(np.array(to_rgb(img))).permute(2, 0, 1)
 
 
 def normalize_batch(imgs: torch.Tensor) -> torch.Tensor:
@@ -125,9 +211,9 @@ def _normalization_constants(device: torch.device, row_width: int | None = None)
     return mean.repeat(row_width), inv_std.repeat(row_width)
 
 
-def pretrain_transform(img_size: int | tuple[int, int]) -> PretrainCrop:
+def pretrain_transform(img_size: int | tuple[int, int], max_pixels: int | None = DEFAULT_MAX_PIXELS) -> PretrainCrop:
     """MAE pretraining: RandomResizedCrop (0.2-1, bicubic) + flip, uint8 out (see ``PretrainCrop``)."""
-    return PretrainCrop(img_size)
+    return PretrainCrop(img_size, max_pixels=max_pixels)
 
 
 def finetune_transform(
@@ -159,11 +245,13 @@ def train_transform(
     img_size: int | tuple[int, int],
     auto_augment: str | None = "rand-m9-mstd0.5-inc1",
     re_prob: float = 0.25,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> T.Compose:
     """The training transform of a recipe: "pretrain", "finetune", "linprobe", or "none" (the
-    evaluation view: no randomness, e.g. for the no-augmentation small-data MAE runs)."""
+    evaluation view: no randomness, e.g. for the no-augmentation small-data MAE runs). ``max_pixels``:
+    the decompression-bomb limit of the pretraining crop, which reads files itself."""
     if augmentation == "pretrain":
-        return pretrain_transform(img_size)
+        return pretrain_transform(img_size, max_pixels)
     if augmentation == "finetune":
         return finetune_transform(img_size, auto_augment, re_prob)
     if augmentation == "linprobe":

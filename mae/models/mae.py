@@ -14,7 +14,7 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from mae.models.loss import masked_patch_mse
-from mae.models.masking import MASK_STRATEGIES, check_mask_ratio, random_masking, sample_noise
+from mae.models.masking import MASK_STRATEGIES, check_mask_ratio, check_visible_patches, random_masking, sample_noise
 from mae.models.pos_embed import sincos_2d
 
 
@@ -170,6 +170,7 @@ class MaskedAutoencoderViT(nn.Module):
             ids_restore: (N, L) permutation that puts the shuffled tokens back in patch order.
         """
         check_mask_ratio(mask_ratio, self.mask_strategy)
+        check_visible_patches(self.grid_size, mask_ratio)
         x = self.patch_embed(imgs)
         x = x + self.pos_embed[:, 1:, :]
         if noise is None:

@@ -37,6 +37,21 @@ def check_mask_ratio(mask_ratio: float, strategy: str = "random") -> None:
         )
 
 
+def check_visible_patches(grid_size: tuple[int, int], mask_ratio: float) -> None:
+    """Raise ``ValueError`` when ``mask_ratio`` leaves no visible patch on a ``grid_size`` patch grid
+    (the encoder would see only the cls token), naming the largest ratio that keeps one."""
+    L = grid_size[0] * grid_size[1]
+    if num_kept(L, mask_ratio) >= 1:
+        return
+    largest = math.floor((1 - 1 / L) * 10_000) / 10_000  # 4 decimals, rounded down so it keeps one
+    while L > 1 and num_kept(L, largest) < 1:  # float rounding: 5 * (1 - 0.8) is just under 1
+        largest = round(largest - 1e-4, 4)
+    raise ValueError(
+        f"mask_ratio {mask_ratio} leaves no visible patch on the {grid_size[0]}x{grid_size[1]} patch grid "
+        f"(int({L} * (1 - {mask_ratio})) = 0); use at most {largest}, which keeps 1 of {L}"
+    )
+
+
 def random_masking(
     x: torch.Tensor, mask_ratio: float, noise: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
 """Checkpoints of a training run: atomic writes, and a resume checkpoint validated before any work."""
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
 
 
-def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> None:
+def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int:
     """Before any training: ``path`` exists, is a readable Lightning checkpoint, and fits ``module``.
+    Returns the checkpoint's global step.
 
     Raises:
         FileNotFoundError, ValueError: naming the file and what is wrong (missing, corrupt, other
@@ -41,3 +43,28 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> Non
         raise ValueError(
             f"--ckpt_path {path} was written for another model architecture than this config builds: {shown}"
         )
+    return int(ckpt.get("global_step", 0))
+
+
+def remove_orphan_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary files that a process killed during a save left in ``folder``
+    (``.<name>.tmp-<pid>`` of a process no longer running); returns them."""
+    removed = []
+    for tmp in Path(folder).glob(".*.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():  # this process is not writing anything yet
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -22,6 +22,7 @@ from mae.convert.architecture import vit_record
 from mae.convert.backbone import build_vit, load_backbone, vit_args
 from mae.models import create_model
 from mae.training.base import MAETrainingModule, check_setting
+from mae.training.optim import ParamGroupPlan
 
 
 class MAEFinetuneModule(MAETrainingModule):
@@ -126,6 +127,9 @@ class MAEFinetuneModule(MAETrainingModule):
             for p in self.vit.head.parameters():
                 p.requires_grad = True
 
+        # Fixed by name now: a strategy (FSDP) may flatten the parameters before the optimizer is built.
+        self.param_groups = ParamGroupPlan.from_groups(self.vit, self._param_groups())
+
         self.mixup = None
         if mode == "finetune" and (mixup > 0 or cutmix > 0):
             self.mixup = Mixup(
@@ -177,20 +181,23 @@ class MAEFinetuneModule(MAETrainingModule):
         self.log("val/acc1", self.val_acc1, prog_bar=True)
         self.log("val/acc5", self.val_acc5)
 
-    def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
+    def _param_groups(self) -> list[dict]:
+        """The recipe's groups on the unwrapped classifier: LARS on the probe's head (trust ratio on its
+        weight only), or layer-wise lr decay with weight decay on weights only."""
         hp = self.hparams
         if hp.mode == "linprobe":
             head = [p for p in self.vit.head.parameters() if p.requires_grad]
-            groups = [
-                {
-                    "params": [p for p in head if p.ndim > 1],
-                    "always_adapt": True,
-                    "name": "weights",
-                },  # LARS trust ratio
+            return [
+                {"params": [p for p in head if p.ndim > 1], "always_adapt": True, "name": "weights"},
                 {"params": [p for p in head if p.ndim <= 1], "always_adapt": False, "name": "biases"},
             ]
-            return Lars(groups, lr=lr, momentum=0.9, weight_decay=hp.weight_decay, trust_coeff=0.001)
-        groups = param_groups_layer_decay(
+        return param_groups_layer_decay(
             self.vit, hp.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=hp.layer_decay
         )
+
+    def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        hp = self.hparams
+        groups = self.param_groups.groups(self.vit)
+        if hp.mode == "linprobe":
+            return Lars(groups, lr=lr, momentum=0.9, weight_decay=hp.weight_decay, trust_coeff=0.001)
         return torch.optim.AdamW(groups, lr=lr, fused=(self.settings or self.resolve_settings()).fused_adamw)

@@ -1,6 +1,7 @@
 """Optimisation as in the MAE recipe: lr scaling, weight-decay groups, per-step warmup + cosine."""
 
 import math
+import re
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
@@ -29,6 +30,49 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """
     no_decay, decay = param_groups_weight_decay(model, weight_decay)
     return [{**no_decay, "name": "no_decay"}, {**decay, "name": "decay"}]
+
+
+# Name segments that wrappers insert (FSDP, activation checkpointing, torch.compile).
+_WRAPPER_SEGMENTS = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
+
+
+@dataclass
+class ParamGroupPlan:
+    """Parameter groups fixed by parameter *name* when the model is built, applied to the parameters
+    the optimizer gets later.
+
+    Lightning builds the optimizer after a strategy has wrapped the model; FSDP turns every parameter
+    into a 1-D view of its shard (and prefixes its name), so grouping at that point by ``ndim`` would
+    put every weight in the no-decay group. A plan made from the unwrapped model keeps the groups.
+    """
+
+    settings: list[dict]  # each group's options (lr_scale, weight_decay, name, ...), without "params"
+    group_of: dict[str, int]  # parameter name -> index of its group
+
+    @classmethod
+    def from_groups(cls, model: nn.Module, groups: list[dict]) -> "ParamGroupPlan":
+        """The plan of ``groups`` (built on ``model``, unwrapped) by the names of their parameters."""
+        names = {id(p): name for name, p in model.named_parameters()}
+        group_of = {names[id(p)]: i for i, group in enumerate(groups) for p in group["params"]}
+        return cls([{k: v for k, v in group.items() if k != "params"} for group in groups], group_of)
+
+    def groups(self, model: nn.Module) -> list[dict]:
+        """Optimizer groups holding ``model``'s parameters (wrapped or not) as planned.
+
+        Raises:
+            RuntimeError: a planned parameter is not in ``model`` (naming it).
+        """
+        out = [{**settings, "params": []} for settings in self.settings]
+        found = set()
+        for name, param in model.named_parameters():
+            name = _WRAPPER_SEGMENTS.sub("", name)
+            if name in self.group_of:
+                out[self.group_of[name]]["params"].append(param)
+                found.add(name)
+        missing = sorted(set(self.group_of) - found)
+        if missing:
+            raise RuntimeError(f"parameters planned for the optimizer are not in the model: {missing[:5]}")
+        return out
 
 
 def warmup_cosine_scheduler(
@@ -83,8 +127,14 @@ def resolve_schedule(trainer: pl.Trainer, base_lr: float, lr: float | None, warm
     """Effective batch, scaled lr and step counts of a Lightning run (call from ``configure_optimizers``).
 
     Raises:
-        ValueError: an unbounded run, data without a length, or a warmup not shorter than the run.
+        ValueError: a run of 0 steps, an unbounded run, data without a length, or a warmup not shorter
+            than the run.
     """
+    if trainer.max_epochs == 0 or trainer.max_steps == 0:  # Lightning would estimate one epoch's steps
+        raise ValueError(
+            f"this run has 0 optimizer steps (trainer.max_epochs={trainer.max_epochs}, "
+            f"trainer.max_steps={trainer.max_steps}): nothing to train; set a positive number of epochs or steps"
+        )
     total_steps = trainer.estimated_stepping_batches
     if not math.isfinite(total_steps):
         raise ValueError("set trainer.max_epochs or trainer.max_steps: the cosine schedule needs the run length")

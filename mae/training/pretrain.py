@@ -9,9 +9,9 @@ from mae.convert.architecture import mae_record
 from mae.data.transforms import normalize_batch
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
-from mae.models.masking import check_mask_ratio
+from mae.models.masking import check_mask_ratio, check_visible_patches
 from mae.training.base import MAETrainingModule, check_setting
-from mae.training.optim import per_device_batch_size, weight_decay_groups
+from mae.training.optim import ParamGroupPlan, per_device_batch_size, weight_decay_groups
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "norm_pix_loss", "mask_strategy")
@@ -78,6 +78,9 @@ class MAEPretrainModule(MAETrainingModule):
         self.model = create_model(
             model, img_size=img_size, norm_pix_loss=norm_pix_loss, mask_strategy=mask_strategy, **model_kwargs
         )
+        check_visible_patches(self.model.grid_size, mask_ratio)  # at start-up, not at the first step
+        # Decay on weights only, fixed by name now: a strategy may flatten parameters before the optimizer.
+        self.param_groups = ParamGroupPlan.from_groups(self.model, weight_decay_groups(self.model, weight_decay))
         self.mask_ratio = mask_ratio
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
         self.val_loss = MeanMetric()
@@ -112,7 +115,7 @@ class MAEPretrainModule(MAETrainingModule):
 
     def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(
-            weight_decay_groups(self.model, self.hparams.weight_decay),
+            self.param_groups.groups(self.model),
             lr=lr,
             betas=tuple(self.hparams.betas),
             fused=(self.settings or self.resolve_settings()).fused_adamw,

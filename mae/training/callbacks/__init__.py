@@ -1,8 +1,15 @@
 """Lightning callbacks of the training runs: figures, monitors and fault handling."""
 
 from mae.training.callbacks.knn import KNNCallback
+from mae.training.callbacks.preemption import PREEMPTED_EXIT_CODE, RemoveOrphanTemporaries, SigtermCheckpoint
 from mae.training.callbacks.reconstruction import ReconstructionCallback
-from mae.training.callbacks.sigterm import SigtermCheckpoint
 from mae.training.callbacks.throughput import ImageThroughputMonitor
 
-__all__ = ["ImageThroughputMonitor", "KNNCallback", "ReconstructionCallback", "SigtermCheckpoint"]
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "ImageThroughputMonitor",
+    "KNNCallback",
+    "ReconstructionCallback",
+    "RemoveOrphanTemporaries",
+    "SigtermCheckpoint",
+]

@@ -1,0 +1,86 @@
+"""Resuming a run where it stopped, in its own folder, so a requeued job can repeat its command line.
+
+``--ckpt_path last`` resumes from the newest ``last.ckpt`` of the configured run (or starts fresh
+when there is none yet); a checkpoint inside ``<save_dir>/<name>/version_N/`` continues logging and
+checkpointing in ``version_N`` (its ``metrics.csv`` kept and appended to) instead of a new version.
+"""
+
+import csv
+import re
+from pathlib import Path
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+RESUME_LAST = "last"
+
+
+def _versioned_logger(trainer: pl.Trainer):
+    """The trainer's logger if it numbers its run folders (``root_dir/version_N``), else None."""
+    logger = trainer.logger
+    return logger if logger is not None and hasattr(logger, "root_dir") and hasattr(logger, "_version") else None
+
+
+def find_last_checkpoint(trainer: pl.Trainer) -> Path | None:
+    """The newest ``last.ckpt`` of this run: in ``checkpoint.dirpath`` when set, else in the logger's
+    ``version_*/checkpoints`` folders; None when there is none."""
+    callback = trainer.checkpoint_callback
+    if callback is not None and getattr(callback, "dirpath", None):
+        candidates = [Path(callback.dirpath) / "last.ckpt"]
+    elif (logger := _versioned_logger(trainer)) is not None:
+        candidates = list(Path(logger.root_dir).glob("version_*/checkpoints/last.ckpt"))
+    else:
+        candidates = [Path(trainer.default_root_dir) / "last.ckpt"]
+    existing = [path for path in candidates if path.is_file()]
+    return max(existing, key=lambda path: path.stat().st_mtime) if existing else None
+
+
+def resolve_ckpt_path(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
+    """``ckpt_path`` with ``last`` resolved (None: start fresh, and say so)."""
+    if ckpt_path != RESUME_LAST:
+        return ckpt_path
+    found = find_last_checkpoint(trainer)
+    if found is None:
+        rank_zero_info("--ckpt_path last: no last.ckpt of this run yet, starting from the beginning")
+        return None
+    rank_zero_info(f"--ckpt_path last: resuming from {found}")
+    return str(found)
+
+
+def continue_in_run_folder(trainer: pl.Trainer, ckpt_path: str, global_step: int) -> pl.Callback | None:
+    """When ``ckpt_path`` lies in ``<logger root>/version_N/``, log and checkpoint into ``version_N``.
+
+    Returns a callback that keeps the folder's ``metrics.csv`` rows up to ``global_step`` (Lightning's
+    CSV writer would delete the file), or None when the run folder is not continued.
+    """
+    logger = _versioned_logger(trainer)
+    if logger is None or logger._version is not None:
+        return None
+    root = Path(logger.root_dir).resolve()
+    path = Path(ckpt_path).resolve()
+    match = re.fullmatch(r"version_(\d+)", path.parent.parent.name) if path.parent.name == "checkpoints" else None
+    if match is None or path.parent.parent.parent != root:
+        return None
+    logger._version = int(match.group(1))
+    rank_zero_info(f"resuming in the run folder {path.parent.parent}")
+    metrics = path.parent.parent / "metrics.csv"
+    if not isinstance(logger, CSVLogger) or not metrics.is_file():
+        return None
+    with open(metrics, newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("step", "") == "" or int(row["step"]) < global_step]
+    return KeepMetrics(rows)
+
+
+class KeepMetrics(pl.Callback):
+    """Puts the metric rows of the interrupted run back in front of the resumed run's."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and self.rows:
+            experiment = trainer.logger.experiment  # created now: it has just removed the old file
+            experiment.metrics[:0] = [{k: v for k, v in row.items() if v != ""} for row in self.rows]
+            experiment.save()
+            self.rows = []
