@@ -1,5 +1,6 @@
 """Every command-line entry point: ``train.py`` and ``finetune.py`` (LightningCLI: every model, data and
-trainer key from YAML or flags), ``python -m mae.export`` and ``python -m mae.knn``."""
+trainer key from YAML or flags), ``python -m mae.export``, ``python -m mae.knn`` and
+``python -m mae.data.stats`` and ``python -m mae.reconstruct``."""
 
 import argparse
 import json
@@ -16,12 +17,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from PIL import Image
 
-from mae.convert.backbone import load_backbone
+from mae.convert.atomic import atomic_write
+from mae.convert.backbone import load_backbone, load_mae
 from mae.convert.export import export_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
 from mae.data import ImageDataModule
+from mae.data.stats import ChannelStats, channel_stats
+from mae.data.transforms import DEFAULT_MAX_PIXELS
 from mae.eval.knn import knn_evaluate
+from mae.eval.own_images import Figure, Normalization, image_paths, load_image, reconstruction_figure
 from mae.training.callbacks import (
     PREEMPTED_EXIT_CODE,
     ImageThroughputMonitor,
@@ -58,7 +64,7 @@ class _MAECLI(LightningCLI):
     """Shared by the entry points: one input size (``data.img_size``) feeds the model; checkpoints
     and throughput logging are always on and configured under their own keys."""
 
-    linked = {"img_size": "data.img_size"}  # model keys that come from the data module
+    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans"}  # model keys that come from the data module
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if not isinstance(args, dict):
@@ -72,6 +78,7 @@ class _MAECLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
+        parser.link_arguments("data.in_chans", "model.in_chans", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(
             {
@@ -105,7 +112,7 @@ class PretrainCLI(_MAECLI):
 class FinetuneCLI(_MAECLI):
     """``finetune.py``: the class count comes from the data too; the best checkpoint by ``val/acc1``."""
 
-    linked = {"img_size": "data.img_size", "num_classes": "data (its number of classes)"}
+    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
@@ -304,7 +311,8 @@ def knn_command(
         checkpoint_format: "auto" or a format name.
         device: where to run the encoder.
     """
-    backbone = load_backbone(checkpoint, img_size=data.img_size, format=checkpoint_format).to(device).eval()
+    backbone = load_backbone(checkpoint, img_size=data.img_size, format=checkpoint_format, in_chans=data.in_chans)
+    backbone = backbone.to(device).eval()
     acc1, acc5, queries = knn_evaluate(backbone, data, k, temperature, device)
     print(f"kNN (k={k}, T={temperature}) on {queries} validation images: top-1 {acc1:.2f}%, top-5 {acc5:.2f}%")
     return acc1, acc5
@@ -314,3 +322,84 @@ def knn_main(argv: list[str] | None = None) -> tuple[float, float]:
     from jsonargparse import CLI
 
     return CLI(knn_command, as_positional=False, args=argv)
+
+
+def stats_main(argv: list[str] | None = None) -> ChannelStats:
+    """``python -m mae.data.stats ROOT``: per-channel mean and std to paste into a config."""
+    parser = argparse.ArgumentParser(
+        description="Per-channel mean and std of an image folder (ROOT/train if it exists), printed as the "
+        "data.mean / data.std lines of a config.",
+        prog="python -m mae.data.stats",
+    )
+    parser.add_argument("root", help="dataset folder (ImageFolder layout) or any folder of images")
+    parser.add_argument("--in-chans", type=int, default=None, help="channels (default: the first image's)")
+    parser.add_argument("--max-images", type=int, default=None, help="use this many images, spread evenly")
+    args = parser.parse_args(argv)
+    stats = channel_stats(args.root, args.in_chans, args.max_images)
+    for line in stats.skipped[:10]:
+        print(f"skipped {line}", file=sys.stderr)
+    print(f"# {stats.images:,} images, {stats.pixels:,} pixels per channel")
+    print(stats.yaml(), end="")
+    return stats
+
+
+def reconstruct_main(argv: list[str] | None = None) -> Figure:
+    """``python -m mae.reconstruct --checkpoint CKPT IMAGE_OR_FOLDER...``: a reconstruction figure of your images."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mae.reconstruct",
+        description="Mask your own images, reconstruct them with a pretrained MAE, and draw one row per image: "
+        "original | masked | reconstruction | reconstruction with the visible patches pasted back.",
+    )
+    parser.add_argument(
+        "images", nargs="+", help="image files or folders (any format and channel count the data path reads)"
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="a checkpoint with a decoder: ours, official full, Hugging Face"
+    )
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    parser.add_argument("--mask-ratio", type=float, default=0.75)
+    parser.add_argument("--mask-strategy", choices=("random", "block", "grid"), default=None,
+                        help="default: the checkpoint's (random for other files)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of the masks")
+    parser.add_argument("--same-mask", action="store_true", help="one mask for every image")
+    parser.add_argument("--unnormalize", choices=("patch", "none"), default="patch",
+                        help="norm_pix_loss models: draw masked patches with the true patches' statistics (patch, "
+                        "leaks them) or the raw normalised prediction (none)")  # fmt: skip
+    parser.add_argument("--img-size", type=int, default=None, help="input size (default: the checkpoint's)")
+    parser.add_argument("--mean", type=float, nargs="+", default=None, help="per-channel mean (default: recorded)")
+    parser.add_argument("--std", type=float, nargs="+", default=None, help="per-channel std (default: recorded)")
+    parser.add_argument("--bands", type=int, nargs=3, default=None, help="channels drawn as RGB (multi-band data)")
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("reconstruction.png"), help="the figure (PNG)")
+    args = parser.parse_args(argv)
+
+    ckpt = read_checkpoint(args.checkpoint, args.format)
+    model, _ = load_mae(ckpt, **({"img_size": args.img_size} if args.img_size else {}))
+    in_chans = model.config["in_chans"]
+    if (args.mean is None) != (args.std is None):
+        parser.error("give --mean and --std together")
+    norm = Normalization(in_chans, tuple(args.mean), tuple(args.std)) if args.mean else Normalization.of(
+        ckpt.data, in_chans, args.checkpoint
+    )  # fmt: skip
+    if len(norm.mean) != in_chans or len(norm.std) != in_chans:
+        parser.error(f"--mean and --std need {in_chans} values, one per channel of the model")
+    images, names = [], []
+    for path in image_paths(args.images):
+        try:
+            images.append(load_image(path, tuple(model.config["img_size"]), norm, args.max_image_pixels))
+            names.append(str(path))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            print(f"skipped {path}: {err}", file=sys.stderr)
+    if not images:
+        raise SystemExit(f"no readable image among {args.images}")
+    figure = reconstruction_figure(
+        model, torch.stack(images), names, norm, args.mask_ratio, args.seed, args.same_mask, args.unnormalize,
+        args.bands, strategy=args.mask_strategy,
+    )  # fmt: skip
+    atomic_write(args.out, lambda tmp: figure.image.save(tmp, format="PNG"))
+    for name, loss in zip(names, figure.losses, strict=True):
+        print(f"{name}: masked-patch loss {loss:.4f}")
+    print(f"note: {figure.caption}")
+    print(f"wrote {args.out}")
+    return figure

@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from PIL import Image
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -23,3 +25,20 @@ def test_quality_benchmark__tiny_run_writes_table_and_plots(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())[0]
     assert set(results["mae"]) == {"kNN", "linear probe", "fine-tune 10% labels", "fine-tune 100% labels"}
     assert all(0 <= v <= 100 for tag in ("mae", "random") for v in results[tag].values())
+
+
+def test_own_data_benchmark__tiny_run_writes_results_and_figures(tmp_path):
+    spec = importlib.util.spec_from_file_location("own_data", REPO / "benchmarks" / "own_data.py")
+    own_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(own_data)
+    results = own_data.main([
+        "--out", str(tmp_path), "--epochs", "1", "--source-epochs", "1", "--finetune-epochs", "1",
+        "--freeze-encoder-epochs", "0",
+    ])  # fmt: skip
+    pngs = sorted((tmp_path / "digits16" / "train" / "3").glob("*.png"))
+    assert len(pngs) > 100 and Image.open(pngs[0]).mode == "I;16"
+    for name in ("scratch", "init_from"):
+        assert 0 <= results[name]["knn_acc1"] <= 100 and 0 <= results[name]["finetune_acc1"] <= 100
+        assert (tmp_path / f"reconstructions_{name}.png").exists()
+    assert "adapted from 3 to 1 input channels" in next((tmp_path / "runs").rglob("init_from.txt")).read_text()
+    assert json.loads((tmp_path / "results.json").read_text())["meta"]["epochs"] == 1

@@ -9,6 +9,13 @@ A checkpoint written by ``train.py`` or ``finetune.py`` has, next to Lightning's
         "state_dict_prefix": "model." | "vit.",  # where the module's tensors sit in "state_dict"
     }
 
+and, when the run's data module says how it normalises images (every one of ours does)::
+
+    checkpoint["mae_data"] = {"in_chans": 3, "img_size": [224, 224], "mean": [...], "std": [...]}
+
+so that tools given only the checkpoint (``python -m mae.reconstruct``, the demo page) prepare
+images exactly as training did.
+
 ``MaskedAutoencoderViT`` args are its ``config``; ``VisionTransformer`` args are timm's (a linear-probe
 classifier's head is a BatchNorm + linear, recorded as ``"head": "batchnorm_linear"``). Readers
 rebuild the model from this record alone; checkpoints written before the contract (version 0.1)
@@ -18,6 +25,7 @@ are read through ``mae.convert.sources``' older path.
 from typing import Any
 
 ARCHITECTURE_KEY = "mae_architecture"
+DATA_KEY = "mae_data"
 MAE_CLASS = "MaskedAutoencoderViT"
 VIT_CLASS = "VisionTransformer"
 
@@ -60,3 +68,12 @@ def encoder_config(record: dict[str, Any], source: str) -> dict[str, Any]:
         raise ValueError(f"{source}: {ARCHITECTURE_KEY} names class {cls!r}; expected {MAE_CLASS!r} or {VIT_CLASS!r}")
     config["img_size"] = tuple(config["img_size"]) if isinstance(config.get("img_size"), list) else config["img_size"]
     return config
+
+
+def data_record(datamodule: Any) -> dict[str, Any] | None:
+    """The ``mae_data`` entry of a data module with ``mean`` / ``std`` (None for other data)."""
+    if not all(hasattr(datamodule, k) for k in ("mean", "std", "in_chans", "img_size")):
+        return None
+    size = datamodule.img_size
+    return {"in_chans": datamodule.in_chans, "img_size": [size, size] if isinstance(size, int) else list(size),
+            "mean": list(datamodule.mean), "std": list(datamodule.std)}  # fmt: skip

@@ -5,7 +5,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 from timm.layers import resample_abs_pos_embed, to_2tuple
+from timm.models import adapt_input_conv
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
@@ -56,6 +58,19 @@ def resample_pos_embed(pos_embed, new_grid: tuple[int, int], old_grid: tuple[int
     )  # fmt: skip
 
 
+def adapt_patch_embed(state: dict[str, torch.Tensor], in_chans: int, report: LoadReport) -> dict[str, torch.Tensor]:
+    """``state`` with ``patch_embed.proj.weight`` adapted to ``in_chans`` input channels when the
+    source has another count (timm's ``adapt_input_conv``: summed for 1 channel, repeated and scaled
+    by source / target channels for more), noted in ``report``."""
+    weight = state["patch_embed.proj.weight"]
+    if weight.shape[1] == in_chans:
+        return state
+    state = {**state, "patch_embed.proj.weight": adapt_input_conv(in_chans, weight, base_chans=weight.shape[1])}
+    how = "summed over the source's channels" if in_chans == 1 else "repeated and scaled"
+    report.notes.append(f"patch embedding adapted from {weight.shape[1]} to {in_chans} input channels ({how})")
+    return state
+
+
 def load_backbone(
     source: str | Path | MAECheckpoint,
     img_size: int | tuple[int, int] | None = None,
@@ -63,6 +78,7 @@ def load_backbone(
     num_classes: int = 0,
     format: str = "auto",
     num_heads: int | None = None,
+    in_chans: int | None = None,
     **vit_kwargs: Any,
 ) -> VisionTransformer:
     """A timm ``VisionTransformer`` holding the pretrained encoder of ``source``. No masking, ever:
@@ -77,6 +93,8 @@ def load_backbone(
             loaded) linear head.
         format: "auto" or one of ``mae.convert.sources.FORMATS``.
         num_heads: override when the file does not say (see the load report's notes).
+        in_chans: input channels when they differ from the source's; the patch embedding is adapted
+            (``adapt_patch_embed``) and the report says so.
         **vit_kwargs: more ``VisionTransformer`` arguments (e.g. ``drop_path_rate``).
 
     Returns:
@@ -87,13 +105,16 @@ def load_backbone(
     config = dict(ckpt.config)
     if num_heads is not None:
         config["num_heads"] = num_heads
+    report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes), config=config)
+    state = ckpt.encoder_state_dict()
+    if in_chans is not None:
+        state = adapt_patch_embed(state, in_chans, report)
+        config["in_chans"] = in_chans
     old_grid = tuple(s // config["patch_size"] for s in config["img_size"])
     model = build_vit(config, img_size, global_pool, num_classes, **vit_kwargs)
-    state = ckpt.encoder_state_dict()
     new_grid = tuple(model.patch_embed.grid_size)
     state["pos_embed"] = resample_pos_embed(state["pos_embed"], new_grid, old_grid)
 
-    report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes), config=config)
     if new_grid != old_grid:
         report.notes.append(f"position embeddings resampled from {old_grid} to {new_grid} patches (bicubic)")
     allowed_missing, allowed_ignored = ["head.*"], ["head.*"]
@@ -124,8 +145,11 @@ def load_mae(
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
     if not ckpt.has_decoder:
         raise ValueError(
-            f"{ckpt.source} holds an encoder only (no decoder_* weights), so it cannot reconstruct images; "
-            f"use mae.load_backbone for features or fine-tuning"
+            f"{ckpt.source} holds an encoder only (no decoder_* weights; an exported encoder or a fine-tuned "
+            f"classifier), so it cannot reconstruct images: reconstruction needs the full MAE, as in our "
+            f"pretraining checkpoints (runs/<name>/version_N/checkpoints/*.ckpt), the official "
+            f"mae_visualize_vit_*.pth files or a Hugging Face ViTMAEForPreTraining folder. For features or "
+            f"fine-tuning use mae.load_backbone"
         )
     config = {**ckpt.config, **overrides}
     model = MaskedAutoencoderViT(**config)
@@ -139,3 +163,43 @@ def load_mae(
     load_checked(model, state, report, allowed_missing=["pos_embed", "decoder_pos_embed"])
     log.info("%s", report)
     return model, report
+
+
+def init_mae_from(model: MaskedAutoencoderViT, source: str | Path, format: str = "auto") -> LoadReport:
+    """Load pretrained weights into ``model`` to start a new run from them (not a resume).
+
+    The encoder comes from any format ``read_checkpoint`` reads; the decoder too when the file has
+    one, else it stays as initialised. Input channels are adapted (``adapt_patch_embed``; the
+    decoder's pixel predictor then stays new); the fixed sin-cos position embeddings are never
+    copied but stay those of ``model``'s grid, whatever the file's.
+
+    Raises:
+        ValueError: naming the file: a fine-tuned classifier, another patch size, another width or
+            depth (the key and both shapes), or a file that is not a checkpoint.
+    """
+    ckpt = read_checkpoint(source, format)
+    if any(key.startswith(("head.", "fc_norm.")) for key in ckpt.state_dict):
+        raise ValueError(
+            f"{source} is a fine-tuned classifier (it has a head): model.init_from needs pretrained MAE weights, "
+            f"e.g. our pretraining checkpoint, the official mae_pretrain_vit_*.pth or mae_visualize_vit_*.pth"
+        )
+    patch = ckpt.config["patch_size"]
+    if patch != model.patch_size:
+        raise ValueError(
+            f"{source} was pretrained with {patch}x{patch}-pixel patches, but this model has {model.patch_size}x"
+            f"{model.patch_size}: choose the model of its patch size (e.g. model.model ..._patch{patch})"
+        )
+    report = LoadReport(str(source), ckpt.format, notes=list(ckpt.notes), config=model.config)
+    state = adapt_patch_embed(dict(ckpt.state_dict), model.config["in_chans"], report)
+    state = {k: v for k, v in state.items() if k not in ("pos_embed", "decoder_pos_embed")}
+    report.notes.append(f"fixed sin-cos position embeddings are those of the model's {model.grid_size} grid")
+    allowed_missing = ["pos_embed", "decoder_pos_embed"]
+    if not ckpt.has_decoder:
+        allowed_missing += ["decoder_*", "mask_token"]
+        report.notes.append("the file has no decoder: the decoder starts from its initialisation")
+    elif state["decoder_pred.weight"].shape != model.decoder_pred.weight.shape:
+        state = {k: v for k, v in state.items() if not k.startswith("decoder_pred.")}
+        allowed_missing.append("decoder_pred.*")
+        report.notes.append("decoder_pred (pixels of another channel count) starts from its initialisation")
+    load_checked(model, state, report, allowed_missing=allowed_missing)
+    return report

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mae.convert.architecture import ARCHITECTURE_KEY, encoder_config
+from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, encoder_config
 from mae.convert.huggingface import from_hf_state_dict
 from mae.convert.report import block_count
 from mae.convert.safe_load import read_safetensors, safe_torch_load
@@ -44,6 +44,7 @@ class MAECheckpoint:
         format: the detected or given format.
         notes: assumptions made where the file did not say (e.g. the number of heads).
         ignored: source tensors with no place in an MAE / ViT (e.g. a Hugging Face pooler).
+        data: the ``mae_data`` record of our checkpoints (``mae.convert.architecture``), else None.
     """
 
     source: str
@@ -52,6 +53,7 @@ class MAECheckpoint:
     config: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    data: dict[str, Any] | None = None  # how the training run normalised images (``mae_data``), when known
 
     @property
     def has_decoder(self) -> bool:
@@ -124,7 +126,7 @@ def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
     state = {k[len(prefix) :]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
     if not state:
         raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record says the weights are under {prefix!r}, but none are")
-    return MAECheckpoint(str(path), "lightning", state, encoder_config(record, str(path)))
+    return MAECheckpoint(str(path), "lightning", state, encoder_config(record, str(path)), data=obj.get(DATA_KEY))
 
 
 # The pretraining module's own arguments that version 0.1 kept out of ``model_kwargs``.

@@ -12,23 +12,35 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
-from torchvision.datasets.folder import find_classes
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
+from mae.data.array_transforms import ArrayView
 from mae.data.datasets import (
     CIFAR_CLASSES,
     DigitsDataset,
     ImageFolderSubset,
     cifar_files,
     labelled_fraction,
+    sample_files,
     select_classes,
 )
-from mae.data.transforms import DEFAULT_MAX_PIXELS, Augmentation, eval_transform, train_transform
+from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, probe
+from mae.data.transforms import (
+    DEFAULT_MAX_PIXELS,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Augmentation,
+    eval_transform,
+    normalize_batch,
+    train_transform,
+)
 
 
 def collate_images(batch: list) -> Any:
@@ -43,6 +55,33 @@ def _collate_tensors(batch: list[torch.Tensor], **kwargs: Any) -> torch.Tensor:
     if batch[0].dim() == 3 and all(x.permute(1, 2, 0).is_contiguous() and not x.is_contiguous() for x in batch):
         return collate_tensor_fn([x.permute(1, 2, 0) for x in batch], **kwargs).permute(0, 3, 1, 2)
     return collate_tensor_fn(batch, **kwargs)
+
+
+def normalization(
+    in_chans: int, mean: list[float] | None, std: list[float] | None
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) per channel: as given, or ImageNet's for 3 channels.
+
+    Raises:
+        ValueError: a channel count below 1, missing statistics for other channel counts, lengths
+            that differ from ``in_chans``, or a non-positive std, naming the keys.
+    """
+    if in_chans < 1:
+        raise ValueError(f"data.in_chans must be >= 1, got {in_chans}")
+    if mean is None and std is None and in_chans == 3:
+        return tuple(IMAGENET_MEAN), tuple(IMAGENET_STD)
+    if mean is None or std is None:
+        raise ValueError(
+            f"data.mean and data.std are needed for {in_chans}-channel data (ImageNet's are for RGB): compute "
+            f"them with `python -m mae.data.stats ROOT --in-chans {in_chans}` and paste the lines it prints"
+        )
+    if len(mean) != in_chans or len(std) != in_chans:
+        raise ValueError(
+            f"data.mean and data.std need {in_chans} values (data.in_chans), got {len(mean)} and {len(std)}"
+        )
+    if min(std) <= 0:
+        raise ValueError(f"data.std values must be positive, got {list(std)}")
+    return tuple(float(m) for m in mean), tuple(float(v) for v in std)
 
 
 class ImageDataModule(pl.LightningDataModule, ABC):
@@ -64,9 +103,15 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         train_fraction: keep this fraction of the training images of each class (label-efficiency
             runs; a seeded, class-balanced subset).
         subset_seed: seed of that subset (and of a random class selection, where there is one).
+        in_chans: image channels, shared with the model (linked by the CLIs like ``img_size``).
+        mean, std: per-channel normalisation in [0, 1] units (16-bit data: value / 65535; float data:
+            its own units); ImageNet's for 3 channels when not set, required otherwise (compute them
+            with ``python -m mae.data.stats ROOT``).
     """
 
     default_eval_crop_ratio = 224 / 256
+    array_mode = False  # True: images of any channel count / bit depth through ``ArrayView``
+    expected_pixels: tuple[int, str] | None = None  # (channels, dtype) every file must have, in array mode
 
     def __init__(
         self,
@@ -82,8 +127,12 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         max_image_pixels: int | None = DEFAULT_MAX_PIXELS,
         train_fraction: float = 1.0,
         subset_seed: int = 0,
+        in_chans: int = 3,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
     ) -> None:
         super().__init__()
+        self.in_chans, self.mean, self.std = in_chans, *normalization(in_chans, mean, std)
         if max_image_pixels is not None and max_image_pixels < 1:
             raise ValueError(f"data.max_image_pixels must be positive or null, got {max_image_pixels}")
         self.max_image_pixels = max_image_pixels
@@ -119,19 +168,43 @@ class ImageDataModule(pl.LightningDataModule, ABC):
     def num_labels(self) -> int:
         """Number of classes of the (selected) data."""
 
+    def configure_pixels(self) -> None:
+        """Decide how images are read (``array_mode``, ``expected_pixels``); called before the
+        datasets are built. The base reads 8-bit RGB."""
+
+    def train_transform(self) -> Callable:
+        if self.array_mode:
+            view = "eval" if self.augmentation == "none" else self.augmentation
+            return ArrayView(view, self.img_size, self.in_chans, self.mean, self.std, 1.0, self.re_prob,
+                             self.expected_pixels)  # fmt: skip
+        return train_transform(self.augmentation, self.img_size, self.auto_augment, self.re_prob,
+                               self.max_image_pixels, self.mean, self.std)  # fmt: skip
+
     def eval_transform(self) -> Callable:
-        return eval_transform(self.img_size, self.eval_crop_ratio)
+        if self.array_mode:
+            return ArrayView("eval", self.img_size, self.in_chans, self.mean, self.std, self.eval_crop_ratio,
+                             expected=self.expected_pixels)  # fmt: skip
+        return eval_transform(self.img_size, self.eval_crop_ratio, self.mean, self.std)
+
+    def normalize(self, imgs: torch.Tensor) -> torch.Tensor:
+        """A batch as the model takes it: uint8 batches (the 8-bit pretraining crop) normalised by this
+        data's mean and std; float batches are normalised already."""
+        return normalize_batch(imgs, self.mean, self.std)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Normalised on the device: the pretraining crop ships uint8, a quarter of the bytes.
+        imgs, *rest = batch
+        return [self.normalize(imgs), *rest]
 
     def feature_datasets(self) -> tuple[Dataset, Dataset | None]:
         """(train, val) both with the evaluation transform, for frozen-feature evaluation (kNN)."""
+        self.configure_pixels()
         return self.build_datasets(self.eval_transform(), self.eval_transform())
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            train_tf = train_transform(
-                self.augmentation, self.img_size, self.auto_augment, self.re_prob, self.max_image_pixels
-            )
-            self.train_set, self.val_set = self.build_datasets(train_tf, self.eval_transform())
+            self.configure_pixels()
+            self.train_set, self.val_set = self.build_datasets(self.train_transform(), self.eval_transform())
             if self.train_fraction < 1.0:
                 self.train_set = labelled_fraction(self.train_set, self.train_fraction, self.subset_seed)
             val = f", {len(self.val_set)} validation images" if self.val_set is not None else ", no validation split"
@@ -198,6 +271,10 @@ class DigitsDataModule(ImageDataModule):
     def num_labels(self) -> int:
         return 10
 
+    def configure_pixels(self) -> None:
+        if self.in_chans != 3:
+            raise ValueError(f"the digits are served as RGB images: data.in_chans must be 3, got {self.in_chans}")
+
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         return DigitsDataset("train", train_tf), DigitsDataset("val", eval_tf)
 
@@ -262,17 +339,57 @@ class ImageFolderDataModule(ImageDataModule):
     def num_labels(self) -> int:
         return len(self.selected_classes())
 
+    def configure_pixels(self) -> None:
+        """Read a sample of the training files' headers: 8-bit images with 3 channels (RGB, grayscale,
+        palette, RGBA, CMYK: converted to RGB) take the fast uint8 path; other channel counts
+        (``in_chans``), 16-bit, float, TIFF and ``.npy`` files the array path, where every file must
+        have the sample's channel count and bit depth.
+
+        Raises:
+            ValueError: sampled files that disagree (naming two of them), or channels that do not fit
+                ``in_chans``.
+        """
+        classes = self.selected_classes()
+        files = sample_files(self.root / self.train_split, classes, IMG_EXTENSIONS + ARRAY_EXTENSIONS)
+        pixels = {}
+        for path in files:
+            try:
+                pixels[path] = probe(path)
+            except (OSError, ValueError, SyntaxError):
+                continue  # unreadable: skipped (or raised) by name when it is loaded
+        self.array_mode = (
+            self.in_chans != 3
+            or any(path.suffix.lower() in ARRAY_EXTENSIONS for path in files)
+            or any(dtype != "uint8" for _, dtype in pixels.values())
+        )
+        if not self.array_mode or not pixels:
+            return
+        kinds = {}
+        for path, kind in pixels.items():
+            kinds.setdefault(kind, path)
+        if len(kinds) > 1:
+            (a, kind_a), (b, kind_b) = [(path, kind) for kind, path in list(kinds.items())[:2]]
+            raise ValueError(
+                f"images in {self.root / self.train_split} disagree: {a} has {kind_a[0]} channel(s) of {kind_a[1]}, "
+                f"{b} has {kind_b[0]} of {kind_b[1]}; store every image with the same channels and bit depth"
+            )
+        ((kind, example),) = kinds.items()
+        adapt_channels(np.zeros((1, 1, kind[0])), self.in_chans, example)  # fits data.in_chans, or says so
+        self.expected_pixels = kind
+
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         classes = self.selected_classes()
+        extensions = IMG_EXTENSIONS + ((".npy",) if self.array_mode else ())
         train = ImageFolderSubset(
             self.root / self.train_split, classes, self.max_images_per_class, train_tf, self.on_bad_image,
-            self.max_image_pixels,
+            self.max_image_pixels, extensions,
         )  # fmt: skip
         val = None
         if self.val_split is not None and (self.root / self.val_split).is_dir():
             val = ImageFolderSubset(
-                self.root / self.val_split, classes, None, eval_tf, self.on_bad_image, self.max_image_pixels
-            )
+                self.root / self.val_split, classes, None, eval_tf, self.on_bad_image, self.max_image_pixels,
+                extensions,
+            )  # fmt: skip
         return train, val
 
 
@@ -313,6 +430,10 @@ class CIFARDataModule(ImageDataModule):
     @property
     def num_labels(self) -> int:
         return 10 if self.dataset == "cifar10" else 100
+
+    def configure_pixels(self) -> None:
+        if self.in_chans != 3:
+            raise ValueError(f"CIFAR images are RGB: data.in_chans must be 3, got {self.in_chans}")
 
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         folder, files = cifar_files(self.dataset)

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
-from torchvision.datasets.folder import has_file_allowed_extension
+from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
 from mae.data.transforms import DEFAULT_MAX_PIXELS, open_image, to_rgb
 
@@ -61,6 +61,7 @@ class ImageFolderSubset(ImageFolder):
             file, warning once per file and worker with its name, and use the next readable one; or
             "raise" at once.
         max_pixels: images with more pixels are refused as decompression bombs (None: no limit).
+        extensions: the file endings listed (lower case).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class ImageFolderSubset(ImageFolder):
         transform: Callable | None = None,
         on_bad_image: Literal["skip", "raise"] = "skip",
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        extensions: tuple[str, ...] = IMG_EXTENSIONS,
     ) -> None:
         if on_bad_image not in ("skip", "raise"):
             raise ValueError(f"data.on_bad_image must be 'skip' or 'raise', got {on_bad_image!r}")
@@ -78,7 +80,8 @@ class ImageFolderSubset(ImageFolder):
         self.on_bad_image = on_bad_image
         self.max_pixels = max_pixels
         self.bad_files: set[str] = set()  # seen by this process (each loader worker has its own)
-        super().__init__(str(root), transform=transform)
+        self.extensions = extensions
+        super().__init__(str(root), transform=transform, is_valid_file=self._has_image_extension)
         if max_per_class is not None:
             counts: dict[int, int] = {}
             kept = []
@@ -122,6 +125,7 @@ class ImageFolderSubset(ImageFolder):
     ) -> list[tuple[str, int]]:
         """torchvision's listing (sorted folders, then sorted files), entering each folder once."""
         valid = is_valid_file or (lambda path: has_file_allowed_extension(path, extensions))
+        extensions = extensions or self.extensions
         samples, empty, skipped = [], [], []
         # The root and every class folder count as listed: a link back to them adds nothing.
         seen = {os.path.realpath(directory)} | {os.path.realpath(os.path.join(directory, c)) for c in class_to_idx}
@@ -146,6 +150,9 @@ class ImageFolderSubset(ImageFolder):
             )
         return samples
 
+    def _has_image_extension(self, path: str) -> bool:
+        return has_file_allowed_extension(path, self.extensions)
+
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
         classes, _ = super().find_classes(directory)
         if self._selected is not None:
@@ -158,6 +165,20 @@ class ImageFolderSubset(ImageFolder):
                 )
             classes = self._selected
         return classes, {c: i for i, c in enumerate(classes)}
+
+
+def sample_files(
+    folder: str | Path, classes: Sequence[str], extensions: tuple[str, ...], count: int = 32
+) -> list[Path]:
+    """Up to ``count`` image files of ``folder/<class>``, the first (in sorted order) of up to
+    ``count`` classes spread over ``classes``, without listing every file."""
+    chosen = [classes[round(i)] for i in np.linspace(0, len(classes) - 1, min(count, len(classes)))]
+    found = []
+    for name in dict.fromkeys(chosen):
+        folders, _ = walk_once(os.path.join(folder, name), set())
+        paths = sorted(os.path.join(root, f) for root, files in folders for f in files)
+        found += [Path(p) for p in paths if has_file_allowed_extension(p, extensions)][:1]
+    return found
 
 
 def select_classes(

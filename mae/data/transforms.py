@@ -183,9 +183,11 @@ def _pil_rgb(img: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.array(to_rgb(img))).permute(2, 0, 1)
 
 
-def normalize_batch(imgs: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, C, H, W) in [0, 255] -> float ImageNet-normalised, in the input's memory format;
-    float batches pass unchanged."""
+def normalize_batch(
+    imgs: torch.Tensor, mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD
+) -> torch.Tensor:
+    """uint8 (N, C, H, W) in [0, 255] -> float normalised by ``mean`` / ``std`` (per channel, in [0, 1]
+    units; ImageNet's by default), in the input's memory format; float batches pass unchanged."""
     if imgs.dtype != torch.uint8:
         return imgs
     N, C, H, W = imgs.shape
@@ -193,19 +195,21 @@ def normalize_batch(imgs: torch.Tensor) -> torch.Tensor:
     if pixels.is_contiguous() and not imgs.is_contiguous():  # channels last (``collate_images``)
         # Per-channel constants broadcast along rows of W * C values, so the loop vectorises (a
         # size-C innermost broadcast runs about 5x slower).
-        mean, inv_std = _normalization_constants(imgs.device, W)
+        mean, inv_std = _normalization_constants(imgs.device, tuple(mean), tuple(std), W)
         rows = pixels.reshape(N * H, W * C).float().sub_(mean).mul_(inv_std)
         return rows.view(N, H, W, C).permute(0, 3, 1, 2)
-    mean, inv_std = _normalization_constants(imgs.device)
+    mean, inv_std = _normalization_constants(imgs.device, tuple(mean), tuple(std))
     return imgs.float().sub_(mean).mul_(inv_std)  # one new tensor, two in-place passes
 
 
 @functools.cache
-def _normalization_constants(device: torch.device, row_width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and 1/std in 0-255 units, made once per device (no copy to it every step): (1, 3, 1, 1),
-    or repeated along a channels-last row of ``row_width`` pixels, (row_width * 3,)."""
-    mean = torch.tensor(IMAGENET_MEAN, device=device) * 255
-    inv_std = 1 / (torch.tensor(IMAGENET_STD, device=device) * 255)
+def _normalization_constants(
+    device: torch.device, mean: tuple[float, ...], std: tuple[float, ...], row_width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and 1/std in 0-255 units, made once per device (no copy to it every step): (1, C, 1, 1),
+    or repeated along a channels-last row of ``row_width`` pixels, (row_width * C,)."""
+    mean = torch.tensor(mean, device=device) * 255
+    inv_std = 1 / (torch.tensor(std, device=device) * 255)
     if row_width is None:
         return mean.view(1, -1, 1, 1), inv_std.view(1, -1, 1, 1)
     return mean.repeat(row_width), inv_std.repeat(row_width)
@@ -217,17 +221,23 @@ def pretrain_transform(img_size: int | tuple[int, int], max_pixels: int | None =
 
 
 def finetune_transform(
-    img_size: int | tuple[int, int], auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25
+    img_size: int | tuple[int, int],
+    auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+    re_prob: float = 0.25,
+    mean: tuple[float, ...] = IMAGENET_MEAN,
+    std: tuple[float, ...] = IMAGENET_STD,
 ) -> T.Compose:
     """MAE fine-tuning: timm's RandomResizedCrop (0.08-1, bicubic) + flip + RandAugment + random erasing."""
     timm_transform = create_transform(
         img_size, is_training=True, color_jitter=None, auto_augment=auto_augment, interpolation="bicubic",
-        re_prob=re_prob, re_mode="pixel", re_count=1, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+        re_prob=re_prob, re_mode="pixel", re_count=1, mean=tuple(mean), std=tuple(std),
     )  # fmt: skip
     return T.Compose([ToRGB(), *timm_transform.transforms])
 
 
-def linprobe_transform(img_size: int | tuple[int, int]) -> T.Compose:
+def linprobe_transform(
+    img_size: int | tuple[int, int], mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD
+) -> T.Compose:
     """MAE linear probing: RandomResizedCrop (0.08-1, bicubic) + flip only."""
     return T.Compose(
         [
@@ -235,7 +245,7 @@ def linprobe_transform(img_size: int | tuple[int, int]) -> T.Compose:
             T.RandomResizedCrop(img_size, interpolation=T.InterpolationMode.BICUBIC),
             T.RandomHorizontalFlip(),
             T.ToTensor(),
-            T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            T.Normalize(mean, std),
         ]
     )
 
@@ -246,22 +256,29 @@ def train_transform(
     auto_augment: str | None = "rand-m9-mstd0.5-inc1",
     re_prob: float = 0.25,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    mean: tuple[float, ...] = IMAGENET_MEAN,
+    std: tuple[float, ...] = IMAGENET_STD,
 ) -> T.Compose:
-    """The training transform of a recipe: "pretrain", "finetune", "linprobe", or "none" (the
+    """The training transform of 8-bit RGB images in a recipe: "pretrain", "finetune", "linprobe", or "none" (the
     evaluation view: no randomness, e.g. for the no-augmentation small-data MAE runs). ``max_pixels``:
     the decompression-bomb limit of the pretraining crop, which reads files itself."""
     if augmentation == "pretrain":
         return pretrain_transform(img_size, max_pixels)
     if augmentation == "finetune":
-        return finetune_transform(img_size, auto_augment, re_prob)
+        return finetune_transform(img_size, auto_augment, re_prob, mean, std)
     if augmentation == "linprobe":
-        return linprobe_transform(img_size)
+        return linprobe_transform(img_size, mean, std)
     if augmentation == "none":
-        return eval_transform(img_size, crop_ratio=1.0)
+        return eval_transform(img_size, 1.0, mean, std)
     raise ValueError(f"data.augmentation must be 'pretrain', 'finetune', 'linprobe' or 'none', got {augmentation!r}")
 
 
-def eval_transform(img_size: int | tuple[int, int], crop_ratio: float = 224 / 256) -> T.Compose:
+def eval_transform(
+    img_size: int | tuple[int, int],
+    crop_ratio: float = 224 / 256,
+    mean: tuple[float, ...] = IMAGENET_MEAN,
+    std: tuple[float, ...] = IMAGENET_STD,
+) -> T.Compose:
     """Resize the short side to ``img_size / crop_ratio`` (bicubic), center-crop ``img_size``, normalise."""
     size = img_size if isinstance(img_size, int) else max(img_size)
     return T.Compose(
@@ -270,6 +287,6 @@ def eval_transform(img_size: int | tuple[int, int], crop_ratio: float = 224 / 25
             T.Resize(int(size / crop_ratio), interpolation=T.InterpolationMode.BICUBIC),
             T.CenterCrop(img_size),
             T.ToTensor(),
-            T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            T.Normalize(mean, std),
         ]
     )

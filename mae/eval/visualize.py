@@ -1,26 +1,37 @@
 """Reconstruction figures: original | masked input | reconstruction | reconstruction + visible patches."""
 
+from typing import Literal
+
 import torch
 from torchvision.utils import make_grid
 
 from mae.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mae.models.loss import masked_patch_mse_per_image
 from mae.models.mae import MaskedAutoencoderViT
 
 
 @torch.no_grad()
 def reconstruct(
-    model: MaskedAutoencoderViT, imgs: torch.Tensor, mask_ratio: float = 0.75, noise: torch.Tensor | None = None
+    model: MaskedAutoencoderViT,
+    imgs: torch.Tensor,
+    mask_ratio: float = 0.75,
+    noise: torch.Tensor | None = None,
+    unnormalize: Literal["patch", "none"] = "patch",
 ) -> dict[str, torch.Tensor]:
-    """Run the model and return the four views, each (N, C, H, W) in the input's normalised space.
+    """Run the model and return the four views, each (N, C, H, W) in the input's normalised space,
+    and ``"loss"``, (N,) each image's masked-patch loss (the training loss of that image alone).
 
-    With ``norm_pix_loss`` the prediction is in per-patch normalised units; it is mapped back
-    with the mean and variance of the true patches (as the official demo does), otherwise it
-    looks blocky.
+    With ``norm_pix_loss`` the prediction is each patch's normalised pattern (zero mean, unit
+    variance). ``unnormalize="patch"`` draws it with the mean and variance of the true patches,
+    hidden ones included: that leaks each masked patch's brightness and contrast into the picture,
+    so it shows more than the model knows. ``"none"`` draws the raw prediction as a normalised
+    image: what the model really predicts. (The official demo does neither: its visualisation
+    checkpoints were trained on raw pixels, and it shows their raw prediction.)
     """
     _, pred, mask = model(imgs, mask_ratio, noise)
-    pred = pred.float()
-    if model.norm_pix_loss:
-        target = model.patchify(imgs.float())
+    pred, target = pred.float(), model.patchify(imgs.float())
+    loss = masked_patch_mse_per_image(pred, target, mask, model.norm_pix_loss)
+    if model.norm_pix_loss and unnormalize == "patch":
         pred = pred * (target.var(dim=-1, keepdim=True) + 1e-6) ** 0.5 + target.mean(dim=-1, keepdim=True)
     recon = model.unpatchify(pred)
     pixel_mask = model.unpatchify(mask.float().unsqueeze(-1).expand(-1, -1, pred.shape[-1]))  # 1 = masked
@@ -30,21 +41,52 @@ def reconstruct(
         "masked": imgs * (1 - pixel_mask),
         "reconstruction": recon,
         "reconstruction_visible": imgs * (1 - pixel_mask) + recon * pixel_mask,
+        "loss": loss,
     }
 
 
 def denormalize(x: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
-    """(N, 3, H, W) normalised -> pixel values in [0, 1]."""
-    mean = torch.tensor(mean, device=x.device).view(1, -1, 1, 1)
-    std = torch.tensor(std, device=x.device).view(1, -1, 1, 1)
-    return (x * std + mean).clamp(0, 1)
+    """(N, C, H, W) normalised -> the data's own units (for 8/16-bit images: [0, 1])."""
+    mean = torch.tensor(mean, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+    std = torch.tensor(std, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+    return x * std + mean
 
 
-def reconstruction_grid(views: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(3, H', W') image in [0, 1]: one row per sample, the four views left to right."""
-    columns = [denormalize(views[k]) for k in ("original", "masked", "reconstruction", "reconstruction_visible")]
-    rows = torch.stack(columns, dim=1).flatten(0, 1)  # (N*4, C, H, W), sample-major
+def to_display(
+    x: torch.Tensor, bands: list[int] | None = None, value_range: tuple[float, float] = (0.0, 1.0)
+) -> torch.Tensor:
+    """(N, C, H, W) in data units -> (N, 3, H, W) in [0, 1] for a picture: one channel as gray, three
+    as RGB, more through three chosen ``bands``; ``value_range`` (low, high) maps to black and white."""
+    channels = x.shape[1]
+    if bands is not None:
+        if len(bands) != 3 or not all(0 <= b < channels for b in bands):
+            raise ValueError(f"reconstruction.bands must be 3 channel indices in [0, {channels}), got {bands}")
+        x = x[:, list(bands)]
+    elif channels == 1:
+        x = x.expand(-1, 3, -1, -1)
+    elif channels != 3:
+        x = x[:, :3]  # the first three bands, unless told otherwise
+    low, high = value_range
+    return ((x - low) / max(high - low, 1e-12)).clamp(0, 1)
+
+
+def reconstruction_grid(
+    views: dict[str, torch.Tensor],
+    mean: tuple[float, ...] = IMAGENET_MEAN,
+    std: tuple[float, ...] = IMAGENET_STD,
+    bands: list[int] | None = None,
+    value_range: tuple[float, float] | None = (0.0, 1.0),
+) -> torch.Tensor:
+    """(3, H', W') image in [0, 1]: one row per sample, the four views left to right, un-normalised
+    with the data's ``mean`` / ``std``. ``value_range``: the data values shown black and white (None:
+    the originals' minimum and maximum, for float data in its own units)."""
+    order = ("original", "masked", "reconstruction", "reconstruction_visible")
+    data = {k: denormalize(views[k].float(), mean, std) for k in order}
+    if value_range is None:
+        value_range = (data["original"].min().item(), data["original"].max().item())
+    columns = [to_display(data[k], bands, value_range) for k in order]
+    rows = torch.stack(columns, dim=1).flatten(0, 1)  # (N*4, 3, H, W), sample-major
     return make_grid(rows.cpu(), nrow=4, padding=2, pad_value=1.0)
 
 
-__all__ = ["denormalize", "reconstruct", "reconstruction_grid"]
+__all__ = ["denormalize", "reconstruct", "reconstruction_grid", "to_display"]

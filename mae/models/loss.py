@@ -36,3 +36,14 @@ def masked_patch_mse(
     per_patch = ((pred.float() - target.float()) ** 2).mean(dim=-1)
     mask = mask.float()
     return (per_patch * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_patch_mse_per_image(
+    pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, norm_pix_loss: bool = False
+) -> torch.Tensor:
+    """(N,) the loss of ``masked_patch_mse`` for each image alone (0 for an image with no masked patch)."""
+    if norm_pix_loss:
+        target = normalize_patches(target)
+    per_patch = ((pred.float() - target.float()) ** 2).mean(dim=-1)
+    mask = mask.float()
+    return (per_patch * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)

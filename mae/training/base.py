@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
 from torch import nn
 
-from mae.convert.architecture import ARCHITECTURE_KEY
+from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, data_record
 from mae.training.optim import resolve_schedule, stepwise_schedule
 from mae.training.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
 
@@ -111,3 +111,6 @@ class MAETrainingModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[ARCHITECTURE_KEY] = self.architecture_record()
+        data = data_record(getattr(self.trainer, "datamodule", None))
+        if data is not None:
+            checkpoint[DATA_KEY] = data

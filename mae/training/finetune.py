@@ -53,6 +53,8 @@ class MAEFinetuneModule(MAETrainingModule):
         attention: attention kernel, "sdpa" or "explicit"; "auto" as ``mae.training.runtime`` measured.
         compile: ``torch.compile`` the classifier (off by default; "auto" as for pretraining).
         fused_adamw: the single-kernel AdamW ("auto": where the device has it).
+        in_chans: image channels; linked from ``data.in_chans`` (the patch embedding of a checkpoint
+            with another count is adapted, ``mae.convert.backbone.adapt_patch_embed``).
     """
 
     network_attribute = "vit"
@@ -81,6 +83,7 @@ class MAEFinetuneModule(MAETrainingModule):
         attention: Literal["auto", "sdpa", "explicit"] = "auto",
         compile: bool | Literal["auto"] = False,
         fused_adamw: bool | Literal["auto"] = "auto",
+        in_chans: int = 3,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -104,13 +107,13 @@ class MAEFinetuneModule(MAETrainingModule):
             )
         vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=drop_path_rate)
         if checkpoint is not None:
-            self.vit = load_backbone(checkpoint, img_size, format=checkpoint_format, **vit_kwargs)
+            self.vit = load_backbone(checkpoint, img_size, format=checkpoint_format, in_chans=in_chans, **vit_kwargs)
             rank_zero_info(str(self.vit.load_report))
             new_head = "head.weight" in self.vit.load_report.missing
             config = self.vit.load_report.config
         else:
             with torch.device("meta"):
-                config = create_model(model, img_size=img_size, **(model_kwargs or {})).config
+                config = create_model(model, img_size=img_size, in_chans=in_chans, **(model_kwargs or {})).config
             self.vit = build_vit(config, img_size, **vit_kwargs)
             new_head = True
         # The classifier's timm arguments, recorded in checkpoints so mae.load_backbone rebuilds it exactly.

@@ -32,6 +32,21 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{**no_decay, "name": "no_decay"}, {**decay, "name": "decay"}]
 
 
+def encoder_decoder_groups(model: nn.Module, groups: list[dict]) -> list[dict]:
+    """Each group of ``groups`` split into its encoder part and its decoder part (``decoder_*``
+    parameters and the mask token), named ``encoder_<name>`` / ``decoder_<name>``; encoder groups are
+    marked ``"encoder": True`` and every group has an ``lr_scale`` of 1 (to freeze the encoder)."""
+    decoder = {id(p) for n, p in model.named_parameters() if n.startswith("decoder") or n == "mask_token"}
+    out = []
+    for group in groups:
+        for part in ("encoder", "decoder"):
+            params = [p for p in group["params"] if (id(p) in decoder) == (part == "decoder")]
+            if params:
+                name = f"{part}_{group.get('name', len(out))}"
+                out.append({**group, "params": params, "name": name, "lr_scale": 1.0, "encoder": part == "encoder"})
+    return out
+
+
 # Name segments that wrappers insert (FSDP, activation checkpointing, torch.compile).
 _WRAPPER_SEGMENTS = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
 

@@ -1,20 +1,23 @@
 """The pretraining ``LightningModule``: a thin wrapper that trains ``MaskedAutoencoderViT``."""
 
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 from mae.convert.architecture import mae_record
+from mae.convert.backbone import init_mae_from
 from mae.data.transforms import normalize_batch
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import check_mask_ratio, check_visible_patches
 from mae.training.base import MAETrainingModule, check_setting
-from mae.training.optim import ParamGroupPlan, per_device_batch_size, weight_decay_groups
+from mae.training.optim import ParamGroupPlan, encoder_decoder_groups, per_device_batch_size, weight_decay_groups
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
-_OWN_ARGS = ("img_size", "norm_pix_loss", "mask_strategy")
+_OWN_ARGS = ("img_size", "in_chans", "norm_pix_loss", "mask_strategy")
 
 
 class MAEPretrainModule(MAETrainingModule):
@@ -38,6 +41,13 @@ class MAEPretrainModule(MAETrainingModule):
         compile: ``torch.compile`` the model ("auto": for runs of at least
             ``mae.training.runtime.COMPILE_MIN_STEPS`` optimizer steps, which repay the compilation time).
         fused_adamw: the single-kernel AdamW ("auto": as ``mae.training.runtime.training_settings`` says).
+        in_chans: image channels; linked from ``data.in_chans`` by the CLI.
+        init_from: start from these pretrained weights (any format ``mae.load_mae`` reads; see
+            ``mae.convert.backbone.init_mae_from``): a new run, with a new optimizer and schedule.
+        init_format: "auto" or the format of ``init_from``.
+        freeze_encoder_epochs: train only the decoder for this many first epochs (the encoder's lr is
+            0; its gradients are still computed, so multi-GPU runs stay in step): a fresh decoder on a
+            pretrained encoder.
     """
 
     network_attribute = "model"
@@ -59,6 +69,10 @@ class MAEPretrainModule(MAETrainingModule):
         attention: Literal["auto", "sdpa", "explicit"] = "auto",
         compile: bool | Literal["auto"] = "auto",
         fused_adamw: bool | Literal["auto"] = "auto",
+        in_chans: int = 3,
+        init_from: str | None = None,
+        init_format: str = "auto",
+        freeze_encoder_epochs: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -75,12 +89,24 @@ class MAEPretrainModule(MAETrainingModule):
                 f"need warmup_epochs >= 0, min_lr >= 0 and a positive lr; got warmup_epochs={warmup_epochs}, "
                 f"min_lr={min_lr}, base_lr={base_lr}, lr={lr}"
             )
+        if freeze_encoder_epochs < 0:
+            raise ValueError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
         self.model = create_model(
-            model, img_size=img_size, norm_pix_loss=norm_pix_loss, mask_strategy=mask_strategy, **model_kwargs
-        )
+            model, img_size=img_size, in_chans=in_chans, norm_pix_loss=norm_pix_loss, mask_strategy=mask_strategy,
+            **model_kwargs,
+        )  # fmt: skip
+        self.init_report = None
+        if init_from is not None:
+            if not Path(init_from).exists():
+                raise FileNotFoundError(f"model.init_from {init_from} does not exist")
+            self.init_report = init_mae_from(self.model, init_from, init_format)
+            rank_zero_info(f"model.init_from: {self.init_report}")
         check_visible_patches(self.model.grid_size, mask_ratio)  # at start-up, not at the first step
         # Decay on weights only, fixed by name now: a strategy may flatten parameters before the optimizer.
-        self.param_groups = ParamGroupPlan.from_groups(self.model, weight_decay_groups(self.model, weight_decay))
+        groups = weight_decay_groups(self.model, weight_decay)
+        if freeze_encoder_epochs:
+            groups = encoder_decoder_groups(self.model, groups)
+        self.param_groups = ParamGroupPlan.from_groups(self.model, groups)
         self.mask_ratio = mask_ratio
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
         self.val_loss = MeanMetric()
@@ -92,6 +118,22 @@ class MAEPretrainModule(MAETrainingModule):
 
     def architecture_record(self) -> dict[str, Any]:
         return mae_record(self.model.config, prefix="model.")
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        if self.init_report is not None and self.trainer.is_global_zero:
+            folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "init_from.txt").write_text(f"{self.hparams.init_from}\n{self.init_report}\n")
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if not self.hparams.freeze_encoder_epochs:
+            return
+        frozen = self.current_epoch < self.hparams.freeze_encoder_epochs
+        for group in self.trainer.optimizers[0].param_groups:
+            if group.get("encoder"):
+                group["lr_scale"] = 0.0 if frozen else 1.0
+        self.lr_schedulers().step_update(num_updates=self.global_step)  # this step's lr with those scales
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         imgs = normalize_batch(batch[0])  # the pretraining crop ships uint8 images: normalise on the device

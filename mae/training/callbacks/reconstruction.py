@@ -22,11 +22,18 @@ class ReconstructionCallback(pl.Callback):
         every_n_epochs: render period in epochs; 0 disables the callback.
         num_images: rows in the figure.
         seed: seed of the fixed masks.
+        bands: three channel indices drawn as RGB, for data with other than 1 or 3 channels (default:
+            the first three).
     """
 
-    def __init__(self, every_n_epochs: int = 1, num_images: int = 8, seed: int = 0) -> None:
+    def __init__(
+        self, every_n_epochs: int = 1, num_images: int = 8, seed: int = 0, bands: list[int] | None = None
+    ) -> None:
         if every_n_epochs < 0 or num_images < 1:
             raise ValueError(f"need every_n_epochs >= 0 and num_images >= 1, got {every_n_epochs}, {num_images}")
+        if bands is not None and (len(bands) != 3 or min(bands) < 0):
+            raise ValueError(f"reconstruction.bands must be 3 channel indices, got {bands}")
+        self.bands = bands
         self.every_n_epochs = every_n_epochs
         self.num_images = num_images
         self.seed = seed
@@ -35,12 +42,24 @@ class ReconstructionCallback(pl.Callback):
 
     def _fixed_images(self, trainer: pl.Trainer) -> torch.Tensor:
         datamodule = trainer.datamodule
+        normalize = getattr(datamodule, "normalize", normalize_batch)
         dataset = getattr(datamodule, "val_set", None) or getattr(datamodule, "train_set", None)
         if dataset is None:
-            return normalize_batch(next(iter(trainer.train_dataloader))[0][: self.num_images])
+            return normalize(next(iter(trainer.train_dataloader))[0][: self.num_images])
         count = min(self.num_images, len(dataset))
         spread = torch.linspace(0, len(dataset) - 1, count).long().tolist()  # across classes, not the first few
-        return normalize_batch(torch.stack([dataset[i][0] for i in spread]))
+        return normalize(torch.stack([dataset[i][0] for i in spread]))
+
+    @staticmethod
+    def _display(trainer: pl.Trainer) -> dict:
+        """How the data's values are drawn: its mean / std, and black and white at 0 and 1 (float
+        data: at its minimum and maximum)."""
+        datamodule = trainer.datamodule
+        if not hasattr(datamodule, "mean"):
+            return {}
+        pixels = getattr(datamodule, "expected_pixels", None)
+        floats = pixels is not None and pixels[1].startswith("float")
+        return {"mean": datamodule.mean, "std": datamodule.std, "value_range": None if floats else (0.0, 1.0)}
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_n_epochs == 0:
@@ -77,7 +96,8 @@ class ReconstructionCallback(pl.Callback):
         noise = model.sample_noise(imgs.shape[0], pl_module.mask_ratio, "cpu", generator).to(imgs.device)
         was_training = model.training
         model.eval()
-        grid = reconstruction_grid(reconstruct(model, imgs, pl_module.mask_ratio, noise))
+        views = reconstruct(model, imgs, pl_module.mask_ratio, noise)
+        grid = reconstruction_grid(views, bands=self.bands, **self._display(trainer))
         model.train(was_training)
 
         out_dir.mkdir(parents=True, exist_ok=True)

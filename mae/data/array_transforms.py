@@ -1,0 +1,93 @@
+"""The recipes' views of images of any channel count and bit depth (``mae.data.readers``): float
+(C, H, W) tensors normalised by the data's mean and std.
+
+The crops draw the same random numbers as the 8-bit RGB transforms (torchvision's
+``RandomResizedCrop`` parameters, then the flip), and resize with PyTorch's antialiased bicubic
+kernel on float values. RandAugment works on 8-bit RGB images only: on other data the fine-tuning
+recipe is the crop (0.08-1) + flip + random erasing.
+"""
+
+import os
+from typing import Literal
+
+import numpy as np
+import torch
+from timm.data.random_erasing import RandomErasing
+from torchvision import transforms as T
+from torchvision.transforms import functional as TF
+
+from mae.data.readers import adapt_channels, read_array, to_unit_range
+
+View = Literal["pretrain", "finetune", "linprobe", "eval"]
+_CROP_SCALE = {"pretrain": (0.2, 1.0), "finetune": (0.08, 1.0), "linprobe": (0.08, 1.0)}
+
+
+class ArrayView:
+    """Read an image file as an array and return one recipe's view of it, (``in_chans``, H, W) float.
+
+    Args:
+        view: "pretrain" (RandomResizedCrop 0.2-1 + flip), "finetune" (0.08-1 + flip + random erasing),
+            "linprobe" (0.08-1 + flip) or "eval" (resize to ``img_size / crop_ratio``, center crop).
+        img_size: output side, or (H, W).
+        in_chans: channels of the output (``mae.data.readers.adapt_channels``).
+        mean, std: per-channel normalisation, in the units of ``mae.data.readers.to_unit_range``.
+        crop_ratio: the evaluation view's crop ratio.
+        re_prob: random-erasing probability of the finetune view.
+        expected: (channels, dtype name) every file must have (set by the data module from a sample
+            of the folder); a file that differs raises ``ValueError`` naming it.
+    """
+
+    reads_files = True  # datasets pass the file's path
+
+    def __init__(
+        self,
+        view: View,
+        img_size: int | tuple[int, int],
+        in_chans: int,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        crop_ratio: float = 1.0,
+        re_prob: float = 0.0,
+        expected: tuple[int, str] | None = None,
+    ) -> None:
+        if view not in ("pretrain", "finetune", "linprobe", "eval"):
+            raise ValueError(f"unknown view {view!r}")
+        self.kind = view
+        self.size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.in_chans = in_chans
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+        self.crop_ratio = crop_ratio
+        self.expected = expected
+        self.erase = RandomErasing(re_prob, mode="pixel", device="cpu") if view == "finetune" and re_prob else None
+
+    def read(self, path: str | os.PathLike) -> torch.Tensor:
+        """(in_chans, H, W) float pixels of ``path``, unnormalised."""
+        array = read_array(path)
+        if self.expected is not None and (array.shape[2], array.dtype.name) != self.expected:
+            raise ValueError(
+                f"{path} has {array.shape[2]} channel(s) of {array.dtype.name}, unlike the rest of the folder "
+                f"({self.expected[0]} of {self.expected[1]})"
+            )
+        array = adapt_channels(to_unit_range(array, path), self.in_chans, path)
+        return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+
+    def __call__(self, path: str | os.PathLike) -> torch.Tensor:
+        return self.view(self.read(path))
+
+    def view(self, pixels: torch.Tensor) -> torch.Tensor:
+        """This recipe's view of (in_chans, H, W) unnormalised pixels, normalised."""
+        bicubic = T.InterpolationMode.BICUBIC
+        if self.kind == "eval":
+            short = int(max(self.size) / self.crop_ratio)
+            pixels = TF.center_crop(TF.resize(pixels, short, interpolation=bicubic, antialias=True), list(self.size))
+        else:
+            top, left, h, w = T.RandomResizedCrop.get_params(pixels, list(_CROP_SCALE[self.kind]), [3 / 4, 4 / 3])
+            pixels = TF.resized_crop(pixels, top, left, h, w, list(self.size), interpolation=bicubic, antialias=True)
+            if torch.rand(1).item() < 0.5:
+                pixels = pixels.flip(-1)
+        pixels = (pixels - self.mean) / self.std
+        return self.erase(pixels) if self.erase is not None else pixels
+
+    def __repr__(self) -> str:
+        return f"ArrayView({self.kind}, size={self.size}, in_chans={self.in_chans})"

@@ -1,0 +1,84 @@
+"""Per-channel mean and std of an image folder, for ``data.mean`` / ``data.std``:
+``python -m mae.data.stats ROOT [--in-chans C]`` (see ``mae.cli.stats_main``).
+
+Streams the images one at a time (memory stays one image), in the units the data path normalises
+(``mae.data.readers.to_unit_range``: 8/16-bit scaled to [0, 1], float as stored).
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
+from tqdm import tqdm
+
+from mae.data.datasets import walk_once
+from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, read_array, to_unit_range
+
+
+@dataclass
+class ChannelStats:
+    mean: list[float]
+    std: list[float]
+    images: int
+    pixels: int  # per channel
+    skipped: list[str]
+
+    def yaml(self) -> str:
+        """The lines to paste into a config."""
+        values = lambda xs: "[" + ", ".join(f"{x:.6g}" for x in xs) + "]"  # noqa: E731
+        return (f"data:\n  init_args:\n    in_chans: {len(self.mean)}\n    mean: {values(self.mean)}\n"
+                f"    std: {values(self.std)}\n")  # fmt: skip
+
+
+def image_files(root: str | Path) -> list[str]:
+    """Every image file below ``root/train`` (or ``root`` when it has no ``train`` folder), sorted."""
+    top = Path(root) / "train" if (Path(root) / "train").is_dir() else Path(root)
+    if not top.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder of images")
+    folders, _ = walk_once(str(top), set())
+    extensions = IMG_EXTENSIONS + ARRAY_EXTENSIONS
+    return sorted(
+        os.path.join(d, f) for d, files in folders for f in files if has_file_allowed_extension(f, extensions)
+    )
+
+
+def channel_stats(
+    root: str | Path, in_chans: int | None = None, max_images: int | None = None, progress: bool = True
+) -> ChannelStats:
+    """Mean and std per channel over every pixel of the folder's images (``max_images`` evenly spread
+    ones when set). ``in_chans`` defaults to the first image's channel count; unreadable files are
+    skipped and listed.
+
+    Raises:
+        ValueError: no readable image, naming the folder.
+    """
+    files = image_files(root)
+    if max_images is not None and len(files) > max_images:
+        files = [files[round(i)] for i in np.linspace(0, len(files) - 1, max_images)]
+    total = total_sq = None
+    count, images, skipped = 0, 0, []
+    for path in tqdm(files, desc="images", unit="img", disable=not progress):
+        try:
+            array = to_unit_range(read_array(path), path)
+            in_chans = in_chans or array.shape[2]
+            pixels = adapt_channels(array, in_chans, path).reshape(-1, in_chans).astype(np.float64)
+        except (OSError, ValueError, SyntaxError) as err:
+            skipped.append(f"{path} ({err})")
+            continue
+        total = pixels.sum(0) if total is None else total + pixels.sum(0)
+        total_sq = (pixels**2).sum(0) if total_sq is None else total_sq + (pixels**2).sum(0)
+        count += len(pixels)
+        images += 1
+    if images == 0:
+        raise ValueError(f"no readable image in {root} ({len(skipped)} skipped)")
+    mean = total / count
+    std = np.sqrt(np.maximum(total_sq / count - mean**2, 0.0))
+    return ChannelStats(mean.tolist(), std.tolist(), images, count, skipped)
+
+
+if __name__ == "__main__":
+    from mae.cli import stats_main
+
+    stats_main()

@@ -1,0 +1,183 @@
+"""Reconstructions of your own images: read as the model's training read its data, masked, rebuilt,
+and drawn with each image's masked-patch loss and an honest caption."""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from mae.data.array_transforms import ArrayView
+from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, header_size, probe, read_array, to_unit_range
+from mae.data.transforms import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD, check_pixel_count, to_rgb
+from mae.eval.visualize import reconstruct, reconstruction_grid
+from mae.models.mae import MaskedAutoencoderViT
+from mae.models.masking import check_visible_patches, sample_noise
+
+Unnormalize = Literal["patch", "none"]
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".npy", ".ppm", ".pgm")
+
+
+@dataclass
+class Normalization:
+    """How the model's training data was normalised: ``in_chans`` channels, ``mean`` / ``std`` each."""
+
+    in_chans: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def of(cls, data: dict | None, in_chans: int, source: str) -> "Normalization":
+        """From a checkpoint's ``mae_data`` record; ImageNet's for 3-channel files without one.
+
+        Raises:
+            ValueError: a file of another channel count that does not record its statistics.
+        """
+        if data is not None:
+            return cls(data["in_chans"], tuple(data["mean"]), tuple(data["std"]))
+        if in_chans != 3:
+            raise ValueError(f"{source} does not record its data's mean and std: pass --mean and --std")
+        return cls(3, tuple(IMAGENET_MEAN), tuple(IMAGENET_STD))
+
+
+def image_paths(sources: list[str | os.PathLike]) -> list[Path]:
+    """Files given, and the image files (sorted) inside folders given."""
+    paths = []
+    for source in map(Path, sources):
+        if source.is_dir():
+            paths += sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        else:
+            paths.append(source)
+    return paths
+
+
+def load_image(
+    path: str | os.PathLike, size: tuple[int, int], norm: Normalization, max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> torch.Tensor:
+    """(C, H, W) model input of one image file: resized (short side) and centre-cropped to ``size``,
+    scaled and normalised as training did (8-bit images as RGB for 3-channel models).
+
+    Raises:
+        OSError, ValueError, PIL.Image.DecompressionBombError: naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    check_pixel_count(path, *header_size(path), max_pixels)
+    _, dtype = probe(path)
+    if path.suffix.lower() not in ARRAY_EXTENSIONS and dtype == "uint8" and norm.in_chans == 3:
+        with Image.open(path) as img:
+            array = np.asarray(to_rgb(img))
+    else:
+        array = read_array(path)
+    array = adapt_channels(to_unit_range(array, path), norm.in_chans, path)
+    pixels = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+    return ArrayView("eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0).view(pixels)
+
+
+def caption_of(model: MaskedAutoencoderViT, unnormalize: Unnormalize) -> str:
+    """What the reconstruction panels show, honestly."""
+    if not model.norm_pix_loss:
+        return "Pixel-target model: the reconstruction is its prediction as it is."
+    if unnormalize == "patch":
+        return (
+            "norm_pix_loss model: it predicts each masked patch's normalised pattern only; the patches are drawn "
+            "with the TRUE patches' mean and variance, which the model never saw, so the picture shows more than "
+            "it knows (--unnormalize none: the raw prediction)."
+        )
+    return (
+        "norm_pix_loss model, raw prediction: each masked patch's normalised pattern (zero mean, unit variance) "
+        "drawn as a normalised image: what the model really predicts."
+    )
+
+
+def mask_noise(
+    model: MaskedAutoencoderViT,
+    count: int,
+    mask_ratio: float,
+    seed: int,
+    same_mask: bool,
+    strategy: str | None = None,
+) -> torch.Tensor:
+    """(count, L) masking scores drawn from ``seed`` with ``strategy`` ("random", "block", "grid";
+    default: the model's): one mask repeated for every image with ``same_mask``.
+
+    Raises:
+        ValueError: a ratio the strategy cannot produce, or one that leaves no visible patch.
+    """
+    check_visible_patches(model.grid_size, mask_ratio)
+    generator = torch.Generator().manual_seed(seed)
+    noise = sample_noise(strategy or model.mask_strategy, 1 if same_mask else count, model.grid_size, mask_ratio,
+                         "cpu", generator)  # fmt: skip
+    return noise.expand(count, -1).contiguous()
+
+
+@dataclass
+class Figure:
+    image: Image.Image  # the captioned picture
+    losses: list[float]  # each image's masked-patch loss
+    caption: str
+
+
+@torch.no_grad()
+def reconstruction_figure(
+    model: MaskedAutoencoderViT,
+    imgs: torch.Tensor,
+    names: list[str],
+    norm: Normalization,
+    mask_ratio: float = 0.75,
+    seed: int = 0,
+    same_mask: bool = False,
+    unnormalize: Unnormalize = "patch",
+    bands: list[int] | None = None,
+    min_panel: int = 160,
+    strategy: str | None = None,
+) -> Figure:
+    """One row per image: original | masked | reconstruction | reconstruction with the visible patches
+    pasted back, the image's name and masked-patch loss beside it, the caption below.
+
+    ``imgs``: (N, C, H, W) normalised model input. The masks are drawn from ``seed`` with
+    ``strategy`` (default: the model's; one mask for every row with ``same_mask``); panels are
+    enlarged (nearest neighbour) to at least ``min_panel`` pixels.
+    """
+    model.eval()
+    noise = mask_noise(model, len(imgs), mask_ratio, seed, same_mask, strategy).to(imgs.device)
+    views = reconstruct(model, imgs, mask_ratio, noise, unnormalize)
+    grid = reconstruction_grid(views, norm.mean, norm.std, bands)
+    height, width = imgs.shape[-2:]
+    scale = max(1, -(-min_panel // min(height, width)))
+    picture = Image.fromarray((grid.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
+    picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
+
+    losses = views["loss"].tolist()
+    caption = caption_of(model, unnormalize)
+    label_width, line = 220, 18
+    headers = ("original", "masked", "reconstruction", "+ visible patches")
+    lines = _wrap(caption, (label_width + picture.width) // 7)
+    canvas = Image.new("RGB", (label_width + picture.width, line + picture.height + line * (len(lines) + 1)), "white")
+    canvas.paste(picture, (label_width, line))
+    draw = ImageDraw.Draw(canvas)
+    panel = picture.width / 4
+    for i, header in enumerate(headers):
+        draw.text((label_width + i * panel + 6, 2), header, fill="black")
+    row = picture.height / len(imgs)
+    for i, (name, loss) in enumerate(zip(names, losses, strict=True)):
+        draw.text((6, line + i * row + row / 2 - line), Path(name).name[:30], fill="black")
+        draw.text((6, line + i * row + row / 2), f"masked-patch loss {loss:.4f}", fill="black")
+    for i, text in enumerate(lines):
+        draw.text((6, line + picture.height + 6 + i * line), text, fill="black")
+    return Figure(canvas, losses, caption)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    lines, current = [], ""
+    for word in text.split():
+        if current and len(current) + 1 + len(word) > width:
+            lines.append(current)
+            current = word
+        else:
+            current = f"{current} {word}".strip()
+    return lines + ([current] if current else [])
