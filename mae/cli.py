@@ -403,3 +403,21 @@ def reconstruct_main(argv: list[str] | None = None) -> Figure:
     print(f"note: {figure.caption}")
     print(f"wrote {args.out}")
     return figure
+
+
+def demo_main(argv: list[str] | None = None) -> None:
+    """``python -m mae.demo --checkpoint CKPT``: the local reconstruction page (needs the demo extra)."""
+    parser = argparse.ArgumentParser(prog="python -m mae.demo", description="A local page that reconstructs your "
+                                     "images with a pretrained MAE (Gradio).")  # fmt: skip
+    parser.add_argument("--checkpoint", required=True, help="with a decoder: ours, official full, Hugging Face")
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    parser.add_argument("--examples", default=None, help="a folder of images to pick from (default: a few digits)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
+    parser.add_argument("--port", type=int, default=7860)
+    args = parser.parse_args(argv)
+    try:
+        from mae.eval.demo_page import ReconstructionSession, build_page, examples_for
+    except ImportError as err:
+        raise SystemExit(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
+    page = build_page(ReconstructionSession(args.checkpoint, args.format), examples_for(args.examples))
+    page.launch(server_name=args.host, server_port=args.port)
