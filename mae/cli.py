@@ -67,14 +67,16 @@ class _MAECLI(LightningCLI):
     linked = {"img_size": "data.img_size", "in_chans": "data.in_chans"}  # model keys that come from the data module
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if not isinstance(args, dict):
-            args = expand_stacked_configs([str(a) for a in (args if args is not None else sys.argv[1:])])
-            for key, source in self.linked.items():
-                on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in args)
-                # jsonargparse drops a linked key set in a YAML file without a word: refuse it here.
-                if on_command_line or key in _model_section_keys(args):
-                    parser.error(f"model.{key} is taken from {source} so data and model agree: set {source} instead")
-        super().parse_arguments(parser, args)
+        if isinstance(args, dict):
+            super().parse_arguments(parser, args)
+            return
+        argv = expand_stacked_configs([str(a) for a in (args if args is not None else sys.argv[1:])])
+        for key, source in self.linked.items():
+            on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
+            # jsonargparse drops a linked key set in a YAML file without a word: refuse it here.
+            if on_command_line or key in _model_section_keys(argv):
+                parser.error(f"model.{key} is taken from {source} so data and model agree: set {source} instead")
+        self.config = parser.parse_args(argv)  # as LightningCLI does, with the stacked configs' bases added
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
