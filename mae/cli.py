@@ -1,6 +1,7 @@
 """Every command-line entry point: ``train.py`` and ``finetune.py`` (LightningCLI: every model, data and
 trainer key from YAML or flags), ``python -m mae.export``, ``python -m mae.knn`` and
-``python -m mae.data.stats`` and ``python -m mae.reconstruct``."""
+``python -m mae.data.stats``, ``python -m mae.reconstruct``, ``python -m mae.demo`` and
+``python -m mae.probe``."""
 
 import argparse
 import json
@@ -28,10 +29,21 @@ from mae.data.stats import ChannelStats, channel_stats
 from mae.data.transforms import DEFAULT_MAX_PIXELS
 from mae.eval.knn import knn_evaluate
 from mae.eval.own_images import Figure, Normalization, image_paths, load_image, reconstruction_figure
+from mae.eval.probe import (
+    DEFAULT_LRS,
+    DEFAULT_WEIGHT_DECAYS,
+    FeatureStore,
+    Pool,
+    ProbeResult,
+    check_grid,
+    pooled,
+    train_probe,
+)
 from mae.training.callbacks import (
     PREEMPTED_EXIT_CODE,
     ImageThroughputMonitor,
     KNNCallback,
+    ProbeCallback,
     ReconstructionCallback,
     RemoveOrphanTemporaries,
     SigtermCheckpoint,
@@ -109,6 +121,7 @@ class PretrainCLI(_MAECLI):
         parser.add_lightning_class_args(ReconstructionCallback, "reconstruction")
         parser.add_lightning_class_args(KNNCallback, "knn")
         parser.set_defaults({"knn.every_n_epochs": 0})
+        parser.add_lightning_class_args(ProbeCallback, "probe")
 
 
 class FinetuneCLI(_MAECLI):
@@ -423,3 +436,69 @@ def demo_main(argv: list[str] | None = None) -> None:
         raise SystemExit(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
     page = build_page(ReconstructionSession(args.checkpoint, args.format), examples_for(args.examples))
     page.launch(server_name=args.host, server_port=args.port)
+
+
+def probe_command(
+    checkpoint: Path,
+    data: ImageDataModule,
+    pool: Pool = "cls",
+    views: int = 1,
+    lrs: list[float] | None = None,
+    weight_decays: list[float] | None = None,
+    max_epochs: int = 100,
+    patience: int = 10,
+    holdout: float = 0.1,
+    cache: Path | None = None,
+    checkpoint_format: str = "auto",
+    device: str = "cpu",
+    seed: int = 0,
+) -> ProbeResult:
+    """A converged linear probe of a pretrained encoder on cached features:
+    ``python -m mae.probe --checkpoint CKPT --data.class_path ...``.
+
+    Args:
+        checkpoint: any source ``mae.load_backbone`` reads.
+        data: a labelled data module (e.g. ``mae.data.DigitsDataModule``); its training split trains
+            the heads (a held-out part of it chooses them), its validation split is scored.
+        pool: features: "cls" token, "avg" of the patch tokens, or "both".
+        views: views of each training image: 1 = the evaluation view; more = that many views with
+            the data module's training augmentation.
+        lrs: the learning-rate grid (default ``mae.eval.probe.DEFAULT_LRS``, 1e-3 ... 3e-1).
+        weight_decays: the weight-decay grid (default 0, 1e-4, 1e-3).
+        max_epochs: cap on the heads' training.
+        patience: stop after this many epochs without a better held-out accuracy.
+        holdout: fraction of the training split held out to choose the head.
+        cache: a file prefix to keep the features on disk (memory-mapped) instead of in memory.
+        checkpoint_format: "auto" or a format name.
+        device: where to run the encoder.
+        seed: seed of the held-out split and of the heads' training.
+    """
+    lrs = list(lrs or DEFAULT_LRS)
+    weight_decays = list(DEFAULT_WEIGHT_DECAYS if weight_decays is None else weight_decays)
+    check_grid(lrs, weight_decays)
+    if data.num_labels < 2:
+        raise ValueError(f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
+                         f"{data.num_labels}")  # fmt: skip
+    if views < 1:
+        raise ValueError(f"probe views must be >= 1, got {views}")
+    backbone = load_backbone(checkpoint, img_size=data.img_size, format=checkpoint_format, in_chans=data.in_chans)
+    encoder = pooled(backbone.to(device).eval(), pool)
+    encode = lambda imgs: encoder(data.normalize(imgs))  # noqa: E731  (augmented views may be uint8)
+    feature_train, val_set = data.feature_datasets()
+    if val_set is None:
+        raise ValueError(f"a linear probe is scored on a validation split; {type(data).__name__} has none")
+    train_set = data.build_datasets(data.train_transform(), data.eval_transform())[0] if views > 1 else feature_train
+    torch.manual_seed(seed)
+    prefix = lambda split: None if cache is None else f"{cache}.{split}"  # noqa: E731
+    train = FeatureStore.extract(encode, train_set, data.batch_size, data.num_workers, device, views, prefix("train"))
+    val = FeatureStore.extract(encode, val_set, data.batch_size, data.num_workers, device, 1, prefix("val"))
+    result = train_probe(train, val, data.num_labels, tuple(lrs), tuple(weight_decays), holdout, max_epochs,
+                         patience, seed=seed)  # fmt: skip
+    print(f"{result} on {len(val)} validation images, {pool} features of {len(train)} training views")
+    return result
+
+
+def probe_main(argv: list[str] | None = None) -> ProbeResult:
+    from jsonargparse import CLI
+
+    return CLI(probe_command, as_positional=False, args=argv)

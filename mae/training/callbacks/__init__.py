@@ -2,12 +2,14 @@
 
 from mae.training.callbacks.knn import KNNCallback
 from mae.training.callbacks.preemption import PREEMPTED_EXIT_CODE, RemoveOrphanTemporaries, SigtermCheckpoint
+from mae.training.callbacks.probe import ProbeCallback
 from mae.training.callbacks.reconstruction import ReconstructionCallback
 from mae.training.callbacks.throughput import ImageThroughputMonitor
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
     "ImageThroughputMonitor",
+    "ProbeCallback",
     "KNNCallback",
     "ReconstructionCallback",
     "RemoveOrphanTemporaries",
