@@ -28,7 +28,7 @@ from mae.data import ImageDataModule
 from mae.data.stats import ChannelStats, channel_stats
 from mae.data.transforms import DEFAULT_MAX_PIXELS
 from mae.eval.knn import knn_evaluate
-from mae.eval.own_images import Figure, Normalization, image_paths, load_image, reconstruction_figure
+from mae.eval.own_images import Figure, Normalization, display_range, image_paths, load_image, reconstruction_figure
 from mae.eval.probe import (
     DEFAULT_LRS,
     DEFAULT_WEIGHT_DECAYS,
@@ -147,12 +147,12 @@ _STACKS_ON = re.compile(r"^# stacks on: (\S+\.yaml)")
 
 
 def _config_files(argv: list[str]) -> list[tuple[int, str]]:
-    """(position, path) of every ``--config PATH`` / ``--config=PATH`` in ``argv``."""
+    """(position, path) of every ``--config PATH`` / ``--config=PATH`` (or ``-c``) in ``argv``."""
     found = []
     for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
             found.append((i + 1, argv[i + 1]))
-        elif arg.startswith("--config="):
+        elif arg.startswith(("--config=", "-c=")):
             found.append((i, arg.split("=", 1)[1]))
     return found
 
@@ -174,7 +174,7 @@ def expand_stacked_configs(argv: list[str]) -> list[str]:
         base = file.parent / match.group(1)
         given = [Path(p).resolve() for _, p in _config_files(argv) if Path(p).is_file()]
         if base.resolve() not in given:
-            start = position if out[position].startswith("--config=") else position - 1
+            start = position if out[position].startswith(("--config=", "-c=")) else position - 1
             out[start:start] = ["--config", str(base)]
     return out
 
@@ -198,12 +198,13 @@ def harden_trainer(trainer: pl.Trainer) -> None:
     trainer.callbacks += [SigtermCheckpoint(), RemoveOrphanTemporaries()]
 
 
-def _resume(cli: LightningCLI) -> str | None:
-    """``--ckpt_path`` resolved (``last``), validated against the model, and its run folder continued."""
+def _resume(cli: LightningCLI, fitting: bool) -> str | None:
+    """``--ckpt_path`` resolved (``last``) and validated against the model; when ``fitting``, the
+    checkpoint's run folder is continued (an evaluation logs into a folder of its own)."""
     ckpt_path = resolve_ckpt_path(cli.trainer, cli.config.ckpt_path)
     if ckpt_path is not None:
         step = check_resume_checkpoint(ckpt_path, cli.model)
-        keep_metrics = continue_in_run_folder(cli.trainer, ckpt_path, step)
+        keep_metrics = continue_in_run_folder(cli.trainer, ckpt_path, step) if fitting else None
         if keep_metrics is not None:
             cli.trainer.callbacks.append(keep_metrics)
     return ckpt_path
@@ -223,13 +224,14 @@ def _build(cli_class: type[_MAECLI], module: type, trainer_defaults: dict, args:
         save_config_kwargs={"overwrite": True},
     )
     harden_trainer(cli.trainer)
-    return cli, _resume(cli)
+    return cli, _resume(cli, fitting=not cli.config.get("validate_only", False))
 
 
-def _fit(cli: LightningCLI, ckpt_path: str | None) -> None:
-    """``trainer.fit``; after a SIGTERM checkpoint, exit with ``PREEMPTED_EXIT_CODE`` (not 0)."""
+def _run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:
+    """``trainer.fit`` or ``trainer.validate``; after a SIGTERM (and, when fitting, its checkpoint),
+    exit with ``PREEMPTED_EXIT_CODE``, not 0."""
     try:
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        return getattr(cli.trainer, stage)(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     except SIGTERMException:
         sys.exit(PREEMPTED_EXIT_CODE)
 
@@ -237,7 +239,7 @@ def _fit(cli: LightningCLI, ckpt_path: str | None) -> None:
 def pretrain_main(args: list[str] | None = None) -> PretrainCLI:
     """Parse the config, build model/data/trainer, train, and print where the outputs are."""
     cli, ckpt_path = _build(PretrainCLI, MAEPretrainModule, trainer_defaults("pretrain"), args)
-    _fit(cli, ckpt_path)
+    _run(cli, "fit", ckpt_path)
     print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
     return cli
 
@@ -246,10 +248,10 @@ def finetune_main(args: list[str] | None = None) -> FinetuneCLI:
     """Fine-tune / linear-probe (or only evaluate), then print top-1 / top-5 and where the outputs are."""
     cli, ckpt_path = _build(FinetuneCLI, MAEFinetuneModule, trainer_defaults("finetune"), args)
     if cli.config.validate_only:
-        results = cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        results = _run(cli, "validate", ckpt_path)
         print_accuracy(results[0] if results else {})
         return cli
-    _fit(cli, ckpt_path)
+    _run(cli, "fit", ckpt_path)
     print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
     print_accuracy({k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/acc")})
     return cli
@@ -410,7 +412,7 @@ def reconstruct_main(argv: list[str] | None = None) -> Figure:
         raise SystemExit(f"no readable image among {args.images}")
     figure = reconstruction_figure(
         model, torch.stack(images), names, norm, args.mask_ratio, args.seed, args.same_mask, args.unnormalize,
-        args.bands, strategy=args.mask_strategy,
+        args.bands, strategy=args.mask_strategy, value_range=display_range(names),
     )  # fmt: skip
     atomic_write(args.out, lambda tmp: figure.image.save(tmp, format="PNG"))
     for name, loss in zip(names, figure.losses, strict=True):
@@ -466,7 +468,7 @@ def probe_command(
         lrs: the learning-rate grid (default ``mae.eval.probe.DEFAULT_LRS``, 1e-3 ... 3e-1).
         weight_decays: the weight-decay grid (default 0, 1e-4, 1e-3).
         max_epochs: cap on the heads' training.
-        patience: stop after this many epochs without a better held-out accuracy.
+        patience: stop after this many epochs in which no head's held-out loss improved.
         holdout: fraction of the training split held out to choose the head.
         cache: a file prefix to keep the features on disk (memory-mapped) instead of in memory.
         checkpoint_format: "auto" or a format name.

@@ -69,8 +69,13 @@ def test_finetune__from_pretraining_checkpoint_then_evaluate_only(finetuned):
     assert "validation top-1" in result.stdout
     assert "not in the checkpoint (left as initialised): fc_norm.bias, fc_norm.weight, head.bias, head.weight" in out
     assert checkpoint.exists()
+    run = checkpoint.parent.parent
+    metrics, saved = (run / "metrics.csv").read_text(), checkpoint.read_bytes()
     evaluated = _run("finetune.py", config, tmp, "--validate_only", "true", "--ckpt_path", str(checkpoint))
     assert "validation top-1" in evaluated.stdout
+    # an evaluation logs into a folder of its own: the training run's metrics and checkpoint stay
+    assert (run / "metrics.csv").read_text() == metrics and checkpoint.read_bytes() == saved
+    assert (run.parent / "version_1").is_dir()
 
 
 def test_linprobe__from_pretraining_checkpoint(pretrained):

@@ -210,3 +210,53 @@ def test_mask_ratio_leaving_no_visible_patch__refused_at_start(strategy):
 def test_zero_epochs__reported_as_a_run_of_zero_steps(tmp_path):
     with pytest.raises(ValueError, match="this run has 0 optimizer steps"):
         make_trainer(tmp_path, max_epochs=0).fit(pretrain_module(), datamodule=RandomImages())
+
+
+def test_ckpt_path_last__found_where_lightning_writes_it_without_a_logger_or_with_a_named_version(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    from mae.training.resume import continue_in_run_folder, find_last_checkpoint
+
+    bare = make_trainer(tmp_path / "bare", max_steps=1, limit_val_batches=0, enable_checkpointing=True,
+                        callbacks=[ModelCheckpoint(save_last=True)])  # fmt: skip
+    bare.fit(pretrain_module(warmup_epochs=0), datamodule=RandomImages())
+    assert find_last_checkpoint(bare) == tmp_path / "bare" / "checkpoints" / "last.ckpt"
+    logged = lambda: make_trainer(  # noqa: E731
+        tmp_path, max_steps=1, limit_val_batches=0, enable_checkpointing=True,
+        callbacks=[ModelCheckpoint(save_last=True)],
+        logger=CSVLogger(tmp_path / "runs", name="exp", version="first-try"),
+    )  # fmt: skip
+    first = logged()
+    first.fit(pretrain_module(warmup_epochs=0), datamodule=RandomImages())
+    again = logged()
+    again.logger._version = None  # as a requeued command line that leaves the version to the logger
+    found = find_last_checkpoint(again)
+    assert found == tmp_path / "runs" / "exp" / "first-try" / "checkpoints" / "last.ckpt"
+    continue_in_run_folder(again, str(found), 1)
+    assert again.logger.version == "first-try"
+
+
+def test_short_config_flag__stacked_configs_expand_too(tmp_path):
+    from mae.cli import expand_stacked_configs
+
+    (tmp_path / "base.yaml").write_text("model:\n  mask_ratio: 0.6\n")
+    (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\n")
+    top, base = str(tmp_path / "top.yaml"), str(tmp_path / "base.yaml")
+    assert expand_stacked_configs(["-c", top]) == ["--config", base, "-c", top]
+
+
+def test_two_channel_figures__drawn_in_three_colours():
+    from mae.eval.visualize import reconstruction_grid
+
+    views = {k: torch.rand(1, 2, 8, 8) for k in ("original", "masked", "reconstruction", "reconstruction_visible")}
+    assert reconstruction_grid(views, mean=(0.0, 0.0), std=(1.0, 1.0)).shape[0] == 3
+
+
+def test_float_images__drawn_from_their_minimum_to_their_maximum(tmp_path):
+    from mae.eval.own_images import display_range
+
+    np.save(tmp_path / "reflectance.npy", np.full((4, 4, 2), 1500.0, np.float32))
+    Image.fromarray(np.zeros((4, 4), np.uint16)).save(tmp_path / "scan.png")
+    assert display_range([tmp_path / "scan.png"]) == (0.0, 1.0)
+    assert display_range([tmp_path / "scan.png", tmp_path / "reflectance.npy"]) is None

@@ -118,3 +118,21 @@ def test_probe_monitor__logged_during_pretraining(checkpoint, tmp_path):
     pretrain_main(["--config", str(write_config(tmp_path, config, "probe"))])
     rows = [r for r in read_metrics(tmp_path / "runs" / "probe" / "version_0") if r.get("val/probe_acc1")]
     assert len(rows) == 2 and all(0 <= float(r["val/probe_acc1"]) <= 100 for r in rows)
+
+
+def test_probe__augmented_views_of_a_held_out_image_are_never_trained_on(monkeypatch):
+    import mae.eval.probe as probe
+
+    train, val, _ = _problem(1.0, 0)
+    two_views = FeatureStore(np.concatenate([train.feats, train.feats + 0.01]), np.concatenate([train.labels] * 2), 2)
+    seen = {}
+    split, moments = probe._stratified_split, probe._moments
+    monkeypatch.setattr(probe, "_stratified_split", lambda *a: seen.setdefault("split", split(*a)))
+    monkeypatch.setattr(probe, "_moments", lambda store, rows, chunk: seen.setdefault("fit", rows) is not None
+                        and moments(store, rows, chunk))  # fmt: skip
+    result = train_probe(two_views, val, 10, max_epochs=2)
+    fit_images, held_images = seen["split"]
+    assert len(held_images) > 250 and set(fit_images).isdisjoint(held_images)
+    fit_rows = seen["fit"]
+    assert len(fit_rows) == 2 * len(fit_images) and set(fit_rows % 3000) == set(fit_images)  # both views, no held
+    assert 0 <= result.val_acc1 <= 100

@@ -311,7 +311,7 @@ def test_faults__sigterm_saves_a_resumable_checkpoint(tmp_path):
 def test_faults__sigterm_twice_with_the_same_command_line_completes_in_one_run_folder(tmp_path):
     """A requeue script repeats its command line: `--ckpt_path last` starts fresh, then resumes in the
     same run folder after each preemption, until the run is complete."""
-    config = _config(tmp_path, "requeue", max_epochs=30)  # 8 steps per epoch
+    config = _config(tmp_path, "requeue", max_epochs=12)  # 8 steps per epoch
     recipe = yaml.safe_load(config.read_text())
     del recipe["checkpoint"]["dirpath"]  # checkpoints in the run folder, as by default
     config.write_text(yaml.safe_dump(recipe))
@@ -333,14 +333,14 @@ def test_faults__sigterm_twice_with_the_same_command_line_completes_in_one_run_f
     proc = _start(config, "--ckpt_path", "last")
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
-    assert 0 < stopped_at[0] < stopped_at[1] < 240
+    assert 0 < stopped_at[0] < stopped_at[1] < 96
     assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # one run folder
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 240
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 96
     assert sorted(p.name for p in (run / "checkpoints").glob("last*")) == ["last.ckpt"] and not orphan.exists()
     assert "removed" in out and orphan.name in out
     steps = [int(r["step"]) for r in read_metrics(run) if r.get("train/loss_step")]
-    assert min(steps) == 0 and max(steps) == 239  # the first attempt's rows kept, the last attempt's added
-    assert len(steps) == len(set(steps)) == 240  # no step logged twice
+    assert min(steps) == 0 and max(steps) == 95  # the first attempt's rows kept, the last attempt's added
+    assert len(steps) == len(set(steps)) == 96  # no step logged twice
 
 
 def test_determinism__same_seed_same_losses_step_by_step(tmp_path):

@@ -65,7 +65,17 @@ def adapt_patch_embed(state: dict[str, torch.Tensor], in_chans: int, report: Loa
     weight = state["patch_embed.proj.weight"]
     if weight.shape[1] == in_chans:
         return state
-    state = {**state, "patch_embed.proj.weight": adapt_input_conv(in_chans, weight, base_chans=weight.shape[1])}
+    if weight.shape[1] == 3:  # every timm release adapts RGB weights
+        adapted = adapt_input_conv(in_chans, weight)
+    else:
+        try:  # other source channel counts need timm's base_chans (recent releases)
+            adapted = adapt_input_conv(in_chans, weight, base_chans=weight.shape[1])
+        except TypeError:
+            raise ValueError(
+                f"{report.source}: adapting its {weight.shape[1]}-channel patch embedding to {in_chans} channels "
+                f"needs a newer timm (adapt_input_conv with base_chans): pip install -U timm"
+            ) from None
+    state = {**state, "patch_embed.proj.weight": adapted}
     how = "summed over the source's channels" if in_chans == 1 else "repeated and scaled"
     report.notes.append(f"patch embedding adapted from {weight.shape[1]} to {in_chans} input channels ({how})")
     return state

@@ -13,7 +13,7 @@ from PIL import Image
 from mae.convert.backbone import load_mae
 from mae.convert.sources import read_checkpoint
 from mae.data.transforms import DEFAULT_MAX_PIXELS
-from mae.eval.own_images import Normalization, image_paths, load_image, reconstruction_figure
+from mae.eval.own_images import Normalization, display_range, image_paths, load_image, reconstruction_figure
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local page: nothing is sent anywhere
 
@@ -42,7 +42,7 @@ class ReconstructionSession:
         img = load_image(path, self.size, self.norm, self.max_pixels)[None]
         figure = reconstruction_figure(
             self.model, img, [Path(path).name], self.norm, float(mask_ratio), int(seed), unnormalize=unnormalize,
-            strategy=strategy,
+            strategy=strategy, value_range=display_range([path]),
         )  # fmt: skip
         return figure.image, f"**masked-patch loss {figure.losses[0]:.4f}** (mask ratio {mask_ratio:.2f}, " \
             f"{strategy}, seed {int(seed)}). {figure.caption}"  # fmt: skip

@@ -78,6 +78,12 @@ def load_image(
     return ArrayView("eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0).view(pixels)
 
 
+def display_range(paths: list[str | os.PathLike]) -> tuple[float, float] | None:
+    """(0, 1) for 8/16-bit images (their scaled range), None (each figure's own minimum to maximum)
+    when any image holds float data in its own units."""
+    return None if any(probe(path)[1].startswith("float") for path in paths) else (0.0, 1.0)
+
+
 def caption_of(model: MaskedAutoencoderViT, unnormalize: Unnormalize) -> str:
     """What the reconstruction panels show, honestly."""
     if not model.norm_pix_loss:
@@ -135,18 +141,20 @@ def reconstruction_figure(
     bands: list[int] | None = None,
     min_panel: int = 160,
     strategy: str | None = None,
+    value_range: tuple[float, float] | None = (0.0, 1.0),
 ) -> Figure:
     """One row per image: original | masked | reconstruction | reconstruction with the visible patches
     pasted back, the image's name and masked-patch loss beside it, the caption below.
 
     ``imgs``: (N, C, H, W) normalised model input. The masks are drawn from ``seed`` with
     ``strategy`` (default: the model's; one mask for every row with ``same_mask``); panels are
-    enlarged (nearest neighbour) to at least ``min_panel`` pixels.
+    enlarged (nearest neighbour) to at least ``min_panel`` pixels. ``value_range``: the data values
+    drawn black and white (``display_range``).
     """
     model.eval()
     noise = mask_noise(model, len(imgs), mask_ratio, seed, same_mask, strategy).to(imgs.device)
     views = reconstruct(model, imgs, mask_ratio, noise, unnormalize)
-    grid = reconstruction_grid(views, norm.mean, norm.std, bands)
+    grid = reconstruction_grid(views, norm.mean, norm.std, bands, value_range)
     height, width = imgs.shape[-2:]
     scale = max(1, -(-min_panel // min(height, width)))
     picture = Image.fromarray((grid.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))

@@ -6,9 +6,9 @@ ImageNet; at the scale most users work at it has not converged and understates t
 the encoder runs once over the data (cls token and / or average-pooled patch tokens), the features
 are standardised with the training split's statistics, and every (lr, weight decay) pair of the
 grid trains its own softmax-regression head, all in one batched matmul per step (as DINOv2's
-linear evaluation does). A held-out part of the training split chooses the head and stops the
-training when its accuracy stops improving; the validation split is only scored, never used to
-choose.
+linear evaluation does). A held-out part of the training split chooses the head (by accuracy)
+and stops the training (when no head's held-out loss improves any more); the validation split is
+only scored, never used to choose.
 """
 
 import math
@@ -54,8 +54,9 @@ class FeatureStore:
     """Features (N, D) float32 and labels (N,): in memory, or in ``.npy`` files read in chunks (for
     datasets whose features do not fit in memory)."""
 
-    def __init__(self, feats: np.ndarray, labels: np.ndarray) -> None:
+    def __init__(self, feats: np.ndarray, labels: np.ndarray, views: int = 1) -> None:
         self.feats, self.labels = feats, labels
+        self.views = views  # rows are view-major: row r is image r % (rows / views)
 
     @classmethod
     @torch.no_grad()
@@ -86,7 +87,7 @@ class FeatureStore:
         if isinstance(feats, np.memmap):
             feats.flush()
             labels.flush()
-        return cls(feats, labels)
+        return cls(feats, labels, views)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -145,9 +146,11 @@ def train_probe(
     Nesterov momentum 0.9 on standardised features), choose by the held-out accuracy, and score the
     chosen head on ``val``.
 
-    ``holdout``: fraction of the training split held out (class-stratified, seeded) to choose the
-    head and to stop: training ends when its best accuracy has not improved for ``patience`` epochs
-    (or after ``max_epochs``), and each head's weights of its best held-out epoch are kept. Features
+    ``holdout``: fraction of the training images held out (class-stratified, seeded; all views of an
+    image on the same side) to choose the head and to stop. Each head keeps its weights of its best
+    held-out accuracy (ties: lower held-out loss); the head with the best accuracy is chosen (ties:
+    lower loss). Training ends when no head's held-out loss has improved by 0.1 % for ``patience``
+    epochs, or after ``max_epochs``. Features
     are read ``chunk`` rows at a time (a multiple of ``batch_size``: the result does not depend on
     it), so memory stays bounded for cached features.
     """
@@ -157,7 +160,11 @@ def train_probe(
     if chunk % batch_size:
         raise ValueError(f"probe chunk {chunk} must be a multiple of the batch size {batch_size}")
     generator = np.random.default_rng(seed)
-    fit_rows, held_rows = _stratified_split(train.labels, holdout, generator)
+    # Held out by image: the other augmented views of a held-out image must not be trained on.
+    images = len(train) // train.views
+    fit_images, held_images = _stratified_split(np.asarray(train.labels[:images]), holdout, generator)
+    fit_rows = (fit_images[None] + images * np.arange(train.views)[:, None]).ravel()
+    held_rows = held_images  # their first view: the evaluation view when the views are augmented
     mean, std = _moments(train, fit_rows, chunk)
     settings = [(lr, wd) for lr in lrs for wd in weight_decays]
     heads = len(settings)

@@ -55,8 +55,9 @@ def denormalize(x: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.
 def to_display(
     x: torch.Tensor, bands: list[int] | None = None, value_range: tuple[float, float] = (0.0, 1.0)
 ) -> torch.Tensor:
-    """(N, C, H, W) in data units -> (N, 3, H, W) in [0, 1] for a picture: one channel as gray, three
-    as RGB, more through three chosen ``bands``; ``value_range`` (low, high) maps to black and white."""
+    """(N, C, H, W) in data units -> (N, 3, H, W) in [0, 1] for a picture: one channel as gray, two as
+    (first, second, second), three as RGB, more through three chosen ``bands`` (default: the first
+    three); ``value_range`` (low, high) maps to black and white."""
     channels = x.shape[1]
     if bands is not None:
         if len(bands) != 3 or not all(0 <= b < channels for b in bands):
@@ -64,6 +65,8 @@ def to_display(
         x = x[:, list(bands)]
     elif channels == 1:
         x = x.expand(-1, 3, -1, -1)
+    elif channels == 2:
+        x = x[:, [0, 1, 1]]
     elif channels != 3:
         x = x[:, :3]  # the first three bands, unless told otherwise
     low, high = value_range

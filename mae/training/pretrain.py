@@ -121,8 +121,10 @@ class MAEPretrainModule(MAETrainingModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        if self.init_report is not None and self.trainer.is_global_zero:
-            folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        if self.init_report is None:
+            return
+        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)  # on every rank: a collective
+        if self.trainer.is_global_zero:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "init_from.txt").write_text(f"{self.hparams.init_from}\n{self.init_report}\n")
 

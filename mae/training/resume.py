@@ -17,21 +17,25 @@ RESUME_LAST = "last"
 
 
 def _versioned_logger(trainer: pl.Trainer):
-    """The trainer's logger if it numbers its run folders (``root_dir/version_N``), else None."""
+    """The trainer's logger if it keeps each run in a folder of its own (``root_dir/<version>``, as
+    the CSV and TensorBoard loggers do), else None."""
     logger = trainer.logger
     return logger if logger is not None and hasattr(logger, "root_dir") and hasattr(logger, "_version") else None
 
 
 def find_last_checkpoint(trainer: pl.Trainer) -> Path | None:
-    """The newest ``last.ckpt`` of this run: in ``checkpoint.dirpath`` when set, else in the logger's
-    ``version_*/checkpoints`` folders; None when there is none."""
+    """The newest ``last.ckpt`` of this run, where Lightning's checkpoint callback writes it:
+    ``checkpoint.dirpath`` when set; else ``<save_dir>/<name>/<any version>/checkpoints`` of the
+    first logger; else ``<default_root_dir>/checkpoints``. None when there is none."""
     callback = trainer.checkpoint_callback
     if callback is not None and getattr(callback, "dirpath", None):
         candidates = [Path(callback.dirpath) / "last.ckpt"]
-    elif (logger := _versioned_logger(trainer)) is not None:
-        candidates = list(Path(logger.root_dir).glob("version_*/checkpoints/last.ckpt"))
+    elif trainer.loggers:
+        logger = trainer.loggers[0]
+        root = Path(logger.save_dir or trainer.default_root_dir) / str(logger.name)
+        candidates = list(root.glob("*/checkpoints/last.ckpt"))
     else:
-        candidates = [Path(trainer.default_root_dir) / "last.ckpt"]
+        candidates = [Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"]
     existing = [path for path in candidates if path.is_file()]
     return max(existing, key=lambda path: path.stat().st_mtime) if existing else None
 
@@ -49,7 +53,8 @@ def resolve_ckpt_path(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
 
 
 def continue_in_run_folder(trainer: pl.Trainer, ckpt_path: str, global_step: int) -> pl.Callback | None:
-    """When ``ckpt_path`` lies in ``<logger root>/version_N/``, log and checkpoint into ``version_N``.
+    """When ``ckpt_path`` lies in ``<logger root>/<version>/checkpoints/``, log and checkpoint into that
+    version's folder (``version_N``, or a named version).
 
     Returns a callback that keeps the folder's ``metrics.csv`` rows up to ``global_step`` (Lightning's
     CSV writer would delete the file), or None when the run folder is not continued.
@@ -59,10 +64,11 @@ def continue_in_run_folder(trainer: pl.Trainer, ckpt_path: str, global_step: int
         return None
     root = Path(logger.root_dir).resolve()
     path = Path(ckpt_path).resolve()
-    match = re.fullmatch(r"version_(\d+)", path.parent.parent.name) if path.parent.name == "checkpoints" else None
-    if match is None or path.parent.parent.parent != root:
+    if path.parent.name != "checkpoints" or path.parent.parent.parent != root:
         return None
-    logger._version = int(match.group(1))
+    folder = path.parent.parent.name
+    match = re.fullmatch(r"version_(\d+)", folder)
+    logger._version = int(match.group(1)) if match else folder
     rank_zero_info(f"resuming in the run folder {path.parent.parent}")
     metrics = path.parent.parent / "metrics.csv"
     if not isinstance(logger, CSVLogger) or not metrics.is_file():

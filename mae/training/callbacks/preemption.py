@@ -4,6 +4,7 @@ during a save."""
 from pathlib import Path
 
 import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -22,8 +23,8 @@ class SigtermCheckpoint(pl.Callback):
     """
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException):
-            return
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
+            return  # an evaluation has no training state to save
         callback = trainer.checkpoint_callback
         folder = Path(callback.dirpath) if callback is not None and callback.dirpath else Path(trainer.default_root_dir)
         path = folder / "last.ckpt"

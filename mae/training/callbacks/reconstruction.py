@@ -39,6 +39,7 @@ class ReconstructionCallback(pl.Callback):
         self.seed = seed
         self.images: torch.Tensor | None = None
         self.last_path: Path | None = None
+        self.rendered = False  # on every process (``last_path`` is known on global rank 0 only)
 
     def _fixed_images(self, trainer: pl.Trainer) -> torch.Tensor:
         datamodule = trainer.datamodule
@@ -69,12 +70,13 @@ class ReconstructionCallback(pl.Callback):
         if epoch % self.every_n_epochs and not last:
             return
         out_dir = self._out_dir(trainer)  # on every process: finding the log folder is a collective
+        self.rendered = True
         if trainer.is_global_zero:
             self.last_path = self.render(trainer, pl_module, epoch, out_dir)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Runs stopped by max_steps end mid-epoch: still leave a figure of the final weights.
-        if self.every_n_epochs and self.last_path is None:
+        if self.every_n_epochs and not self.rendered:
             out_dir = self._out_dir(trainer)
             if trainer.is_global_zero:
                 self.last_path = self.render(trainer, pl_module, trainer.current_epoch, out_dir)
