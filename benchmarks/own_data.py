@@ -36,14 +36,17 @@ from mae.cli import finetune_main, pretrain_main, stats_main
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_digits16(root: Path, size: int = 32) -> Path:
-    """The digits as 16-bit grayscale PNGs, ``root/{train,val}/<digit>/<i>.png`` (every fifth image in val)."""
+def write_digits16(root: Path, size: int = 32, per_class: int | None = None) -> Path:
+    """The digits as 16-bit grayscale PNGs, ``root/{train,val}/<digit>/<i>.png`` (every fifth image in
+    val), at most ``per_class`` images of each digit in each split when set."""
     digits = load_digits()
     images = torch.from_numpy(digits.images / 16.0).float()[:, None]
     images = F.interpolate(images, size=(size, size), mode="bicubic", align_corners=False).clamp(0, 1)
     for i, (image, label) in enumerate(zip(images[:, 0].numpy(), digits.target, strict=True)):
         folder = root / ("val" if i % 5 == 0 else "train") / str(label)
         folder.mkdir(parents=True, exist_ok=True)
+        if per_class is not None and len(list(folder.iterdir())) >= per_class:
+            continue
         Image.fromarray(np.round(image * 65535).astype(np.uint16)).save(folder / f"{i:04d}.png")
     return root
 
@@ -72,12 +75,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--source-epochs", type=int, default=30, help="epochs of the RGB run that is continued")
     parser.add_argument("--finetune-epochs", type=int, default=20)
     parser.add_argument("--freeze-encoder-epochs", type=int, default=2)
+    parser.add_argument("--images-per-class", type=int, default=None, help="a smaller folder (for a quick check)")
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
 
-    root = write_digits16(out / "digits16")
+    root = write_digits16(out / "digits16", per_class=args.images_per_class)
     stats = stats_main([str(root), "--in-chans", "1"])
     data = {"root": str(root), "img_size": 32, "batch_size": 64, "num_workers": 0, "in_chans": 1,
             "mean": stats.mean, "std": stats.std, "eval_crop_ratio": 1.0}  # fmt: skip

@@ -95,6 +95,16 @@ def make_trainer(tmp_path, **kwargs) -> pl.Trainer:
     return pl.Trainer(**{**defaults, **kwargs})
 
 
+def tiny_pretraining_checkpoint(folder: Path, steps: int = 2) -> Path:
+    """``folder/last.ckpt``: our pretraining checkpoint of the tiny norm_pix_loss model (16x16 inputs)
+    after ``steps`` steps on ``RandomImages``."""
+    module = pretrain_module(warmup_epochs=0)
+    trainer = make_trainer(folder, max_steps=steps, limit_val_batches=0)
+    trainer.fit(module, datamodule=RandomImages())
+    trainer.save_checkpoint(folder / "last.ckpt")
+    return folder / "last.ckpt"
+
+
 def csv_logger(tmp: Path, name: str) -> dict:
     """The ``trainer.logger`` entry of a CLI config: CSV metrics under ``tmp/runs/<name>``."""
     return {"class_path": "lightning.pytorch.loggers.CSVLogger",

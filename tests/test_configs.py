@@ -9,7 +9,6 @@ from mae.cli import PretrainCLI, expand_stacked_configs
 from mae.data import ImageDataModule
 from mae.training.optim import effective_batch_size, scaled_lr
 from mae.training.pretrain import MAEPretrainModule
-from tests.helpers import run_script
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "pretrain").glob("*.yaml"))
 # Keep the big models light and the trainer on this machine's CPU.
@@ -51,10 +50,18 @@ def test_config__parses_and_builds(config, monkeypatch):
     assert cli.model.model.patch_embed.img_size == tuple([cli.datamodule.img_size] * 2)
 
 
-def _printed(*configs: str) -> dict:
-    """The config ``train.py`` resolves from ``configs`` (each a file name in configs/pretrain/)."""
-    args = [a for name in configs for a in ("--config", f"configs/pretrain/{name}")]
-    return yaml.safe_load(run_script("train.py", *args, "--print_config", timeout=120).stdout)
+def _cli(*args: str) -> PretrainCLI:
+    """``train.py``'s CLI in this process, from the repository root, building nothing yet."""
+    return PretrainCLI(MAEPretrainModule, ImageDataModule, subclass_mode_data=True, run=False, args=list(args))
+
+
+def _printed(capsys, monkeypatch, *configs: str) -> dict:
+    """The config ``train.py --print_config`` resolves from ``configs`` (file names in configs/pretrain/)."""
+    monkeypatch.chdir(CONFIGS[0].parents[2])
+    with pytest.raises(SystemExit) as stop:
+        _cli(*[a for name in configs for a in ("--config", f"configs/pretrain/{name}")], "--print_config")
+    assert stop.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
 
 
 STACKS = {
@@ -65,8 +72,8 @@ STACKS = {
 
 
 @pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
-def test_config__paper_recipe_values_on_64_gpus_and_on_one(stack):
-    recipe = _printed(*stack)
+def test_config__paper_recipe_values_on_64_gpus_and_on_one(stack, capsys, monkeypatch):
+    recipe = _printed(capsys, monkeypatch, *stack)
     model, trainer, data = recipe["model"], recipe["trainer"], recipe["data"]["init_args"]
     assert model["model"] == "mae_vit_base_patch16" and model["mask_ratio"] == 0.75 and model["norm_pix_loss"]
     assert model["base_lr"] == 1.5e-4 and model["warmup_epochs"] == 40 and trainer["max_epochs"] == 800
@@ -79,8 +86,8 @@ def test_config__paper_recipe_values_on_64_gpus_and_on_one(stack):
 
 
 @pytest.mark.parametrize("size, model", [("large", "mae_vit_large_patch16"), ("huge", "mae_vit_huge_patch14")])
-def test_config__vit_large_and_huge_recipes_stack_on_the_base_recipe(size, model):
-    recipe = _printed("imagenet_vit_base.yaml", f"imagenet_vit_{size}.yaml")
+def test_config__vit_large_and_huge_recipes_stack_on_the_base_recipe(size, model, capsys, monkeypatch):
+    recipe = _printed(capsys, monkeypatch, "imagenet_vit_base.yaml", f"imagenet_vit_{size}.yaml")
     assert recipe["model"]["model"] == model and recipe["model"]["base_lr"] == 1.5e-4
     assert recipe["trainer"]["max_epochs"] == 800 and recipe["trainer"]["logger"]["init_args"]["name"].endswith(size)
 
@@ -95,10 +102,11 @@ def test_expand_stacked_configs__inserts_the_base_once(tmp_path):
 
 
 @pytest.mark.parametrize("form", ["--config PATH", "--config=PATH"])
-def test_linked_model_img_size_in_a_yaml_is_refused(tmp_path, form):
+def test_linked_model_img_size_in_a_yaml_is_refused(tmp_path, form, capsys, monkeypatch):
+    monkeypatch.chdir(CONFIGS[0].parents[2])
     path = tmp_path / "bad.yaml"
     path.write_text("model:\n  img_size: 64\n")
     args = ["--config", str(path)] if form == "--config PATH" else [f"--config={path}"]
-    result = run_script("train.py", "--config", "configs/pretrain/default.yaml", *args, "--trainer.logger", "false",
-                        timeout=120, check=False)  # fmt: skip
-    assert result.returncode != 0 and "model.img_size is taken from data.img_size" in result.stderr
+    with pytest.raises(SystemExit) as stop:
+        _cli("--config", "configs/pretrain/default.yaml", *args, "--trainer.logger", "false")
+    assert stop.value.code != 0 and "model.img_size is taken from data.img_size" in capsys.readouterr().err

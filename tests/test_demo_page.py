@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import RandomImages, make_trainer, pretrain_module
+from tests.helpers import tiny_pretraining_checkpoint
 
 gr = pytest.importorskip("gradio", reason="the demo extra is not installed: pip install -e '.[demo]'")
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install -e '.[dev]'")
@@ -35,10 +35,7 @@ def _free_port() -> int:
 def page(tmp_path_factory):
     """The page of a tiny pretraining checkpoint, served on localhost, and an example image."""
     tmp = tmp_path_factory.mktemp("demo")
-    module = pretrain_module(warmup_epochs=0)
-    trainer = make_trainer(tmp, max_steps=1, limit_val_batches=0)
-    trainer.fit(module, datamodule=RandomImages())
-    trainer.save_checkpoint(tmp / "last.ckpt")
+    tiny_pretraining_checkpoint(tmp)
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)).save(tmp / "example.png")
     session = ReconstructionSession(tmp / "last.ckpt")

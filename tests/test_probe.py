@@ -10,11 +10,9 @@ from mae.cli import pretrain_main, probe_main
 from mae.eval.probe import FeatureStore, pooled, train_probe
 from tests.helpers import (
     TINY_MODEL,
-    RandomImages,
     csv_logger,
-    make_trainer,
-    pretrain_module,
     read_metrics,
+    tiny_pretraining_checkpoint,
     write_config,
     write_image_folder,
 )
@@ -68,10 +66,7 @@ def test_probe__grid_and_pool_errors_name_the_setting():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("probe")
-    module = pretrain_module(warmup_epochs=0)
-    trainer = make_trainer(tmp, max_steps=2, limit_val_batches=0)
-    trainer.fit(module, datamodule=RandomImages())
-    trainer.save_checkpoint(tmp / "last.ckpt")
+    tiny_pretraining_checkpoint(tmp)
     write_image_folder(tmp / "data" / "train", ["a", "b", "c"], per_class=8, size=(20, 20))
     write_image_folder(tmp / "data" / "val", ["a", "b", "c"], per_class=3, size=(20, 20), seed=1)
     return tmp

@@ -40,10 +40,10 @@ def test_own_data_benchmark__tiny_run_writes_results_and_figures(tmp_path):
     spec.loader.exec_module(own_data)
     results = own_data.main([
         "--out", str(tmp_path), "--epochs", "1", "--source-epochs", "1", "--finetune-epochs", "1",
-        "--freeze-encoder-epochs", "0",
+        "--freeze-encoder-epochs", "0", "--images-per-class", "12",
     ])  # fmt: skip
     pngs = sorted((tmp_path / "digits16" / "train" / "3").glob("*.png"))
-    assert len(pngs) > 100 and Image.open(pngs[0]).mode == "I;16"
+    assert len(pngs) == 12 and Image.open(pngs[0]).mode == "I;16"
     for name in ("scratch", "init_from"):
         assert 0 <= results[name]["knn_acc1"] <= 100 and 0 <= results[name]["finetune_acc1"] <= 100
         assert (tmp_path / f"reconstructions_{name}.png").exists()

@@ -10,18 +10,12 @@ from mae.cli import reconstruct_main
 from mae.convert.export import export_encoder
 from mae.convert.huggingface import save_hf_pretrained
 from mae.eval.own_images import Normalization, load_image, mask_noise, reconstruction_figure
-from tests.helpers import TINY_KWARGS, RandomImages, make_trainer, pretrain_module, run_script
+from tests.helpers import TINY_KWARGS, run_script, tiny_pretraining_checkpoint
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """Our pretraining checkpoint of a tiny norm_pix_loss model (16x16 inputs), trained 2 steps."""
-    tmp = tmp_path_factory.mktemp("ckpt")
-    module = pretrain_module(warmup_epochs=0)
-    trainer = make_trainer(tmp, max_steps=2, limit_val_batches=0)
-    trainer.fit(module, datamodule=RandomImages())
-    trainer.save_checkpoint(tmp / "last.ckpt")
-    return tmp / "last.ckpt"
+    return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 @pytest.fixture
