@@ -1,6 +1,7 @@
 """What the pretraining and fine-tuning modules share: kernel settings, the optimiser's step-wise
 schedule, the training-loss guard and logging, the lr monitor and the checkpoint's architecture record."""
 
+from abc import ABC, abstractmethod
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -39,7 +40,7 @@ def check_setting(name: str, value: Any, allowed: tuple) -> None:
         raise ValueError(f"model.{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
 
-class MAETrainingModule(pl.LightningModule):
+class MAETrainingModule(pl.LightningModule, ABC):
     """Base of ``MAEPretrainModule`` and ``MAEFinetuneModule``.
 
     A subclass sets ``self.network`` (the ``nn.Module`` trained and checkpointed, under the
@@ -62,12 +63,13 @@ class MAETrainingModule(pl.LightningModule):
     def network(self) -> nn.Module:
         return getattr(self, self.network_attribute)
 
+    @abstractmethod
     def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
-        raise NotImplementedError
+        """The optimizer over ``self.network``'s parameter groups, at learning rate ``lr``."""
 
+    @abstractmethod
     def architecture_record(self) -> dict[str, Any]:
         """The checkpoint's ``mae_architecture`` entry (``mae.convert.architecture``)."""
-        raise NotImplementedError
 
     def resolve_settings(self, steps: float | None = None) -> TrainingSettings:
         """The run's kernel choices: the measured defaults for the device, precision and run length
