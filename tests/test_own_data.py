@@ -222,3 +222,15 @@ def test_freeze_encoder_epochs__only_the_decoder_learns_first(tmp_path):
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0)
     trainer.fit(module, datamodule=RandomImages())
     assert changed("blocks.0.attn.qkv.weight")
+
+
+def test_corrupt_tiff_and_truncated_npy__skipped_by_name_not_a_crash(tmp_path, caplog):
+    root = _folder(tmp_path, "4band_tiff", per_class=3)
+    (root / "train" / "a" / "0.tif").write_bytes(b"II*\x00 not the rest of a tiff")  # sampled at start-up too
+    (root / "train" / "b" / "9.npy").write_bytes(b"\x93NUMPY\x01\x00v\x00{")  # truncated (and unlike the rest)
+    dm = ImageFolderDataModule(str(root), img_size=16, num_workers=0, in_chans=4, mean=[0.5] * 4, std=[0.3] * 4)
+    dm.setup()
+    with caplog.at_level("WARNING"):
+        images = [dm.train_set[i][0] for i in range(len(dm.train_set))]
+    assert all(img.shape == (4, 16, 16) for img in images)
+    assert "cannot read" in caplog.text and "0.tif as a TIFF" in caplog.text and "9.npy as an .npy array" in caplog.text

@@ -7,6 +7,7 @@ kept in its own units (the data's ``mean`` / ``std`` normalise it).
 """
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +27,29 @@ def _suffix(path: str | os.PathLike) -> str:
     return Path(path).suffix.lower()
 
 
+def _unreadable(path: str | os.PathLike, kind: str, err: Exception) -> ValueError:
+    """The error for a file its library could not parse (corrupt, truncated, misnamed): names it, and
+    is a ``ValueError`` so the datasets skip it by name like any unreadable image."""
+    return ValueError(f"cannot read {path} as {kind}: {type(err).__name__}: {err}")
+
+
 def _tiff_layout(path: str | os.PathLike) -> tuple[tuple[int, ...], str, str]:
     """(shape, dtype name, axes) of a TIFF's first image series, from its header."""
     import tifffile
 
-    with tifffile.TiffFile(path) as tif:
-        series = tif.series[0]
-        return tuple(series.shape), series.dtype.name, series.axes
+    try:
+        with tifffile.TiffFile(path) as tif:
+            series = tif.series[0]
+            return tuple(series.shape), series.dtype.name, series.axes
+    except (tifffile.TiffFileError, IndexError, KeyError, ValueError, EOFError, struct.error) as err:
+        raise _unreadable(path, "a TIFF", err) from err
+
+
+def _load_npy(path: str | os.PathLike, mmap: bool) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None)
+    except (ValueError, EOFError, OSError) as err:  # truncated, pickled objects, not an .npy at all
+        raise _unreadable(path, "an .npy array", err) from err
 
 
 def _channels_last(array: np.ndarray, axes: str, path: str | os.PathLike) -> np.ndarray:
@@ -54,7 +71,7 @@ def probe(path: str | os.PathLike) -> tuple[int, str]:
     """
     suffix = _suffix(path)
     if suffix == ".npy":
-        array = np.load(path, mmap_mode="r")
+        array = _load_npy(path, mmap=True)
         if array.ndim not in (2, 3):
             raise ValueError(f"{path} holds an array of shape {array.shape}; expected (H, W) or (H, W, C)")
         return (1 if array.ndim == 2 else array.shape[2]), array.dtype.name
@@ -71,7 +88,7 @@ def header_size(path: str | os.PathLike) -> tuple[int, int]:
     """(width, height) of an image file, from its header only."""
     suffix = _suffix(path)
     if suffix == ".npy":
-        shape = np.load(path, mmap_mode="r").shape
+        shape = _load_npy(path, mmap=True).shape
         return shape[1], shape[0]
     if suffix in (".tif", ".tiff"):
         shape, _, axes = _tiff_layout(path)
@@ -89,13 +106,17 @@ def read_array(path: str | os.PathLike) -> np.ndarray:
     """The pixels of an image file as (H, W, C), in their stored dtype."""
     suffix = _suffix(path)
     if suffix == ".npy":
-        array = np.load(path)
+        array = _load_npy(path, mmap=False)
         return array[:, :, None] if array.ndim == 2 else array
     if suffix in (".tif", ".tiff"):
         import tifffile
 
         _, _, axes = _tiff_layout(path)
-        return _channels_last(tifffile.imread(path), axes, path)
+        try:
+            pixels = tifffile.imread(path)
+        except (tifffile.TiffFileError, IndexError, KeyError, ValueError, EOFError, struct.error) as err:
+            raise _unreadable(path, "a TIFF", err) from err
+        return _channels_last(pixels, axes, path)
     with Image.open(path) as img:
         if img.mode not in _PIL_MODES or img.mode in ("P", "CMYK", "YCbCr", "1"):
             img = img.convert("RGB" if img.mode != "1" else "L")
