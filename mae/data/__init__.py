@@ -1,6 +1,7 @@
 """Data: datasets, transforms and Lightning data modules."""
 
 from mae.data.datamodules import CIFARDataModule, DigitsDataModule, ImageDataModule, ImageFolderDataModule
+from mae.data.streaming import StreamingDataModule
 from mae.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -18,6 +19,7 @@ __all__ = [
     "IMAGENET_STD",
     "ImageDataModule",
     "ImageFolderDataModule",
+    "StreamingDataModule",
     "eval_transform",
     "finetune_transform",
     "linprobe_transform",

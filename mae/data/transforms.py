@@ -1,12 +1,13 @@
 """Image transforms of the MAE recipes: pretraining, fine-tuning, linear probing, evaluation."""
 
 import functools
+import io
 import os
 from typing import Literal
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN
 from timm.data import IMAGENET_DEFAULT_STD as IMAGENET_STD
 from timm.data import create_transform
@@ -52,19 +53,26 @@ def to_rgb(img: Image.Image) -> Image.Image:
         raise ValueError(f"cannot convert image {_name(img)} of mode {img.mode} to RGB: {err}") from err
 
 
-def open_image(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+def open_image(
+    path: "str | os.PathLike | io.BytesIO", max_pixels: int | None = DEFAULT_MAX_PIXELS, name: str | None = None
+) -> Image.Image:
     """``Image.open`` (header only, not decoded) with ``max_pixels`` as the decompression-bomb limit.
+    ``path`` may be a file object, reported in errors as ``name``.
 
     Raises:
         PIL.Image.DecompressionBombError: naming the file, its size and the limit.
+        OSError: not an image PIL can identify, naming the file.
     """
+    name = name or path
     previous = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # the limit checked below replaces PIL's own
     try:
         img = Image.open(path)
+    except UnidentifiedImageError as err:
+        raise UnidentifiedImageError(f"cannot identify image file {name}") from err
     finally:
         Image.MAX_IMAGE_PIXELS = previous
-    check_pixel_count(path, *img.size, max_pixels)
+    check_pixel_count(name, *img.size, max_pixels)
     return img
 
 
@@ -136,47 +144,113 @@ class PretrainCrop:
         self.scale = scale
         self.max_pixels = max_pixels
 
-    def __call__(self, img: Image.Image | str | os.PathLike) -> torch.Tensor:
-        """``img``: a PIL image (opened, decoded or not) or an image file's path."""
+    def __call__(self, img: "Image.Image | str | os.PathLike | EncodedImage") -> torch.Tensor:
+        """``img``: a PIL image (opened, decoded or not), an image file's path, or its encoded bytes."""
         pixels = _decode_rgb(img, self.max_pixels)
         top, left, h, w = T.RandomResizedCrop.get_params(pixels, list(self.scale), list(self.ratio))
         flip = torch.rand(1).item() < 0.5
-        pixels = F.interpolate(
-            pixels[None, :, top : top + h, left : left + w].contiguous(memory_format=torch.channels_last),
-            self.size,
-            mode="bicubic",
-            antialias=True,
-        )[0]
-        return pixels.flip(-1) if flip else pixels
+        return resized_crop(pixels, (top, left, h, w), flip, self.size)
 
     def __repr__(self) -> str:
         return f"PretrainCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, bicubic, flip=0.5)"
 
 
-def _decode_rgb(source: Image.Image | str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
-    """(3, H, W) uint8 pixels, H x W x 3 in memory, of an image file or a (possibly not yet decoded)
-    PIL image. Unreadable files raise ``OSError`` naming the file, as PIL does; images over
-    ``max_pixels`` raise ``DecompressionBombError`` before they are decoded."""
-    if isinstance(source, Image.Image):
+class EncodedImage:
+    """An image file's encoded bytes (JPEG, PNG, ...) and the name to report it by, e.g. a shard's
+    ``s3://bucket/train:class/img.jpg``."""
+
+    def __init__(self, data: bytes | memoryview | bytearray, name: str) -> None:
+        self.data = data
+        self.name = name
+
+    def tensor(self) -> torch.Tensor:
+        """The bytes as a 1-D uint8 tensor (a copy: decoders need writable memory)."""
+        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
+
+    def open(self, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+        """``open_image`` of the bytes; the PIL image's ``filename`` is ``name``, for error messages."""
+        img = open_image(io.BytesIO(self.data), max_pixels, self.name)
+        img.filename = self.name
+        return img
+
+    def __repr__(self) -> str:
+        return f"EncodedImage({self.name}, {len(self.data)} bytes)"
+
+
+def resized_crop(
+    pixels: torch.Tensor,
+    box: tuple[int, int, int, int],
+    flip: bool,
+    size: tuple[int, int],
+    float_math: bool | None = None,
+) -> torch.Tensor:
+    """The (top, left, height, width) ``box`` of uint8 (C, H, W) ``pixels`` resized to ``size`` (H, W)
+    with the antialiased bicubic filter, mirrored if ``flip``: uint8 (C, *size), H x W x C in memory.
+
+    On the CPU this is PyTorch's vectorised uint8 kernel; elsewhere (CUDA has no uint8 bicubic) the
+    crop is resized in float32 and rounded, within one intensity level of the CPU result.
+    ``float_math`` forces one or the other (default: by device).
+    """
+    top, left, h, w = box
+    crop = pixels[None, :, top : top + h, left : left + w]
+    if float_math is None:
+        float_math = pixels.device.type != "cpu"
+    if not float_math:
+        out = F.interpolate(crop.contiguous(memory_format=torch.channels_last), size, mode="bicubic", antialias=True)
+    else:
+        out = F.interpolate(crop.float(), size, mode="bicubic", antialias=True)
+        out = out.round_().clamp_(0, 255).to(torch.uint8).contiguous(memory_format=torch.channels_last)
+    return out[0].flip(-1) if flip else out[0]
+
+
+def _decode_rgb(
+    source: "Image.Image | str | os.PathLike | EncodedImage", max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> torch.Tensor:
+    """(3, H, W) uint8 pixels, H x W x 3 in memory, of an image file, its encoded bytes, or a (possibly
+    not yet decoded) PIL image. Unreadable files raise ``OSError`` naming the file, as PIL does;
+    images over ``max_pixels`` raise ``DecompressionBombError`` before they are decoded."""
+    if isinstance(source, EncodedImage):
+        data, name = source.tensor(), source.name
+    elif isinstance(source, Image.Image):
         path = getattr(source, "filename", "") if source.format == "JPEG" else ""
         if not path:
             return _pil_rgb(source)
         source.close()  # PIL read only the header; decode the file's bytes with libjpeg-turbo directly
+        data, name = _read_bytes(path), path
     else:
-        path = os.fspath(source)
+        name = os.fspath(source)
+        data = _read_bytes(name)
+    if data[:2].tolist() != [0xFF, 0xD8]:  # not a JPEG (no start-of-image marker): let PIL decode it
+        img = source.open(max_pixels) if isinstance(source, EncodedImage) else open_image(name, max_pixels)
+        with img:
+            return _pil_rgb(img)
+    return decode_jpeg_checked(data, name, max_pixels)
+
+
+def _read_bytes(path: str | os.PathLike) -> torch.Tensor:
     with open(path, "rb") as f:  # Python's OSError names the file (missing, a folder, no permission)
         data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
         f.readinto(data.numpy())
-    if data[:2].tolist() != [0xFF, 0xD8]:  # not a JPEG (no start-of-image marker): let PIL decode it
-        with open_image(path, max_pixels) as img:
-            return _pil_rgb(img)
+    return data
+
+
+def decode_jpeg_checked(
+    data: torch.Tensor, name: str, max_pixels: int | None = DEFAULT_MAX_PIXELS, device: str | torch.device = "cpu"
+) -> torch.Tensor:
+    """libjpeg-turbo (or, with a CUDA ``device``, nvJPEG) decoding of JPEG bytes (1-D uint8, on the
+    CPU) to (3, H, W) uint8 RGB, after checking the header's pixel count against ``max_pixels``.
+
+    Raises:
+        OSError: corrupt or truncated data, naming ``name`` (PIL's error type, so loaders skip it).
+        PIL.Image.DecompressionBombError: over ``max_pixels``, before decoding.
+    """
     size = jpeg_size(data[:65536].numpy().tobytes())
     if size is not None:
-        check_pixel_count(path, *size, max_pixels)
+        check_pixel_count(name, *size, max_pixels)
     try:
-        return decode_jpeg(data, mode=ImageReadMode.RGB)
-    except RuntimeError as err:  # corrupt or truncated: PIL's error type, so loaders can skip the file
-        raise OSError(f"cannot decode JPEG {path}: {err}") from err
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError as err:  # corrupt or truncated
+        raise OSError(f"cannot decode JPEG {name}: {err}") from err
 
 
 def _pil_rgb(img: Image.Image) -> torch.Tensor:

@@ -1,0 +1,232 @@
+"""Training from shards (``python -m mae.data.shard``) on local disk or object storage, through litdata.
+
+litdata is Lightning's own streaming engine: it downloads shards ahead of use into a bounded local
+cache, splits every epoch between processes and loader workers, shuffles shards and the samples in
+them, and its ``StreamingDataLoader`` has a state that Lightning saves in each checkpoint, so a run
+resumed mid-epoch continues the stream where it stopped.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from litdata import StreamingDataLoader, StreamingDataset
+from torch.utils.data import Dataset
+
+from mae.data import storage
+from mae.data.datamodules import ImageDataModule, collate_images
+from mae.data.gpu_decode import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
+from mae.data.shard import FORMAT, METADATA, VERSION
+from mae.data.transforms import DEFAULT_MAX_PIXELS, EncodedImage, to_rgb
+
+
+class DecodeSample:
+    """A shard sample ``{"image": bytes, "label", "name", ...}`` -> (``transform``'s view, label).
+
+    A transform that reads files (``PretrainCrop``) gets the bytes as an ``EncodedImage``; others a PIL
+    image (converted to RGB by the transform). Without a transform the sample stays encoded, as a 1-D
+    ``EncodedImage`` (for decoding whole batches on the GPU).
+    """
+
+    def __init__(self, transform: Callable | None, url: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
+        self.transform = transform
+        self.url = url
+        self.max_pixels = max_pixels
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
+        encoded = EncodedImage(sample["image"], f"{self.url}:{sample['name']}")
+        if self.transform is None:
+            return EncodedImage(bytes(sample["image"]), encoded.name), sample["label"]
+        if getattr(self.transform, "reads_files", False):
+            return self.transform(encoded), sample["label"]
+        with encoded.open(self.max_pixels) as img:
+            return self.transform(to_rgb(img)), sample["label"]
+
+
+class ShardedImages(StreamingDataset):
+    """One split of a shard folder as a litdata ``StreamingDataset`` of (image, label) samples.
+
+    Args:
+        url: the split's folder or ``s3://`` URL (holding litdata's ``index.json``).
+        classes: class names, in label order.
+        decode: ``DecodeSample`` applied to each sample.
+        **kwargs: litdata ``StreamingDataset`` arguments (shuffle, seed, cache_dir, storage_options, ...).
+    """
+
+    def __init__(self, url: str, classes: list[str], decode: DecodeSample, **kwargs: Any) -> None:
+        super().__init__(url, transform=decode, **kwargs)
+        self.url = url
+        self.classes = classes
+
+
+class ResumableStreamingLoader(StreamingDataLoader):
+    """litdata's ``StreamingDataLoader``, ending a resumed epoch's replay when the epoch is over.
+
+    After ``load_state_dict`` litdata replays the saved position at each ``__iter__`` until one
+    iteration runs to exhaustion. Lightning reads an epoch of a loader with a length by count and
+    never exhausts it, so without this the epoch after a mid-epoch resume would replay the resumed
+    epoch's remainder instead of starting a new, reshuffled one.
+    """
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        super().load_state_dict(obj)
+        self._replayed = False
+
+    def __iter__(self) -> Any:
+        if self.restore and getattr(self, "_replayed", False):
+            self.restore = False  # the resumed epoch was read to its end: start the next one afresh
+        if self.restore:
+            self._replayed = True
+        yield from super().__iter__()
+
+
+def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, Any]:
+    """The ``mae_shards.json`` of a shard folder, checked: this format and version, a training split.
+
+    Raises:
+        FileNotFoundError: nothing at ``root``, or a folder that is not a finished shard folder
+            (with what it looks like and the command that makes one).
+        ValueError: another format or version.
+        storage.StorageError: an unreachable endpoint, missing bucket, or refused credentials.
+    """
+    make = f"write shards there with `python -m mae.data.shard IMAGE_FOLDER {root}`"
+    if not storage.is_remote(root) and not storage.exists_any(root):
+        raise FileNotFoundError(f"no shard folder at data.root={root} (missing or empty); {make}")
+    metadata = storage.read_json(storage.join(root, METADATA), storage_options)
+    if metadata is None:
+        if not storage.exists_any(root, storage_options):
+            raise FileNotFoundError(f"nothing is stored at data.root={root}; {make}")
+        if storage.read_text(storage.join(root, "index.json"), storage_options) is not None:
+            raise FileNotFoundError(
+                f"data.root={root} is a litdata folder without {METADATA}: not written by mae.data.shard (or by "
+                f"a version before the format had one); {make}, or point data.root at the folder above its splits"
+            )
+        raise FileNotFoundError(
+            f"data.root={root} has no {METADATA}: an unfinished conversion (it is written last) or not a shard "
+            f"folder; {make} --overwrite"
+        )
+    if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
+        raise ValueError(
+            f"{storage.join(root, METADATA)} is format {metadata.get('format')!r} version {metadata.get('version')!r};"
+            f" this code reads {FORMAT!r} version {VERSION}: reshard with `python -m mae.data.shard ... --overwrite`"
+        )
+    return metadata
+
+
+class StreamingDataModule(ImageDataModule):
+    """Shards written by ``python -m mae.data.shard``, streamed from a folder or ``s3://`` URL.
+
+    The transforms, batch, worker, ``img_size``, augmentation and normalisation settings are those
+    of ``ImageDataModule``; the classes are the ones the shards were written with.
+
+    Args:
+        root: shard folder or ``s3://bucket/prefix`` (holding ``mae_shards.json``).
+        train_split, val_split: split folders under ``root``; the validation split is skipped when
+            the shards have none.
+        cache_dir: local folder for downloaded shards (litdata's default cache when None); unused
+            for local shards, which are read in place.
+        max_cache_size: cache budget, e.g. "50GB".
+        shuffle_seed: seed of the shard and sample order (reshuffled each epoch).
+        storage_options: S3 client settings (``endpoint_url``, ``region_name``, keys); the
+            environment's (``AWS_*``) when not set.
+        decode_on: where pretraining crops are decoded: "cpu" (in loader workers), "gpu" (whole
+            batches with nvJPEG, crop + flip on the GPU; workers only read bytes) or "auto" (gpu
+            when training on CUDA with the pretraining augmentation).
+        **kwargs: the loader and augmentation settings of ``ImageDataModule``.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        train_split: str = "train",
+        val_split: str | None = "val",
+        cache_dir: str | None = None,
+        max_cache_size: str = "50GB",
+        shuffle_seed: int = 42,
+        storage_options: dict[str, Any] | None = None,
+        decode_on: DecodeOn = "auto",
+        num_workers: int = 8,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(num_workers=num_workers, **kwargs)
+        if self.train_fraction != 1.0:
+            raise ValueError(
+                "data.train_fraction is not supported with streamed shards; write a labelled subset with "
+                "`python -m mae.data.shard ... --max-images-per-class M` instead"
+            )
+        if decode_on not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"data.decode_on must be 'auto', 'cpu' or 'gpu', got {decode_on!r}")
+        self.root = str(root).rstrip("/") if storage.is_remote(root) else str(root)
+        self.train_split = train_split
+        self.val_split = val_split
+        self.cache_dir = cache_dir
+        self.max_cache_size = max_cache_size
+        self.shuffle_seed = shuffle_seed
+        self.storage_options = storage_options
+        self.decode_on = decode_on
+        self._metadata: dict[str, Any] | None = None
+        self._gpu_decode = False
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The shards' ``mae_shards.json`` (read and checked once)."""
+        if self._metadata is None:
+            storage.allow_plain_http(self.storage_options)
+            self._metadata = read_metadata(self.root, self.storage_options)
+        return self._metadata
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.metadata["classes"])
+
+    def configure_pixels(self) -> None:
+        if self.in_chans != 3:
+            raise ValueError(
+                f"shards hold 8-bit RGB (or grayscale, served as RGB) images: data.in_chans must be 3, got "
+                f"{self.in_chans}; train other data with mae.data.ImageFolderDataModule"
+            )
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        self._gpu_decode = resolve_decode_on(self.decode_on, device, self.augmentation)
+
+    def train_transform(self) -> Callable | None:
+        return None if self._gpu_decode else super().train_transform()
+
+    def _split(self, split: str, transform: Callable | None, train: bool) -> ShardedImages:
+        url = storage.join(self.root, split)
+        return ShardedImages(
+            url, self.metadata["classes"], DecodeSample(transform, url, self.max_image_pixels), shuffle=train,
+            seed=self.shuffle_seed, cache_dir=self.cache_dir, max_cache_size=self.max_cache_size,
+            storage_options=dict(self.storage_options or {}),
+        )  # fmt: skip
+
+    def build_datasets(self, train_tf: Callable | None, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
+        splits = self.metadata["splits"]
+        if self.train_split not in splits:
+            raise FileNotFoundError(
+                f"{self.root} has no split {self.train_split!r} (data.train_split); it has {', '.join(splits)}"
+            )
+        train = self._split(self.train_split, train_tf, train=True)
+        val = None
+        if self.val_split is not None and self.val_split in splits:
+            val = self._split(self.val_split, eval_tf, train=False)
+        return train, val
+
+    def _loader(self, dataset: Dataset, train: bool) -> StreamingDataLoader:
+        encoded = train and self._gpu_decode
+        return ResumableStreamingLoader(
+            dataset,
+            batch_size=self.batch_size,
+            drop_last=train,
+            collate_fn=collate_encoded if encoded else collate_images,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.cuda.is_available() and not encoded,
+            persistent_workers=self.persistent_workers and self.num_workers > 0,
+        )
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # nvJPEG takes the encoded bytes from host memory and writes the pixels on the GPU.
+        if isinstance(batch, EncodedBatch):
+            device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+            size = (self.img_size, self.img_size) if isinstance(self.img_size, int) else tuple(self.img_size)
+            return [decode_pretrain_batch(batch.images, batch.names, size, device, self.max_image_pixels), batch.labels]
+        return batch

@@ -1,0 +1,366 @@
+"""Streaming shards (issue 19): the shard tool, the streaming data module on local disk and on an S3
+server started on localhost (moto), mid-epoch resume, two-process DDP, GPU-decode equivalence on the
+CPU, and clear start-up errors for bad shard locations."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mae.data import StreamingDataModule
+from mae.data.gpu_decode import collate_encoded, decode_pretrain_batch, resolve_decode_on
+from mae.data.shard import main as shard_main
+from mae.data.storage import StorageError
+from mae.data.streaming import read_metadata
+from mae.data.transforms import EncodedImage, PretrainCrop, resized_crop
+from tests.helpers import (
+    ID_SIDE,
+    REPO,
+    RecordIds,
+    image_ids,
+    make_trainer,
+    run_script,
+    write_id_images,
+    write_image_folder,
+)
+
+
+class StopAfter(pl.Callback):
+    """Saves a checkpoint after global step ``step`` and stops the run there, as a preempted job does."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
+
+
+def shard(src: Path, out: str, *extra: str) -> dict:
+    """``python -m mae.data.shard`` in this process (fork workers: no re-import per worker)."""
+    return shard_main([str(src), out, "--workers", "1", "--chunk-bytes", "2KB", "--start-method", "fork", *extra])
+
+
+def streaming_data(root: str, tmp: Path, **kwargs) -> StreamingDataModule:
+    settings = dict(img_size=ID_SIDE, batch_size=4, num_workers=1, cache_dir=str(tmp / "cache"), shuffle_seed=3)
+    return StreamingDataModule(root, **{**settings, **kwargs})
+
+
+# ---------------------------------------------------------------- the shard tool
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """3 classes x 5 JPEGs of several sizes, a corrupt one, and a 2-image validation split."""
+    root = tmp_path_factory.mktemp("folder")
+    write_image_folder(root / "train", ["a", "b", "c"], per_class=5, size=(40, 30))
+    write_image_folder(root / "val", ["a", "b", "c"], per_class=1, size=(30, 40), seed=1)
+    (root / "train" / "b" / "zz_truncated.jpg").write_bytes((root / "train" / "b" / "img_000.jpg").read_bytes()[:200])
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_shards(folder, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("shards") / "out"
+    shard(folder, str(out))
+    return out
+
+
+def test_shard__stores_original_bytes_labels_and_a_summary(folder, local_shards, capsys):
+    metadata = json.loads((local_shards / "mae_shards.json").read_text())
+    assert metadata["format"] == "mae-shards" and metadata["version"] == 1
+    assert metadata["classes"] == ["a", "b", "c"]
+    assert metadata["splits"]["train"]["images"] == 15 and metadata["splits"]["train"]["skipped"] == 1
+    assert metadata["splits"]["val"]["images"] == 3
+    from litdata import StreamingDataset
+
+    samples = [StreamingDataset(str(local_shards / "train"))[i] for i in range(15)]
+    by_name = {s["name"]: s for s in samples}
+    assert "b/zz_truncated.jpg" not in by_name
+    for name, sample in by_name.items():  # byte-identical to the files: nothing re-encoded
+        assert bytes(sample["image"]) == (folder / "train" / name).read_bytes()
+        assert sample["label"] == ["a", "b", "c"].index(name.split("/")[0])
+
+
+def test_shard__skips_corrupt_files_by_name_and_selects_classes(folder, tmp_path, capfd):
+    metadata = shard(folder, str(tmp_path / "out"), "--num-classes", "2", "--max-images-per-class", "3")
+    err = capfd.readouterr()
+    assert "zz_truncated.jpg" not in err.err  # class b's first 3 files are fine: the broken one is not listed
+    assert metadata["classes"] == ["a", "b"] and metadata["splits"]["train"]["images"] == 6
+    assert metadata["splits"]["val"]["images"] == 2
+    shard(folder, str(tmp_path / "all"))
+    out = capfd.readouterr()
+    assert "skipping unreadable image" in out.err and "zz_truncated.jpg" in out.err
+    assert "train: 15 images in 3 classes" in out.out and "1 unreadable file(s) skipped" in out.out
+
+
+def test_shard__refuses_a_non_empty_output_and_16_bit_folders(folder, local_shards, tmp_path):
+    with pytest.raises(FileExistsError, match="not empty.*--overwrite"):
+        shard(folder, str(local_shards))
+    deep = tmp_path / "deep" / "train" / "a"
+    deep.mkdir(parents=True)
+    Image.fromarray(np.full((8, 8), 40000, np.uint16)).save(deep / "x.png")
+    with pytest.raises(ValueError, match=r"x\.png has 1 channel\(s\) of uint16.*ImageFolderDataModule"):
+        shard(tmp_path / "deep", str(tmp_path / "o"))
+
+
+# ---------------------------------------------------------------- bad shard locations
+
+
+def test_streaming__bad_local_locations_are_named_at_start_up(local_shards, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no shard folder at data.root=.*missing.*python -m mae.data.shard"):
+        read_metadata(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="missing or empty"):
+        read_metadata(str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match="litdata folder without mae_shards.json"):
+        read_metadata(str(local_shards / "train"))
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "train").mkdir(parents=True)
+    (unfinished / "train" / "chunk-0-0.bin").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match="unfinished conversion"):
+        read_metadata(str(unfinished))
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "mae_shards.json").write_text(json.dumps({"format": "mae-shards", "version": 0}))
+    with pytest.raises(ValueError, match="version 0; this code reads 'mae-shards' version 1: reshard"):
+        read_metadata(str(old))
+    data = streaming_data(str(local_shards), tmp_path, train_split="training")
+    with pytest.raises(FileNotFoundError, match="no split 'training'.*train, val"):
+        data.setup("fit")
+
+
+# ---------------------------------------------------------------- mid-epoch resume
+
+
+def run_ids(root: str, tmp: Path, name: str, stop_at: int | None = None, resume: Path | None = None, **data_kwargs):
+    """(epoch, id) pairs a 3-epoch run sees; stopped after step ``stop_at`` or resumed from ``resume``."""
+    module = RecordIds()
+    callbacks = [StopAfter(stop_at, tmp / f"{name}.ckpt")] if stop_at else []
+    trainer = make_trainer(tmp / name, max_epochs=3, callbacks=callbacks, limit_val_batches=0)
+    trainer.fit(module, datamodule=streaming_data(root, tmp, **data_kwargs), ckpt_path=resume)
+    return module.seen
+
+
+def check_resume(root: str, tmp: Path, workers: int) -> None:
+    full = run_ids(root, tmp, "full", num_workers=workers)
+    assert len(full) == 3 * 24 and Counter(i for _, i in full) == Counter({i: 3 for i in range(24)})
+    assert [i for e, i in full if e == 0] != [i for e, i in full if e == 1]  # reshuffled each epoch
+    first = run_ids(root, tmp, "first", stop_at=8, num_workers=workers)  # epoch 1, batch 2 of 6
+    second = run_ids(root, tmp, "second", resume=tmp / "first.ckpt", num_workers=workers)
+    assert len(first) == 8 * 4
+    assert Counter(first + second) == Counter(full)  # same (epoch, id) multiset: nothing repeated or lost
+    assert first + second == full  # and, with the same seed, the same order
+
+
+@pytest.fixture(scope="module")
+def id_shards(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("ids")
+    out = tmp / "shards"
+    shard(write_id_images(tmp / "images", 24), str(out))
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streaming__mid_epoch_resume_continues_the_stream(id_shards, tmp_path, workers):
+    check_resume(str(id_shards), tmp_path, workers)
+
+
+# ---------------------------------------------------------------- two-process DDP
+
+DDP_SCRIPT = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+import lightning.pytorch as pl
+from mae.data import StreamingDataModule
+from tests.helpers import ID_SIDE, RecordIds
+
+tmp = Path({tmp!r})
+module = RecordIds()
+trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                     limit_val_batches=0, default_root_dir=tmp)
+data = StreamingDataModule({root!r}, img_size=ID_SIDE, batch_size=4, num_workers=1, cache_dir=str(tmp / "cache"))
+trainer.fit(module, datamodule=data)
+(tmp / f"ids_{{trainer.global_rank}}.json").write_text(json.dumps(module.seen))
+"""
+
+
+def test_streaming__ddp_ranks_see_disjoint_parts_that_cover_each_epoch(id_shards, tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT.format(repo=str(REPO), tmp=str(tmp_path), root=str(id_shards)))
+    result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"ids_{r}.json").read_text()) for r in (0, 1)]
+    for epoch in (0, 1):
+        parts = [[i for e, i in seen if e == epoch] for seen in ranks]
+        assert len(parts[0]) == len(parts[1]) == 12
+        assert not set(parts[0]) & set(parts[1])
+        assert sorted(parts[0] + parts[1]) == list(range(24))
+
+
+# ---------------------------------------------------------------- object storage (a local S3 server)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server on localhost with bucket ``shards``; credentials and endpoint in the environment,
+    as a user sets them for a real bucket."""
+    pytest.importorskip("moto")
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3").create_bucket(Bucket="shards")
+    yield env["AWS_ENDPOINT_URL"]
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_s3__shard_stream_and_resume_from_a_bucket(s3, tmp_path):
+    import boto3
+
+    metadata = shard(write_id_images(tmp_path / "images", 24), "s3://shards/ids")
+    assert metadata["splits"]["train"]["images"] == 24
+    keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="shards", Prefix="ids/")["Contents"]}
+    assert {"ids/mae_shards.json", "ids/train/index.json"} <= keys and any(k.endswith(".bin") for k in keys)
+    check_resume("s3://shards/ids", tmp_path, workers=1)
+
+
+def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"nothing is stored at data.root=s3://shards/none.*mae.data.shard"):
+        read_metadata("s3://shards/none")
+    with pytest.raises(StorageError, match=r"bucket 'nobucket' \(of s3://nobucket/x/mae_shards.json\) does not exist"):
+        read_metadata("s3://nobucket/x")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(StorageError, match=r"cannot reach the S3 endpoint http://127.0.0.1:9 for s3://shards/x.*AWS_"):
+        read_metadata("s3://shards/x")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StorageError, match="no S3 credentials to read s3://shards/x/mae_shards.json: set AWS_ACCESS_KEY_ID"):
+        read_metadata("s3://shards/x")
+
+
+# ---------------------------------------------------------------- decoding on the GPU, checked on the CPU
+
+
+def jpeg_bytes(seed: int, size=(48, 36)) -> bytes:
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def test_gpu_decode__batch_path_gives_the_worker_path_crops():
+    samples = [(EncodedImage(jpeg_bytes(i, (48 + 8 * i, 36)), f"img{i}"), i) for i in range(5)]
+    png = io.BytesIO()
+    Image.fromarray(np.full((20, 30, 3), 90, np.uint8)).save(png, "PNG")
+    samples.append((EncodedImage(png.getvalue(), "img.png"), 5))  # not a JPEG: decoded by PIL, same crop
+    torch.manual_seed(0)
+    crop = PretrainCrop(16)
+    workers = torch.stack([crop(image) for image, _ in samples])
+    batch = collate_encoded(samples)
+    torch.manual_seed(0)
+    batched = decode_pretrain_batch(batch.images, batch.names, (16, 16), "cpu")
+    assert batched.shape == (6, 3, 16, 16) and batched.dtype == torch.uint8
+    assert torch.equal(batched, workers)
+    assert batch.labels.tolist() == list(range(6))
+
+
+def test_gpu_decode__float_resize_of_cuda_is_within_one_level_of_the_cpu_kernel():
+    pixels = torch.from_numpy(np.asarray(Image.open(__import__("io").BytesIO(jpeg_bytes(7, (64, 48)))))).permute(
+        2, 0, 1
+    )
+    for box, flip in [((3, 5, 30, 40), False), ((0, 0, 48, 64), True), ((10, 2, 7, 9), False)]:
+        cpu = resized_crop(pixels, box, flip, (16, 16))
+        float_path = resized_crop(pixels, box, flip, (16, 16), float_math=True)
+        assert (cpu.int() - float_path.int()).abs().max() <= 1
+
+
+def test_gpu_decode__auto_falls_back_to_workers_without_cuda_and_gpu_is_refused(id_shards, tmp_path):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_decode_on("auto", cpu, "pretrain") is False
+    assert resolve_decode_on("auto", cuda, "pretrain") is True
+    assert resolve_decode_on("auto", cuda, "finetune") is False
+    assert resolve_decode_on("cpu", cuda, "pretrain") is False
+    with pytest.raises(ValueError, match="decode_on=gpu needs training on a CUDA GPU.*cpu"):
+        resolve_decode_on("gpu", cpu, "pretrain")
+    with pytest.raises(ValueError, match="data.augmentation is 'finetune'"):
+        resolve_decode_on("gpu", cuda, "finetune")
+    # auto on this CPU machine: the workers decode and crop, and a run goes through
+    module = RecordIds()
+    make_trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(
+        module, datamodule=streaming_data(str(id_shards), tmp_path)
+    )
+    assert sorted(i for _, i in module.seen) == list(range(24))
+
+
+def test_gpu_decode__encoded_batches_decode_in_the_batch_hook(id_shards, tmp_path):
+    data = streaming_data(str(id_shards), tmp_path, num_workers=0)
+    data.setup("fit")
+    data._gpu_decode = True  # what "auto" picks on CUDA; decoded here on the CPU
+    data.train_set, data.val_set = data.build_datasets(None, data.eval_transform())
+    encoded = next(iter(data.train_dataloader()))
+    imgs, labels = data.on_before_batch_transfer(encoded, 0)
+    assert imgs.shape == (4, 3, ID_SIDE, ID_SIDE) and imgs.dtype == torch.uint8
+    assert image_ids(data.normalize(imgs)) == [int(Path(n).stem) for n in encoded.names]
+    assert labels.tolist() == [int(Path(n).stem) % 2 for n in encoded.names]
+
+
+# ---------------------------------------------------------------- the entry points on shards
+
+
+def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_path):
+    data = {"class_path": "mae.data.StreamingDataModule",
+            "init_args": {"root": str(local_shards), "img_size": 16, "batch_size": 4, "num_workers": 1,
+                          "cache_dir": str(tmp_path / "cache")}}  # fmt: skip
+    config = {
+        "seed_everything": 0,
+        "model": {"model": "mae_vit_tiny_patch4", "warmup_epochs": 0,
+                  "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2, "decoder_embed_dim": 32,
+                                   "decoder_depth": 1, "decoder_num_heads": 2}},
+        "data": data,
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "logger": False},
+        "checkpoint": {"dirpath": str(tmp_path / "ckpt"), "monitor": None},
+    }  # fmt: skip
+    result = run_script("train.py", config=config, tmp=tmp_path)
+    assert "StreamingDataModule: 15 training images in 3 classes, 3 validation images" in result.stdout + result.stderr
+    ckpt = tmp_path / "ckpt" / "last.ckpt"
+    knn = ["--data", "mae.data.StreamingDataModule", "--data.root", str(local_shards), "--data.num_workers", "0"]
+    result = run_script("-m mae.knn", "--checkpoint", str(ckpt), *knn, "--data.img_size", "16")
+    assert "on 3 validation images" in result.stdout
+    finetune = {
+        "seed_everything": 0,
+        "model": {"model": "vit_tiny_patch4", "checkpoint": str(ckpt), "warmup_epochs": 0,
+                  "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2}},
+        "data": {**data, "init_args": {**data["init_args"], "augmentation": "finetune"}},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "logger": False},
+        "checkpoint": {"dirpath": str(tmp_path / "finetuned")},
+    }  # fmt: skip
+    result = run_script("finetune.py", config=finetune, tmp=tmp_path)
+    assert "val/acc1" in result.stdout + result.stderr
