@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of issue 7, as one short script: ViT-B/16 MAE pretraining at batch 256 on one GPU, ours
 # vs Hugging Face's ViTMAE, interleaved (benchmarks/throughput.py), plus ViT-Tiny/16, the CIFAR-size
-# model and ours alone on ViT-L/16. Results go to $OUT (default ./gpu_results): one JSON file per config,
+# model and ours alone on ViT-L/16; and issue 19's input check: loader workers per GPU with JPEGs decoded
+# in the workers vs data.decode_on: gpu (benchmarks/dataloader.py --decode-device, dataloader.json). Results go to $OUT (default ./gpu_results): one JSON file per config,
 # machine.txt and run.log. README "Performance" shows the H200 results (benchmarks/results/throughput_h200.json).
 #
 #     bash benchmarks/gpu_check.sh            # about 9 minutes on an H200, most of it compiling
@@ -52,6 +53,10 @@ bench() {
         --batch-size "${BATCH:-$2}" --variants $4 --warmup 3 --rounds "${ROUNDS:-$5}" --steps "${STEPS:-$6}" \
         --no-memory --json "$OUT/$1.json" 2>&1 | tee -a "$OUT/run.log"
 }
+# Input pipeline first (about a minute): per-worker img/s decoding on the CPU vs reading bytes only, nvJPEG
+# batch decode + crop on the GPU, and the workers a GPU needs at the ViT-B/16 rate measured below.
+timeout 120 python3 benchmarks/dataloader.py --decode-device "$DEVICE" --img-sizes 224 --rounds "${ROUNDS:-3}" \
+    --batches "${STEPS:-12}" --json "$OUT/dataloader.json" 2>&1 | grep -v "it/s" | tee -a "$OUT/run.log"
 bench base224 256 330 "$variants" 5 10
 bench cifar 128 130 "$variants" 5 10
 bench tiny224 256 130 "${variants% ablations}" 3 10  # each compiled variant costs ~40 s more

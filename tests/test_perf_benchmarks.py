@@ -80,13 +80,16 @@ def test_throughput_benchmark__same_step_as_hugging_face():
     assert losses["ours"][1:] == pytest.approx(losses["hf"][1:], rel=1e-3)
 
 
-def test_dataloader_benchmark__ours_and_torchvision_on_generated_jpegs(capsys):
+def test_dataloader_benchmark__ours_streamed_and_torchvision_on_generated_jpegs(capsys):
     dataloader = _load("dataloader")
     rows = dataloader.main(
-        ["--images", "20", "--img-sizes", "32", "--batch-size", "4", "--batches", "2", "--rounds", "2"]
-    )
-    assert len(rows) == 1 and rows[0]["torchvision"] > 0 and rows[0]["ours"] > 0
+        ["--images", "20", "--img-sizes", "32", "--batch-size", "4", "--batches", "2", "--rounds", "2",
+         "--decode-device", "cpu"]
+    )  # fmt: skip
+    assert len(rows) == 1 and rows[0]["torchvision"] > 0 and rows[0]["ours"] > 0 and rows[0]["streamed"] > 0
     assert rows[0]["ours_normalised"] < rows[0]["ours"]  # the same batches, plus their normalisation
+    assert rows[0]["encoded_worker"] > rows[0]["streamed"] and rows[0]["device_decode"] > 0  # bytes only: faster
+    assert rows[0]["workers_gpu_decode"] >= 1
     assert "| 32 px |" in capsys.readouterr().out
 
 

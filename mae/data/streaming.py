@@ -58,6 +58,11 @@ class ShardedImages(StreamingDataset):
         self.url = url
         self.classes = classes
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A loader worker started by spawn (not fork) has a fresh litdata: allow http endpoints there too.
+        self.__dict__.update(state)
+        storage.allow_plain_http(getattr(self, "storage_options", None))
+
 
 class ResumableStreamingLoader(StreamingDataLoader):
     """litdata's ``StreamingDataLoader``, ending a resumed epoch's replay when the epoch is over.
