@@ -293,9 +293,7 @@ def test_gpu_decode__batch_path_gives_the_worker_path_crops():
 
 
 def test_gpu_decode__float_resize_of_cuda_is_within_one_level_of_the_cpu_kernel():
-    pixels = torch.from_numpy(np.asarray(Image.open(__import__("io").BytesIO(jpeg_bytes(7, (64, 48)))))).permute(
-        2, 0, 1
-    )
+    pixels = torch.from_numpy(np.array(Image.open(io.BytesIO(jpeg_bytes(7, (64, 48)))))).permute(2, 0, 1)
     for box, flip in [((3, 5, 30, 40), False), ((0, 0, 48, 64), True), ((10, 2, 7, 9), False)]:
         cpu = resized_crop(pixels, box, flip, (16, 16))
         float_path = resized_crop(pixels, box, flip, (16, 16), float_math=True)

@@ -1,7 +1,6 @@
 """Data: datasets, transforms and Lightning data modules."""
 
 from mae.data.datamodules import CIFARDataModule, DigitsDataModule, ImageDataModule, ImageFolderDataModule
-from mae.data.streaming import StreamingDataModule
 from mae.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -26,3 +25,12 @@ __all__ = [
     "train_transform",
     "pretrain_transform",
 ]
+
+
+def __getattr__(name: str):
+    # litdata is imported only by runs that stream shards
+    if name == "StreamingDataModule":
+        from mae.data.streaming import StreamingDataModule
+
+        return StreamingDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
