@@ -191,11 +191,12 @@ def write_cifar(root: Path, name: str = "cifar10", train_per_batch: int = 10, te
 ID_SIDE = 8  # id images are ID_SIDE x ID_SIDE and one colour, which any crop and resize keeps
 
 
-def write_id_images(root: Path, count: int, classes: int = 2) -> Path:
-    """root/train/<class>/<id>.png: image ``id`` is one colour, red 4 * (id % 64), green 4 * (id // 64),
-    so every view of it (crop, resize, flip) names it; labels cycle through ``classes``."""
-    for i in range(count):
-        folder = root / "train" / f"c{i % classes}"
+def write_id_images(root: Path, count: int, classes: int = 2, split: str = "train", first: int = 0) -> Path:
+    """root/<split>/<class>/<id>.png for ids ``first ... first + count - 1``: image ``id`` is one colour,
+    red 4 * (id % 64), green 4 * (id // 64), so every view of it (crop, resize, flip) names it; labels
+    cycle through ``classes``."""
+    for i in range(first, first + count):
+        folder = root / split / f"c{i % classes}"
         folder.mkdir(parents=True, exist_ok=True)
         pixels = np.zeros((ID_SIDE, ID_SIDE, 3), np.uint8)
         pixels[..., 0], pixels[..., 1] = 4 * (i % 64), 4 * (i // 64)
@@ -212,12 +213,17 @@ def image_ids(imgs: torch.Tensor) -> list[int]:
 
 
 class RecordIds(pl.LightningModule):
-    """Records (epoch, image id) of every training sample; a zero-lr linear layer gives a loss."""
+    """Records (epoch, image id) of every training and validation sample; a zero-lr linear layer gives
+    a loss."""
 
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
         self.seen: list[tuple[int, int]] = []
+        self.val_seen: list[tuple[int, int]] = []
+
+    def validation_step(self, batch, batch_idx):
+        self.val_seen += [(self.current_epoch, i) for i in image_ids(batch[0])]
 
     def training_step(self, batch, batch_idx):
         imgs, _ = batch

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from mae.data import StreamingDataModule
+from mae.data.datasets import fixed_subset
 from mae.data.gpu_decode import collate_encoded, decode_pretrain_batch, resolve_decode_on
 from mae.data.shard import main as shard_main
 from mae.data.storage import StorageError
@@ -85,6 +86,9 @@ def test_shard__stores_original_bytes_labels_and_a_summary(folder, local_shards,
     from litdata import StreamingDataset
 
     samples = [StreamingDataset(str(local_shards / "train"))[i] for i in range(15)]
+    indices = [s["index"] for s in samples]  # positions in the sorted listing of 16 files (one unreadable)
+    assert len(set(indices)) == 15 and max(indices) <= 15
+    assert indices != sorted(indices)  # stored in a seeded random order
     by_name = {s["name"]: s for s in samples}
     assert "b/zz_truncated.jpg" not in by_name
     for name, sample in by_name.items():  # byte-identical to the files: nothing re-encoded
@@ -165,8 +169,10 @@ def check_resume(root: str, tmp: Path, workers: int) -> None:
 
 @pytest.fixture(scope="module")
 def id_shards(tmp_path_factory) -> Path:
+    """24 training images (ids 0-23) and 7 validation images (ids 100-106)."""
     tmp = tmp_path_factory.mktemp("ids")
     out = tmp / "shards"
+    write_id_images(tmp / "images", 7, split="val", first=100)
     shard(write_id_images(tmp / "images", 24), str(out))
     return out
 
@@ -184,30 +190,38 @@ from pathlib import Path
 sys.path.insert(0, {repo!r})
 import lightning.pytorch as pl
 from mae.data import StreamingDataModule
-from tests.helpers import ID_SIDE, RecordIds
+from tests.helpers import ID_SIDE, RecordIds, image_ids
 
 tmp = Path({tmp!r})
 module = RecordIds()
 trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                     limit_val_batches=0, default_root_dir=tmp)
+                     num_sanity_val_steps=0, default_root_dir=tmp)
 data = StreamingDataModule({root!r}, img_size=ID_SIDE, batch_size=4, num_workers=1, cache_dir=str(tmp / "cache"))
 trainer.fit(module, datamodule=data)
-(tmp / f"ids_{{trainer.global_rank}}.json").write_text(json.dumps(module.seen))
+features = [[image_ids(ds[i][0][None])[0] for i in range(len(ds))] for ds in data.feature_datasets()]
+record = {{"train": module.seen, "val": module.val_seen, "features": features}}
+(tmp / f"ids_{{trainer.global_rank}}.json").write_text(json.dumps(record))
 """
 
 
 def test_streaming__ddp_ranks_see_disjoint_parts_that_cover_each_epoch(id_shards, tmp_path):
+    """Training: each rank half of every epoch, disjoint, together all. Validation: every image exactly
+    once across the ranks (7 images: uneven). kNN / probe feature sets: the whole split on each rank."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(repo=str(REPO), tmp=str(tmp_path), root=str(id_shards)))
     result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"ids_{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
-        parts = [[i for e, i in seen if e == epoch] for seen in ranks]
+        parts = [[i for e, i in rank["train"] if e == epoch] for rank in ranks]
         assert len(parts[0]) == len(parts[1]) == 12
         assert not set(parts[0]) & set(parts[1])
         assert sorted(parts[0] + parts[1]) == list(range(24))
+        val = [[i for e, i in rank["val"] if e == epoch] for rank in ranks]
+        assert sorted(val[0] + val[1]) == list(range(100, 107))  # each once: none dropped, none repeated
+    for rank in ranks:
+        assert sorted(rank["features"][0]) == list(range(24)) and sorted(rank["features"][1]) == list(range(100, 107))
 
 
 # ---------------------------------------------------------------- object storage (a local S3 server)
@@ -362,3 +376,14 @@ def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_pat
     }  # fmt: skip
     result = run_script("finetune.py", config=finetune, tmp=tmp_path)
     assert "val/acc1" in result.stdout + result.stderr
+
+
+def test_streaming__feature_sets_are_whole_splits_and_a_capped_bank_reads_the_first_shards(id_shards, tmp_path):
+    train, val = streaming_data(str(id_shards), tmp_path).feature_datasets()
+    assert len(train) == 24 and len(val) == 7
+    bank = fixed_subset(train, 5)  # what kNN / the probe monitor take with max_train=5
+    assert list(bank.indices) == [0, 1, 2, 3, 4]  # the first samples: the fewest shards to read
+    ids = [image_ids(bank[i][0][None])[0] for i in range(5)]
+    assert len(set(ids)) == 5 and ids != [0, 1, 2, 3, 4]  # ... and, as stored shuffled, a random five
+    with pytest.raises(IndexError, match="index 7 out of range for 7 samples"):
+        val[7]

@@ -232,6 +232,18 @@ def labelled_fraction(dataset: Dataset, fraction: float, seed: int = 0) -> Subse
     return subset
 
 
+def fixed_subset(dataset: Dataset, count: int, seed: int = 0) -> Dataset:
+    """At most ``count`` samples of ``dataset``, the same ones every call, drawn without touching the
+    global RNG: a seeded random subset, or the first ``count`` of a dataset stored in random order
+    (``stored_in_random_order``, e.g. shards), which reads the fewest shards."""
+    if len(dataset) <= count:
+        return dataset
+    if getattr(dataset, "stored_in_random_order", False):
+        return Subset(dataset, range(count))
+    keep = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:count]
+    return Subset(dataset, keep.tolist())
+
+
 def _files_only(cls: type) -> type:
     """A torchvision CIFAR class that checks the standard files exist instead of their md5 sums,
     so locally re-packed copies in the standard python-pickle format load too."""

@@ -6,14 +6,18 @@
 Each split (``train``, and ``val`` when it exists) becomes a litdata folder ``OUT/<split>/``
 (``index.json`` + ``chunk-*.bin``) of samples ``{"image": the file's original bytes, "label": class
 index, "index": position in the sorted listing, "name": "<class>/<file>"}``: no re-encoding, so the
-pixels are the file's. Every file is decoded once while sharding, and unreadable ones (corrupt,
-truncated, not an image, over the pixel limit) are skipped by name, as the folder data module does.
-``OUT/mae_shards.json`` (format, version, classes, per-split counts) is written last, so a folder
-without it is an unfinished conversion. ``mae.data.StreamingDataModule`` reads the result.
+pixels are the file's. Samples are written in a seeded random order: litdata shuffles whole shards
+and then samples within a window, so class-sorted shards would give batches of few classes, and
+in random order any run of samples (e.g. the first N, for a kNN memory bank) is a random sample.
+Every file is decoded once while sharding, and unreadable ones (corrupt, truncated, not an image,
+over the pixel limit) are skipped by name, as the folder data module does. ``OUT/mae_shards.json``
+(format, version, classes, per-split counts) is written last, so a folder without it is an
+unfinished conversion. ``mae.data.StreamingDataModule`` reads the result.
 """
 
 import argparse
 import os
+import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +93,7 @@ def write_split(
     from litdata import optimize
 
     inputs = [(path, label, i, name, args.max_image_pixels) for i, (path, label, name) in enumerate(samples)]
+    random.Random(args.seed).shuffle(inputs)
     optimize(
         fn=encode_sample,
         inputs=inputs,
@@ -140,7 +145,7 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
         counts[name] = write_split(samples, storage.join(out, name), args, storage_options)
     metadata = {
         "format": FORMAT, "version": VERSION, "classes": classes, "train_split": args.train_split,
-        "splits": counts, "source": str(root.resolve()),
+        "splits": counts, "order": f"random, seed {args.seed}", "source": str(root.resolve()),
     }  # fmt: skip
     storage.write_json(storage.join(out, METADATA), metadata, storage_options)
     for name, c in counts.items():
@@ -161,7 +166,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     selection.add_argument("--num-classes", type=int, default=None, help="use this many classes")
     selection.add_argument("--class-list", default=None, help="file with one class folder name per line")
     p.add_argument("--class-selection", choices=["first", "random"], default="first")
-    p.add_argument("--seed", type=int, default=0, help="seed of a random class selection")
+    p.add_argument("--seed", type=int, default=0, help="seed of the samples' order (and of a random class selection)")
     p.add_argument("--max-images-per-class", type=int, default=None, help="cap on training images per class")
     p.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS, help="larger images are skipped")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="processes that read files")

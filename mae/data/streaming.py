@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from mae.data import storage
 from mae.data.datamodules import ImageDataModule, collate_images
@@ -62,6 +62,33 @@ class ShardedImages(StreamingDataset):
         # A loader worker started by spawn (not fork) has a fresh litdata: allow http endpoints there too.
         self.__dict__.update(state)
         storage.allow_plain_http(getattr(self, "storage_options", None))
+
+
+class ShardIndex(Dataset):
+    """A shard split read by index, the whole split in every process: the validation split (which the
+    data module then gives each process exactly once, as it does for folders) and the feature sets of
+    kNN and the probe (which run on one process and need all of it, while litdata's stream would give
+    each DDP rank only its share).
+
+    Args:
+        shards: the split, unshuffled.
+        count: its number of samples (``mae_shards.json``).
+    """
+
+    stored_in_random_order = True  # ``mae.data.shard`` writes samples shuffled: the first N are a random N
+
+    def __init__(self, shards: ShardedImages, count: int) -> None:
+        self.shards = shards
+        self.count = count
+        self.classes = shards.classes
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        if not 0 <= index < self.count:
+            raise IndexError(f"index {index} out of range for {self.count} samples of {self.shards.url}")
+        return self.shards[index]
 
 
 class ResumableStreamingLoader(StreamingDataLoader):
@@ -204,20 +231,34 @@ class StreamingDataModule(ImageDataModule):
             storage_options=dict(self.storage_options or {}),
         )  # fmt: skip
 
-    def build_datasets(self, train_tf: Callable | None, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
+    def _indexed(self, split: str, transform: Callable) -> ShardIndex:
+        return ShardIndex(self._split(split, transform, train=False), self.metadata["splits"][split]["images"])
+
+    def _val_set(self, transform: Callable) -> ShardIndex | None:
+        if self.val_split is None or self.val_split not in self.metadata["splits"]:
+            return None
+        return self._indexed(self.val_split, transform)
+
+    def _check_train_split(self) -> None:
         splits = self.metadata["splits"]
         if self.train_split not in splits:
             raise FileNotFoundError(
                 f"{self.root} has no split {self.train_split!r} (data.train_split); it has {', '.join(splits)}"
             )
-        train = self._split(self.train_split, train_tf, train=True)
-        val = None
-        if self.val_split is not None and self.val_split in splits:
-            val = self._split(self.val_split, eval_tf, train=False)
-        return train, val
 
-    def _loader(self, dataset: Dataset, train: bool) -> StreamingDataLoader:
-        encoded = train and self._gpu_decode
+    def build_datasets(self, train_tf: Callable | None, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
+        self._check_train_split()
+        return self._split(self.train_split, train_tf, train=True), self._val_set(eval_tf)
+
+    def feature_datasets(self) -> tuple[Dataset, Dataset | None]:
+        self.configure_pixels()
+        self._check_train_split()
+        return self._indexed(self.train_split, self.eval_transform()), self._val_set(self.eval_transform())
+
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        if not train:  # read by index: each validation image exactly once across processes
+            return super()._loader(dataset, train=False)
+        encoded = self._gpu_decode
         return ResumableStreamingLoader(
             dataset,
             batch_size=self.batch_size,

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from mae.data.datamodules import ImageDataModule
+from mae.data.datasets import fixed_subset
 
 
 @torch.no_grad()
@@ -85,9 +86,8 @@ def knn_evaluate(
     train_set, val_set = data.feature_datasets()
     if val_set is None:
         raise ValueError(f"kNN evaluation needs a validation split; {type(data).__name__} has none")
-    if max_train is not None and len(train_set) > max_train:  # drawn without touching the global RNG
-        keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0))[:max_train]
-        train_set = torch.utils.data.Subset(train_set, keep.tolist())
+    if max_train is not None:
+        train_set = fixed_subset(train_set, max_train)
     encode = cls_features(model)
     feats = [
         extract_features(encode, DataLoader(ds, batch_size=data.batch_size, num_workers=data.num_workers), device)

@@ -4,6 +4,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from mae.data.datasets import fixed_subset
 from mae.eval.probe import DEFAULT_LRS, DEFAULT_WEIGHT_DECAYS, FeatureStore, Pool, check_grid, pooled, train_probe
 
 
@@ -51,9 +52,7 @@ class ProbeCallback(pl.Callback):
         if getattr(datamodule, "val_set", None) is None:
             return
         train_set, val_set = datamodule.feature_datasets()
-        if len(train_set) > self.max_train:  # a fixed subset, drawn without touching the global RNG
-            keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0))[: self.max_train]
-            train_set = torch.utils.data.Subset(train_set, keep.tolist())
+        train_set = fixed_subset(train_set, self.max_train)
         model = pl_module.model
         was_training = model.training
         model.eval()
