@@ -14,6 +14,8 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 
 from mae.data import StreamingDataModule
@@ -23,12 +25,14 @@ from mae.data.shard import main as shard_main
 from mae.data.storage import StorageError
 from mae.data.streaming import read_metadata
 from mae.data.transforms import EncodedImage, PretrainCrop, resized_crop
+from mae.training.callbacks import SigtermCheckpoint
 from tests.helpers import (
     ID_SIDE,
     REPO,
     RecordIds,
     image_ids,
     make_trainer,
+    pretrain_module,
     run_script,
     write_id_images,
     write_image_folder,
@@ -387,3 +391,45 @@ def test_streaming__feature_sets_are_whole_splits_and_a_capped_bank_reads_the_fi
     assert len(set(ids)) == 5 and ids != [0, 1, 2, 3, 4]  # ... and, as stored shuffled, a random five
     with pytest.raises(IndexError, match="index 7 out of range for 7 samples"):
         val[7]
+
+
+class RecordBatches(pl.Callback):
+    """(epoch, image id) of every training batch, as the module receives it; raises Lightning's SIGTERM
+    exception (what its signal handler raises) after global step ``sigterm_at``."""
+
+    def __init__(self, sigterm_at: int | None = None) -> None:
+        self.seen: list[tuple[int, int]] = []
+        self.sigterm_at = sigterm_at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.seen += [(trainer.current_epoch, i) for i in image_ids(batch[0])]
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.sigterm_at:
+            raise SIGTERMException()
+
+
+def test_streaming__sigterm_mid_epoch_then_resume_pretrains_on_the_rest_of_the_stream(id_shards, tmp_path):
+    """The preemption path of a real pretraining run: SIGTERM after step 3 of 6 saves last.ckpt with the
+    stream's position, and resuming from it trains on exactly the images the uninterrupted run does."""
+    ckpts = tmp_path / "ckpts"
+
+    def fit(record: RecordBatches, name: str, ckpt_path: Path | None = None) -> None:
+        callbacks = [ModelCheckpoint(dirpath=ckpts / name, save_last=True), SigtermCheckpoint(), record]
+        trainer = make_trainer(tmp_path / name, max_epochs=2, limit_val_batches=0, enable_checkpointing=True,
+                               callbacks=callbacks)  # fmt: skip
+        trainer.fit(pretrain_module(), datamodule=streaming_data(str(id_shards), tmp_path, img_size=16),
+                    ckpt_path=ckpt_path)  # fmt: skip
+
+    full = RecordBatches()
+    fit(full, "full")
+    first = RecordBatches(sigterm_at=3)
+    with pytest.raises(SIGTERMException):
+        fit(first, "preempted")
+    saved = torch.load(ckpts / "preempted" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 3
+    assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["num_samples_yielded"] == 3 * 4
+    second = RecordBatches()
+    fit(second, "preempted", ckpts / "preempted" / "last.ckpt")
+    assert first.seen + second.seen == full.seen
+    assert torch.load(ckpts / "preempted" / "last.ckpt", weights_only=True)["global_step"] == 2 * 6

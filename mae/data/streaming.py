@@ -198,6 +198,8 @@ class StreamingDataModule(ImageDataModule):
         self.decode_on = decode_on
         self._metadata: dict[str, Any] | None = None
         self._gpu_decode = False
+        self._train_loader: ResumableStreamingLoader | None = None
+        self._stream_state: dict[str, Any] | None = None  # restored from a checkpoint, for the next train loader
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -255,14 +257,38 @@ class StreamingDataModule(ImageDataModule):
         self._check_train_split()
         return self._indexed(self.train_split, self.eval_transform()), self._val_set(self.eval_transform())
 
+    def state_dict(self) -> dict[str, Any]:
+        """The training stream's position, saved in every checkpoint (``load_state_dict`` restores it)."""
+        return {"stream": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the training stream where the checkpoint left it.
+
+        Lightning restores a stateful loader itself only when it builds the loader after the
+        checkpoint is read; a module whose ``configure_optimizers`` asks for
+        ``trainer.estimated_stepping_batches`` (ours: the lr schedule) makes it build the loader
+        first, and the saved position would be skipped silently, restarting the epoch.
+        """
+        self._stream_state = state_dict.get("stream")
+        if self._stream_state is not None and self._train_loader is not None:
+            self._train_loader.load_state_dict(self._stream_state)
+            self._stream_state = None
+
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         if not train:  # read by index: each validation image exactly once across processes
             return super()._loader(dataset, train=False)
+        self._train_loader = self._stream_loader(dataset)
+        if self._stream_state is not None:
+            self._train_loader.load_state_dict(self._stream_state)
+            self._stream_state = None
+        return self._train_loader
+
+    def _stream_loader(self, dataset: Dataset) -> ResumableStreamingLoader:
         encoded = self._gpu_decode
         return ResumableStreamingLoader(
             dataset,
             batch_size=self.batch_size,
-            drop_last=train,
+            drop_last=True,
             collate_fn=collate_encoded if encoded else collate_images,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and torch.cuda.is_available() and not encoded,
