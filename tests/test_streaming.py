@@ -112,6 +112,24 @@ def test_shard__skips_corrupt_files_by_name_and_selects_classes(folder, tmp_path
     assert "train: 15 images in 3 classes" in out.out and "1 unreadable file(s) skipped" in out.out
 
 
+def test_shard__overwrite_removes_the_old_metadata_first_so_a_failed_rewrite_reads_as_unfinished(
+    folder, tmp_path, monkeypatch
+):
+    import mae.data.shard as shard_module
+
+    out = tmp_path / "out"
+    shard(folder, str(out))
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # killed halfway through rewriting the shards
+
+    monkeypatch.setattr(shard_module, "write_split", crash)
+    with pytest.raises(KeyboardInterrupt):
+        shard(folder, str(out), "--overwrite")
+    with pytest.raises(FileNotFoundError, match="unfinished conversion"):
+        read_metadata(str(out))
+
+
 def test_shard__refuses_a_non_empty_output_and_16_bit_folders(folder, local_shards, tmp_path):
     with pytest.raises(FileExistsError, match="not empty.*--overwrite"):
         shard(folder, str(local_shards))
@@ -184,6 +202,34 @@ def id_shards(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_streaming__mid_epoch_resume_continues_the_stream(id_shards, tmp_path, workers):
     check_resume(str(id_shards), tmp_path, workers)
+
+
+def test_streaming__resume_after_the_shards_and_cache_moved_but_not_with_another_seed(id_shards, tmp_path):
+    """A requeued job may find the shards copied to another disk and its cache on another node: the
+    stream continues. A different shuffle seed would repeat and skip images: refused, naming both."""
+    import shutil
+
+    full = run_ids(str(id_shards), tmp_path, "full")
+    first = run_ids(str(id_shards), tmp_path, "first", stop_at=8)
+    moved = tmp_path / "moved"
+    shutil.copytree(id_shards, moved)
+    module = RecordIds()
+    trainer = make_trainer(tmp_path / "second", max_epochs=3, limit_val_batches=0)
+    data = streaming_data(str(moved), tmp_path, cache_dir=str(tmp_path / "other_cache"))
+    trainer.fit(module, datamodule=data, ckpt_path=tmp_path / "first.ckpt")
+    assert first + module.seen == full
+    trainer = make_trainer(tmp_path / "third", max_epochs=3, limit_val_batches=0)
+    with pytest.raises(ValueError, match="data.shuffle_seed is 4 but the checkpoint's epoch was streamed with 3"):
+        trainer.fit(RecordIds(), datamodule=streaming_data(str(id_shards), tmp_path, shuffle_seed=4),
+                    ckpt_path=tmp_path / "first.ckpt")  # fmt: skip
+
+
+def test_streaming__a_checkpoint_at_an_epoch_end_resumes_with_other_workers_into_full_epochs(id_shards, tmp_path):
+    first = run_ids(str(id_shards), tmp_path, "first", stop_at=6, num_workers=1)  # the end of epoch 0
+    assert len(first) == 24
+    second = run_ids(str(id_shards), tmp_path, "second", resume=tmp_path / "first.ckpt", num_workers=2)
+    for epoch in (1, 2):
+        assert sorted(i for e, i in second if e == epoch) == list(range(24))
 
 
 # ---------------------------------------------------------------- two-process DDP
@@ -269,6 +315,11 @@ def test_s3__shard_stream_and_resume_from_a_bucket(s3, tmp_path):
 def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"nothing is stored at data.root=s3://shards/none.*mae.data.shard"):
         read_metadata("s3://shards/none")
+    import boto3
+
+    boto3.session.Session().client("s3").put_object(Bucket="shards", Key="stray.txt", Body=b"x")
+    with pytest.raises(FileNotFoundError, match="data.root=s3://shards has no mae_shards.json"):  # a bucket root
+        read_metadata("s3://shards")
     with pytest.raises(StorageError, match=r"bucket 'nobucket' \(of s3://nobucket/x/mae_shards.json\) does not exist"):
         read_metadata("s3://nobucket/x")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
@@ -361,7 +412,8 @@ def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_pat
                   "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2, "decoder_embed_dim": 32,
                                    "decoder_depth": 1, "decoder_num_heads": 2}},
         "data": data,
-        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "logger": False},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "logger": False,
+                    "default_root_dir": str(tmp_path / "pretrain")},
         "checkpoint": {"dirpath": str(tmp_path / "ckpt"), "monitor": None},
     }  # fmt: skip
     result = run_script("train.py", config=config, tmp=tmp_path)
@@ -375,7 +427,8 @@ def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_pat
         "model": {"model": "vit_tiny_patch4", "checkpoint": str(ckpt), "warmup_epochs": 0,
                   "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2}},
         "data": {**data, "init_args": {**data["init_args"], "augmentation": "finetune"}},
-        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "logger": False},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "logger": False,
+                    "default_root_dir": str(tmp_path / "finetune")},
         "checkpoint": {"dirpath": str(tmp_path / "finetuned")},
     }  # fmt: skip
     result = run_script("finetune.py", config=finetune, tmp=tmp_path)

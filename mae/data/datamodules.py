@@ -210,10 +210,14 @@ class ImageDataModule(pl.LightningDataModule, ABC):
             val = f", {len(self.val_set)} validation images" if self.val_set is not None else ", no validation split"
             classes = getattr(self.train_set, "classes", None)
             rank_zero_info(
-                f"{type(self).__name__}: {len(self.train_set)} training images"
+                f"{type(self).__name__}: {self.train_image_count()} training images"
                 + (f" in {len(classes)} classes" if classes is not None else "")
                 + val
             )
+
+    def train_image_count(self) -> int:
+        """Training images in all processes together (for the start-up summary)."""
+        return len(self.train_set)
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         sampler = None

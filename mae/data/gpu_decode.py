@@ -4,8 +4,9 @@ random-resized crop and flip run there.
 
 The crop parameters are drawn exactly as ``PretrainCrop`` draws them (torchvision's
 ``RandomResizedCrop.get_params``, then the flip), and ``resized_crop`` is the one both paths use, so
-for the same random numbers the two give the same crop: bit-equal on the CPU, within one intensity
-level on CUDA (which resizes in float32).
+for the same random numbers the two give the same crop: bit-equal on the CPU. On CUDA the resize runs
+in float32 (within one intensity level of the CPU kernel on the same pixels), and nvJPEG's decoded
+pixels may differ slightly from libjpeg-turbo's (both are JPEG-conformant decoders).
 """
 
 from dataclasses import dataclass
@@ -71,6 +72,16 @@ def collate_encoded(batch: list[tuple[EncodedImage, int]]) -> EncodedBatch:
     )  # fmt: skip
 
 
+def _decode_one(data: torch.Tensor, name: str, max_pixels: int | None, device: torch.device) -> torch.Tensor:
+    """One JPEG on ``device``, or, if that decoder rejects it, on the CPU (which the shard tool checked)."""
+    try:
+        return decode_jpeg_checked(data, name, max_pixels, device)
+    except OSError:
+        if device.type == "cpu":
+            raise
+        return decode_jpeg_checked(data, name, max_pixels).to(device)
+
+
 def decode_pretrain_batch(
     images: list[torch.Tensor],
     names: list[str],
@@ -103,8 +114,8 @@ def decode_pretrain_batch(
     if jpeg:
         try:
             batch = decode_jpeg([images[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
-        except RuntimeError:  # one bad file fails the batch: decode one by one to name it
-            batch = [decode_jpeg_checked(images[i], names[i], max_pixels, device) for i in jpeg]
+        except RuntimeError:  # one file nvJPEG rejects fails the batch: those go through the CPU decoder
+            batch = [_decode_one(images[i], names[i], max_pixels, device) for i in jpeg]
         for i, pixels in zip(jpeg, batch, strict=True):
             decoded[i] = pixels
     for i, pixels in enumerate(decoded):

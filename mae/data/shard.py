@@ -135,6 +135,7 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     if storage.exists_any(out, storage_options) and not args.overwrite:
         raise FileExistsError(f"{out} is not empty; choose an empty folder or prefix, or pass --overwrite")
     storage.allow_plain_http(storage_options)
+    storage.delete(storage.join(out, METADATA), storage_options)  # --overwrite: unfinished until rewritten
 
     splits = {args.train_split: list_split(train_dir, classes, args.max_images_per_class)}
     if args.val_split and (root / args.val_split).is_dir():

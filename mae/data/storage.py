@@ -152,7 +152,8 @@ def exists_any(url: str, storage_options: dict[str, Any] | None = None) -> bool:
 
     bucket, key = _bucket_key(url)
     try:
-        listing = s3_client(storage_options).list_objects_v2(Bucket=bucket, Prefix=key.rstrip("/") + "/", MaxKeys=1)
+        prefix = key.rstrip("/") + "/" if key.strip("/") else ""  # the whole bucket for s3://bucket
+        listing = s3_client(storage_options).list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
     except (ClientError, BotoCoreError) as err:
         raise _explain(err, url, storage_options) from err
     return listing.get("KeyCount", 0) > 0
@@ -176,3 +177,17 @@ def read_json(url: str, storage_options: dict[str, Any] | None = None) -> dict |
 def write_json(url: str, data: dict, storage_options: dict[str, Any] | None = None) -> None:
     """``write_text`` of ``data`` as indented JSON."""
     write_text(url, json.dumps(data, indent=1) + "\n", storage_options)
+
+
+def delete(url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Remove one file or object if it exists."""
+    if not is_remote(url):
+        Path(url).unlink(missing_ok=True)
+        return
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = _bucket_key(url)
+    try:
+        s3_client(storage_options).delete_object(Bucket=bucket, Key=key)
+    except (ClientError, BotoCoreError) as err:
+        raise _explain(err, url, storage_options) from err

@@ -92,17 +92,30 @@ class ShardIndex(Dataset):
 
 
 class ResumableStreamingLoader(StreamingDataLoader):
-    """litdata's ``StreamingDataLoader``, ending a resumed epoch's replay when the epoch is over.
+    """litdata's ``StreamingDataLoader``, resumable under Lightning.
 
-    After ``load_state_dict`` litdata replays the saved position at each ``__iter__`` until one
-    iteration runs to exhaustion. Lightning reads an epoch of a loader with a length by count and
-    never exhausts it, so without this the epoch after a mid-epoch resume would replay the resumed
-    epoch's remainder instead of starting a new, reshuffled one.
+    - After a restore litdata replays the saved position at each ``__iter__`` until one iteration
+      runs to exhaustion. Lightning reads an epoch of a loader with a length by count and never
+      exhausts it, so without this the epoch after a mid-epoch resume would replay the resumed
+      epoch's remainder instead of starting a new, reshuffled one.
+    - A loader made by ``StreamingDataModule`` (``restored_by_data_module``) takes its position only
+      from the data module (``restore_position``), which knows whether the checkpoint ended an
+      epoch and where the shards are now; Lightning's own restore of the same checkpoint is ignored
+      (it would replay a finished epoch when the worker count changed, and a second load advances
+      litdata's worker cycle again).
     """
 
-    def load_state_dict(self, obj: dict[str, Any]) -> None:
-        super().load_state_dict(obj)
+    restored_by_data_module = False
+
+    def restore_position(self, state: dict[str, Any]) -> None:
+        """Continue, at the next ``__iter__``, from ``state`` (litdata's ``state_dict``)."""
+        super().load_state_dict(state)
         self._replayed = False
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        if self.restored_by_data_module:
+            return
+        self.restore_position(obj)
 
     def __iter__(self) -> Any:
         if self.restore and getattr(self, "_replayed", False):
@@ -222,6 +235,9 @@ class StreamingDataModule(ImageDataModule):
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         self._gpu_decode = resolve_decode_on(self.decode_on, device, self.augmentation)
 
+    def train_image_count(self) -> int:
+        return self.metadata["splits"][self.train_split]["images"]  # litdata's length is this process's share
+
     def train_transform(self) -> Callable | None:
         return None if self._gpu_decode else super().train_transform()
 
@@ -258,29 +274,68 @@ class StreamingDataModule(ImageDataModule):
         return self._indexed(self.train_split, self.eval_transform()), self._val_set(self.eval_transform())
 
     def state_dict(self) -> dict[str, Any]:
-        """The training stream's position, saved in every checkpoint (``load_state_dict`` restores it)."""
-        return {"stream": self._train_loader.state_dict()} if self._train_loader is not None else {}
+        """The training stream's position, saved in every checkpoint (``load_state_dict`` restores it),
+        with what it depends on: the shuffle seed and the training split's size."""
+        trainer = self.trainer
+        if self._train_loader is None or trainer is None:
+            return {}
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        return {
+            "stream": self._train_loader.state_dict(),
+            # saved at an epoch's end: the next epoch starts afresh, whatever the loader's count says
+            "epoch_finished": progress.ready >= trainer.num_training_batches,
+            "shuffle_seed": self.shuffle_seed,
+            "train_images": self.metadata["splits"][self.train_split]["images"],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume the training stream where the checkpoint left it.
 
         Lightning restores a stateful loader itself only when it builds the loader after the
-        checkpoint is read; a module whose ``configure_optimizers`` asks for
+        checkpoint is read; a module whose ``configure_optimizers`` or ``setup`` asks for
         ``trainer.estimated_stepping_batches`` (ours: the lr schedule) makes it build the loader
         first, and the saved position would be skipped silently, restarting the epoch.
+
+        Raises:
+            ValueError: a different ``data.shuffle_seed`` or different shards than the checkpoint's
+                (the resumed epoch would repeat and skip images), naming both values.
         """
-        self._stream_state = state_dict.get("stream")
-        if self._stream_state is not None and self._train_loader is not None:
-            self._train_loader.load_state_dict(self._stream_state)
+        if "stream" not in state_dict or state_dict.get("epoch_finished"):
             self._stream_state = None
+            return
+        if state_dict["shuffle_seed"] != self.shuffle_seed:
+            raise ValueError(
+                f"data.shuffle_seed is {self.shuffle_seed} but the checkpoint's epoch was streamed with "
+                f"{state_dict['shuffle_seed']}: resume with --data.shuffle_seed {state_dict['shuffle_seed']} (another "
+                f"order would repeat and skip images of the interrupted epoch)"
+            )
+        images = self.metadata["splits"][self.train_split]["images"]
+        if state_dict["train_images"] != images:
+            raise ValueError(
+                f"the checkpoint's epoch streamed {state_dict['train_images']} training images, but {self.root} has "
+                f"{images}: resume on the same shards, or start a new run from the weights (model.init_from)"
+            )
+        self._stream_state = state_dict["stream"]
+        if self._train_loader is not None:
+            self._restore_stream(self._train_loader)
+
+    def _restore_stream(self, loader: "ResumableStreamingLoader") -> None:
+        """Apply the checkpoint's stream position to ``loader``, with the shards' and cache's current
+        locations (the shards may have been copied elsewhere, the cache be on another node's disk)."""
+        state = {**self._stream_state, "dataset": dict(self._stream_state["dataset"])}
+        dataset = loader.dataset
+        state["dataset"].update(input_dir_path=dataset.input_dir.path, input_dir_url=dataset.input_dir.url,
+                                cache_dir_path=self.cache_dir)  # fmt: skip
+        loader.restore_position(state)
+        self._stream_state = None
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         if not train:  # read by index: each validation image exactly once across processes
             return super()._loader(dataset, train=False)
         self._train_loader = self._stream_loader(dataset)
+        self._train_loader.restored_by_data_module = True
         if self._stream_state is not None:
-            self._train_loader.load_state_dict(self._stream_state)
-            self._stream_state = None
+            self._restore_stream(self._train_loader)
         return self._train_loader
 
     def _stream_loader(self, dataset: Dataset) -> ResumableStreamingLoader:
