@@ -130,14 +130,64 @@ def test_shard__overwrite_removes_the_old_metadata_first_so_a_failed_rewrite_rea
         read_metadata(str(out))
 
 
-def test_shard__refuses_a_non_empty_output_and_16_bit_folders(folder, local_shards, tmp_path):
+def test_shard__refuses_a_non_empty_output_and_mixed_bit_depths(folder, local_shards, tmp_path):
     with pytest.raises(FileExistsError, match="not empty.*--overwrite"):
         shard(folder, str(local_shards))
     deep = tmp_path / "deep" / "train" / "a"
     deep.mkdir(parents=True)
     Image.fromarray(np.full((8, 8), 40000, np.uint16)).save(deep / "x.png")
-    with pytest.raises(ValueError, match=r"x\.png has 1 channel\(s\) of uint16.*ImageFolderDataModule"):
+    (deep.parent / "b").mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(deep.parent / "b" / "z.png")
+    with pytest.raises(ValueError, match=r"disagree: .*x\.png has 1 channel\(s\) of uint16, .*z\.png has 3 of uint8"):
         shard(tmp_path / "deep", str(tmp_path / "o"))
+
+
+@pytest.mark.parametrize("kind", ["gray16_png", "4band_tiff"])
+def test_shard__16_bit_and_multi_band_data_streams_as_its_folder_reads(kind, tmp_path):
+    """The array path from shards: the evaluation view of every sample equals the folder module's view
+    of the same file, a corrupt file is skipped by name, and pretraining runs on the stream."""
+    import tifffile
+    from litdata import StreamingDataset
+
+    from mae.data import ImageFolderDataModule
+
+    rng = np.random.default_rng(0)
+    channels = 1 if kind == "gray16_png" else 4
+    for split, count in (("train", 8), ("val", 2)):
+        for c in ("a", "b"):
+            (tmp_path / "data" / split / c).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 65536, (20, 24, channels), dtype=np.uint16)
+                name = tmp_path / "data" / split / c / f"{i}"
+                if kind == "gray16_png":
+                    Image.fromarray(pixels[..., 0]).save(f"{name}.png")
+                else:
+                    tifffile.imwrite(f"{name}.tif", pixels.transpose(2, 0, 1), photometric="minisblack")
+    suffix = ".png" if kind == "gray16_png" else ".tif"
+    (tmp_path / "data" / "train" / "b" / f"zz{suffix}").write_bytes(b"II*\x00broken")
+    metadata = shard(tmp_path / "data", str(tmp_path / "shards"))
+    assert metadata["array"] is True and metadata["pixels"] == [channels, "uint16"]
+    assert metadata["splits"]["train"]["images"] == 16 and metadata["splits"]["train"]["skipped"] == 1
+    settings = dict(img_size=16, in_chans=channels, mean=[0.5] * channels, std=[0.25] * channels, batch_size=4,
+                    num_workers=0)  # fmt: skip
+    folder = ImageFolderDataModule(str(tmp_path / "data"), **settings)
+    folder.setup("fit")
+    streamed = StreamingDataModule(str(tmp_path / "shards"), cache_dir=str(tmp_path / "cache"), **settings)
+    train, _ = streamed.feature_datasets()
+    eval_view = folder.eval_transform()
+    raw = StreamingDataset(str(tmp_path / "shards" / "train"))
+    for i in range(len(train)):
+        view, label = train[i]
+        assert view.shape == (channels, 16, 16)
+        torch.testing.assert_close(view, eval_view(tmp_path / "data" / "train" / raw[i]["name"]), rtol=0, atol=0)
+        assert label == ["a", "b"].index(raw[i]["name"][0])
+    module = pretrain_module(in_chans=channels, warmup_epochs=0)
+    make_trainer(tmp_path, max_epochs=1, limit_val_batches=1).fit(module, datamodule=streamed)
+    assert torch.isfinite(torch.tensor(module.trainer.callback_metrics["train/loss"].item()))
+    if channels == 4:  # (grayscale would repeat to RGB, as with folders)
+        with pytest.raises(ValueError, match=r"has 4 channel\(s\) but data.in_chans is 3; set data.in_chans: 4"):
+            StreamingDataModule(str(tmp_path / "shards"), **{**settings, "in_chans": 3, "mean": None, "std": None})\
+                .setup("fit")  # fmt: skip
 
 
 # ---------------------------------------------------------------- bad shard locations

@@ -28,10 +28,11 @@ from mae.data.datasets import (
     ImageFolderSubset,
     cifar_files,
     labelled_fraction,
-    sample_files,
+    one_kind,
+    sample_pixels,
     select_classes,
 )
-from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, probe
+from mae.data.readers import adapt_channels
 from mae.data.transforms import (
     DEFAULT_MAX_PIXELS,
     IMAGENET_MEAN,
@@ -353,31 +354,12 @@ class ImageFolderDataModule(ImageDataModule):
             ValueError: sampled files that disagree (naming two of them), or channels that do not fit
                 ``in_chans``.
         """
-        classes = self.selected_classes()
-        files = sample_files(self.root / self.train_split, classes, IMG_EXTENSIONS + ARRAY_EXTENSIONS)
-        pixels = {}
-        for path in files:
-            try:
-                pixels[path] = probe(path)
-            except (OSError, ValueError, SyntaxError):
-                continue  # unreadable: skipped (or raised) by name when it is loaded
-        self.array_mode = (
-            self.in_chans != 3
-            or any(path.suffix.lower() in ARRAY_EXTENSIONS for path in files)
-            or any(dtype != "uint8" for _, dtype in pixels.values())
-        )
-        if not self.array_mode or not pixels:
+        folder = self.root / self.train_split
+        needs_arrays, kinds = sample_pixels(folder, self.selected_classes())
+        self.array_mode = self.in_chans != 3 or needs_arrays
+        if not self.array_mode or not kinds:
             return
-        kinds = {}
-        for path, kind in pixels.items():
-            kinds.setdefault(kind, path)
-        if len(kinds) > 1:
-            (a, kind_a), (b, kind_b) = [(path, kind) for kind, path in list(kinds.items())[:2]]
-            raise ValueError(
-                f"images in {self.root / self.train_split} disagree: {a} has {kind_a[0]} channel(s) of {kind_a[1]}, "
-                f"{b} has {kind_b[0]} of {kind_b[1]}; store every image with the same channels and bit depth"
-            )
-        ((kind, example),) = kinds.items()
+        kind, example = one_kind(kinds, folder)
         adapt_channels(np.zeros((1, 1, kind[0])), self.in_chans, example)  # fits data.in_chans, or says so
         self.expected_pixels = kind
 

@@ -181,6 +181,43 @@ def sample_files(
     return found
 
 
+def sample_pixels(folder: str | Path, classes: Sequence[str]) -> tuple[bool, dict[tuple[int, str], Path]]:
+    """What a sample of ``folder/<class>`` files holds, from their headers (``sample_files``).
+
+    Returns:
+        (whether they need the array path whatever ``in_chans`` is: TIFF, ``.npy`` or not 8-bit;
+        {(channels, dtype name): the first sampled file of that kind}). Unreadable files are left
+        out: they are skipped (or raised) by name when they are loaded.
+    """
+    from mae.data.readers import ARRAY_EXTENSIONS, probe
+
+    files = sample_files(folder, classes, IMG_EXTENSIONS + ARRAY_EXTENSIONS)
+    kinds: dict[tuple[int, str], Path] = {}
+    for path in files:
+        try:
+            kinds.setdefault(probe(path), path)
+        except (OSError, ValueError, SyntaxError):
+            continue
+    needs_arrays = any(p.suffix.lower() in ARRAY_EXTENSIONS for p in files) or any(d != "uint8" for _, d in kinds)
+    return needs_arrays, kinds
+
+
+def one_kind(kinds: dict[tuple[int, str], Path], folder: str | Path) -> tuple[tuple[int, str], Path]:
+    """The one (channels, dtype) of ``sample_pixels``'s kinds, and a file that has it.
+
+    Raises:
+        ValueError: files of two kinds, naming one of each.
+    """
+    if len(kinds) > 1:
+        (kind_a, a), (kind_b, b) = list(kinds.items())[:2]
+        raise ValueError(
+            f"images in {folder} disagree: {a} has {kind_a[0]} channel(s) of {kind_a[1]}, {b} has {kind_b[0]} of "
+            f"{kind_b[1]}; store every image with the same channels and bit depth"
+        )
+    ((kind, example),) = kinds.items()
+    return kind, example
+
+
 def select_classes(
     available: Sequence[str],
     class_list: str | Path | None = None,

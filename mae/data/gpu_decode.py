@@ -33,8 +33,9 @@ DecodeOn = Literal["auto", "cpu", "gpu"]
 def resolve_decode_on(decode_on: DecodeOn, device: torch.device, augmentation: str) -> bool:
     """Whether to decode pretraining batches on ``device`` (True) or in the loader workers (False).
 
-    "auto" decodes on the GPU when training on CUDA with the pretraining augmentation and falls back
-    to the workers otherwise; "gpu" insists.
+    "auto" decodes on the GPU when training on CUDA with the pretraining augmentation of 8-bit RGB
+    data (``augmentation`` is "array" for data read as arrays) and falls back to the workers
+    otherwise; "gpu" insists.
 
     Raises:
         ValueError: "gpu" without a CUDA training device, or with another augmentation.
@@ -43,8 +44,10 @@ def resolve_decode_on(decode_on: DecodeOn, device: torch.device, augmentation: s
         return False
     if augmentation != "pretrain":
         if decode_on == "gpu":
-            raise ValueError(f"data.decode_on=gpu decodes the pretraining crop, but data.augmentation is "
-                             f"{augmentation!r}; set data.decode_on: auto or cpu")  # fmt: skip
+            what = "the data is read as arrays (not 8-bit RGB)" if augmentation == "array" else (
+                f"data.augmentation is {augmentation!r}")  # fmt: skip
+            raise ValueError(f"data.decode_on=gpu decodes 8-bit RGB JPEGs for the pretraining crop, but {what}; "
+                             "set data.decode_on: auto or cpu")  # fmt: skip
         return False
     if device.type != "cuda":
         if decode_on == "gpu":

@@ -6,11 +6,14 @@ Values are scaled by their type's range to [0, 1] (uint8 / 255, uint16 / 65535);
 kept in its own units (the data's ``mean`` / ``std`` normalise it).
 """
 
+import io
 import os
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
+import torch
 from PIL import Image
 
 ARRAY_EXTENSIONS = (".npy", ".tif", ".tiff")
@@ -23,8 +26,39 @@ _PIL_MODES = {
 _UNIT_SCALE = {"uint8": 255.0, "uint16": 65535.0}
 
 
-def _suffix(path: str | os.PathLike) -> str:
-    return Path(path).suffix.lower()
+class EncodedImage:
+    """An image file's encoded bytes (JPEG, PNG, ...) and the name to report it by, e.g. a shard's
+    ``s3://bucket/train:class/img.jpg``."""
+
+    def __init__(self, data: bytes | memoryview | bytearray, name: str) -> None:
+        self.data = data
+        self.name = name
+
+    def tensor(self) -> torch.Tensor:
+        """The bytes as a 1-D uint8 tensor (a copy: decoders need writable memory)."""
+        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
+
+    def file(self) -> io.BytesIO:
+        """A new file object over the bytes, for readers that take one."""
+        return io.BytesIO(self.data)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"EncodedImage({self.name}, {len(self.data)} bytes)"
+
+
+Source = "str | os.PathLike | EncodedImage"  # a file, or a file's bytes held in memory (a shard's sample)
+
+
+def _suffix(path: Source) -> str:
+    return Path(path.name if isinstance(path, EncodedImage) else path).suffix.lower()
+
+
+def _file(path: Source) -> "str | os.PathLike | BinaryIO":
+    """What a reader library opens: the path, or a file object over the bytes."""
+    return path.file() if isinstance(path, EncodedImage) else path
 
 
 def _unreadable(path: str | os.PathLike, kind: str, err: Exception) -> ValueError:
@@ -33,20 +67,22 @@ def _unreadable(path: str | os.PathLike, kind: str, err: Exception) -> ValueErro
     return ValueError(f"cannot read {path} as {kind}: {type(err).__name__}: {err}")
 
 
-def _tiff_layout(path: str | os.PathLike) -> tuple[tuple[int, ...], str, str]:
+def _tiff_layout(path: Source) -> tuple[tuple[int, ...], str, str]:
     """(shape, dtype name, axes) of a TIFF's first image series, from its header."""
     import tifffile
 
     try:
-        with tifffile.TiffFile(path) as tif:
+        with tifffile.TiffFile(_file(path)) as tif:
             series = tif.series[0]
             return tuple(series.shape), series.dtype.name, series.axes
     except (tifffile.TiffFileError, IndexError, KeyError, ValueError, EOFError, struct.error) as err:
         raise _unreadable(path, "a TIFF", err) from err
 
 
-def _load_npy(path: str | os.PathLike, mmap: bool) -> np.ndarray:
+def _load_npy(path: Source, mmap: bool) -> np.ndarray:
     try:
+        if isinstance(path, EncodedImage):
+            return np.load(path.file())
         return np.load(path, mmap_mode="r" if mmap else None)
     except (ValueError, EOFError, OSError) as err:  # truncated, pickled objects, not an .npy at all
         raise _unreadable(path, "an .npy array", err) from err
@@ -63,7 +99,7 @@ def _channels_last(array: np.ndarray, axes: str, path: str | os.PathLike) -> np.
     raise ValueError(f"cannot read {path} as one image: its axes are {axes!r}, shape {array.shape}")
 
 
-def probe(path: str | os.PathLike) -> tuple[int, str]:
+def probe(path: Source) -> tuple[int, str]:
     """(channels, dtype name) of an image file, read from its header only.
 
     Raises:
@@ -80,11 +116,11 @@ def probe(path: str | os.PathLike) -> tuple[int, str]:
         if len(shape) == 2:
             return 1, dtype
         return (shape[0] if axes[-2:] == "YX" else shape[-1]), dtype
-    with Image.open(path) as img:
+    with Image.open(_file(path)) as img:
         return _PIL_MODES.get(img.mode, (3, "uint8"))
 
 
-def header_size(path: str | os.PathLike) -> tuple[int, int]:
+def header_size(path: Source) -> tuple[int, int]:
     """(width, height) of an image file, from its header only."""
     suffix = _suffix(path)
     if suffix == ".npy":
@@ -96,13 +132,13 @@ def header_size(path: str | os.PathLike) -> tuple[int, int]:
     previous = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # asking the size of a huge image is not decoding it
     try:
-        with Image.open(path) as img:
+        with Image.open(_file(path)) as img:
             return img.size
     finally:
         Image.MAX_IMAGE_PIXELS = previous
 
 
-def read_array(path: str | os.PathLike) -> np.ndarray:
+def read_array(path: Source) -> np.ndarray:
     """The pixels of an image file as (H, W, C), in their stored dtype."""
     suffix = _suffix(path)
     if suffix == ".npy":
@@ -113,11 +149,11 @@ def read_array(path: str | os.PathLike) -> np.ndarray:
 
         _, _, axes = _tiff_layout(path)
         try:
-            pixels = tifffile.imread(path)
+            pixels = tifffile.imread(_file(path))
         except (tifffile.TiffFileError, IndexError, KeyError, ValueError, EOFError, struct.error) as err:
             raise _unreadable(path, "a TIFF", err) from err
         return _channels_last(pixels, axes, path)
-    with Image.open(path) as img:
+    with Image.open(_file(path)) as img:
         if img.mode not in _PIL_MODES or img.mode in ("P", "CMYK", "YCbCr", "1"):
             img = img.convert("RGB" if img.mode != "1" else "L")
         array = np.asarray(img)

@@ -6,7 +6,8 @@
 Each split (``train``, and ``val`` when it exists) becomes a litdata folder ``OUT/<split>/``
 (``index.json`` + ``chunk-*.bin``) of samples ``{"image": the file's original bytes, "label": class
 index, "index": position in the sorted listing, "name": "<class>/<file>"}``: no re-encoding, so the
-pixels are the file's. Samples are written in a seeded random order: litdata shuffles whole shards
+pixels are the file's, at any bit depth and band count (8/16-bit PNG, TIFF, ``.npy``, as the
+folder data module reads them). Samples are written in a seeded random order: litdata shuffles whole shards
 and then samples within a window, so class-sorted shards would give batches of few classes, and
 in random order any run of samples (e.g. the first N, for a kNN memory bank) is a random sample.
 Every file is decoded once while sharding, and unreadable ones (corrupt, truncated, not an image,
@@ -27,9 +28,9 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
 from mae.data import storage
-from mae.data.datasets import ImageFolderSubset, sample_files, select_classes
-from mae.data.readers import ARRAY_EXTENSIONS, probe
-from mae.data.transforms import DEFAULT_MAX_PIXELS, EncodedImage, _decode_rgb
+from mae.data.datasets import ImageFolderSubset, one_kind, sample_pixels, select_classes
+from mae.data.readers import EncodedImage, header_size, read_array, to_unit_range
+from mae.data.transforms import DEFAULT_MAX_PIXELS, _decode_rgb, check_pixel_count
 
 FORMAT = "mae-shards"
 VERSION = 1
@@ -39,51 +40,69 @@ METADATA = "mae_shards.json"
 DEFAULT_CHUNK_BYTES = "64MB"
 
 
-def encode_sample(item: tuple[str, int, int, str, int | None]) -> Iterator[dict[str, Any]]:
+def encode_sample(item: tuple[str, int, int, str, int | None, tuple[int, str] | None]) -> Iterator[dict[str, Any]]:
     """litdata ``optimize`` function: one sample for a readable image file, none for an unreadable one.
 
     Args:
-        item: (path, label, index, name, max_pixels).
+        item: (path, label, index, name, max_pixels, pixels): ``pixels`` is the (channels, dtype)
+            every file of array-path data must have, None for 8-bit images.
 
     Yields:
-        {"image": the file's bytes, "label", "index", "name"}, after the bytes decoded to RGB.
+        {"image": the file's bytes, "label", "index", "name"}, after the bytes decoded as the data
+        module will decode them (to RGB, or to an array of the expected channels and dtype).
     """
-    path, label, index, name, max_pixels = item
+    path, label, index, name, max_pixels, pixels = item
     try:
         with open(path, "rb") as f:
             data = f.read()
-        _decode_rgb(EncodedImage(data, path), max_pixels)  # the reader's own check: what decodes here streams
+        if pixels is None:
+            _decode_rgb(EncodedImage(data, path), max_pixels)  # the reader's own check: what decodes here streams
+        else:
+            check_array(EncodedImage(data, path), pixels, max_pixels)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         print(f"skipping unreadable image {path} ({err})", file=sys.stderr, flush=True)
         return
     yield {"image": data, "label": label, "index": index, "name": name}
 
 
-def list_split(folder: Path, classes: list[str], max_per_class: int | None) -> list[tuple[str, int, str]]:
+def check_array(image: EncodedImage, pixels: tuple[int, str], max_pixels: int | None) -> None:
+    """Read ``image`` as the array path does: the expected (channels, dtype), values in range.
+
+    Raises:
+        ValueError, OSError, DecompressionBombError: naming the file.
+    """
+    check_pixel_count(image.name, *header_size(image), max_pixels)
+    array = read_array(image)
+    if (array.shape[2], array.dtype.name) != tuple(pixels):
+        raise ValueError(f"{image} has {array.shape[2]} channel(s) of {array.dtype.name}, unlike the rest of the "
+                         f"folder ({pixels[0]} of {pixels[1]})")  # fmt: skip
+    to_unit_range(array, image)
+
+
+def list_split(
+    folder: Path, classes: list[str], max_per_class: int | None, arrays: bool = False
+) -> list[tuple[str, int, str]]:
     """(path, label, "<class>/<relative path>") of the image files of ``folder/<class>`` (sorted, each
-    folder listed once as the folder data module lists it), at most ``max_per_class`` per class."""
-    listing = ImageFolderSubset(folder, classes, max_per_class, extensions=IMG_EXTENSIONS)
+    folder listed once as the folder data module lists it), at most ``max_per_class`` per class;
+    with ``arrays`` also ``.npy`` files."""
+    extensions = IMG_EXTENSIONS + ((".npy",) if arrays else ())
+    listing = ImageFolderSubset(folder, classes, max_per_class, extensions=extensions)
     return [(path, label, os.path.relpath(path, folder)) for path, label in listing.samples]
 
 
-def check_eight_bit(folder: Path, classes: list[str]) -> None:
-    """Refuse folders that the folder data module reads as arrays (16-bit, float, ``.npy``, multi-band):
-    shards hold 8-bit images, which would lose their precision or bands.
+def describe_pixels(folder: Path, classes: list[str]) -> dict[str, Any]:
+    """What the data module needs to know before reading: ``array`` (TIFF, ``.npy`` or not 8-bit: the
+    array path, which keeps bit depth and bands) and ``pixels``, the (channels, dtype) of a sample of
+    the files (None when 8-bit files differ, e.g. RGB and grayscale, which the RGB path converts).
 
     Raises:
-        ValueError: naming the first such file.
+        ValueError: array-path files that differ in channels or bit depth, naming two.
     """
-    for path in sample_files(folder, classes, IMG_EXTENSIONS + ARRAY_EXTENSIONS):
-        try:
-            channels, dtype = probe(path)
-        except (OSError, ValueError, SyntaxError):
-            continue  # unreadable: skipped by name while sharding
-        if path.suffix.lower() == ".npy" or dtype != "uint8" or channels not in (1, 3):
-            raise ValueError(
-                f"{path} has {channels} channel(s) of {dtype}: shards hold 8-bit grayscale or RGB images "
-                f"(JPEG, PNG, ...); train on this folder with mae.data.ImageFolderDataModule, which reads any "
-                f"bit depth and band count"
-            )
+    needs_arrays, kinds = sample_pixels(folder, classes)
+    if needs_arrays and kinds:
+        kind, _ = one_kind(kinds, folder)
+        return {"array": True, "pixels": list(kind)}
+    return {"array": needs_arrays, "pixels": list(next(iter(kinds))) if len(kinds) == 1 else None}
 
 
 def write_split(
@@ -92,7 +111,8 @@ def write_split(
     """Shard ``samples`` into the litdata folder ``out``; returns its counts (images, bytes, shards, skipped)."""
     from litdata import optimize
 
-    inputs = [(path, label, i, name, args.max_image_pixels) for i, (path, label, name) in enumerate(samples)]
+    pixels = tuple(args.pixels["pixels"]) if args.pixels["array"] else None
+    inputs = [(path, label, i, name, args.max_image_pixels, pixels) for i, (path, label, name) in enumerate(samples)]
     random.Random(args.seed).shuffle(inputs)
     optimize(
         fn=encode_sample,
@@ -129,7 +149,7 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     available, _ = find_classes(str(train_dir))
     selected = select_classes(available, args.class_list, args.num_classes, args.class_selection, args.seed)
     classes = sorted(selected) if selected is not None else available
-    check_eight_bit(train_dir, classes)
+    args.pixels = describe_pixels(train_dir, classes)
     if not storage.is_remote(out) and Path(out).is_file():
         raise FileExistsError(f"{out} is a file; give a folder (or an s3:// URL) for the shards")
     if storage.exists_any(out, storage_options) and not args.overwrite:
@@ -137,16 +157,17 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     storage.allow_plain_http(storage_options)
     storage.delete(storage.join(out, METADATA), storage_options)  # --overwrite: unfinished until rewritten
 
-    splits = {args.train_split: list_split(train_dir, classes, args.max_images_per_class)}
+    arrays = args.pixels["array"]
+    splits = {args.train_split: list_split(train_dir, classes, args.max_images_per_class, arrays)}
     if args.val_split and (root / args.val_split).is_dir():
-        splits[args.val_split] = list_split(root / args.val_split, classes, None)
+        splits[args.val_split] = list_split(root / args.val_split, classes, None, arrays)
     counts = {}
     for name, samples in splits.items():
         print(f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True)
         counts[name] = write_split(samples, storage.join(out, name), args, storage_options)
     metadata = {
         "format": FORMAT, "version": VERSION, "classes": classes, "train_split": args.train_split,
-        "splits": counts, "order": f"random, seed {args.seed}", "source": str(root.resolve()),
+        "splits": counts, "order": f"random, seed {args.seed}", **args.pixels, "source": str(root.resolve()),
     }  # fmt: skip
     storage.write_json(storage.join(out, METADATA), metadata, storage_options)
     for name, c in counts.items():

@@ -9,6 +9,7 @@ resumed mid-epoch continues the stream where it stopped.
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader, Dataset
@@ -16,8 +17,9 @@ from torch.utils.data import DataLoader, Dataset
 from mae.data import storage
 from mae.data.datamodules import ImageDataModule, collate_images
 from mae.data.gpu_decode import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
+from mae.data.readers import adapt_channels
 from mae.data.shard import FORMAT, METADATA, VERSION
-from mae.data.transforms import DEFAULT_MAX_PIXELS, EncodedImage, to_rgb
+from mae.data.transforms import DEFAULT_MAX_PIXELS, EncodedImage, open_encoded, to_rgb
 
 
 class DecodeSample:
@@ -39,7 +41,7 @@ class DecodeSample:
             return EncodedImage(bytes(sample["image"]), encoded.name), sample["label"]
         if getattr(self.transform, "reads_files", False):
             return self.transform(encoded), sample["label"]
-        with encoded.open(self.max_pixels) as img:
+        with open_encoded(encoded, self.max_pixels) as img:
             return self.transform(to_rgb(img)), sample["label"]
 
 
@@ -227,13 +229,27 @@ class StreamingDataModule(ImageDataModule):
         return len(self.metadata["classes"])
 
     def configure_pixels(self) -> None:
-        if self.in_chans != 3:
-            raise ValueError(
-                f"shards hold 8-bit RGB (or grayscale, served as RGB) images: data.in_chans must be 3, got "
-                f"{self.in_chans}; train other data with mae.data.ImageFolderDataModule"
-            )
+        """As the folder module decides from its files, from what the shard tool recorded: 8-bit images
+        with 3 channels take the uint8 path (and may be decoded on the GPU), other channel counts
+        (``in_chans``), 16-bit, float, TIFF and ``.npy`` data the array path.
+
+        Raises:
+            ValueError: channels that do not fit ``in_chans``, or array-path reading of shards whose
+                images differ in channels; ``decode_on: gpu`` for array-path data.
+        """
+        self.array_mode = self.in_chans != 3 or self.metadata.get("array", False)
+        if self.array_mode:
+            pixels = self.metadata.get("pixels")
+            if pixels is None:
+                raise ValueError(
+                    f"the images in {self.root} differ in channels (e.g. RGB and grayscale), which only the RGB "
+                    f"path converts: data.in_chans must be 3 for them, got {self.in_chans}"
+                )
+            self.expected_pixels = (int(pixels[0]), str(pixels[1]))
+            adapt_channels(np.zeros((1, 1, self.expected_pixels[0])), self.in_chans, self.root)
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        self._gpu_decode = resolve_decode_on(self.decode_on, device, self.augmentation)
+        augmentation = "array" if self.array_mode else self.augmentation
+        self._gpu_decode = resolve_decode_on(self.decode_on, device, augmentation)
 
     def train_image_count(self) -> int:
         return self.metadata["splits"][self.train_split]["images"]  # litdata's length is this process's share

@@ -15,6 +15,8 @@ from torch.nn import functional as F
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
+from mae.data.readers import EncodedImage
+
 Augmentation = Literal["pretrain", "finetune", "linprobe", "none"]
 # PIL's own default limit (about 89.5 megapixels), above which an image is treated as a decompression bomb.
 DEFAULT_MAX_PIXELS = 89_478_485
@@ -73,6 +75,13 @@ def open_image(
     finally:
         Image.MAX_IMAGE_PIXELS = previous
     check_pixel_count(name, *img.size, max_pixels)
+    return img
+
+
+def open_encoded(image: EncodedImage, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """``open_image`` of an image's bytes; the PIL image's ``filename`` is its name, for error messages."""
+    img = open_image(image.file(), max_pixels, image.name)
+    img.filename = image.name
     return img
 
 
@@ -155,28 +164,6 @@ class PretrainCrop:
         return f"PretrainCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, bicubic, flip=0.5)"
 
 
-class EncodedImage:
-    """An image file's encoded bytes (JPEG, PNG, ...) and the name to report it by, e.g. a shard's
-    ``s3://bucket/train:class/img.jpg``."""
-
-    def __init__(self, data: bytes | memoryview | bytearray, name: str) -> None:
-        self.data = data
-        self.name = name
-
-    def tensor(self) -> torch.Tensor:
-        """The bytes as a 1-D uint8 tensor (a copy: decoders need writable memory)."""
-        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
-
-    def open(self, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
-        """``open_image`` of the bytes; the PIL image's ``filename`` is ``name``, for error messages."""
-        img = open_image(io.BytesIO(self.data), max_pixels, self.name)
-        img.filename = self.name
-        return img
-
-    def __repr__(self) -> str:
-        return f"EncodedImage({self.name}, {len(self.data)} bytes)"
-
-
 def resized_crop(
     pixels: torch.Tensor,
     box: tuple[int, int, int, int],
@@ -221,7 +208,7 @@ def _decode_rgb(
         name = os.fspath(source)
         data = _read_bytes(name)
     if data[:2].tolist() != [0xFF, 0xD8]:  # not a JPEG (no start-of-image marker): let PIL decode it
-        img = source.open(max_pixels) if isinstance(source, EncodedImage) else open_image(name, max_pixels)
+        img = open_encoded(source, max_pixels) if isinstance(source, EncodedImage) else open_image(name, max_pixels)
         with img:
             return _pil_rgb(img)
     return decode_jpeg_checked(data, name, max_pixels)
