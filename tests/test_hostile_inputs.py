@@ -260,3 +260,14 @@ def test_float_images__drawn_from_their_minimum_to_their_maximum(tmp_path):
     Image.fromarray(np.zeros((4, 4), np.uint16)).save(tmp_path / "scan.png")
     assert display_range([tmp_path / "scan.png"]) == (0.0, 1.0)
     assert display_range([tmp_path / "scan.png", tmp_path / "reflectance.npy"]) is None
+
+
+def test_readers__an_npz_archive_named_npy_is_unreadable_by_name(tmp_path):
+    from mae.data.readers import EncodedImage, probe
+
+    path = tmp_path / "x.npy"
+    with open(path, "wb") as f:
+        np.savez(f, a=np.zeros((4, 4)))
+    for source in (path, EncodedImage(path.read_bytes(), "s3://b/train:a/x.npy")):
+        with pytest.raises(ValueError, match=rf"cannot read {source} as an .npy array: it holds a NpzFile"):
+            probe(source)

@@ -130,6 +130,19 @@ def test_shard__overwrite_removes_the_old_metadata_first_so_a_failed_rewrite_rea
         read_metadata(str(out))
 
 
+def test_shard__records_mixed_8_bit_kinds_so_other_in_chans_are_refused_at_start_up(tmp_path):
+    """One grayscale JPEG among RGB ones, where the start-up sample does not see it: the RGB path takes
+    the shards; reading them with in_chans 1 is refused at start, naming a file of each kind."""
+    write_image_folder(tmp_path / "data" / "train", ["a", "b"], per_class=3, size=(20, 20))
+    Image.fromarray(np.zeros((20, 20), np.uint8)).save(tmp_path / "data" / "train" / "b" / "zz_gray.jpg")
+    metadata = shard(tmp_path / "data", str(tmp_path / "shards"))
+    assert metadata["pixels"] is None and sorted(k[:2] for k in metadata["kinds"]) == [[1, "uint8"], [3, "uint8"]]
+    settings = dict(cache_dir=str(tmp_path / "cache"), img_size=16, batch_size=2, num_workers=0)
+    StreamingDataModule(str(tmp_path / "shards"), **settings).setup("fit")
+    with pytest.raises(ValueError, match=r"differ in channels or bit depth \(.*zz_gray.jpg has 1 channel"):
+        StreamingDataModule(str(tmp_path / "shards"), in_chans=1, mean=[0.5], std=[0.2], **settings).setup("fit")
+
+
 def test_shard__refuses_a_non_empty_output_and_mixed_bit_depths(folder, local_shards, tmp_path):
     with pytest.raises(FileExistsError, match="not empty.*--overwrite"):
         shard(folder, str(local_shards))
@@ -272,11 +285,24 @@ def test_streaming__resume_after_the_shards_and_cache_moved_but_not_with_another
     with pytest.raises(ValueError, match="data.shuffle_seed is 4 but the checkpoint's epoch was streamed with 3"):
         trainer.fit(RecordIds(), datamodule=streaming_data(str(id_shards), tmp_path, shuffle_seed=4),
                     ckpt_path=tmp_path / "first.ckpt")  # fmt: skip
+    # evaluating the checkpoint reads no stream: any seed will do
+    make_trainer(tmp_path / "eval").validate(RecordIds(), datamodule=streaming_data(str(id_shards), tmp_path,
+                                             shuffle_seed=4), ckpt_path=tmp_path / "first.ckpt")  # fmt: skip
+    resharded = tmp_path / "resharded"  # the same images converted again: another order
+    shutil.copytree(id_shards.parent / "images", tmp_path / "images")
+    shard(tmp_path / "images", str(resharded), "--seed", "1")
+    trainer = make_trainer(tmp_path / "fourth", max_epochs=3, limit_val_batches=0)
+    with pytest.raises(ValueError, match=r"streamed the shards \w+ \(24 training images\).*another conversion"):
+        trainer.fit(RecordIds(), datamodule=streaming_data(str(resharded), tmp_path), ckpt_path=tmp_path / "first.ckpt")
 
 
-def test_streaming__a_checkpoint_at_an_epoch_end_resumes_with_other_workers_into_full_epochs(id_shards, tmp_path):
-    first = run_ids(str(id_shards), tmp_path, "first", stop_at=6, num_workers=1)  # the end of epoch 0
+def test_streaming__a_checkpoint_at_an_epoch_end_resumes_into_the_next_epochs(id_shards, tmp_path):
+    """The same sequence as an uninterrupted run (the next epoch's shuffle, not the first's again), and
+    whole epochs with another worker count."""
+    full = run_ids(str(id_shards), tmp_path, "full")
+    first = run_ids(str(id_shards), tmp_path, "first", stop_at=6)  # the end of epoch 0
     assert len(first) == 24
+    assert first + run_ids(str(id_shards), tmp_path, "same", resume=tmp_path / "first.ckpt") == full
     second = run_ids(str(id_shards), tmp_path, "second", resume=tmp_path / "first.ckpt", num_workers=2)
     for epoch in (1, 2):
         assert sorted(i for e, i in second if e == epoch) == list(range(24))

@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 ARRAY_EXTENSIONS = (".npy", ".tif", ".tiff")
 # PIL modes -> (channels, numpy dtype of their pixels); others are converted to RGB first.
@@ -61,6 +61,14 @@ def _file(path: Source) -> "str | os.PathLike | BinaryIO":
     return path.file() if isinstance(path, EncodedImage) else path
 
 
+def _open_pil(path: Source) -> Image.Image:
+    """``Image.open`` of a file or a sample's bytes; an unidentifiable one names the file or sample."""
+    try:
+        return Image.open(_file(path))
+    except UnidentifiedImageError as err:
+        raise UnidentifiedImageError(f"cannot identify image file {path}") from err
+
+
 def _unreadable(path: str | os.PathLike, kind: str, err: Exception) -> ValueError:
     """The error for a file its library could not parse (corrupt, truncated, misnamed): names it, and
     is a ``ValueError`` so the datasets skip it by name like any unreadable image."""
@@ -81,11 +89,13 @@ def _tiff_layout(path: Source) -> tuple[tuple[int, ...], str, str]:
 
 def _load_npy(path: Source, mmap: bool) -> np.ndarray:
     try:
-        if isinstance(path, EncodedImage):
-            return np.load(path.file())
-        return np.load(path, mmap_mode="r" if mmap else None)
+        source, mmap_mode = (path.file(), None) if isinstance(path, EncodedImage) else (path, "r" if mmap else None)
+        array = np.load(source, mmap_mode=mmap_mode)
     except (ValueError, EOFError, OSError) as err:  # truncated, pickled objects, not an .npy at all
         raise _unreadable(path, "an .npy array", err) from err
+    if not isinstance(array, np.ndarray):  # an .npz archive under an .npy name
+        raise ValueError(f"cannot read {path} as an .npy array: it holds a {type(array).__name__} (an .npz archive?)")
+    return array
 
 
 def _channels_last(array: np.ndarray, axes: str, path: str | os.PathLike) -> np.ndarray:
@@ -116,7 +126,7 @@ def probe(path: Source) -> tuple[int, str]:
         if len(shape) == 2:
             return 1, dtype
         return (shape[0] if axes[-2:] == "YX" else shape[-1]), dtype
-    with Image.open(_file(path)) as img:
+    with _open_pil(path) as img:
         return _PIL_MODES.get(img.mode, (3, "uint8"))
 
 
@@ -132,7 +142,7 @@ def header_size(path: Source) -> tuple[int, int]:
     previous = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # asking the size of a huge image is not decoding it
     try:
-        with Image.open(_file(path)) as img:
+        with _open_pil(path) as img:
             return img.size
     finally:
         Image.MAX_IMAGE_PIXELS = previous
@@ -153,7 +163,7 @@ def read_array(path: Source) -> np.ndarray:
         except (tifffile.TiffFileError, IndexError, KeyError, ValueError, EOFError, struct.error) as err:
             raise _unreadable(path, "a TIFF", err) from err
         return _channels_last(pixels, axes, path)
-    with Image.open(_file(path)) as img:
+    with _open_pil(path) as img:
         if img.mode not in _PIL_MODES or img.mode in ("P", "CMYK", "YCbCr", "1"):
             img = img.convert("RGB" if img.mode != "1" else "L")
         array = np.asarray(img)

@@ -20,6 +20,8 @@ import argparse
 import os
 import random
 import sys
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
 from mae.data import storage
 from mae.data.datasets import ImageFolderSubset, one_kind, sample_pixels, select_classes
-from mae.data.readers import EncodedImage, header_size, read_array, to_unit_range
+from mae.data.readers import EncodedImage, header_size, probe, read_array, to_unit_range
 from mae.data.transforms import DEFAULT_MAX_PIXELS, _decode_rgb, check_pixel_count
 
 FORMAT = "mae-shards"
@@ -40,18 +42,44 @@ METADATA = "mae_shards.json"
 DEFAULT_CHUNK_BYTES = "64MB"
 
 
-def encode_sample(item: tuple[str, int, int, str, int | None, tuple[int, str] | None]) -> Iterator[dict[str, Any]]:
+_KINDS_NOTED: set[tuple[str, tuple[int, str]]] = set()  # per process: (kinds_dir, kind) already written
+
+
+def note_kind(kinds_dir: str, image: EncodedImage) -> None:
+    """Append ``image``'s (channels, dtype) to this process's file in ``kinds_dir`` the first time this
+    process sees that kind, so the main process learns every kind in the data without a second pass."""
+    kind = probe(image)
+    if (kinds_dir, kind) not in _KINDS_NOTED:
+        _KINDS_NOTED.add((kinds_dir, kind))
+        with open(Path(kinds_dir) / f"{os.getpid()}.txt", "a") as f:
+            f.write(f"{kind[0]}\t{kind[1]}\t{image.name}\n")
+
+
+def noted_kinds(kinds_dir: str) -> dict[tuple[int, str], str]:
+    """{(channels, dtype): a file of that kind} from all workers' ``note_kind`` files."""
+    kinds: dict[tuple[int, str], str] = {}
+    for path in sorted(Path(kinds_dir).glob("*.txt")):
+        for line in path.read_text().splitlines():
+            channels, dtype, name = line.split("\t", 2)
+            kinds.setdefault((int(channels), dtype), name)
+    return kinds
+
+
+def encode_sample(
+    item: tuple[str, int, int, str, int | None, tuple[int, str] | None, str],
+) -> Iterator[dict[str, Any]]:
     """litdata ``optimize`` function: one sample for a readable image file, none for an unreadable one.
 
     Args:
-        item: (path, label, index, name, max_pixels, pixels): ``pixels`` is the (channels, dtype)
-            every file of array-path data must have, None for 8-bit images.
+        item: (path, label, index, name, max_pixels, pixels, kinds_dir): ``pixels`` is the
+            (channels, dtype) every file of array-path data must have, None for 8-bit images;
+            ``kinds_dir`` collects the kinds seen (``note_kind``).
 
     Yields:
         {"image": the file's bytes, "label", "index", "name"}, after the bytes decoded as the data
         module will decode them (to RGB, or to an array of the expected channels and dtype).
     """
-    path, label, index, name, max_pixels, pixels = item
+    path, label, index, name, max_pixels, pixels, kinds_dir = item
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -59,6 +87,7 @@ def encode_sample(item: tuple[str, int, int, str, int | None, tuple[int, str] | 
             _decode_rgb(EncodedImage(data, path), max_pixels)  # the reader's own check: what decodes here streams
         else:
             check_array(EncodedImage(data, path), pixels, max_pixels)
+        note_kind(kinds_dir, EncodedImage(data, path))
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         print(f"skipping unreadable image {path} ({err})", file=sys.stderr, flush=True)
         return
@@ -106,13 +135,18 @@ def describe_pixels(folder: Path, classes: list[str]) -> dict[str, Any]:
 
 
 def write_split(
-    samples: list[tuple[str, int, str]], out: str, args: argparse.Namespace, storage_options: dict | None
+    samples: list[tuple[str, int, str]],
+    out: str,
+    args: argparse.Namespace,
+    storage_options: dict | None,
+    kinds_dir: str,
 ) -> dict[str, int]:
     """Shard ``samples`` into the litdata folder ``out``; returns its counts (images, bytes, shards, skipped)."""
     from litdata import optimize
 
     pixels = tuple(args.pixels["pixels"]) if args.pixels["array"] else None
-    inputs = [(path, label, i, name, args.max_image_pixels, pixels) for i, (path, label, name) in enumerate(samples)]
+    inputs = [(path, label, i, name, args.max_image_pixels, pixels, kinds_dir)
+              for i, (path, label, name) in enumerate(samples)]  # fmt: skip
     random.Random(args.seed).shuffle(inputs)
     optimize(
         fn=encode_sample,
@@ -162,11 +196,17 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     if args.val_split and (root / args.val_split).is_dir():
         splits[args.val_split] = list_split(root / args.val_split, classes, None, arrays)
     counts = {}
-    for name, samples in splits.items():
-        print(f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True)
-        counts[name] = write_split(samples, storage.join(out, name), args, storage_options)
+    with tempfile.TemporaryDirectory(prefix="mae-shard-kinds-") as kinds_dir:
+        for name, samples in splits.items():
+            print(f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True)
+            counts[name] = write_split(samples, storage.join(out, name), args, storage_options, kinds_dir)
+        kinds = noted_kinds(kinds_dir)
+    if len(kinds) > 1:  # e.g. grayscale among RGB: fine for the RGB path, not for reading with other in_chans
+        args.pixels = {**args.pixels, "pixels": None,
+                       "kinds": [[c, dtype, example] for (c, dtype), example in kinds.items()]}  # fmt: skip
     metadata = {
-        "format": FORMAT, "version": VERSION, "classes": classes, "train_split": args.train_split,
+        "format": FORMAT, "version": VERSION, "id": uuid.uuid4().hex[:12], "classes": classes,
+        "train_split": args.train_split,
         "splits": counts, "order": f"random, seed {args.seed}", **args.pixels, "source": str(root.resolve()),
     }  # fmt: skip
     storage.write_json(storage.join(out, METADATA), metadata, storage_options)

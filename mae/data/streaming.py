@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader, Dataset
 
@@ -215,6 +216,7 @@ class StreamingDataModule(ImageDataModule):
         self._gpu_decode = False
         self._train_loader: ResumableStreamingLoader | None = None
         self._stream_state: dict[str, Any] | None = None  # restored from a checkpoint, for the next train loader
+        self._stream_epoch: int | None = None  # the epoch a checkpoint saved at an epoch's end had finished
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -241,9 +243,11 @@ class StreamingDataModule(ImageDataModule):
         if self.array_mode:
             pixels = self.metadata.get("pixels")
             if pixels is None:
+                shown = "; ".join(f"{name} has {c} channel(s) of {dtype}" for c, dtype, name in
+                                  self.metadata.get("kinds", [])[:2])  # fmt: skip
                 raise ValueError(
-                    f"the images in {self.root} differ in channels (e.g. RGB and grayscale), which only the RGB "
-                    f"path converts: data.in_chans must be 3 for them, got {self.in_chans}"
+                    f"the images in {self.root} differ in channels or bit depth ({shown or 'e.g. RGB and grayscale'}), "
+                    f"which only the 8-bit RGB path converts: data.in_chans must be 3 for them, got {self.in_chans}"
                 )
             self.expected_pixels = (int(pixels[0]), str(pixels[1]))
             adapt_channels(np.zeros((1, 1, self.expected_pixels[0])), self.in_chans, self.root)
@@ -291,7 +295,7 @@ class StreamingDataModule(ImageDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """The training stream's position, saved in every checkpoint (``load_state_dict`` restores it),
-        with what it depends on: the shuffle seed and the training split's size."""
+        with what it depends on: the shuffle seed and which conversion of the shards it reads."""
         trainer = self.trainer
         if self._train_loader is None or trainer is None:
             return {}
@@ -301,11 +305,13 @@ class StreamingDataModule(ImageDataModule):
             # saved at an epoch's end: the next epoch starts afresh, whatever the loader's count says
             "epoch_finished": progress.ready >= trainer.num_training_batches,
             "shuffle_seed": self.shuffle_seed,
+            "shards_id": self.metadata.get("id"),
             "train_images": self.metadata["splits"][self.train_split]["images"],
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume the training stream where the checkpoint left it.
+        """Resume the training stream where the checkpoint left it (when fitting; an evaluation of a
+        checkpoint reads no stream).
 
         Lightning restores a stateful loader itself only when it builds the loader after the
         checkpoint is read; a module whose ``configure_optimizers`` or ``setup`` asks for
@@ -313,45 +319,60 @@ class StreamingDataModule(ImageDataModule):
         first, and the saved position would be skipped silently, restarting the epoch.
 
         Raises:
-            ValueError: a different ``data.shuffle_seed`` or different shards than the checkpoint's
-                (the resumed epoch would repeat and skip images), naming both values.
+            ValueError: a different ``data.shuffle_seed``, or other shards (another conversion, even
+                of the same images) than the checkpoint's: the resumed epoch would repeat and skip
+                images. Names both values.
         """
-        if "stream" not in state_dict or state_dict.get("epoch_finished"):
-            self._stream_state = None
+        self._stream_state = self._stream_epoch = None
+        if "stream" not in state_dict or self.trainer is None or self.trainer.state.fn != TrainerFn.FITTING:
             return
-        if state_dict["shuffle_seed"] != self.shuffle_seed:
+        if state_dict.get("epoch_finished"):
+            # the next epoch starts afresh, numbered after the saved one (litdata seeds its shuffle with it)
+            self._stream_epoch = state_dict["stream"].get("current_epoch")
+            self._restore_stream(self._train_loader)
+            return
+        saved_seed = state_dict.get("shuffle_seed", self.shuffle_seed)
+        if saved_seed != self.shuffle_seed:
             raise ValueError(
-                f"data.shuffle_seed is {self.shuffle_seed} but the checkpoint's epoch was streamed with "
-                f"{state_dict['shuffle_seed']}: resume with --data.shuffle_seed {state_dict['shuffle_seed']} (another "
-                f"order would repeat and skip images of the interrupted epoch)"
+                f"data.shuffle_seed is {self.shuffle_seed} but the checkpoint's epoch was streamed with {saved_seed}: "
+                f"resume with --data.shuffle_seed {saved_seed} (another order would repeat and skip images of the "
+                f"interrupted epoch)"
             )
-        images = self.metadata["splits"][self.train_split]["images"]
-        if state_dict["train_images"] != images:
+        saved = (state_dict.get("shards_id"), state_dict.get("train_images"))
+        current = (self.metadata.get("id"), self.metadata["splits"][self.train_split]["images"])
+        if saved != current and None not in saved:
             raise ValueError(
-                f"the checkpoint's epoch streamed {state_dict['train_images']} training images, but {self.root} has "
-                f"{images}: resume on the same shards, or start a new run from the weights (model.init_from)"
+                f"the checkpoint's epoch streamed the shards {saved[0]} ({saved[1]} training images), but {self.root} "
+                f"holds {current[0]} ({current[1]}), another conversion: its order differs, so resuming mid-epoch "
+                f"would repeat and skip images. Resume on the checkpoint's shards, or start a new run from the weights "
+                f"(model.init_from)"
             )
         self._stream_state = state_dict["stream"]
-        if self._train_loader is not None:
-            self._restore_stream(self._train_loader)
+        self._restore_stream(self._train_loader)
 
-    def _restore_stream(self, loader: "ResumableStreamingLoader") -> None:
-        """Apply the checkpoint's stream position to ``loader``, with the shards' and cache's current
+    def _restore_stream(self, loader: "ResumableStreamingLoader | None") -> None:
+        """Apply the checkpoint's stream position (or, after a finished epoch, its epoch number) to
+        ``loader`` now, or to the next train loader made: with the shards' and cache's current
         locations (the shards may have been copied elsewhere, the cache be on another node's disk)."""
-        state = {**self._stream_state, "dataset": dict(self._stream_state["dataset"])}
-        dataset = loader.dataset
-        state["dataset"].update(input_dir_path=dataset.input_dir.path, input_dir_url=dataset.input_dir.url,
-                                cache_dir_path=self.cache_dir)  # fmt: skip
-        loader.restore_position(state)
-        self._stream_state = None
+        if loader is None:
+            return
+        if self._stream_epoch is not None:
+            loader.current_epoch = self._stream_epoch
+            self._stream_epoch = None
+        if self._stream_state is not None:
+            state = {**self._stream_state, "dataset": dict(self._stream_state["dataset"])}
+            dataset = loader.dataset
+            state["dataset"].update(input_dir_path=dataset.input_dir.path, input_dir_url=dataset.input_dir.url,
+                                    cache_dir_path=self.cache_dir)  # fmt: skip
+            loader.restore_position(state)
+            self._stream_state = None
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         if not train:  # read by index: each validation image exactly once across processes
             return super()._loader(dataset, train=False)
         self._train_loader = self._stream_loader(dataset)
         self._train_loader.restored_by_data_module = True
-        if self._stream_state is not None:
-            self._restore_stream(self._train_loader)
+        self._restore_stream(self._train_loader)
         return self._train_loader
 
     def _stream_loader(self, dataset: Dataset) -> ResumableStreamingLoader:
