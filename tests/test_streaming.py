@@ -5,6 +5,8 @@ CPU, and clear start-up errors for bad shard locations."""
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -143,6 +145,21 @@ def test_shard__records_mixed_8_bit_kinds_so_other_in_chans_are_refused_at_start
         StreamingDataModule(str(tmp_path / "shards"), in_chans=1, mean=[0.5], std=[0.2], **settings).setup("fit")
 
 
+def test_shard__skips_images_over_the_pixel_limit_by_name_and_refuses_an_empty_result(folder, tmp_path, capfd):
+    """A 1,500-pixel limit skips the 80x60 PNG by name (and the truncated JPEG), keeping the 40x30
+    images; a 1,000-pixel limit skips every training image: an error naming the folder, no metadata."""
+    huge = tmp_path / "data"
+    shutil.copytree(folder, huge)
+    Image.fromarray(np.zeros((60, 80, 3), np.uint8)).save(huge / "train" / "a" / "zz_big.png")
+    metadata = shard(huge, str(tmp_path / "ok"), "--max-image-pixels", "1500")
+    assert metadata["splits"]["train"]["images"] == 15 and metadata["splits"]["train"]["skipped"] == 2
+    assert re.search(r"skipping unreadable image .*zz_big\.png .*4,800 pixels, over", capfd.readouterr().err)
+    with pytest.raises(ValueError, match=r"no readable image in .*train: all 17 files were skipped"):
+        shard(huge, str(tmp_path / "none"), "--max-image-pixels", "1000")
+    with pytest.raises(FileNotFoundError, match="unfinished conversion"):
+        read_metadata(str(tmp_path / "none"))
+
+
 def test_shard__refuses_a_non_empty_output_and_mixed_bit_depths(folder, local_shards, tmp_path):
     with pytest.raises(FileExistsError, match="not empty.*--overwrite"):
         shard(folder, str(local_shards))
@@ -270,8 +287,6 @@ def test_streaming__mid_epoch_resume_continues_the_stream(id_shards, tmp_path, w
 def test_streaming__resume_after_the_shards_and_cache_moved_but_not_with_another_seed(id_shards, tmp_path):
     """A requeued job may find the shards copied to another disk and its cache on another node: the
     stream continues. A different shuffle seed would repeat and skip images: refused, naming both."""
-    import shutil
-
     full = run_ids(str(id_shards), tmp_path, "full")
     first = run_ids(str(id_shards), tmp_path, "first", stop_at=8)
     moved = tmp_path / "moved"

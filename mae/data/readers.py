@@ -61,7 +61,7 @@ def _file(path: Source) -> "str | os.PathLike | BinaryIO":
     return path.file() if isinstance(path, EncodedImage) else path
 
 
-def _open_pil(path: Source) -> Image.Image:
+def open_pil(path: Source) -> Image.Image:
     """``Image.open`` of a file or a sample's bytes; an unidentifiable one names the file or sample."""
     try:
         return Image.open(_file(path))
@@ -126,7 +126,7 @@ def probe(path: Source) -> tuple[int, str]:
         if len(shape) == 2:
             return 1, dtype
         return (shape[0] if axes[-2:] == "YX" else shape[-1]), dtype
-    with _open_pil(path) as img:
+    with open_pil(path) as img:
         return _PIL_MODES.get(img.mode, (3, "uint8"))
 
 
@@ -142,7 +142,7 @@ def header_size(path: Source) -> tuple[int, int]:
     previous = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # asking the size of a huge image is not decoding it
     try:
-        with _open_pil(path) as img:
+        with open_pil(path) as img:
             return img.size
     finally:
         Image.MAX_IMAGE_PIXELS = previous
@@ -163,7 +163,7 @@ def read_array(path: Source) -> np.ndarray:
         except (tifffile.TiffFileError, IndexError, KeyError, ValueError, EOFError, struct.error) as err:
             raise _unreadable(path, "a TIFF", err) from err
         return _channels_last(pixels, axes, path)
-    with _open_pil(path) as img:
+    with open_pil(path) as img:
         if img.mode not in _PIL_MODES or img.mode in ("P", "CMYK", "YCbCr", "1"):
             img = img.convert("RGB" if img.mode != "1" else "L")
         array = np.asarray(img)

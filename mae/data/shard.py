@@ -139,12 +139,13 @@ def write_split(
     out: str,
     args: argparse.Namespace,
     storage_options: dict | None,
+    pixels: tuple[int, str] | None,
     kinds_dir: str,
 ) -> dict[str, int]:
-    """Shard ``samples`` into the litdata folder ``out``; returns its counts (images, bytes, shards, skipped)."""
+    """Shard ``samples`` into the litdata folder ``out``, checking array-path files against ``pixels``
+    (``encode_sample``); returns its counts (images, bytes, shards, skipped)."""
     from litdata import optimize
 
-    pixels = tuple(args.pixels["pixels"]) if args.pixels["array"] else None
     inputs = [(path, label, i, name, args.max_image_pixels, pixels, kinds_dir)
               for i, (path, label, name) in enumerate(samples)]  # fmt: skip
     random.Random(args.seed).shuffle(inputs)
@@ -183,7 +184,7 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     available, _ = find_classes(str(train_dir))
     selected = select_classes(available, args.class_list, args.num_classes, args.class_selection, args.seed)
     classes = sorted(selected) if selected is not None else available
-    args.pixels = describe_pixels(train_dir, classes)
+    described = describe_pixels(train_dir, classes)
     if not storage.is_remote(out) and Path(out).is_file():
         raise FileExistsError(f"{out} is a file; give a folder (or an s3:// URL) for the shards")
     if storage.exists_any(out, storage_options) and not args.overwrite:
@@ -191,7 +192,8 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     storage.allow_plain_http(storage_options)
     storage.delete(storage.join(out, METADATA), storage_options)  # --overwrite: unfinished until rewritten
 
-    arrays = args.pixels["array"]
+    arrays = described["array"]
+    pixels = tuple(described["pixels"]) if arrays else None  # what every array-path file must have
     splits = {args.train_split: list_split(train_dir, classes, args.max_images_per_class, arrays)}
     if args.val_split and (root / args.val_split).is_dir():
         splits[args.val_split] = list_split(root / args.val_split, classes, None, arrays)
@@ -199,15 +201,26 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mae-shard-kinds-") as kinds_dir:
         for name, samples in splits.items():
             print(f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True)
-            counts[name] = write_split(samples, storage.join(out, name), args, storage_options, kinds_dir)
+            counts[name] = write_split(samples, storage.join(out, name), args, storage_options, pixels, kinds_dir)
         kinds = noted_kinds(kinds_dir)
-    if len(kinds) > 1:  # e.g. grayscale among RGB: fine for the RGB path, not for reading with other in_chans
-        args.pixels = {**args.pixels, "pixels": None,
-                       "kinds": [[c, dtype, example] for (c, dtype), example in kinds.items()]}  # fmt: skip
+    for name, c in list(counts.items()):
+        if c["images"] == 0 and name == args.train_split:
+            raise ValueError(f"no readable image in {root / name}: all {c['skipped']} files were skipped (see the "
+                             f"messages above); nothing was written to {storage.join(out, METADATA)}")  # fmt: skip
+        if c["images"] == 0:
+            print(f"{name}: all {c['skipped']} files were skipped; the shards have no {name} split", flush=True)
+            del counts[name]
+    # Every kind the workers saw, not the start-up sample's: grayscale among RGB is fine for the RGB
+    # path, but not for reading with another in_chans, which the data module then refuses.
+    if len(kinds) == 1:
+        described["pixels"] = list(next(iter(kinds)))
+    elif len(kinds) > 1:
+        described["pixels"] = None
+        described["kinds"] = [[c, dtype, example] for (c, dtype), example in kinds.items()]
     metadata = {
         "format": FORMAT, "version": VERSION, "id": uuid.uuid4().hex[:12], "classes": classes,
-        "train_split": args.train_split,
-        "splits": counts, "order": f"random, seed {args.seed}", **args.pixels, "source": str(root.resolve()),
+        "train_split": args.train_split, "splits": counts, "order": f"random, seed {args.seed}", **described,
+        "source": str(root.resolve()),
     }  # fmt: skip
     storage.write_json(storage.join(out, METADATA), metadata, storage_options)
     for name, c in counts.items():

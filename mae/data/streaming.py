@@ -2,8 +2,9 @@
 
 litdata is Lightning's own streaming engine: it downloads shards ahead of use into a bounded local
 cache, splits every epoch between processes and loader workers, shuffles shards and the samples in
-them, and its ``StreamingDataLoader`` has a state that Lightning saves in each checkpoint, so a run
-resumed mid-epoch continues the stream where it stopped.
+them, and its ``StreamingDataLoader`` has a resumable state. ``StreamingDataModule`` saves that
+state in each checkpoint and restores it, so a run resumed mid-epoch continues the stream where it
+stopped.
 """
 
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from mae.data.datamodules import ImageDataModule, collate_images
 from mae.data.gpu_decode import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
 from mae.data.readers import adapt_channels
 from mae.data.shard import FORMAT, METADATA, VERSION
-from mae.data.transforms import DEFAULT_MAX_PIXELS, EncodedImage, open_encoded, to_rgb
+from mae.data.transforms import DEFAULT_MAX_PIXELS, EncodedImage, open_image, to_rgb
 
 
 class DecodeSample:
@@ -37,13 +38,14 @@ class DecodeSample:
         self.max_pixels = max_pixels
 
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
-        encoded = EncodedImage(sample["image"], f"{self.url}:{sample['name']}")
-        if self.transform is None:
-            return EncodedImage(bytes(sample["image"]), encoded.name), sample["label"]
+        name, label = f"{self.url}:{sample['name']}", sample["label"]
+        if self.transform is None:  # to the main process as it is (bytes: litdata's memoryview does not pickle)
+            return EncodedImage(bytes(sample["image"]), name), label
+        encoded = EncodedImage(sample["image"], name)
         if getattr(self.transform, "reads_files", False):
-            return self.transform(encoded), sample["label"]
-        with open_encoded(encoded, self.max_pixels) as img:
-            return self.transform(to_rgb(img)), sample["label"]
+            return self.transform(encoded), label
+        with open_image(encoded, self.max_pixels) as img:
+            return self.transform(to_rgb(img)), label
 
 
 class ShardedImages(StreamingDataset):
@@ -370,14 +372,8 @@ class StreamingDataModule(ImageDataModule):
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         if not train:  # read by index: each validation image exactly once across processes
             return super()._loader(dataset, train=False)
-        self._train_loader = self._stream_loader(dataset)
-        self._train_loader.restored_by_data_module = True
-        self._restore_stream(self._train_loader)
-        return self._train_loader
-
-    def _stream_loader(self, dataset: Dataset) -> ResumableStreamingLoader:
         encoded = self._gpu_decode
-        return ResumableStreamingLoader(
+        self._train_loader = ResumableStreamingLoader(
             dataset,
             batch_size=self.batch_size,
             drop_last=True,
@@ -386,6 +382,9 @@ class StreamingDataModule(ImageDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available() and not encoded,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
         )
+        self._train_loader.restored_by_data_module = True
+        self._restore_stream(self._train_loader)
+        return self._train_loader
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # nvJPEG takes the encoded bytes from host memory and writes the pixels on the GPU.

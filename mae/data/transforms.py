@@ -1,13 +1,12 @@
 """Image transforms of the MAE recipes: pretraining, fine-tuning, linear probing, evaluation."""
 
 import functools
-import io
 import os
 from typing import Literal
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN
 from timm.data import IMAGENET_DEFAULT_STD as IMAGENET_STD
 from timm.data import create_transform
@@ -15,7 +14,7 @@ from torch.nn import functional as F
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from mae.data.readers import EncodedImage
+from mae.data.readers import EncodedImage, open_pil
 
 Augmentation = Literal["pretrain", "finetune", "linprobe", "none"]
 # PIL's own default limit (about 89.5 megapixels), above which an image is treated as a decompression bomb.
@@ -55,33 +54,23 @@ def to_rgb(img: Image.Image) -> Image.Image:
         raise ValueError(f"cannot convert image {_name(img)} of mode {img.mode} to RGB: {err}") from err
 
 
-def open_image(
-    path: "str | os.PathLike | io.BytesIO", max_pixels: int | None = DEFAULT_MAX_PIXELS, name: str | None = None
-) -> Image.Image:
-    """``Image.open`` (header only, not decoded) with ``max_pixels`` as the decompression-bomb limit.
-    ``path`` may be a file object, reported in errors as ``name``.
+def open_image(path: "str | os.PathLike | EncodedImage", max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """``Image.open`` (header only, not decoded) of a file or an image's bytes, with ``max_pixels`` as
+    the decompression-bomb limit; the image's ``filename`` names the file or sample, for errors.
 
     Raises:
         PIL.Image.DecompressionBombError: naming the file, its size and the limit.
         OSError: not an image PIL can identify, naming the file.
     """
-    name = name or path
     previous = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # the limit checked below replaces PIL's own
     try:
-        img = Image.open(path)
-    except UnidentifiedImageError as err:
-        raise UnidentifiedImageError(f"cannot identify image file {name}") from err
+        img = open_pil(path)
     finally:
         Image.MAX_IMAGE_PIXELS = previous
-    check_pixel_count(name, *img.size, max_pixels)
-    return img
-
-
-def open_encoded(image: EncodedImage, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """``open_image`` of an image's bytes; the PIL image's ``filename`` is its name, for error messages."""
-    img = open_image(image.file(), max_pixels, image.name)
-    img.filename = image.name
+    check_pixel_count(path, *img.size, max_pixels)
+    if isinstance(path, EncodedImage):
+        img.filename = path.name
     return img
 
 
@@ -208,8 +197,7 @@ def _decode_rgb(
         name = os.fspath(source)
         data = _read_bytes(name)
     if data[:2].tolist() != [0xFF, 0xD8]:  # not a JPEG (no start-of-image marker): let PIL decode it
-        img = open_encoded(source, max_pixels) if isinstance(source, EncodedImage) else open_image(name, max_pixels)
-        with img:
+        with open_image(source if isinstance(source, EncodedImage) else name, max_pixels) as img:
             return _pil_rgb(img)
     return decode_jpeg_checked(data, name, max_pixels)
 
