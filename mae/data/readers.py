@@ -35,8 +35,10 @@ class EncodedImage:
         self.name = name
 
     def tensor(self) -> torch.Tensor:
-        """The bytes as a 1-D uint8 tensor (a copy: decoders need writable memory)."""
-        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
+        """The bytes as a 1-D uint8 tensor: over a ``bytearray``'s memory, else over a copy (tensors
+        need writable memory)."""
+        data = self.data if isinstance(self.data, bytearray) else bytearray(self.data)
+        return torch.frombuffer(data, dtype=torch.uint8)
 
     def file(self) -> io.BytesIO:
         """A new file object over the bytes, for readers that take one."""

@@ -39,8 +39,8 @@ class DecodeSample:
 
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
         name, label = f"{self.url}:{sample['name']}", sample["label"]
-        if self.transform is None:  # to the main process as it is (bytes: litdata's memoryview does not pickle)
-            return EncodedImage(bytes(sample["image"]), name), label
+        if self.transform is None:  # to the main process as it is (a copy: litdata's memoryview does not pickle)
+            return EncodedImage(bytearray(sample["image"]), name), label
         encoded = EncodedImage(sample["image"], name)
         if getattr(self.transform, "reads_files", False):
             return self.transform(encoded), label
