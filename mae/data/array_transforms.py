@@ -16,7 +16,7 @@ from timm.data.random_erasing import RandomErasing
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from mae.data.readers import adapt_channels, read_array, to_unit_range
+from mae.data.readers import DEFAULT_MAX_PIXELS, adapt_channels, check_view_size, read_array, to_unit_range
 
 View = Literal["pretrain", "finetune", "linprobe", "eval"]
 _CROP_SCALE = {"pretrain": (0.2, 1.0), "finetune": (0.08, 1.0), "linprobe": (0.08, 1.0)}
@@ -35,6 +35,9 @@ class ArrayView:
         re_prob: random-erasing probability of the finetune view.
         expected: (channels, dtype name) every file must have (set by the data module from a sample
             of the folder); a file that differs raises ``ValueError`` naming it.
+        max_pixels: the pixel limit (``data.max_image_pixels``; None: none): a larger file, one whose
+            bands take more memory than the limit allows, or one whose evaluation view would be larger
+            raises ``PIL.Image.DecompressionBombError`` naming it, before it is decoded or resized.
     """
 
     reads_files = True  # datasets pass the file's path
@@ -49,6 +52,7 @@ class ArrayView:
         crop_ratio: float = 1.0,
         re_prob: float = 0.0,
         expected: tuple[int, str] | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         if view not in ("pretrain", "finetune", "linprobe", "eval"):
             raise ValueError(f"unknown view {view!r}")
@@ -59,11 +63,12 @@ class ArrayView:
         self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
         self.crop_ratio = crop_ratio
         self.expected = expected
+        self.max_pixels = max_pixels
         self.erase = RandomErasing(re_prob, mode="pixel", device="cpu") if view == "finetune" and re_prob else None
 
     def read(self, path: str | os.PathLike) -> torch.Tensor:
         """(in_chans, H, W) float pixels of ``path``, unnormalised."""
-        array = read_array(path)
+        array = read_array(path, self.max_pixels)
         if self.expected is not None and (array.shape[2], array.dtype.name) != self.expected:
             raise ValueError(
                 f"{path} has {array.shape[2]} channel(s) of {array.dtype.name}, unlike the rest of the folder "
@@ -73,13 +78,15 @@ class ArrayView:
         return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
 
     def __call__(self, path: str | os.PathLike) -> torch.Tensor:
-        return self.view(self.read(path))
+        return self.view(self.read(path), path)
 
-    def view(self, pixels: torch.Tensor) -> torch.Tensor:
-        """This recipe's view of (in_chans, H, W) unnormalised pixels, normalised."""
+    def view(self, pixels: torch.Tensor, name: "str | os.PathLike" = "an image") -> torch.Tensor:
+        """This recipe's view of (in_chans, H, W) unnormalised pixels, normalised. The evaluation view's
+        resized image is checked against ``max_pixels`` first (``check_view_size``), naming ``name``."""
         bicubic = T.InterpolationMode.BICUBIC
         if self.kind == "eval":
             short = int(max(self.size) / self.crop_ratio)
+            check_view_size(name, pixels.shape[-2], pixels.shape[-1], pixels.shape[0], short, self.max_pixels)
             pixels = TF.center_crop(TF.resize(pixels, short, interpolation=bicubic, antialias=True), list(self.size))
         else:
             top, left, h, w = T.RandomResizedCrop.get_params(pixels, list(_CROP_SCALE[self.kind]), [3 / 4, 4 / 3])

@@ -24,6 +24,10 @@ def walk_once(top: str, seen: set[str]) -> tuple[list[tuple[str, list[str]]], li
     (and adds those it enters), so a symlink loop (``cat/parent -> ..``) or two links to one folder
     cannot repeat images. ``top`` itself is always entered.
 
+    An entry that cannot be stat'ed (a dangling link, a link to itself such as ``loop.jpg ->
+    loop.jpg``, a path the OS refuses) is listed as a file, as ``os.walk`` lists it: reading it then
+    fails and names it like any unreadable file, instead of the listing stopping the run.
+
     Returns:
         ((folder, file names) for every folder entered, symlinked folders skipped as already seen).
     """
@@ -34,17 +38,56 @@ def walk_once(top: str, seen: set[str]) -> tuple[list[tuple[str, list[str]]], li
         files = []
         with os.scandir(folder) as entries:
             for entry in entries:
-                if entry.is_dir(follow_symlinks=True):
+                kind = _entry_kind(entry)
+                if kind == "folder":
                     real = os.path.realpath(entry.path)
                     if real in seen:
                         skipped.append(entry.path)
                     else:
                         seen.add(real)
                         pending.append(entry.path)
-                elif entry.is_file(follow_symlinks=True):
+                elif kind in ("file", "unreadable"):
                     files.append(entry.name)
         folders.append((folder, files))
     return folders, sorted(skipped)
+
+
+def _entry_kind(entry: os.DirEntry) -> Literal["folder", "file", "unreadable", "other"]:
+    """What a directory entry is after following links; "unreadable" when that cannot be known
+    (dangling link, link loop: ``DirEntry.is_dir`` raises ELOOP for the latter), "other" for a FIFO,
+    socket or device, which reading would block on or misread."""
+    try:
+        if entry.is_dir():
+            return "folder"
+        if entry.is_file():
+            return "file"
+        return "unreadable" if entry.is_symlink() and not os.path.exists(entry.path) else "other"
+    except OSError:
+        return "unreadable"
+
+
+def class_folders(directory: str | Path, warn: bool = True) -> list[str]:
+    """The sorted sub-folder names of ``directory`` (torchvision's ``find_classes`` listing), with
+    entries that cannot be stat'ed (dangling link, link loop) skipped, and named in a warning if
+    ``warn``, instead of stopping the listing.
+
+    Raises:
+        FileNotFoundError: no sub-folder, naming ``directory``.
+    """
+    names, unreadable = [], []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            kind = _entry_kind(entry)
+            if kind == "folder":
+                names.append(entry.name)
+            elif kind == "unreadable":
+                unreadable.append(entry.path)
+    if unreadable and warn:
+        log.warning("%s: %d entry(ies) cannot be read (a dangling or looping link?), skipped: %s", directory,
+                    len(unreadable), ", ".join(sorted(unreadable)))  # fmt: skip
+    if not names:
+        raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+    return sorted(names)
 
 
 class ImageFolderSubset(ImageFolder):
@@ -154,7 +197,7 @@ class ImageFolderSubset(ImageFolder):
         return has_file_allowed_extension(path, self.extensions)
 
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
-        classes, _ = super().find_classes(directory)
+        classes = class_folders(directory)
         if self._selected is not None:
             missing = [c for c in self._selected if c not in set(classes)]
             if missing:

@@ -13,26 +13,33 @@ in random order any run of samples (e.g. the first N, for a kNN memory bank) is 
 Every file is decoded once while sharding, and unreadable ones (corrupt, truncated, not an image,
 over the pixel limit) are skipped by name, as the folder data module does. ``OUT/mae_shards.json``
 (format, version, classes, per-split counts) is written last, so a folder without it is an
-unfinished conversion. ``mae.data.StreamingDataModule`` reads the result.
+unfinished conversion. ``--overwrite`` deletes exactly the files an earlier conversion wrote
+(named in its records: ``mae_shards.json``, the splits' ``index.json``, ``mae_shards.partial.json``
+of an interrupted one) and the tool refuses an OUT holding anything else, naming it.
+``mae.data.StreamingDataModule`` reads the result.
 """
 
 import argparse
+import json
 import os
 import random
+import re
+import shutil
 import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from mae.data import storage
-from mae.data.datasets import ImageFolderSubset, one_kind, sample_pixels, select_classes
-from mae.data.readers import EncodedImage, header_size, probe, read_array, to_unit_range
-from mae.data.transforms import DEFAULT_MAX_PIXELS, _decode_rgb, check_pixel_count
+from mae.data.datasets import ImageFolderSubset, class_folders, one_kind, sample_pixels, select_classes
+from mae.data.readers import EncodedImage, probe, read_array, to_unit_range
+from mae.data.transforms import DEFAULT_MAX_PIXELS, _decode_rgb
 
 FORMAT = "mae-shards"
 VERSION = 1
@@ -46,23 +53,25 @@ _KINDS_NOTED: set[tuple[str, tuple[int, str]]] = set()  # per process: (kinds_di
 
 
 def note_kind(kinds_dir: str, image: EncodedImage) -> None:
-    """Append ``image``'s (channels, dtype) to this process's file in ``kinds_dir`` the first time this
-    process sees that kind, so the main process learns every kind in the data without a second pass."""
+    """Record ``image``'s (channels, dtype) in a JSON file of its own in ``kinds_dir`` the first time
+    this process sees that kind, so the main process learns every kind in the data without a second
+    pass. File names are data (they may hold newlines), so each note is a JSON document, not a line."""
     kind = probe(image)
     if (kinds_dir, kind) not in _KINDS_NOTED:
         _KINDS_NOTED.add((kinds_dir, kind))
-        with open(Path(kinds_dir) / f"{os.getpid()}.txt", "a") as f:
-            f.write(f"{kind[0]}\t{kind[1]}\t{image.name}\n")
+        note = {"channels": kind[0], "dtype": kind[1], "file": storable_name(str(image.name))}
+        (Path(kinds_dir) / f"{uuid.uuid4().hex}.json").write_text(json.dumps(note))
 
 
 def noted_kinds(kinds_dir: str) -> dict[tuple[int, str], str]:
-    """{(channels, dtype): a file of that kind} from all workers' ``note_kind`` files."""
+    """{(channels, dtype): the first (sorted) noted file of that kind} from all workers' ``note_kind``
+    files."""
     kinds: dict[tuple[int, str], str] = {}
-    for path in sorted(Path(kinds_dir).glob("*.txt")):
-        for line in path.read_text().splitlines():
-            channels, dtype, name = line.split("\t", 2)
-            kinds.setdefault((int(channels), dtype), name)
-    return kinds
+    for path in Path(kinds_dir).glob("*.json"):
+        note = json.loads(path.read_text())
+        kind = (int(note["channels"]), note["dtype"])
+        kinds[kind] = min(kinds.get(kind, note["file"]), note["file"])
+    return dict(sorted(kinds.items()))
 
 
 def encode_sample(
@@ -100,8 +109,7 @@ def check_array(image: EncodedImage, pixels: tuple[int, str], max_pixels: int | 
     Raises:
         ValueError, OSError, DecompressionBombError: naming the file.
     """
-    check_pixel_count(image.name, *header_size(image), max_pixels)
-    array = read_array(image)
+    array = read_array(image, max_pixels)
     if (array.shape[2], array.dtype.name) != tuple(pixels):
         raise ValueError(f"{image} has {array.shape[2]} channel(s) of {array.dtype.name}, unlike the rest of the "
                          f"folder ({pixels[0]} of {pixels[1]})")  # fmt: skip
@@ -116,7 +124,13 @@ def list_split(
     with ``arrays`` also ``.npy`` files."""
     extensions = IMG_EXTENSIONS + ((".npy",) if arrays else ())
     listing = ImageFolderSubset(folder, classes, max_per_class, extensions=extensions)
-    return [(path, label, os.path.relpath(path, folder)) for path, label in listing.samples]
+    return [(path, label, storable_name(os.path.relpath(path, folder))) for path, label in listing.samples]
+
+
+def storable_name(name: str) -> str:
+    """``name`` as valid UTF-8 text, as litdata stores strings: a file name that is not UTF-8 (on
+    Linux any bytes) keeps its other characters and shows the invalid bytes as ``\\xNN``."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def describe_pixels(folder: Path, classes: list[str]) -> dict[str, Any]:
@@ -142,8 +156,8 @@ def write_split(
     pixels: tuple[int, str] | None,
     kinds_dir: str,
 ) -> dict[str, int]:
-    """Shard ``samples`` into the litdata folder ``out``, checking array-path files against ``pixels``
-    (``encode_sample``); returns its counts (images, bytes, shards, skipped)."""
+    """Shard ``samples`` into the empty litdata folder ``out``, checking array-path files against
+    ``pixels`` (``encode_sample``); returns its counts (images, bytes, shards, skipped)."""
     from litdata import optimize
 
     inputs = [(path, label, i, name, args.max_image_pixels, pixels, kinds_dir)
@@ -155,7 +169,7 @@ def write_split(
         output_dir=out,
         chunk_bytes=args.chunk_bytes,
         num_workers=args.workers,
-        mode="overwrite" if args.overwrite else None,
+        mode=None,  # OUT/<split> is empty here: shard() cleared exactly what an earlier conversion wrote
         storage_options=storage_options or {},
         reorder_files=False,
         start_method=args.start_method,
@@ -167,6 +181,122 @@ def write_split(
     images = sum(c["chunk_size"] for c in chunks)
     return {"images": images, "bytes": sum(c["chunk_bytes"] for c in chunks), "shards": len(chunks),
             "skipped": len(samples) - images}  # fmt: skip
+
+
+# A file or object name litdata's converter writes into a split folder: shards, the index, and the
+# per-worker indexes it merges (left behind by an interrupted conversion).
+LITDATA_FILE = re.compile(r"chunk-\d+-\d+\.bin|(\d+-)?index\.json")
+# Written before a conversion changes OUT, removed after METADATA: what it replaces and which split
+# folders it writes, so that --overwrite can also clear a conversion that was interrupted.
+PARTIAL = "mae_shards.partial.json"
+# atomic_write's temporary files of the two records, left by a kill during their write.
+RECORD_TEMPORARY = re.compile(r"\.mae_shards(\.partial)?\.json\.tmp-\d+")
+
+
+def conversion_files(out: str, storage_options: dict | None) -> tuple[list[str], set[str]]:
+    """What is stored at ``out`` and which of it earlier conversions of this tool wrote, by their
+    records: ``METADATA`` and, for each split folder it names, ``index.json`` and the chunk files
+    listed in it; an unfinished conversion's ``PARTIAL`` record, the files it was replacing and the
+    litdata files in the split folders it was writing.
+
+    Returns:
+        (every file or object under ``out``, relative to it; the subset this tool wrote).
+    """
+    stored = storage.list_files(out, storage_options)
+    present = set(stored)
+    owned: set[str] = set()
+    splits: set[str] = set()
+    metadata = storage.read_json(storage.join(out, METADATA), storage_options) if METADATA in present else None
+    if isinstance(metadata, dict) and metadata.get("format") == FORMAT:
+        owned.add(METADATA)
+        splits |= {s for s in metadata.get("split_folders", metadata.get("splits", {})) if _plain_folder(s)}
+    partial = storage.read_json(storage.join(out, PARTIAL), storage_options) if PARTIAL in present else None
+    if isinstance(partial, dict) and partial.get("format") == FORMAT:
+        owned |= {PARTIAL, METADATA} | {f for f in partial.get("files", []) if isinstance(f, str)}
+        owned |= {f for f in present if RECORD_TEMPORARY.fullmatch(f)}
+        for split in filter(_plain_folder, partial.get("splits", [])):
+            owned |= {f for f in present if f.startswith(split + "/") and LITDATA_FILE.fullmatch(f[len(split) + 1 :])}
+    for split in splits:
+        index = storage.read_json(storage.join(out, split, "index.json"), storage_options)
+        if isinstance(index, dict):
+            owned.add(f"{split}/index.json")
+            chunks = [c.get("filename") for c in index.get("chunks", []) if isinstance(c, dict)]
+            owned |= {f"{split}/{name}" for name in chunks if isinstance(name, str) and LITDATA_FILE.fullmatch(name)}
+    return stored, owned & present
+
+
+def _plain_folder(name: Any) -> bool:
+    """A relative folder name that stays below OUT (a split name read from a record)."""
+    return isinstance(name, str) and bool(name) and not name.startswith("/") and ".." not in name.split("/")
+
+
+def check_destination(root: Path, out: str, overwrite: bool, storage_options: dict | None) -> list[str]:
+    """Refuse an ``out`` this conversion may not write, and return what ``--overwrite`` must delete
+    there: exactly the files an earlier conversion wrote (``conversion_files``).
+
+    Raises:
+        FileExistsError: ``out`` is a file; holds files no conversion wrote (naming them, whatever
+            ``overwrite``); or holds an earlier conversion and ``overwrite`` is off.
+        ValueError: ``out`` is inside ``root``, where the next listing of ``root`` would read it.
+    """
+    if not storage.is_remote(out):
+        if Path(out).is_file():
+            raise FileExistsError(f"{out} is a file; give a folder (or an s3:// URL) for the shards")
+        source, target = Path(os.path.realpath(root)), Path(os.path.realpath(out))
+        if target.is_relative_to(source):
+            raise ValueError(f"the output folder {out} is inside the dataset folder {root}, where it would be read as "
+                             f"images or a class by the next conversion or training run; choose a folder outside "
+                             f"{root}")  # fmt: skip
+    stored, owned = conversion_files(out, storage_options)
+    foreign = [f for f in stored if f not in owned]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(f"{out} is not empty: it holds {len(foreign)} file(s) that no conversion of this "
+                              f"tool wrote there ({shown}); choose an empty folder or prefix, or move them "
+                              "away")  # fmt: skip
+    if stored and not overwrite:
+        raise FileExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an earlier conversion "
+                              f"(named in its {METADATA} and index.json files); pass --overwrite to replace them, or "
+                              f"choose an empty folder or prefix")  # fmt: skip
+    return stored
+
+
+def clear_destination(out: str, earlier: list[str], splits: list[str], storage_options: dict | None) -> None:
+    """Record this conversion in ``PARTIAL``, then delete ``earlier`` (an earlier conversion's files),
+    its ``METADATA`` first: until the new one is written, ``out`` reads as an unfinished conversion."""
+    record = {"format": FORMAT, "files": sorted(set(earlier) - {PARTIAL}), "splits": splits}
+    storage.write_json(storage.join(out, PARTIAL), record, storage_options)
+    storage.delete(storage.join(out, METADATA), storage_options)
+    storage.delete_files(out, [f for f in earlier if f not in (PARTIAL, METADATA)], storage_options)
+
+
+# litdata's converter caches (shards before upload, downloaded inputs): {variable: our sub-folder}.
+LITDATA_CACHES = {"DATA_OPTIMIZER_CACHE_FOLDER": "chunks", "DATA_OPTIMIZER_DATA_CACHE_FOLDER": "data"}
+
+
+@contextmanager
+def private_workspace() -> Iterator[str]:
+    """A temporary folder for one conversion, removed at the end: the workers' kinds notes, and
+    litdata's caches. litdata otherwise uses the fixed ``TMPDIR/chunks`` and ``TMPDIR/data`` (and
+    empties them at each start), which concurrent conversions would share; a folder the user chose
+    with litdata's variables becomes the parent of ours."""
+    chosen = {name: os.environ.get(name) for name in LITDATA_CACHES}
+    with tempfile.TemporaryDirectory(prefix="mae-shard-") as work:
+        private = {}
+        for name, sub in LITDATA_CACHES.items():
+            os.makedirs(chosen[name] or work, exist_ok=True)
+            private[name] = tempfile.mkdtemp(prefix=f"mae-shard-{sub}-", dir=chosen[name] or work)
+        os.environ.update(private)  # read by litdata here and in the workers it starts
+        try:
+            yield work
+        finally:
+            for name, value in chosen.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            for folder in private.values():
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def shard(args: argparse.Namespace) -> dict[str, Any]:
@@ -181,24 +311,23 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    available, _ = find_classes(str(train_dir))
+    earlier = check_destination(root, out, args.overwrite, storage_options)
+    available = class_folders(train_dir, warn=False)  # named when list_split lists the folder
     selected = select_classes(available, args.class_list, args.num_classes, args.class_selection, args.seed)
     classes = sorted(selected) if selected is not None else available
     described = describe_pixels(train_dir, classes)
-    if not storage.is_remote(out) and Path(out).is_file():
-        raise FileExistsError(f"{out} is a file; give a folder (or an s3:// URL) for the shards")
-    if storage.exists_any(out, storage_options) and not args.overwrite:
-        raise FileExistsError(f"{out} is not empty; choose an empty folder or prefix, or pass --overwrite")
     storage.allow_plain_http(storage_options)
-    storage.delete(storage.join(out, METADATA), storage_options)  # --overwrite: unfinished until rewritten
 
     arrays = described["array"]
     pixels = tuple(described["pixels"]) if arrays else None  # what every array-path file must have
     splits = {args.train_split: list_split(train_dir, classes, args.max_images_per_class, arrays)}
     if args.val_split and (root / args.val_split).is_dir():
         splits[args.val_split] = list_split(root / args.val_split, classes, None, arrays)
+    clear_destination(out, earlier, list(splits), storage_options)
     counts = {}
-    with tempfile.TemporaryDirectory(prefix="mae-shard-kinds-") as kinds_dir:
+    with private_workspace() as work:
+        kinds_dir = os.path.join(work, "kinds")
+        os.mkdir(kinds_dir)
         for name, samples in splits.items():
             print(f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True)
             counts[name] = write_split(samples, storage.join(out, name), args, storage_options, pixels, kinds_dir)
@@ -220,9 +349,10 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     metadata = {
         "format": FORMAT, "version": VERSION, "id": uuid.uuid4().hex[:12], "classes": classes,
         "train_split": args.train_split, "splits": counts, "order": f"random, seed {args.seed}", **described,
-        "source": str(root.resolve()),
+        "source": str(root.resolve()), "split_folders": list(splits),  # all written, also a dropped empty one
     }  # fmt: skip
     storage.write_json(storage.join(out, METADATA), metadata, storage_options)
+    storage.delete(storage.join(out, PARTIAL), storage_options)
     for name, c in counts.items():
         print(f"{name}: {c['images']} images in {len(classes)} classes, {c['bytes'] / 1e6:.1f} MB in {c['shards']} "
               f"shard(s), {c['skipped']} unreadable file(s) skipped")  # fmt: skip
@@ -261,4 +391,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from mae.command import run_command
+
+    run_command(main)

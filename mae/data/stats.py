@@ -1,8 +1,10 @@
 """Per-channel mean and std of an image folder, for ``data.mean`` / ``data.std``:
 ``python -m mae.data.stats ROOT [--in-chans C]`` (see ``mae.cli.stats_main``).
 
-Streams the images one at a time (memory stays one image), in the units the data path normalises
-(``mae.data.readers.to_unit_range``: 8/16-bit scaled to [0, 1], float as stored).
+Streams the images one at a time (memory stays one image, bounded by the pixel limit), in the units
+the data path normalises (``mae.data.readers.to_unit_range``: 8/16-bit scaled to [0, 1], float as
+stored). Files the data path would skip (unreadable, over the limit, NaN or no-data fills) are
+skipped and listed, so they do not move the statistics.
 """
 
 import os
@@ -10,11 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 from tqdm import tqdm
 
 from mae.data.datasets import walk_once
-from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, read_array, to_unit_range
+from mae.data.readers import ARRAY_EXTENSIONS, DEFAULT_MAX_PIXELS, adapt_channels, read_array, to_unit_range
+
+_ROWS_PER_SUM = 1 << 20  # pixels summed in float64 at a time: the float64 copy stays small
 
 
 @dataclass
@@ -45,10 +50,15 @@ def image_files(root: str | Path) -> list[str]:
 
 
 def channel_stats(
-    root: str | Path, in_chans: int | None = None, max_images: int | None = None, progress: bool = True
+    root: str | Path,
+    in_chans: int | None = None,
+    max_images: int | None = None,
+    progress: bool = True,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> ChannelStats:
     """Mean and std per channel over every pixel of the folder's images (``max_images`` evenly spread
-    ones when set). ``in_chans`` defaults to the first image's channel count; unreadable files are
+    ones when set). ``in_chans`` defaults to the first image's channel count; files the data path
+    skips (unreadable, over ``max_pixels`` as ``data.max_image_pixels``, NaN or no-data fills) are
     skipped and listed.
 
     Raises:
@@ -61,14 +71,19 @@ def channel_stats(
     count, images, skipped = 0, 0, []
     for path in tqdm(files, desc="images", unit="img", disable=not progress):
         try:
-            array = to_unit_range(read_array(path), path)
-            in_chans = in_chans or array.shape[2]
-            pixels = adapt_channels(array, in_chans, path).reshape(-1, in_chans).astype(np.float64)
-        except (OSError, ValueError, SyntaxError) as err:
+            array = to_unit_range(read_array(path, max_pixels), path)
+            channels = in_chans or array.shape[2]  # the first readable image's, unless given
+            pixels = adapt_channels(array, channels, path).reshape(-1, channels)
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
             skipped.append(f"{path} ({err})")
             continue
-        total = pixels.sum(0) if total is None else total + pixels.sum(0)
-        total_sq = (pixels**2).sum(0) if total_sq is None else total_sq + (pixels**2).sum(0)
+        in_chans = channels
+        if total is None:
+            total, total_sq = np.zeros(in_chans), np.zeros(in_chans)
+        for start in range(0, len(pixels), _ROWS_PER_SUM):
+            block = pixels[start : start + _ROWS_PER_SUM].astype(np.float64)
+            total += block.sum(0)
+            total_sq += (block * block).sum(0)
         count += len(pixels)
         images += 1
     if images == 0:
@@ -80,5 +95,6 @@ def channel_stats(
 
 if __name__ == "__main__":
     from mae.cli import stats_main
+    from mae.command import run_command
 
-    stats_main()
+    run_command(stats_main)

@@ -191,3 +191,71 @@ def delete(url: str, storage_options: dict[str, Any] | None = None) -> None:
         s3_client(storage_options).delete_object(Bucket=bucket, Key=key)
     except (ClientError, BotoCoreError) as err:
         raise _explain(err, url, storage_options) from err
+
+
+def list_files(url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Every file (local: also links and other non-folders, links not followed) or object under
+    ``url``, as sorted ``/``-separated paths relative to it; [] when nothing is there.
+
+    Raises:
+        StorageError: as ``read_text``.
+    """
+    if not is_remote(url):
+        return sorted(_local_files(Path(url), Path(url)))
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = _bucket_key(url)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    try:
+        pages = s3_client(storage_options).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", []))
+    except (ClientError, BotoCoreError) as err:
+        raise _explain(err, url, storage_options) from err
+
+
+def _local_files(folder: Path, top: Path) -> list[str]:
+    """``list_files`` of a local folder (recursive; a missing folder has none)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                found += _local_files(Path(entry.path), top)
+            else:
+                found.append(Path(entry.path).relative_to(top).as_posix())
+    return found
+
+
+def delete_files(url: str, paths: list[str], storage_options: dict[str, Any] | None = None) -> None:
+    """Remove the files or objects at ``url/<path>`` for ``paths`` relative to ``url`` (as
+    ``list_files`` gives them), and local folders below ``url`` that this leaves empty.
+
+    Raises:
+        StorageError: as ``read_text``, or an object S3 did not delete, naming it.
+    """
+    if not is_remote(url):
+        folders = set()
+        for path in paths:
+            target = Path(url, path)
+            target.unlink(missing_ok=True)
+            folders.update(p for p in target.parents if p.is_relative_to(url) and p != Path(url))
+        for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):  # deepest first
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        return
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = _bucket_key(url)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    client = s3_client(storage_options)
+    for start in range(0, len(paths), 1000):  # S3's limit per request
+        batch = [{"Key": prefix + path} for path in paths[start : start + 1000]]
+        try:
+            response = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+        except (ClientError, BotoCoreError) as err:
+            raise _explain(err, url, storage_options) from err
+        if response.get("Errors"):
+            first = response["Errors"][0]
+            raise StorageError(f"S3 did not delete {len(response['Errors'])} object(s) under {url}, e.g. "
+                               f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}")  # fmt: skip

@@ -14,11 +14,9 @@ from torch.nn import functional as F
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from mae.data.readers import EncodedImage, open_pil
+from mae.data.readers import DEFAULT_MAX_PIXELS, EncodedImage, check_pixel_count, check_view_size, open_pil
 
 Augmentation = Literal["pretrain", "finetune", "linprobe", "none"]
-# PIL's own default limit (about 89.5 megapixels), above which an image is treated as a decompression bomb.
-DEFAULT_MAX_PIXELS = 89_478_485
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
@@ -74,15 +72,6 @@ def open_image(path: "str | os.PathLike | EncodedImage", max_pixels: int | None 
     return img
 
 
-def check_pixel_count(path: str | os.PathLike, width: int, height: int, max_pixels: int | None) -> None:
-    """Raises ``PIL.Image.DecompressionBombError`` when ``width x height`` exceeds ``max_pixels``."""
-    if max_pixels is not None and width * height > max_pixels:
-        raise Image.DecompressionBombError(
-            f"image {path} is {width}x{height} = {width * height:,} pixels, over data.max_image_pixels="
-            f"{max_pixels:,} (a decompression bomb, or a huge scan: raise the limit if it is genuine)"
-        )
-
-
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) from a JPEG's start-of-frame header, None when none is found in ``data``."""
     i = 2
@@ -98,6 +87,24 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
             return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
         i += 2 + length
     return None
+
+
+class ViewSizeLimit:
+    """Refuse (``PIL.Image.DecompressionBombError``, naming the file) a PIL image whose view resized
+    to ``short_side`` would be over ``max_pixels`` (``mae.data.readers.check_view_size``), from its
+    header, before it is decoded; the image passes unchanged."""
+
+    def __init__(self, short_side: int, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
+        self.short_side = short_side
+        self.max_pixels = max_pixels
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        width, height = img.size
+        check_view_size(_name(img), height, width, 3, self.short_side, self.max_pixels)  # the view is RGB
+        return img
+
+    def __repr__(self) -> str:
+        return f"ViewSizeLimit(short_side={self.short_side}, max_pixels={self.max_pixels})"
 
 
 class ToRGB:
@@ -310,7 +317,8 @@ def train_transform(
 ) -> T.Compose:
     """The training transform of 8-bit RGB images in a recipe: "pretrain", "finetune", "linprobe", or "none" (the
     evaluation view: no randomness, e.g. for the no-augmentation small-data MAE runs). ``max_pixels``:
-    the decompression-bomb limit of the pretraining crop, which reads files itself."""
+    the decompression-bomb limit of the pretraining crop, which reads files itself, and of the
+    evaluation view's resized image."""
     if augmentation == "pretrain":
         return pretrain_transform(img_size, max_pixels)
     if augmentation == "finetune":
@@ -318,7 +326,7 @@ def train_transform(
     if augmentation == "linprobe":
         return linprobe_transform(img_size, mean, std)
     if augmentation == "none":
-        return eval_transform(img_size, 1.0, mean, std)
+        return eval_transform(img_size, 1.0, mean, std, max_pixels)
     raise ValueError(f"data.augmentation must be 'pretrain', 'finetune', 'linprobe' or 'none', got {augmentation!r}")
 
 
@@ -327,13 +335,18 @@ def eval_transform(
     crop_ratio: float = 224 / 256,
     mean: tuple[float, ...] = IMAGENET_MEAN,
     std: tuple[float, ...] = IMAGENET_STD,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> T.Compose:
-    """Resize the short side to ``img_size / crop_ratio`` (bicubic), center-crop ``img_size``, normalise."""
+    """Resize the short side to ``img_size / crop_ratio`` (bicubic), center-crop ``img_size``, normalise.
+    An image whose resized view would be over ``max_pixels`` (e.g. 1 x 1,000,000 pixels) is refused
+    before it is decoded (``ViewSizeLimit``)."""
     size = img_size if isinstance(img_size, int) else max(img_size)
+    short_side = int(size / crop_ratio)
     return T.Compose(
         [
+            ViewSizeLimit(short_side, max_pixels),
             ToRGB(),
-            T.Resize(int(size / crop_ratio), interpolation=T.InterpolationMode.BICUBIC),
+            T.Resize(short_side, interpolation=T.InterpolationMode.BICUBIC),
             T.CenterCrop(img_size),
             T.ToTensor(),
             T.Normalize(mean, std),
