@@ -6,6 +6,7 @@ import csv
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -232,3 +233,37 @@ class RecordIds(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class PauseAt(pl.Callback):
+    """Prints ``PAUSE <moment>`` once (rank 0) and sleeps ``seconds``, so that a test can signal the
+    process right there: ``step`` (before training step ``step``), ``validation`` (inside the first
+    validation after training began), ``save`` (inside a checkpoint save), ``loader`` (at the start of
+    epoch 1, while its loader workers start)."""
+
+    def __init__(self, moment: str, seconds: float = 3.0, step: int = 2) -> None:
+        self.moment, self.seconds, self.step = moment, seconds, step
+        self.done = False
+
+    def _pause(self, trainer: pl.Trainer, moment: str) -> None:
+        if self.done or moment != self.moment:
+            return
+        self.done = True
+        if trainer.is_global_zero:
+            print(f"PAUSE {moment} step {trainer.global_step}", flush=True)
+        time.sleep(self.seconds)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            self._pause(trainer, "step")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking and trainer.global_step > 0:
+            self._pause(trainer, "validation")
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self._pause(trainer, "save")
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 1:
+            self._pause(trainer, "loader")

@@ -116,3 +116,32 @@ def test_param_groups__same_weight_decay_and_lr_scales_when_fsdp_flattened_the_p
     assert all(g["weight_decay"] == 0 for g in param_groups_weight_decay(wrapped, 0.05) if g["params"])
     setattr(module, attribute, wrapped)
     assert _grouping(module.build_optimizer(1e-3), wrapped) == plain
+
+
+@pytest.mark.parametrize("kind", ["pretrain", "finetune", "linprobe"])
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_param_groups__weight_decay_zero_builds_every_optimizer(kind, fsdp):
+    """``weight_decay 0`` (timm then returns one group) and an empty no-decay set, on every optimizer
+    path: AdamW for pretraining, layer-decay AdamW for fine-tuning, LARS for the linear probe."""
+    from mae.training.runtime import TrainingSettings
+    from tests.helpers import finetune_module, pretrain_module
+
+    make = pretrain_module if kind == "pretrain" else finetune_module
+    probe = dict(mode="linprobe", mixup=0.0, cutmix=0.0, drop_path_rate=0.0) if kind == "linprobe" else {}
+    module = make(weight_decay=0.0, **probe)
+    module.settings = TrainingSettings(precision="fp32", attention="sdpa", compile=False, fused_adamw=False)
+    network = getattr(module, module.network_attribute)
+    if fsdp:
+        network = _as_fsdp_shards(network)
+        setattr(module, module.network_attribute, network)
+    optimizer = module.build_optimizer(1e-3)
+    trained = {n for n, p in network.named_parameters() if p.requires_grad}
+    assert set(_grouping(optimizer, network)) == {n.replace("_fsdp_wrapped_module.", "") for n in trained}
+    assert all(g["weight_decay"] == 0 for g in optimizer.param_groups)
+
+
+def test_weight_decay_groups__no_one_dimensional_parameters():
+    groups = weight_decay_groups(nn.Sequential(nn.Linear(4, 4, bias=False)), 0.05)
+    assert [(g["name"], g["weight_decay"], len(g["params"])) for g in groups] == [("decay", 0.05, 1)]
+    groups = weight_decay_groups(nn.Sequential(nn.Linear(4, 4, bias=False)), 0.0)
+    assert [(g["name"], g["weight_decay"], len(g["params"])) for g in groups] == [("no_decay", 0.0, 1)]

@@ -1,30 +1,72 @@
 """Writing files so that a kill or a full disk never leaves a half-written one at the target path."""
 
+import errno
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+class NoSpaceError(OSError):
+    """A write that the device's free space cannot hold; names the file, its size and the free bytes."""
+
+    def __init__(self, path: Path, needed: int | None, free: int, kept: str) -> None:
+        need = f"it needs about {needed:,} bytes and " if needed else ""
+        super().__init__(
+            errno.ENOSPC,
+            f"no space left on device: could not write {path}{kept}: {need}{path.parent} has {free:,} bytes free; "
+            f"free some space there or write to another folder",
+        )
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None], size: int | None = None) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``.
 
     The previous file at ``path`` stays intact until the rename; the temporary file is removed on
-    any error.
+    any error. ``size``: the bytes the file will take, if known (checked against the free space
+    before writing, and named when the device fills up).
 
     Raises:
-        OSError: naming ``path`` (a full disk, no permission, ...), the previous file left intact.
+        NoSpaceError: the device is (or would be) full: naming ``path``, the bytes needed and free.
+            Libraries that write through their own streams (``torch.save``) report a full device as
+            a ``RuntimeError`` ("unexpected pos ..."); that is recognised by the free space left.
+        OSError: naming ``path`` (no permission, ...), the previous file left intact.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    kept = lambda: " (the previous file there is intact)" if path.exists() else ""  # noqa: E731
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(path.parent).free
+        if size is not None and size > free:
+            raise NoSpaceError(path, size, free, kept())
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as err:
-        kept = " (the previous file there is intact)" if path.exists() else ""
-        raise OSError(err.errno, f"could not write {path}{kept}: {err.strerror or err}") from err
+    except NoSpaceError:
+        raise
+    except (OSError, RuntimeError) as err:
+        written = tmp.stat().st_size if tmp.exists() else 0
+        tmp.unlink(missing_ok=True)
+        if _device_full(err, path.parent, written):
+            needed = max(size or 0, written) or None
+            raise NoSpaceError(path, needed, shutil.disk_usage(path.parent).free, kept()) from err
+        if isinstance(err, RuntimeError):
+            raise
+        raise OSError(err.errno, f"could not write {path}{kept()}: {err.strerror or err}") from err
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _device_full(err: BaseException, folder: Path, written: int) -> bool:
+    """Whether a failed write failed because ``folder``'s device ran out of space: ENOSPC, or
+    (for a writer that hides the errno) next to nothing free while the partial file held the rest."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return False
+    return free - written < 64 * 1024  # before the partial file was removed

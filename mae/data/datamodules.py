@@ -19,7 +19,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from mae.data.array_transforms import ArrayView
 from mae.data.datasets import (
@@ -27,11 +27,13 @@ from mae.data.datasets import (
     DigitsDataset,
     ImageFolderSubset,
     cifar_files,
+    class_folders,
     labelled_fraction,
     one_kind,
     sample_pixels,
     select_classes,
 )
+from mae.data.loader_workers import Loader
 from mae.data.readers import adapt_channels
 from mae.data.transforms import (
     DEFAULT_MAX_PIXELS,
@@ -177,15 +179,15 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         if self.array_mode:
             view = "eval" if self.augmentation == "none" else self.augmentation
             return ArrayView(view, self.img_size, self.in_chans, self.mean, self.std, 1.0, self.re_prob,
-                             self.expected_pixels)  # fmt: skip
+                             self.expected_pixels, self.max_image_pixels)  # fmt: skip
         return train_transform(self.augmentation, self.img_size, self.auto_augment, self.re_prob,
                                self.max_image_pixels, self.mean, self.std)  # fmt: skip
 
     def eval_transform(self) -> Callable:
         if self.array_mode:
             return ArrayView("eval", self.img_size, self.in_chans, self.mean, self.std, self.eval_crop_ratio,
-                             expected=self.expected_pixels)  # fmt: skip
-        return eval_transform(self.img_size, self.eval_crop_ratio, self.mean, self.std)
+                             expected=self.expected_pixels, max_pixels=self.max_image_pixels)  # fmt: skip
+        return eval_transform(self.img_size, self.eval_crop_ratio, self.mean, self.std, self.max_image_pixels)
 
     def normalize(self, imgs: torch.Tensor) -> torch.Tensor:
         """A batch as the model takes it: uint8 batches (the 8-bit pretraining crop) normalised by this
@@ -226,7 +228,7 @@ class ImageDataModule(pl.LightningDataModule, ABC):
             # Every validation image exactly once across processes (the default sampler pads shards
             # with repeats), so reduced metrics equal the single-process ones.
             sampler = UnrepeatedDistributedSampler(dataset, shuffle=False)
-        return DataLoader(
+        return Loader(
             dataset,
             batch_size=self.batch_size,
             shuffle=train,
@@ -336,7 +338,7 @@ class ImageFolderDataModule(ImageDataModule):
                 f"training folder {train_dir} does not exist; expected the ImageNet layout "
                 f"{self.root}/{self.train_split}/<class>/<image> (set data.root / data.train_split)"
             )
-        available, _ = find_classes(str(train_dir))
+        available = class_folders(train_dir)
         selected = select_classes(available, self.class_list, self.num_classes, self.class_selection, self.subset_seed)
         return sorted(selected) if selected is not None else available
 

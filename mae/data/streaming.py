@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from mae.data import storage
 from mae.data.datamodules import ImageDataModule, collate_images
 from mae.data.gpu_decode import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
+from mae.data.loader_workers import SigtermSafeLoader, worker_init
 from mae.data.readers import adapt_channels
 from mae.data.shard import FORMAT, METADATA, VERSION
 from mae.data.transforms import DEFAULT_MAX_PIXELS, EncodedImage, open_image, to_rgb
@@ -96,7 +97,7 @@ class ShardIndex(Dataset):
         return self.shards[index]
 
 
-class ResumableStreamingLoader(StreamingDataLoader):
+class ResumableStreamingLoader(SigtermSafeLoader, StreamingDataLoader):
     """litdata's ``StreamingDataLoader``, resumable under Lightning.
 
     - After a restore litdata replays the saved position at each ``__iter__`` until one iteration
@@ -379,6 +380,7 @@ class StreamingDataModule(ImageDataModule):
             drop_last=True,
             collate_fn=collate_encoded if encoded else collate_images,
             num_workers=self.num_workers,
+            worker_init_fn=worker_init,
             pin_memory=self.pin_memory and torch.cuda.is_available() and not encoded,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
         )

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from mae.data.datamodules import ImageDataModule
 from mae.data.datasets import fixed_subset
+from mae.data.loader_workers import Loader
 
 
 @torch.no_grad()
@@ -90,7 +91,7 @@ def knn_evaluate(
         train_set = fixed_subset(train_set, max_train)
     encode = cls_features(model)
     feats = [
-        extract_features(encode, DataLoader(ds, batch_size=data.batch_size, num_workers=data.num_workers), device)
+        extract_features(encode, Loader(ds, batch_size=data.batch_size, num_workers=data.num_workers), device)
         for ds in (train_set, val_set)
     ]
     return *knn_accuracy(feats[0], feats[1], data.num_labels, k, temperature), len(val_set)

@@ -20,7 +20,9 @@ from typing import Literal
 import numpy as np
 import torch
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from mae.data.loader_workers import Loader
 
 Pool = Literal["cls", "avg", "both"]
 DEFAULT_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
@@ -76,7 +78,7 @@ class FeatureStore:
         feats = labels = None
         offset = 0
         for _ in range(views):
-            for imgs, targets in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers):
+            for imgs, targets in Loader(dataset, batch_size=batch_size, num_workers=num_workers):
                 out = encode(imgs.to(device)).cpu().numpy()
                 if feats is None:
                     feats = _array(cache, "feats", (total, out.shape[1]), np.float32)
@@ -129,6 +131,18 @@ class ProbeResult:
         )
 
 
+def check_training(max_epochs: int, patience: int, holdout: float) -> None:
+    """Raises ValueError naming ``probe.max_epochs`` / ``probe.patience`` below 1 (untrained heads
+    have nothing to report) or ``probe.holdout`` outside (0, 1)."""
+    if max_epochs < 1 or patience < 1:
+        raise ValueError(
+            f"probe.max_epochs and probe.patience must be >= 1, got {max_epochs} and {patience}: untrained heads "
+            f"have nothing to report"
+        )
+    if not 0 < holdout < 1:
+        raise ValueError(f"probe.holdout must be in (0, 1), got {holdout}")
+
+
 def train_probe(
     train: FeatureStore,
     val: FeatureStore,
@@ -155,14 +169,19 @@ def train_probe(
     it), so memory stays bounded for cached features.
     """
     check_grid(list(lrs), list(weight_decays))
-    if not 0 < holdout < 1:
-        raise ValueError(f"probe.holdout must be in (0, 1), got {holdout}")
+    check_training(max_epochs, patience, holdout)
     if chunk % batch_size:
         raise ValueError(f"probe chunk {chunk} must be a multiple of the batch size {batch_size}")
     generator = np.random.default_rng(seed)
     # Held out by image: the other augmented views of a held-out image must not be trained on.
     images = len(train) // train.views
     fit_images, held_images = _stratified_split(np.asarray(train.labels[:images]), holdout, generator)
+    if len(held_images) == 0 or len(fit_images) == 0:
+        raise ValueError(
+            f"the probe chooses its head on held-out training images, and {images} training images "
+            f"({images / max(1, num_classes):.1f} per class) leave none to hold out at probe.holdout={holdout}: "
+            f"a class needs 2 or more images (use more labelled images, or the kNN evaluation, python -m mae.knn)"
+        )
     fit_rows = (fit_images[None] + images * np.arange(train.views)[:, None]).ravel()
     held_rows = held_images  # their first view: the evaluation view when the views are augmented
     mean, std = _moments(train, fit_rows, chunk)

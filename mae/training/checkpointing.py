@@ -14,10 +14,31 @@ from mae.convert.safe_load import safe_torch_load
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes to a temporary file in the target folder, fsyncs it, then renames it into place."""
+    """Writes to a temporary file in the target folder, fsyncs it, then renames it into place; a
+    checkpoint the free space cannot hold is refused before writing, naming the bytes."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
+        atomic_write(path, lambda tmp: torch.save(checkpoint, tmp), size=tensor_bytes(checkpoint))
+
+
+def tensor_bytes(tree: Any) -> int:
+    """Bytes of the tensor storages in a nested dict / list / tuple, each storage once (what
+    ``torch.save`` of it mostly writes)."""
+    storages: dict[tuple[str, int], int] = {}
+
+    def visit(node: Any) -> None:
+        if isinstance(node, torch.Tensor) and node.device.type != "meta":
+            storage = node.untyped_storage()
+            storages[(str(node.device), storage.data_ptr())] = storage.nbytes()
+        elif isinstance(node, dict):
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list | tuple):
+            for value in node:
+                visit(value)
+
+    visit(tree)
+    return sum(storages.values())
 
 
 def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int:

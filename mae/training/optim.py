@@ -26,10 +26,11 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay on weights only: biases and 1-D parameters (norms) get none, as in the official code.
 
     Frozen tensors (the sin-cos position embeddings) are not in any group. The groups are named
-    "no_decay" and "decay" (the lr monitor logs ``train/lr/<name>``).
+    "no_decay" and "decay" (the lr monitor logs ``train/lr/<name>``); a group without parameters is
+    left out, so ``weight_decay=0`` gives one "no_decay" group of every parameter.
     """
-    no_decay, decay = param_groups_weight_decay(model, weight_decay)
-    return [{**no_decay, "name": "no_decay"}, {**decay, "name": "decay"}]
+    groups = param_groups_weight_decay(model, weight_decay)  # one group when nothing is decayed
+    return [{**group, "name": "decay" if group["weight_decay"] else "no_decay"} for group in groups]
 
 
 def encoder_decoder_groups(model: nn.Module, groups: list[dict]) -> list[dict]:

@@ -1,7 +1,12 @@
 """Lightning callbacks of the training runs: figures, monitors and fault handling."""
 
 from mae.training.callbacks.knn import KNNCallback
-from mae.training.callbacks.preemption import PREEMPTED_EXIT_CODE, RemoveOrphanTemporaries, SigtermCheckpoint
+from mae.training.callbacks.preemption import (
+    PREEMPTED_EXIT_CODE,
+    PreemptionSignals,
+    RemoveOrphanTemporaries,
+    SigtermCheckpoint,
+)
 from mae.training.callbacks.probe import ProbeCallback
 from mae.training.callbacks.reconstruction import ReconstructionCallback
 from mae.training.callbacks.throughput import ImageThroughputMonitor
@@ -11,6 +16,7 @@ __all__ = [
     "ImageThroughputMonitor",
     "ProbeCallback",
     "KNNCallback",
+    "PreemptionSignals",
     "ReconstructionCallback",
     "RemoveOrphanTemporaries",
     "SigtermCheckpoint",

@@ -1,9 +1,22 @@
 """Surviving preemption and kills: a resumable checkpoint on SIGTERM, and no leftovers of a kill
-during a save."""
+during a save.
 
+A scheduler signals the whole job: every DDP process and every loader worker gets the SIGTERM
+(workers leave it to their main process, ``mae.data.loader_workers``). Lightning's own SIGTERM
+handler runs a collective inside the signal handler and forwards the signal to the other ranks,
+so with a job-wide signal a rank runs that collective twice and the processes desynchronise
+(gloo: "Received data size doesn't match expected size"). ``PreemptionSignals`` only records the
+signal; ``SigtermCheckpoint`` then agrees across ranks at the end of a training step, so that every
+process stops after the same step and saves the same checkpoint.
+"""
+
+import logging
+import signal
 from pathlib import Path
+from types import FrameType
 
 import lightning.pytorch as pl
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -15,12 +28,50 @@ from mae.training.checkpointing import remove_orphan_temporaries
 PREEMPTED_EXIT_CODE = 143
 
 
+log = logging.getLogger(__name__)
+
+
+class PreemptionSignals(_SignalConnector):
+    """Lightning's signal handling (SLURM's requeue signal included) with a SIGTERM handler that does
+    no collective: it records the signal, forwards it once to the ranks this process launched, and
+    in a single process stops the run as Lightning does (after the running step or validation batch).
+    With several processes ``SigtermCheckpoint`` makes the stop collective."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        super().__init__(trainer)
+        self.requested = False
+
+    def register_signal_handlers(self) -> None:
+        self.requested = False
+        super().register_signal_handlers()
+
+    def _sigterm_notifier_fn(self, signum: int | signal.Signals, _: FrameType | None) -> None:
+        if not self.requested:
+            log.info(f"[rank: {self.trainer.global_rank}] Received SIGTERM: stopping after the running step")
+            launcher = self.trainer.strategy.launcher
+            if launcher is not None:  # ranks started by this process (when only this one was signalled)
+                launcher.kill(signum)
+        self.requested = True
+        if self.trainer.world_size == 1:
+            self.received_sigterm = True
+
+
 class SigtermCheckpoint(pl.Callback):
     """On SIGTERM write a resumable ``last.ckpt`` before exiting.
 
     Lightning turns SIGTERM into an exception after the running step; other exceptions (a
     non-finite loss, a bug) do not save, so a broken state never overwrites a good checkpoint.
+    With several processes the ranks agree at the end of every training step whether any of them
+    was signalled (one all-reduce of a flag), so all stop after the same step; a validation that is
+    running then finishes first (ranks may hold different numbers of validation batches, so none
+    can stop alone).
     """
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:
+        signals = trainer._signal_connector
+        if trainer.world_size > 1 and isinstance(signals, PreemptionSignals):
+            if trainer.strategy.reduce_boolean_decision(signals.requested, all=False):
+                signals.requested = signals.received_sigterm = True
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:

@@ -5,7 +5,16 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from mae.data.datasets import fixed_subset
-from mae.eval.probe import DEFAULT_LRS, DEFAULT_WEIGHT_DECAYS, FeatureStore, Pool, check_grid, pooled, train_probe
+from mae.eval.probe import (
+    DEFAULT_LRS,
+    DEFAULT_WEIGHT_DECAYS,
+    FeatureStore,
+    Pool,
+    check_grid,
+    check_training,
+    pooled,
+    train_probe,
+)
 
 
 class ProbeCallback(pl.Callback):
@@ -34,6 +43,7 @@ class ProbeCallback(pl.Callback):
     ) -> None:
         if every_n_epochs < 0:
             raise ValueError(f"probe.every_n_epochs must be >= 0, got {every_n_epochs}")
+        check_training(max_epochs, patience, holdout=0.1)
         self.grid = {
             "lrs": tuple(lrs or DEFAULT_LRS),
             "weight_decays": tuple(DEFAULT_WEIGHT_DECAYS if weight_decays is None else weight_decays),
