@@ -5,6 +5,7 @@ fine-tuned checkpoint with ``--validate_only true --ckpt_path <run>/checkpoints/
 """
 
 from mae.cli import finetune_main
+from mae.command import run_command
 
 if __name__ == "__main__":
-    finetune_main()
+    run_command(finetune_main)

@@ -5,6 +5,7 @@ resume with ``--ckpt_path <run>/checkpoints/last.ckpt``.
 """
 
 from mae.cli import pretrain_main
+from mae.command import run_command
 
 if __name__ == "__main__":
-    pretrain_main()
+    run_command(pretrain_main)

@@ -36,6 +36,7 @@ from mae.eval.probe import (
     Pool,
     ProbeResult,
     check_grid,
+    check_training,
     pooled,
     train_probe,
 )
@@ -43,6 +44,7 @@ from mae.training.callbacks import (
     PREEMPTED_EXIT_CODE,
     ImageThroughputMonitor,
     KNNCallback,
+    PreemptionSignals,
     ProbeCallback,
     ReconstructionCallback,
     RemoveOrphanTemporaries,
@@ -191,10 +193,11 @@ def _model_section_keys(argv: list[str]) -> set[str]:
 
 
 def harden_trainer(trainer: pl.Trainer) -> None:
-    """Atomic checkpoint writes (temporary file, then rename), a checkpoint on SIGTERM, and no
-    temporary files left over from a kill during an earlier save."""
+    """Atomic checkpoint writes (temporary file, then rename), a checkpoint on SIGTERM (sent to one
+    process or to the whole job), and no temporary files left over from a kill during an earlier save."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+    trainer._signal_connector = PreemptionSignals(trainer)
     trainer.callbacks += [SigtermCheckpoint(), RemoveOrphanTemporaries()]
 
 
@@ -351,8 +354,10 @@ def stats_main(argv: list[str] | None = None) -> ChannelStats:
     parser.add_argument("root", help="dataset folder (ImageFolder layout) or any folder of images")
     parser.add_argument("--in-chans", type=int, default=None, help="channels (default: the first image's)")
     parser.add_argument("--max-images", type=int, default=None, help="use this many images, spread evenly")
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                        help="larger images are skipped as decompression bombs (default: PIL's limit)")  # fmt: skip
     args = parser.parse_args(argv)
-    stats = channel_stats(args.root, args.in_chans, args.max_images)
+    stats = channel_stats(args.root, args.in_chans, args.max_images, max_pixels=args.max_image_pixels)
     for line in stats.skipped[:10]:
         print(f"skipped {line}", file=sys.stderr)
     print(f"# {stats.images:,} images, {stats.pixels:,} pixels per channel")
@@ -390,6 +395,11 @@ def reconstruct_main(argv: list[str] | None = None) -> Figure:
                         help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("reconstruction.png"), help="the figure (PNG)")
     args = parser.parse_args(argv)
+    if not 0 < args.mask_ratio < 1:  # NaN fails this too
+        parser.error(f"--mask-ratio must be in (0, 1), the fraction of patches hidden; got {args.mask_ratio}"
+                     + (" (0 hides nothing: there is nothing to reconstruct)" if args.mask_ratio == 0 else ""))
+    if args.img_size is not None and args.img_size < 1:
+        parser.error(f"--img-size must be a positive number of pixels, got {args.img_size}")
 
     ckpt = read_checkpoint(args.checkpoint, args.format)
     model, _ = load_mae(ckpt, **({"img_size": args.img_size} if args.img_size else {}))
@@ -430,14 +440,32 @@ def demo_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
     parser.add_argument("--examples", default=None, help="a folder of images to pick from (default: a few digits)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--port", type=int, default=None, help="port to serve on (default: the first free one "
+                        "from 7860)")  # fmt: skip
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    parser.add_argument("--max-upload-mb", type=float, default=100, help="larger uploads are refused (default: 100)")
     args = parser.parse_args(argv)
+    from mae.eval.demo_page import ReconstructionSession, build_page, choose_port, example_images, serve
+
     try:
-        from mae.eval.demo_page import ReconstructionSession, build_page, examples_for
+        port = choose_port(args.host, args.port)
+    except OSError as err:
+        raise SystemExit(f"python -m mae.demo: {err}") from None
+    try:
+        import gradio  # noqa: F401
     except ImportError as err:
         raise SystemExit(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
-    page = build_page(ReconstructionSession(args.checkpoint, args.format), examples_for(args.examples))
-    page.launch(server_name=args.host, server_port=args.port)
+    if args.port is None:
+        print(f"serving on port {port} (choose another with --port N)")
+    session = ReconstructionSession(args.checkpoint, args.format, args.max_image_pixels)
+    with example_images(args.examples) as examples:  # built-in examples are removed when the page stops
+        page = build_page(session, examples)
+        try:
+            serve(page, args.host, port, args.max_upload_mb)
+        except OSError:  # Gradio's own port check: the port was taken after ours
+            raise SystemExit(f"python -m mae.demo: port {port} on {args.host} was taken as the page started: "
+                             "start it again, or choose another with --port N") from None  # fmt: skip
 
 
 def probe_command(
@@ -478,6 +506,7 @@ def probe_command(
     lrs = list(lrs or DEFAULT_LRS)
     weight_decays = list(DEFAULT_WEIGHT_DECAYS if weight_decays is None else weight_decays)
     check_grid(lrs, weight_decays)
+    check_training(max_epochs, patience, holdout)
     if data.num_labels < 2:
         raise ValueError(f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
                          f"{data.num_labels}")  # fmt: skip

@@ -1,6 +1,7 @@
 """``python -m mae.export CHECKPOINT OUT.safetensors`` (see ``mae.cli.export_main``)."""
 
 from mae.cli import export_main
+from mae.command import run_command
 
 if __name__ == "__main__":
-    export_main()
+    run_command(export_main)

@@ -1,6 +1,7 @@
 """``python -m mae.reconstruct --checkpoint CKPT IMAGE_OR_FOLDER...`` (see ``mae.cli.reconstruct_main``)."""
 
 from mae.cli import reconstruct_main
+from mae.command import run_command
 
 if __name__ == "__main__":
-    reconstruct_main()
+    run_command(reconstruct_main)

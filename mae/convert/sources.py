@@ -13,6 +13,7 @@ Formats (auto-detected from the file's structure, or named explicitly):
   with its ``config.json``.
 """
 
+import inspect
 import json
 import math
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from mae.convert.huggingface import from_hf_state_dict
 from mae.convert.report import block_count
 from mae.convert.safe_load import read_safetensors, safe_torch_load
 from mae.models.factory import MODEL_REGISTRY, create_model
+from mae.models.mae import MaskedAutoencoderViT
 
 FORMATS = ("auto", "lightning", "official", "timm", "huggingface")
 _HF_PREFIXES = ("vit.", "embeddings.", "encoder.layer", "layers.", "layernorm.", "decoder.decoder_")
@@ -126,7 +128,62 @@ def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
     state = {k[len(prefix) :]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
     if not state:
         raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record says the weights are under {prefix!r}, but none are")
-    return MAECheckpoint(str(path), "lightning", state, encoder_config(record, str(path)), data=obj.get(DATA_KEY))
+    config = encoder_config(record, str(path))
+    check_record(config, state, path)
+    return MAECheckpoint(str(path), "lightning", state, config, data=obj.get(DATA_KEY))
+
+
+# The record's arguments that the tensors fix, and how to read them off the tensors (``infer_config``).
+_SHAPE_ARGS = ("patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio")
+_DECODER_SHAPE_ARGS = ("decoder_embed_dim", "decoder_depth")
+
+
+def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """A checkpoint's architecture record against its own tensors, before any model is built from it
+    (a damaged or edited record would otherwise build, say, a 2**20-wide model: terabytes).
+
+    Raises:
+        ValueError: naming ``path``: an argument ``MaskedAutoencoderViT`` does not take, a value of the
+            wrong type, or an argument that disagrees with the tensors' shapes (both values given).
+    """
+    known = set(inspect.signature(MaskedAutoencoderViT.__init__).parameters) - {"self"}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(
+            f"{path}: its {ARCHITECTURE_KEY} record has arguments MaskedAutoencoderViT does not take: {unknown} "
+            f"(it takes {sorted(known)}); the record is damaged or from another program"
+        )
+    for key in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth",
+                "decoder_num_heads"):  # fmt: skip
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record has {key}={value!r}; expected a positive integer")
+    size = config.get("img_size")
+    sizes = list(size) if isinstance(size, list | tuple) else [size]
+    if len(sizes) not in (1, 2) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes):
+        raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record has img_size={size!r}; expected H or [H, W] pixels")
+    measured, _ = infer_config(state, {"img_size": size, "num_heads": 1, "decoder_num_heads": 1}, path)
+    keys = _SHAPE_ARGS + (_DECODER_SHAPE_ARGS if "decoder_embed.weight" in state else ())
+    for key in keys:
+        if key in config and not math.isclose(float(config[key]), float(measured[key])):
+            raise ValueError(
+                f"{path}: its {ARCHITECTURE_KEY} record says {key}={config[key]!r}, but its tensors have "
+                f"{key}={measured[key]!r}; the record is damaged or was edited"
+            )
+    height, width = sizes * 2 if len(sizes) == 1 else sizes
+    patch = measured["patch_size"]
+    positions = state["pos_embed"].shape[1] - 1
+    if height % patch or width % patch or (height // patch) * (width // patch) != positions:
+        raise ValueError(
+            f"{path}: its {ARCHITECTURE_KEY} record says img_size={size!r}, but pos_embed holds {positions} patch "
+            f"positions of {patch}x{patch} pixels; the record is damaged or was edited"
+        )
+    for heads, width_key in (("num_heads", "embed_dim"), ("decoder_num_heads", "decoder_embed_dim")):
+        if heads in config and width_key in config and config[width_key] % config[heads]:
+            raise ValueError(
+                f"{path}: its {ARCHITECTURE_KEY} record has {heads}={config[heads]}, which does not divide "
+                f"{width_key}={config[width_key]}"
+            )
 
 
 # The pretraining module's own arguments that version 0.1 kept out of ``model_kwargs``.

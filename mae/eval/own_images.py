@@ -1,6 +1,7 @@
 """Reconstructions of your own images: read as the model's training read its data, masked, rebuilt,
 and drawn with each image's masked-patch loss and an honest caption."""
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +12,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from mae.data.array_transforms import ArrayView
-from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, header_size, probe, read_array, to_unit_range
-from mae.data.transforms import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD, check_pixel_count, to_rgb
+from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, probe, read_array, to_unit_range
+from mae.data.transforms import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD, open_image, to_rgb
 from mae.eval.visualize import reconstruct, reconstruction_grid
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.masking import check_visible_patches, sample_noise
@@ -28,6 +29,15 @@ class Normalization:
     in_chans: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for a mean that is not finite or a std that is not finite and positive
+        (images divided by them would be NaN or infinite, and so would the loss)."""
+        if not all(math.isfinite(v) for v in self.mean) or not all(math.isfinite(v) and v > 0 for v in self.std):
+            raise ValueError(
+                f"the normalisation needs finite means and positive, finite standard deviations; got mean "
+                f"{list(self.mean)}, std {list(self.std)}"
+            )
 
     @classmethod
     def of(cls, data: dict | None, in_chans: int, source: str) -> "Normalization":
@@ -58,24 +68,33 @@ def load_image(
     path: str | os.PathLike, size: tuple[int, int], norm: Normalization, max_pixels: int | None = DEFAULT_MAX_PIXELS
 ) -> torch.Tensor:
     """(C, H, W) model input of one image file: resized (short side) and centre-cropped to ``size``,
-    scaled and normalised as training did (8-bit images as RGB for 3-channel models).
+    scaled and normalised as training did (8-bit images as RGB for 3-channel models). The file is
+    refused before it is decoded (or resized) when it is over ``max_pixels``: its pixels, its bands'
+    memory, or its resized view (``mae.data.readers.check_decoded_size``, ``check_view_size``).
 
     Raises:
-        OSError, ValueError, PIL.Image.DecompressionBombError: naming the file.
+        OSError, ValueError, PIL.Image.DecompressionBombError: naming the file, and nothing else:
+            whatever reading this one file raises otherwise (``MemoryError``, ``IndexError``, ...) is a
+            ``ValueError`` naming it, so a command skips the file and goes on with the others.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
-    check_pixel_count(path, *header_size(path), max_pixels)
-    _, dtype = probe(path)
-    if path.suffix.lower() not in ARRAY_EXTENSIONS and dtype == "uint8" and norm.in_chans == 3:
-        with Image.open(path) as img:
-            array = np.asarray(to_rgb(img))
-    else:
-        array = read_array(path)
-    array = adapt_channels(to_unit_range(array, path), norm.in_chans, path)
-    pixels = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
-    return ArrayView("eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0).view(pixels)
+    try:
+        _, dtype = probe(path)
+        if path.suffix.lower() not in ARRAY_EXTENSIONS and dtype == "uint8" and norm.in_chans == 3:
+            with open_image(path, max_pixels) as img:
+                array = np.asarray(to_rgb(img))
+        else:
+            array = read_array(path, max_pixels)
+        array = adapt_channels(to_unit_range(array, path), norm.in_chans, path)
+        pixels = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+        view = ArrayView("eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0, max_pixels=max_pixels)
+        return view.view(pixels, path)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        raise
+    except Exception as err:  # one file's problem (MemoryError, IndexError, ...), never the command's
+        raise ValueError(f"cannot read {path}: {type(err).__name__}: {err}") from err
 
 
 def display_range(paths: list[str | os.PathLike]) -> tuple[float, float] | None:

@@ -1,0 +1,62 @@
+"""How every command ends on a user's mistake: the project's own message, alone, as the last line.
+
+The project's errors name the file, key or value and the fix. Raised while jsonargparse builds the
+data module or the model, they would reach the user inside its "Does not validate against any of
+the Union subtypes ... Given value: Namespace(...)" wall and two tracebacks. ``run_command`` finds
+the project's error in the exception chain and prints only its message, with exit status 2. A
+failure that did not come from the project's checks (a bug, a library's error) keeps its traceback;
+``--debug`` (or ``MAE_DEBUG=1``) keeps it for every error.
+"""
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
+DEBUG_FLAG = "--debug"
+DEBUG_VARIABLE = "MAE_DEBUG"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def run_command(main: Callable[[], Any]) -> Any:
+    """Run an entry point's ``main()``; a project error (``ValueError``, ``FileNotFoundError`` or a
+    full-device ``OSError`` raised by code in ``mae/``) ends it with its message on stderr and exit
+    status 2. ``--debug`` is taken out of ``sys.argv`` and passed on as ``MAE_DEBUG=1`` (which the
+    other processes of a multi-GPU run inherit)."""
+    if DEBUG_FLAG in sys.argv[1:]:
+        sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
+        os.environ[DEBUG_VARIABLE] = "1"
+    try:
+        return main()
+    except Exception as err:
+        project_error = None if os.environ.get(DEBUG_VARIABLE) == "1" else own_error(err)
+        if project_error is None:
+            raise
+        print(f"error: {project_error}", file=sys.stderr, flush=True)
+        sys.exit(USAGE_ERROR_EXIT_CODE)
+
+
+def own_error(err: BaseException) -> BaseException | None:
+    """The first error along ``err``'s chain (itself, its cause or the error it was raised while
+    handling: jsonargparse's wall holds the data module's error there) that the project raised on
+    purpose, or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if _is_project_check(err):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _is_project_check(err: BaseException) -> bool:
+    from mae.convert.atomic import NoSpaceError
+
+    if not isinstance(err, ValueError | FileNotFoundError | NoSpaceError):
+        return False
+    frames = traceback.extract_tb(err.__traceback__)
+    origin = Path(frames[-1].filename).resolve() if frames else None
+    return origin is not None and origin.is_relative_to(_PACKAGE) and origin != Path(__file__).resolve()

@@ -1,0 +1,111 @@
+"""A user's mistake ends every command with the project's message alone as the last line and exit
+status 2; ``--debug`` keeps the traceback; a bug keeps its traceback."""
+
+import ast
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from mae.cli import (
+    demo_main,
+    export_main,
+    finetune_main,
+    knn_main,
+    pretrain_main,
+    probe_main,
+    reconstruct_main,
+    stats_main,
+)
+from mae.command import USAGE_ERROR_EXIT_CODE, run_command
+from mae.data.shard import main as shard_main
+from tests.helpers import REPO, run_script
+
+ENTRY_POINTS = ["train.py", "finetune.py", "mae/export.py", "mae/knn.py", "mae/probe.py", "mae/reconstruct.py",
+                "mae/demo.py", "mae/data/stats.py", "mae/data/shard.py"]  # fmt: skip
+
+
+def _four_band_folder(root: Path) -> Path:
+    for i in range(3):
+        (root / "train" / "a").mkdir(parents=True, exist_ok=True)
+        tifffile.imwrite(root / "train" / "a" / f"{i}.tif", np.zeros((16, 16, 4), np.uint8))
+    return root
+
+
+def _only_the_message(stderr: str, expected: str) -> None:
+    assert "Traceback" not in stderr and "Union subtypes" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and expected in last, stderr[-3000:]
+
+
+def test_train__data_module_error_inside_jsonargparse_is_printed_alone(tmp_path):
+    """The error the issue quotes: raised while jsonargparse builds the data module."""
+    args = ["--config", "configs/pretrain/default.yaml", "--data.class_path", "mae.data.ImageFolderDataModule",
+            "--data.root", str(_four_band_folder(tmp_path / "data")), "--data.in_chans", "4"]  # fmt: skip
+    result = run_script("train.py", *args, check=False)
+    assert result.returncode == USAGE_ERROR_EXIT_CODE
+    _only_the_message(result.stderr, "data.mean and data.std are needed for 4-channel data")
+    debug = run_script("train.py", *args, "--debug", check=False)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr  # --debug keeps the whole story
+
+
+def test_train__error_in_the_data_module_setup_inside_fit(tmp_path):
+    result = run_script("train.py", "--config", "configs/pretrain/default.yaml", "--data.class_path",
+                        "mae.data.StreamingDataModule", "--data.root", str(tmp_path / "nothing"),
+                        "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
+                        check=False)  # fmt: skip
+    assert result.returncode == USAGE_ERROR_EXIT_CODE
+    _only_the_message(result.stderr, f"no shard folder at data.root={tmp_path / 'nothing'}")
+
+
+def test_python_m__a_command_prints_the_message_alone():
+    result = run_script("-m mae.data.stats", "/nonexistent/folder", check=False)
+    assert result.returncode == USAGE_ERROR_EXIT_CODE
+    _only_the_message(result.stderr, "/nonexistent/folder")
+
+
+@pytest.mark.parametrize(
+    "main, argv, expected",
+    [
+        (finetune_main, ["--config", "configs/finetune/default.yaml", "--model.checkpoint", "/no/pretrained.ckpt"],
+         "model.checkpoint /no/pretrained.ckpt does not exist"),
+        (export_main, ["/no/file.ckpt", "/tmp/never.safetensors"], "/no/file.ckpt does not exist"),
+        (knn_main, ["--checkpoint", "/no/file.ckpt", "--data.class_path", "mae.data.DigitsDataModule"],
+         "/no/file.ckpt does not exist"),
+        (probe_main, ["--checkpoint", "/no/file.ckpt", "--data.class_path", "mae.data.DigitsDataModule"],
+         "/no/file.ckpt does not exist"),
+        (reconstruct_main, ["--checkpoint", "/no/file.ckpt", "/no/images"], "/no/file.ckpt does not exist"),
+        (demo_main, ["--checkpoint", "/no/file.ckpt"], "/no/file.ckpt does not exist"),
+        (stats_main, ["/no/images"], "/no/images"),
+        (shard_main, ["/no/images", "/tmp/never-shards"], "/no/images/train does not exist"),
+        (pretrain_main, ["--config", "configs/pretrain/default.yaml", "--data.batch_size", "0"],
+         "data.batch_size must be >= 1, got 0"),
+    ],
+)  # fmt: skip
+def test_every_command__project_error_exits_2_with_its_message(main, argv, expected, capsys, monkeypatch):
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        run_command(partial(main, argv))
+    assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
+    _only_the_message(capsys.readouterr().err, expected)
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+
+    def bug():
+        return {}["missing"]
+
+    with pytest.raises(KeyError):
+        run_command(bug)
+    with pytest.raises(ValueError, match="not ours"):  # a library's ValueError is not a project message
+        run_command(partial(int, "not ours"))
+
+
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_every_entry_point_runs_through_run_command(entry_point):
+    tree = ast.parse((REPO / entry_point).read_text())
+    main_block = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    assert main_block and "run_command(" in ast.unparse(main_block[0]), entry_point
