@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse(argv)
     torch.set_num_threads(1)  # a loader worker computes on one thread
     with tempfile.TemporaryDirectory() as tmp:
-        root = args.root or write_photos(Path(tmp) / "train", 10, max(1, args.images // 10))
-        shards = Path(tmp) / "shards"
+        root = args.root or write_photos(Path(tmp) / "images" / "train", 10, max(1, args.images // 10))
+        shards = Path(tmp) / "shards"  # outside the image folder, as the shard tool requires
         shard_main([str(root.parent), str(shards), "--train-split", root.name, "--val-split", "", "--workers", "1",
                     "--start-method", "fork"])  # fmt: skip
         print(f"images: {root}, per worker (num_workers=0, 1 thread), batch {args.batch_size}")

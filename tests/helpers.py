@@ -241,7 +241,7 @@ class PauseAt(pl.Callback):
     validation after training began), ``save`` (inside a checkpoint save), ``loader`` (at the start of
     epoch 1, while its loader workers start)."""
 
-    def __init__(self, moment: str, seconds: float = 3.0, step: int = 2) -> None:
+    def __init__(self, moment: str, seconds: float = 1.5, step: int = 2) -> None:
         self.moment, self.seconds, self.step = moment, seconds, step
         self.done = False
 

@@ -161,3 +161,30 @@ def test_disk_full__torch_save_without_a_size_hint_is_named_too(small_device):
         atomic_write(target, lambda tmp: torch.save(torch.zeros(2**19), tmp))  # 2 MiB
     assert torch.load(target, weights_only=True).shape == (1000,)
     assert [p.name for p in small_device.iterdir()] == ["weights.pt"]
+
+
+def test_slurm_requeue_conventions_stay(monkeypatch, tmp_path):
+    """Under SLURM with auto-requeue, Lightning's SIGUSR1 requeue handler and its SIGTERM bypass are
+    still installed beside ours, and a SIGTERM still stops a single process after its step."""
+    import lightning.pytorch as pl
+
+    from mae.cli import harden_trainer
+
+    slurm = {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "pretrain", "SLURM_JOB_ID": "1234",
+             "SLURM_NODELIST": "node1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}  # fmt: skip
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=tmp_path)
+    harden_trainer(trainer)
+    signals = trainer._signal_connector
+    signals.register_signal_handlers()
+    try:
+        requeue = signal.getsignal(signal.SIGUSR1)
+        assert signals._slurm_sigusr_handler_fn in getattr(requeue, "signal_handlers", [])
+        term = signal.getsignal(signal.SIGTERM)
+        assert signals._sigterm_notifier_fn in term.signal_handlers
+        assert signals._sigterm_handler_fn in term.signal_handlers  # Lightning's "bypassing SIGTERM" under SLURM
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert trainer.received_sigterm and signals.requested
+    finally:
+        signals.teardown()
