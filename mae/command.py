@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mae.convert.atomic import NoSpaceError
+
 USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
 DEBUG_FLAG = "--debug"
 DEBUG_VARIABLE = "MAE_DEBUG"
@@ -53,8 +55,6 @@ def own_error(err: BaseException) -> BaseException | None:
 
 
 def _is_project_check(err: BaseException) -> bool:
-    from mae.convert.atomic import NoSpaceError
-
     if not isinstance(err, ValueError | FileNotFoundError | NoSpaceError):
         return False
     frames = traceback.extract_tb(err.__traceback__)

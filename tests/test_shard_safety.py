@@ -228,3 +228,12 @@ def test_shard__each_conversion_has_its_own_litdata_cache_and_removes_it(s3, ima
     for cache in ("chunks", "data"):
         assert [p.name for p in (tmp / cache).iterdir()] == ["another-conversion.bin"]
     assert not list(tmp.glob("mae-shard-*"))
+
+
+def test_listing__a_training_folder_without_class_folders_says_the_layout(tmp_path):
+    from mae.data import ImageFolderDataModule
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "loose.jpg").write_bytes(b"not in a class folder")
+    with pytest.raises(FileNotFoundError, match=r"no class folder in .*train: expected .*train/<class>/<image>"):
+        ImageFolderDataModule(str(tmp_path)).setup()

@@ -338,7 +338,7 @@ class ImageFolderDataModule(ImageDataModule):
                 f"training folder {train_dir} does not exist; expected the ImageNet layout "
                 f"{self.root}/{self.train_split}/<class>/<image> (set data.root / data.train_split)"
             )
-        available = class_folders(train_dir)
+        available = class_folders(train_dir, warn=False)  # the dataset's own listing names unreadable entries
         selected = select_classes(available, self.class_list, self.num_classes, self.class_selection, self.subset_seed)
         return sorted(selected) if selected is not None else available
 

@@ -86,7 +86,9 @@ def class_folders(directory: str | Path, warn: bool = True) -> list[str]:
         log.warning("%s: %d entry(ies) cannot be read (a dangling or looping link?), skipped: %s", directory,
                     len(unreadable), ", ".join(sorted(unreadable)))  # fmt: skip
     if not names:
-        raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+        raise FileNotFoundError(
+            f"no class folder in {directory}: expected {directory}/<class>/<image> (one sub-folder per class)"
+        )
     return sorted(names)
 
 
