@@ -123,3 +123,14 @@ def test_probe__one_training_image_per_class_leaves_nothing_to_choose_the_head_o
 def test_probe__zero_epochs_is_refused_before_any_feature_is_extracted(checkpoint, tmp_path):
     with pytest.raises(ValueError, match=r"probe.max_epochs and probe.patience must be >= 1, got 0"):
         _probe(checkpoint, tmp_path / "never_read", "--max_epochs", "0")
+
+
+@pytest.mark.parametrize("std", [[0.0], [float("nan")], [float("inf")]])
+def test_data_statistics__a_zero_or_non_finite_std_is_refused_naming_the_keys(std):
+    """The training side of the same rule (``check_statistics``): NaN passed ``min(std) <= 0``."""
+    from mae.data import DigitsDataModule
+
+    with pytest.raises(ValueError, match=r"data.mean / data.std need finite means and positive, finite"):
+        DigitsDataModule(in_chans=1, mean=[0.5], std=std)
+    with pytest.raises(ValueError, match=r"finite means"):
+        DigitsDataModule(in_chans=1, mean=[float("nan")], std=[0.3])

@@ -6,8 +6,9 @@ single source of the input size: the CLIs link it (and ``num_labels``) to the mo
 model cannot disagree.
 """
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,9 +83,18 @@ def normalization(
         raise ValueError(
             f"data.mean and data.std need {in_chans} values (data.in_chans), got {len(mean)} and {len(std)}"
         )
-    if min(std) <= 0:
-        raise ValueError(f"data.std values must be positive, got {list(std)}")
+    check_statistics(mean, std)
     return tuple(float(m) for m in mean), tuple(float(v) for v in std)
+
+
+def check_statistics(mean: Sequence[float], std: Sequence[float], names: str = "data.mean / data.std") -> None:
+    """Raises ValueError, naming ``names``, for a mean that is not finite or a std that is not finite
+    and positive: images divided by them would be NaN or infinite, and so would the loss."""
+    if not all(math.isfinite(v) for v in mean) or not all(math.isfinite(v) and v > 0 for v in std):
+        raise ValueError(
+            f"{names} need finite means and positive, finite standard deviations; got mean {list(mean)}, "
+            f"std {list(std)}"
+        )
 
 
 class ImageDataModule(pl.LightningDataModule, ABC):

@@ -1,7 +1,6 @@
 """Reconstructions of your own images: read as the model's training read its data, masked, rebuilt,
 and drawn with each image's masked-patch loss and an honest caption."""
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from mae.data.array_transforms import ArrayView
+from mae.data.datamodules import check_statistics
 from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, probe, read_array, to_unit_range
 from mae.data.transforms import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD, open_image, to_rgb
 from mae.eval.visualize import reconstruct, reconstruction_grid
@@ -31,13 +31,7 @@ class Normalization:
     std: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        """Raises ValueError for a mean that is not finite or a std that is not finite and positive
-        (images divided by them would be NaN or infinite, and so would the loss)."""
-        if not all(math.isfinite(v) for v in self.mean) or not all(math.isfinite(v) and v > 0 for v in self.std):
-            raise ValueError(
-                f"the normalisation needs finite means and positive, finite standard deviations; got mean "
-                f"{list(self.mean)}, std {list(self.std)}"
-            )
+        check_statistics(self.mean, self.std, "the normalisation's mean / std")
 
     @classmethod
     def of(cls, data: dict | None, in_chans: int, source: str) -> "Normalization":
