@@ -36,10 +36,11 @@ from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
 from mae.data import ImageFolderDataModule, StreamingDataModule
-from mae.data.gpu_decode import collate_encoded, decode_pretrain_batch
-from mae.data.shard import main as shard_main
-from mae.data.streaming import DecodeSample, ResumableStreamingLoader, ShardedImages, read_metadata
-from mae.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_batch
+from mae.data.sources.shard_format import read_metadata
+from mae.data.sources.streaming import DecodeSample, ResumableStreamingLoader, ShardedImages
+from mae.data.tools.shard import main as shard_main
+from mae.data.views.gpu import collate_encoded, decode_pretrain_batch
+from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD, normalize_batch
 
 
 def write_photos(root: Path, classes: int, per_class: int, size=(500, 375), seed: int = 0) -> Path:

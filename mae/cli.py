@@ -20,13 +20,11 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 
-from mae.convert.atomic import atomic_write
 from mae.convert.backbone import load_backbone, load_mae
 from mae.convert.export import export_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
-from mae.data import ImageDataModule
-from mae.data.stats import ChannelStats, channel_stats
-from mae.data.transforms import DEFAULT_MAX_PIXELS
+from mae.data import DEFAULT_MAX_PIXELS, ImageDataModule
+from mae.data.tools.stats import ChannelStats, channel_stats
 from mae.eval.knn import knn_evaluate
 from mae.eval.own_images import Figure, Normalization, display_range, image_paths, load_image, reconstruction_figure
 from mae.eval.probe import (
@@ -40,6 +38,7 @@ from mae.eval.probe import (
     pooled,
     train_probe,
 )
+from mae.io.atomic import atomic_write
 from mae.training.callbacks import (
     PREEMPTED_EXIT_CODE,
     ImageThroughputMonitor,

@@ -16,7 +16,7 @@ import yaml
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
-from mae.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from mae.cli import (
     stats_main,
 )
 from mae.command import USAGE_ERROR_EXIT_CODE, run_command
-from mae.data.shard import main as shard_main
+from mae.data.tools.shard import main as shard_main
 from tests.helpers import REPO, run_script
 
 ENTRY_POINTS = ["train.py", "finetune.py", "mae/export.py", "mae/knn.py", "mae/probe.py", "mae/reconstruct.py",

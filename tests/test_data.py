@@ -5,8 +5,9 @@ from PIL import Image
 from torchvision import transforms as T
 
 from mae.data import CIFARDataModule, DigitsDataModule, ImageFolderDataModule, pretrain_transform
-from mae.data.datamodules import collate_images
-from mae.data.transforms import PretrainCrop, normalize_batch
+from mae.data.sources.base import collate_images
+from mae.data.views.crop import PretrainCrop
+from mae.data.views.normalize import normalize_batch
 from tests.helpers import write_cifar, write_image_folder
 
 
@@ -221,7 +222,7 @@ def test_datamodule__invalid_loader_settings_fail_at_construction():
 
 
 def test_labelled_fraction__class_balanced_and_seeded():
-    from mae.data.datasets import labelled_fraction
+    from mae.data.sources.subsets import labelled_fraction
 
     dm = DigitsDataModule(img_size=16)
     dm.train_fraction, dm.subset_seed = 0.1, 3

@@ -12,8 +12,10 @@ from PIL import Image
 
 from mae import load_backbone
 from mae.data import ImageFolderDataModule
-from mae.data.datasets import ImageFolderSubset
-from mae.data.transforms import PretrainCrop, eval_transform, jpeg_size, to_rgb
+from mae.data.decoding.rgb import jpeg_size, to_rgb
+from mae.data.sources.folder import ImageFolderSubset
+from mae.data.views.crop import PretrainCrop
+from mae.data.views.recipes import eval_transform
 from mae.models import create_model
 from mae.training.checkpointing import check_resume_checkpoint
 from tests.helpers import TINY_KWARGS, RandomImages, make_trainer, pretrain_module, write_image_folder
@@ -263,11 +265,12 @@ def test_float_images__drawn_from_their_minimum_to_their_maximum(tmp_path):
 
 
 def test_readers__an_npz_archive_named_npy_is_unreadable_by_name(tmp_path):
-    from mae.data.readers import EncodedImage, probe
+    from mae.data.decoding.arrays import pixel_format
+    from mae.data.decoding.formats import EncodedImage
 
     path = tmp_path / "x.npy"
     with open(path, "wb") as f:
         np.savez(f, a=np.zeros((4, 4)))
     for source in (path, EncodedImage(path.read_bytes(), "s3://b/train:a/x.npy")):
         with pytest.raises(ValueError, match=rf"cannot read {source} as an .npy array: it holds a NpzFile"):
-            probe(source)
+            pixel_format(source)

@@ -15,7 +15,7 @@ from mae import create_model, load_backbone
 from mae.cli import finetune_main, pretrain_main, stats_main
 from mae.convert.export import export_encoder
 from mae.data import ImageFolderDataModule
-from mae.data.readers import probe, read_array
+from mae.data.decoding.arrays import pixel_format, read_array
 from mae.eval.visualize import reconstruction_grid
 from tests.helpers import TINY_KWARGS, RandomImages, csv_logger, make_trainer, pretrain_module, write_config
 
@@ -94,7 +94,7 @@ def test_reader__layouts_and_units(tmp_path):
         "hw.npy": (1, "float64"),
     }
     for name, kind in expected.items():
-        assert probe(tmp_path / name) == kind
+        assert pixel_format(tmp_path / name).kind == kind
         assert read_array(tmp_path / name).shape == (4, 5, kind[0])
     assert read_array(tmp_path / "planar.tif")[1, 2].tolist() == [7, 27, 47]  # (C, H, W) -> (H, W, C)
 

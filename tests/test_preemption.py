@@ -153,7 +153,7 @@ def test_disk_full__the_save_names_the_bytes_keeps_the_previous_checkpoint_and_n
 def test_disk_full__torch_save_without_a_size_hint_is_named_too(small_device):
     """``torch.save`` reports a full device as its own RuntimeError ("unexpected pos"); the error names
     the device's state all the same, and the previous file stays."""
-    from mae.convert.atomic import NoSpaceError, atomic_write
+    from mae.io.atomic import NoSpaceError, atomic_write
 
     target = small_device / "weights.pt"
     atomic_write(target, lambda tmp: torch.save(torch.zeros(1000), tmp))

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mae.data.shard import main as shard_main
-from mae.data.streaming import read_metadata
+from mae.data.sources.shard_format import read_metadata
+from mae.data.tools.shard import main as shard_main
 from tests.helpers import REPO, TINY_MODEL, run_script, write_config, write_image_folder
 from tests.test_streaming import s3  # noqa: F401  (the moto S3 server fixture)
 
@@ -151,7 +151,7 @@ def test_overwrite__refuses_other_files_locally_naming_them_then_replaces_exactl
 
 
 def test_overwrite__clears_an_interrupted_conversion_but_not_files_it_did_not_write(images, tmp_path, monkeypatch):
-    import mae.data.shard as shard_module
+    import mae.data.tools.shard as shard_module
 
     out = tmp_path / "out"
     shard_here(images, str(out))

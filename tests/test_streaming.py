@@ -21,12 +21,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 
 from mae.data import StreamingDataModule
-from mae.data.datasets import fixed_subset
-from mae.data.gpu_decode import collate_encoded, decode_pretrain_batch, resolve_decode_on
-from mae.data.shard import main as shard_main
-from mae.data.storage import StorageError
-from mae.data.streaming import read_metadata
-from mae.data.transforms import EncodedImage, PretrainCrop, resized_crop
+from mae.data.decoding.formats import EncodedImage
+from mae.data.sources.shard_format import read_metadata
+from mae.data.sources.subsets import fixed_subset
+from mae.data.tools.shard import main as shard_main
+from mae.data.views.crop import PretrainCrop, resized_crop
+from mae.data.views.gpu import collate_encoded, decode_pretrain_batch, resolve_decode_on
+from mae.io.storage import StorageError
 from mae.training.callbacks import SigtermCheckpoint
 from tests.helpers import (
     ID_SIDE,
@@ -117,7 +118,7 @@ def test_shard__skips_corrupt_files_by_name_and_selects_classes(folder, tmp_path
 def test_shard__overwrite_removes_the_old_metadata_first_so_a_failed_rewrite_reads_as_unfinished(
     folder, tmp_path, monkeypatch
 ):
-    import mae.data.shard as shard_module
+    import mae.data.tools.shard as shard_module
 
     out = tmp_path / "out"
     shard(folder, str(out))

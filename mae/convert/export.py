@@ -17,9 +17,9 @@ from pathlib import Path
 import timm
 from safetensors.torch import save_file
 
-from mae.convert.atomic import atomic_write
 from mae.convert.backbone import vit_args
 from mae.convert.sources import read_checkpoint
+from mae.io.atomic import atomic_write
 
 # timm names of the standard widths/depths; any other shape is built from a base name plus model_args.
 _TIMM_NAMES = {(192, 12): "vit_tiny", (384, 12): "vit_small", (768, 12): "vit_base", (1024, 24): "vit_large",

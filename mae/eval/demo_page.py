@@ -24,8 +24,9 @@ from PIL import Image
 
 from mae.convert.backbone import load_mae
 from mae.convert.sources import read_checkpoint
-from mae.data.readers import header_size, resized_size
-from mae.data.transforms import DEFAULT_MAX_PIXELS
+from mae.data import DEFAULT_MAX_PIXELS
+from mae.data.decoding.arrays import read_header
+from mae.data.decoding.limits import resized_size
 from mae.eval.own_images import Normalization, caption_of, display_range, image_paths, load_image, mask_noise
 from mae.eval.visualize import denormalize, reconstruct, to_display
 from mae.models.loss import masked_patch_mse_per_image, normalize_patches
@@ -129,7 +130,8 @@ class ReconstructionSession:
         """
         path = Path(path)
         name = name or path.name
-        width, height = header_size(path)
+        header = read_header(path)
+        width, height = header.width, header.height
         if self.max_pixels is not None and width * height > self.max_pixels:
             raise ImageTooLarge(
                 f"{name} is {width}x{height} = {width * height:,} pixels, over this page's limit of "

@@ -10,9 +10,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.data import DataLoader
 
-from mae.data.datamodules import ImageDataModule
-from mae.data.datasets import fixed_subset
-from mae.data.loader_workers import Loader
+from mae.data import ImageDataModule, Loader, fixed_subset
 
 
 @torch.no_grad()

@@ -10,16 +10,17 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from mae.data.array_transforms import ArrayView
-from mae.data.datamodules import check_statistics
-from mae.data.readers import ARRAY_EXTENSIONS, adapt_channels, probe, read_array, to_unit_range
-from mae.data.transforms import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD, open_image, to_rgb
+from mae.data import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD
+from mae.data.decoding.arrays import adapt_channels, chw_tensor, pixel_format, read_pixels, to_unit_range
+from mae.data.decoding.formats import READERS, reads_as_rgb
+from mae.data.decoding.rgb import open_image, to_rgb
+from mae.data.views.arrays import ArrayView
+from mae.data.views.normalize import check_statistics
 from mae.eval.visualize import reconstruct, reconstruction_grid
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.masking import check_visible_patches, sample_noise
 
 Unnormalize = Literal["patch", "none"]
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".npy", ".ppm", ".pgm")
 
 
 @dataclass
@@ -52,7 +53,7 @@ def image_paths(sources: list[str | os.PathLike]) -> list[Path]:
     paths = []
     for source in map(Path, sources):
         if source.is_dir():
-            paths += sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            paths += sorted(p for p in source.rglob("*") if p.suffix.lower() in READERS)
         else:
             paths.append(source)
     return paths
@@ -64,7 +65,7 @@ def load_image(
     """(C, H, W) model input of one image file: resized (short side) and centre-cropped to ``size``,
     scaled and normalised as training did (8-bit images as RGB for 3-channel models). The file is
     refused before it is decoded (or resized) when it is over ``max_pixels``: its pixels, its bands'
-    memory, or its resized view (``mae.data.readers.check_decoded_size``, ``check_view_size``).
+    memory, or its resized view (``mae.data.decoding.limits``).
 
     Raises:
         OSError, ValueError, PIL.Image.DecompressionBombError: naming the file, and nothing else:
@@ -75,14 +76,12 @@ def load_image(
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        _, dtype = probe(path)
-        if path.suffix.lower() not in ARRAY_EXTENSIONS and dtype == "uint8" and norm.in_chans == 3:
+        if reads_as_rgb(norm.in_chans, pixel_format(path).rgb_readable):
             with open_image(path, max_pixels) as img:
-                array = np.asarray(to_rgb(img))
+                array = adapt_channels(to_unit_range(np.asarray(to_rgb(img)), path), norm.in_chans, path)
         else:
-            array = read_array(path, max_pixels)
-        array = adapt_channels(to_unit_range(array, path), norm.in_chans, path)
-        pixels = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+            array = read_pixels(path, norm.in_chans, max_pixels=max_pixels)
+        pixels = chw_tensor(array)
         view = ArrayView("eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0, max_pixels=max_pixels)
         return view.view(pixels, path)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
@@ -94,7 +93,7 @@ def load_image(
 def display_range(paths: list[str | os.PathLike]) -> tuple[float, float] | None:
     """(0, 1) for 8/16-bit images (their scaled range), None (each figure's own minimum to maximum)
     when any image holds float data in its own units."""
-    return None if any(probe(path)[1].startswith("float") for path in paths) else (0.0, 1.0)
+    return None if any(pixel_format(path).dtype.startswith("float") for path in paths) else (0.0, 1.0)
 
 
 def caption_of(model: MaskedAutoencoderViT, unnormalize: Unnormalize) -> str:

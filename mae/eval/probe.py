@@ -22,7 +22,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from mae.data.loader_workers import Loader
+from mae.data import Loader
 
 Pool = Literal["cls", "avg", "both"]
 DEFAULT_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)

@@ -5,7 +5,7 @@ from typing import Literal
 import torch
 from torchvision.utils import make_grid
 
-from mae.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from mae.data import IMAGENET_MEAN, IMAGENET_STD
 from mae.models.loss import masked_patch_mse_per_image
 from mae.models.mae import MaskedAutoencoderViT
 

@@ -8,9 +8,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from mae.convert.atomic import atomic_write
 from mae.convert.report import state_dict_mismatch
 from mae.convert.safe_load import safe_torch_load
+from mae.io.atomic import atomic_write
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -9,7 +9,6 @@ from torchmetrics import MeanMetric
 
 from mae.convert.architecture import mae_record
 from mae.convert.backbone import init_mae_from
-from mae.data.transforms import normalize_batch
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import check_mask_ratio, check_visible_patches
@@ -18,6 +17,22 @@ from mae.training.optim import ParamGroupPlan, encoder_decoder_groups, per_devic
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "in_chans", "norm_pix_loss", "mask_strategy")
+
+
+def model_input(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """A batch's images, normalised by its data module (``mae.data.ImageDataModule.normalize``, the
+    one place that normalises).
+
+    Raises:
+        TypeError: uint8 images, which a data module that does not normalise passed on.
+    """
+    imgs = batch[0]
+    if imgs.dtype == torch.uint8:
+        raise TypeError(
+            "pretraining takes normalised float images, got a uint8 batch: a data module derived from "
+            "mae.data.ImageDataModule normalises on the device; another must normalise its batches itself"
+        )
+    return imgs
 
 
 class MAEPretrainModule(MAETrainingModule):
@@ -138,7 +153,7 @@ class MAEPretrainModule(MAETrainingModule):
         self.lr_schedulers().step_update(num_updates=self.global_step)  # this step's lr with those scales
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        imgs = normalize_batch(batch[0])  # the pretraining crop ships uint8 images: normalise on the device
+        imgs = model_input(batch)
         loss, _, _ = self.model(imgs, self.mask_ratio)
         self.log_training_loss(loss, imgs.shape[0])
         return loss
@@ -149,7 +164,7 @@ class MAEPretrainModule(MAETrainingModule):
             self.epoch_losses.append(float(loss))
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        imgs = normalize_batch(batch[0])
+        imgs = model_input(batch)
         # The same masks every epoch, so validation losses are comparable across epochs.
         generator = torch.Generator().manual_seed(batch_idx)
         noise = self.model.sample_noise(imgs.shape[0], self.mask_ratio, "cpu", generator).to(imgs.device)

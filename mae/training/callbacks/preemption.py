@@ -2,7 +2,7 @@
 during a save.
 
 A scheduler signals the whole job: every DDP process and every loader worker gets the SIGTERM
-(workers leave it to their main process, ``mae.data.loader_workers``). Lightning's own SIGTERM
+(workers leave it to their main process, ``mae.data.sources.loader_workers``). Lightning's own SIGTERM
 handler runs a collective inside the signal handler and forwards the signal to the other ranks,
 so with a job-wide signal a rank runs that collective twice and the processes desynchronise
 (gloo: "Received data size doesn't match expected size"). ``PreemptionSignals`` only records the

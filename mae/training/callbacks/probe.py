@@ -4,7 +4,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from mae.data.datasets import fixed_subset
+from mae.data import fixed_subset
 from mae.eval.probe import (
     DEFAULT_LRS,
     DEFAULT_WEIGHT_DECAYS,

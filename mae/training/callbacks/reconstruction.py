@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import save_image
 
-from mae.data.transforms import normalize_batch
+from mae.data import normalize_batch
 from mae.eval.visualize import reconstruct, reconstruction_grid
 
 

@@ -126,7 +126,7 @@ def read_text(url: str, storage_options: dict[str, Any] | None = None) -> str | 
 def write_text(url: str, text: str, storage_options: dict[str, Any] | None = None) -> None:
     """Write a small file whole: a local file is replaced atomically, an S3 object in one PUT."""
     if not is_remote(url):
-        from mae.convert.atomic import atomic_write
+        from mae.io.atomic import atomic_write
 
         atomic_write(Path(url), lambda tmp: tmp.write_text(text))
         return

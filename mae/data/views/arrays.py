@@ -1,4 +1,4 @@
-"""The recipes' views of images of any channel count and bit depth (``mae.data.readers``): float
+"""The recipes' views of images of any channel count and bit depth (``mae.data.decoding.arrays``): float
 (C, H, W) tensors normalised by the data's mean and std.
 
 The crops draw the same random numbers as the 8-bit RGB transforms (torchvision's
@@ -10,16 +10,16 @@ recipe is the crop (0.08-1) + flip + random erasing.
 import os
 from typing import Literal
 
-import numpy as np
 import torch
 from timm.data.random_erasing import RandomErasing
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from mae.data.readers import DEFAULT_MAX_PIXELS, adapt_channels, check_view_size, read_array, to_unit_range
+from mae.data.decoding.arrays import chw_tensor, read_pixels
+from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_view_size
+from mae.data.views.crop import CROP_SCALE, random_crop
 
 View = Literal["pretrain", "finetune", "linprobe", "eval"]
-_CROP_SCALE = {"pretrain": (0.2, 1.0), "finetune": (0.08, 1.0), "linprobe": (0.08, 1.0)}
 
 
 class ArrayView:
@@ -29,8 +29,8 @@ class ArrayView:
         view: "pretrain" (RandomResizedCrop 0.2-1 + flip), "finetune" (0.08-1 + flip + random erasing),
             "linprobe" (0.08-1 + flip) or "eval" (resize to ``img_size / crop_ratio``, center crop).
         img_size: output side, or (H, W).
-        in_chans: channels of the output (``mae.data.readers.adapt_channels``).
-        mean, std: per-channel normalisation, in the units of ``mae.data.readers.to_unit_range``.
+        in_chans: channels of the output (``mae.data.decoding.arrays.adapt_channels``).
+        mean, std: per-channel normalisation, in the units of ``mae.data.decoding.arrays.to_unit_range``.
         crop_ratio: the evaluation view's crop ratio.
         re_prob: random-erasing probability of the finetune view.
         expected: (channels, dtype name) every file must have (set by the data module from a sample
@@ -67,15 +67,8 @@ class ArrayView:
         self.erase = RandomErasing(re_prob, mode="pixel", device="cpu") if view == "finetune" and re_prob else None
 
     def read(self, path: str | os.PathLike) -> torch.Tensor:
-        """(in_chans, H, W) float pixels of ``path``, unnormalised."""
-        array = read_array(path, self.max_pixels)
-        if self.expected is not None and (array.shape[2], array.dtype.name) != self.expected:
-            raise ValueError(
-                f"{path} has {array.shape[2]} channel(s) of {array.dtype.name}, unlike the rest of the folder "
-                f"({self.expected[0]} of {self.expected[1]})"
-            )
-        array = adapt_channels(to_unit_range(array, path), self.in_chans, path)
-        return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+        """(in_chans, H, W) float pixels of ``path``, unnormalised (``read_pixels``)."""
+        return chw_tensor(read_pixels(path, self.in_chans, self.expected, self.max_pixels))
 
     def __call__(self, path: str | os.PathLike) -> torch.Tensor:
         return self.view(self.read(path), path)
@@ -89,9 +82,9 @@ class ArrayView:
             check_view_size(name, pixels.shape[-2], pixels.shape[-1], pixels.shape[0], short, self.max_pixels)
             pixels = TF.center_crop(TF.resize(pixels, short, interpolation=bicubic, antialias=True), list(self.size))
         else:
-            top, left, h, w = T.RandomResizedCrop.get_params(pixels, list(_CROP_SCALE[self.kind]), [3 / 4, 4 / 3])
+            (top, left, h, w), flip = random_crop(pixels, CROP_SCALE[self.kind])
             pixels = TF.resized_crop(pixels, top, left, h, w, list(self.size), interpolation=bicubic, antialias=True)
-            if torch.rand(1).item() < 0.5:
+            if flip:
                 pixels = pixels.flip(-1)
         pixels = (pixels - self.mean) / self.std
         return self.erase(pixels) if self.erase is not None else pixels

@@ -10,19 +10,21 @@ stopped.
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader, Dataset
 
-from mae.data import storage
-from mae.data.datamodules import ImageDataModule, collate_images
-from mae.data.gpu_decode import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
-from mae.data.loader_workers import SigtermSafeLoader, worker_init
-from mae.data.readers import adapt_channels
-from mae.data.shard import FORMAT, METADATA, VERSION
-from mae.data.transforms import DEFAULT_MAX_PIXELS, EncodedImage, open_image, to_rgb
+from mae.data.decoding.arrays import check_channels
+from mae.data.decoding.formats import EncodedImage, reads_as_rgb
+from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
+from mae.data.decoding.rgb import open_image, to_rgb
+from mae.data.sources.base import SplitDataModule, collate_images
+from mae.data.sources.layout import check_train_split
+from mae.data.sources.loader_workers import SigtermSafeLoader, worker_init
+from mae.data.sources.shard_format import read_metadata
+from mae.data.views.gpu import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
+from mae.io import storage
 
 
 class DecodeSample:
@@ -131,40 +133,7 @@ class ResumableStreamingLoader(SigtermSafeLoader, StreamingDataLoader):
         yield from super().__iter__()
 
 
-def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, Any]:
-    """The ``mae_shards.json`` of a shard folder, checked: this format and version, a training split.
-
-    Raises:
-        FileNotFoundError: nothing at ``root``, or a folder that is not a finished shard folder
-            (with what it looks like and the command that makes one).
-        ValueError: another format or version.
-        storage.StorageError: an unreachable endpoint, missing bucket, or refused credentials.
-    """
-    make = f"write shards there with `python -m mae.data.shard IMAGE_FOLDER {root}`"
-    if not storage.is_remote(root) and not storage.exists_any(root):
-        raise FileNotFoundError(f"no shard folder at data.root={root} (missing or empty); {make}")
-    metadata = storage.read_json(storage.join(root, METADATA), storage_options)
-    if metadata is None:
-        if not storage.exists_any(root, storage_options):
-            raise FileNotFoundError(f"nothing is stored at data.root={root}; {make}")
-        if storage.read_text(storage.join(root, "index.json"), storage_options) is not None:
-            raise FileNotFoundError(
-                f"data.root={root} is a litdata folder without {METADATA}: not written by mae.data.shard (or by "
-                f"a version before the format had one); {make}, or point data.root at the folder above its splits"
-            )
-        raise FileNotFoundError(
-            f"data.root={root} has no {METADATA}: an unfinished conversion (it is written last) or not a shard "
-            f"folder; {make} --overwrite"
-        )
-    if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
-        raise ValueError(
-            f"{storage.join(root, METADATA)} is format {metadata.get('format')!r} version {metadata.get('version')!r};"
-            f" this code reads {FORMAT!r} version {VERSION}: reshard with `python -m mae.data.shard ... --overwrite`"
-        )
-    return metadata
-
-
-class StreamingDataModule(ImageDataModule):
+class StreamingDataModule(SplitDataModule):
     """Shards written by ``python -m mae.data.shard``, streamed from a folder or ``s3://`` URL.
 
     The transforms, batch, worker, ``img_size``, augmentation and normalisation settings are those
@@ -199,7 +168,8 @@ class StreamingDataModule(ImageDataModule):
         num_workers: int = 8,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_workers=num_workers, **kwargs)
+        root = str(root).rstrip("/") if storage.is_remote(root) else str(root)
+        super().__init__(root, train_split, val_split, num_workers, **kwargs)
         if self.train_fraction != 1.0:
             raise ValueError(
                 "data.train_fraction is not supported with streamed shards; write a labelled subset with "
@@ -207,9 +177,6 @@ class StreamingDataModule(ImageDataModule):
             )
         if decode_on not in ("auto", "cpu", "gpu"):
             raise ValueError(f"data.decode_on must be 'auto', 'cpu' or 'gpu', got {decode_on!r}")
-        self.root = str(root).rstrip("/") if storage.is_remote(root) else str(root)
-        self.train_split = train_split
-        self.val_split = val_split
         self.cache_dir = cache_dir
         self.max_cache_size = max_cache_size
         self.shuffle_seed = shuffle_seed
@@ -242,7 +209,7 @@ class StreamingDataModule(ImageDataModule):
             ValueError: channels that do not fit ``in_chans``, or array-path reading of shards whose
                 images differ in channels; ``decode_on: gpu`` for array-path data.
         """
-        self.array_mode = self.in_chans != 3 or self.metadata.get("array", False)
+        self.array_mode = not reads_as_rgb(self.in_chans, not self.metadata.get("array", False))
         if self.array_mode:
             pixels = self.metadata.get("pixels")
             if pixels is None:
@@ -253,7 +220,7 @@ class StreamingDataModule(ImageDataModule):
                     f"which only the 8-bit RGB path converts: data.in_chans must be 3 for them, got {self.in_chans}"
                 )
             self.expected_pixels = (int(pixels[0]), str(pixels[1]))
-            adapt_channels(np.zeros((1, 1, self.expected_pixels[0])), self.in_chans, self.root)
+            check_channels(self.expected_pixels[0], self.in_chans, self.root)
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         augmentation = "array" if self.array_mode else self.augmentation
         self._gpu_decode = resolve_decode_on(self.decode_on, device, augmentation)
@@ -281,11 +248,8 @@ class StreamingDataModule(ImageDataModule):
         return self._indexed(self.val_split, transform)
 
     def _check_train_split(self) -> None:
-        splits = self.metadata["splits"]
-        if self.train_split not in splits:
-            raise FileNotFoundError(
-                f"{self.root} has no split {self.train_split!r} (data.train_split); it has {', '.join(splits)}"
-            )
+        check_train_split(self.root, self.train_split, list(self.metadata["splits"]), "data.train_split",
+                          "a split written by mae.data.shard")  # fmt: skip
 
     def build_datasets(self, train_tf: Callable | None, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         self._check_train_split()

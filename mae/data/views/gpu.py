@@ -13,19 +13,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from mae.data.transforms import (
-    DEFAULT_MAX_PIXELS,
-    EncodedImage,
-    PretrainCrop,
-    _decode_rgb,
-    check_pixel_count,
-    decode_jpeg_checked,
-    jpeg_size,
-    resized_crop,
-)
+from mae.data.decoding.formats import EncodedImage
+from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_pixel_count
+from mae.data.decoding.rgb import decode_jpeg_checked, is_jpeg, jpeg_size, read_rgb
+from mae.data.views.crop import CROP_SCALE, random_crop, resized_crop
 
 DecodeOn = Literal["auto", "cpu", "gpu"]
 
@@ -91,7 +84,7 @@ def decode_pretrain_batch(
     size: tuple[int, int],
     device: torch.device | str,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    scale: tuple[float, float] = (0.2, 1.0),
+    scale: tuple[float, float] = CROP_SCALE["pretrain"],
 ) -> torch.Tensor:
     """MAE's pretraining view of a batch of encoded images, made on ``device``.
 
@@ -108,7 +101,7 @@ def decode_pretrain_batch(
         uint8 (N, 3, H, W) on ``device``, channels last in memory, for ``normalize_batch``.
     """
     device = torch.device(device)
-    jpeg = [i for i, data in enumerate(images) if data[:2].tolist() == [0xFF, 0xD8]]
+    jpeg = [i for i, data in enumerate(images) if is_jpeg(data)]
     decoded: list[torch.Tensor | None] = [None] * len(images)
     for i in jpeg:
         size_wh = jpeg_size(images[i][:65536].numpy().tobytes())
@@ -123,10 +116,9 @@ def decode_pretrain_batch(
             decoded[i] = pixels
     for i, pixels in enumerate(decoded):
         if pixels is None:
-            decoded[i] = _decode_rgb(EncodedImage(images[i].numpy().tobytes(), names[i]), max_pixels).to(device)
+            decoded[i] = read_rgb(EncodedImage(images[i].numpy().tobytes(), names[i]), max_pixels).to(device)
     crops = []
     for pixels in decoded:  # the random numbers in PretrainCrop's order: crop box, then flip
-        box = T.RandomResizedCrop.get_params(pixels, list(scale), list(PretrainCrop.ratio))
-        flip = torch.rand(1).item() < 0.5
+        box, flip = random_crop(pixels, scale)
         crops.append(resized_crop(pixels, box, flip, size).permute(1, 2, 0))
     return torch.stack(crops).permute(0, 3, 1, 2)

@@ -1,6 +1,6 @@
 """Reading images of any channel count and bit depth as arrays: 8- and 16-bit PNG (and any format
 PIL reads), TIFF (grayscale, RGB, multi-band; 8/16-bit, float) through ``tifffile``, and ``.npy``
-arrays stored (H, W, C).
+arrays stored (H, W, C). ``read_pixels`` is the entry point every consumer of the array path calls.
 
 Every read starts from the file's header (``read_header``): its dimensions and pixel type are
 checked, and its size against the pixel limit (``check_decoded_size``), before any pixel is read, so
@@ -13,23 +13,27 @@ kept in its own units (the data's ``mean`` / ``std`` normalise it).
 """
 
 import contextlib
-import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-ARRAY_EXTENSIONS = (".npy", ".tif", ".tiff")
-# PIL's own default limit (about 89.5 megapixels), above which an image is treated as a decompression bomb.
-DEFAULT_MAX_PIXELS = 89_478_485
-# Memory an image may take per pixel of the limit: three float32 values (an RGB image at the limit, as
-# ``to_unit_range`` makes it). Multi-band and 64-bit images are bounded by their bytes, not only pixels.
-BYTES_PER_LIMIT_PIXEL = 3 * 4
+from mae.data.decoding.formats import (
+    EncodedImage,
+    PixelFormat,
+    Source,
+    is_array_file,
+    open_pil,
+    opened,
+    reader_of,
+    unlimited_pil,
+)
+from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_decoded_size
+
 # Float values this large are no measurement in any unit but a no-data fill (GeoTIFF's is -3.4e38,
 # float32's extreme); float16 data's fill is its own extreme (+-65504), so the bound is the smaller.
 FILL_MAGNITUDE = 1e30
@@ -40,34 +44,6 @@ _PIL_MODES = {
     "I;16B": (1, "uint16"), "I;16N": (1, "uint16"), "I": (1, "int32"), "F": (1, "float32"),
 }  # fmt: skip
 _UNIT_SCALE = {"uint8": 255.0, "uint16": 65535.0}
-
-
-class EncodedImage:
-    """An image file's encoded bytes (JPEG, PNG, ...) and the name to report it by, e.g. a shard's
-    ``s3://bucket/train:class/img.jpg``."""
-
-    def __init__(self, data: bytes | memoryview | bytearray, name: str) -> None:
-        self.data = data
-        self.name = name
-
-    def tensor(self) -> torch.Tensor:
-        """The bytes as a 1-D uint8 tensor: over a ``bytearray``'s memory, else over a copy (tensors
-        need writable memory)."""
-        data = self.data if isinstance(self.data, bytearray) else bytearray(self.data)
-        return torch.frombuffer(data, dtype=torch.uint8)
-
-    def file(self) -> io.BytesIO:
-        """A new file object over the bytes, for readers that take one."""
-        return io.BytesIO(self.data)
-
-    def __str__(self) -> str:
-        return self.name
-
-    def __repr__(self) -> str:
-        return f"EncodedImage({self.name}, {len(self.data)} bytes)"
-
-
-Source = "str | os.PathLike | EncodedImage"  # a file, or a file's bytes held in memory (a shard's sample)
 
 
 @dataclass(frozen=True)
@@ -85,27 +61,9 @@ class ImageHeader:
         return self.height, self.width, self.channels
 
 
-def _suffix(path: Source) -> str:
-    return Path(path.name if isinstance(path, EncodedImage) else path).suffix.lower()
-
-
-def _file(path: Source) -> "str | os.PathLike | BinaryIO":
-    """What a reader library opens: the path, or a file object over the bytes."""
-    return path.file() if isinstance(path, EncodedImage) else path
-
-
 def _kind(path: Source) -> str:
     """The format's name for messages."""
-    suffix = _suffix(path)
-    return "an .npy array" if suffix == ".npy" else "a TIFF" if suffix in (".tif", ".tiff") else "an image"
-
-
-def open_pil(path: Source) -> Image.Image:
-    """``Image.open`` of a file or a sample's bytes; an unidentifiable one names the file or sample."""
-    try:
-        return Image.open(_file(path))
-    except UnidentifiedImageError as err:
-        raise UnidentifiedImageError(f"cannot identify image file {path}") from err
+    return {"npy": "an .npy array", "tiff": "a TIFF"}.get(reader_of(path), "an image")
 
 
 def _unreadable(path: Source, kind: str, err: Exception) -> ValueError:
@@ -179,7 +137,7 @@ def _tiff_layout(path: Source) -> tuple[tuple[int, ...], np.dtype, str]:
     """(shape, dtype, axes) of a TIFF's first image series, from its header."""
     import tifffile
 
-    with tifffile.TiffFile(_file(path)) as tif:
+    with tifffile.TiffFile(opened(path)) as tif:
         series = tif.series[0]
         if series.dtype is None:
             raise InvalidHeaderError(f"cannot read {path} as a TIFF: its first image has no pixel type")
@@ -196,22 +154,11 @@ def _tiff_header(path: Source) -> ImageHeader:
 
 
 def _pil_header(path: Source) -> ImageHeader:
-    with _unlimited_pil():  # asking the size of a huge image is not decoding it
+    with unlimited_pil():  # asking the size of a huge image is not decoding it
         with open_pil(path) as img:
             channels, dtype = _PIL_MODES.get(img.mode, (3, "uint8"))
             width, height = img.size
     return _checked_header(path, (height, width, channels), np.dtype(dtype))
-
-
-@contextlib.contextmanager
-def _unlimited_pil() -> Iterator[None]:
-    """PIL's own decompression-bomb check off: the callers check ``max_pixels`` themselves."""
-    previous = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = previous
 
 
 def read_header(path: Source) -> ImageHeader:
@@ -222,85 +169,19 @@ def read_header(path: Source) -> ImageHeader:
             (a 0-d, empty or 4-D array, negative dimensions), or pixels that are not numbers.
     """
     with _reading(path):
-        suffix = _suffix(path)
-        if suffix == ".npy":
+        reader = reader_of(path)
+        if reader == "npy":
             return _npy_header(path)
-        if suffix in (".tif", ".tiff"):
+        if reader == "tiff":
             return _tiff_header(path)
         return _pil_header(path)
 
 
-def probe(path: Source) -> tuple[int, str]:
-    """(channels, dtype name) of an image file, read from its header only (``read_header``)."""
+def pixel_format(path: Source) -> PixelFormat:
+    """What ``read_array`` will return for an image file (channels, dtype) and whether only the array
+    path reads it, from its header only (``read_header``)."""
     header = read_header(path)
-    return header.channels, header.dtype.name
-
-
-def header_size(path: Source) -> tuple[int, int]:
-    """(width, height) of an image file, from its header only (``read_header``)."""
-    header = read_header(path)
-    return header.width, header.height
-
-
-def check_pixel_count(path: Source, width: int, height: int, max_pixels: int | None) -> None:
-    """Raises ``PIL.Image.DecompressionBombError`` when ``width x height`` exceeds ``max_pixels``."""
-    if max_pixels is not None and width * height > max_pixels:
-        raise Image.DecompressionBombError(
-            f"image {path} is {width}x{height} = {width * height:,} pixels, over data.max_image_pixels="
-            f"{max_pixels:,} (--max-image-pixels of the commands; a decompression bomb, or a huge scan: raise "
-            f"the limit if it is genuine)"
-        )
-
-
-def check_decoded_size(path: Source, header: ImageHeader, max_pixels: int | None) -> None:
-    """Refuse, before decoding, an image over ``max_pixels`` pixels, or one whose float32 pixels (or
-    stored ones, when wider) take more than ``BYTES_PER_LIMIT_PIXEL`` bytes per pixel of the limit
-    (many bands, 64-bit values).
-
-    Raises:
-        PIL.Image.DecompressionBombError: naming the file, its size and the limit's option.
-    """
-    check_pixel_count(path, header.width, header.height, max_pixels)
-    if max_pixels is None:
-        return
-    needed = header.height * header.width * header.channels * max(header.dtype.itemsize, 4)
-    allowed = max_pixels * BYTES_PER_LIMIT_PIXEL
-    if needed > allowed:
-        raise Image.DecompressionBombError(
-            f"image {path} is {header.width}x{header.height} with {header.channels} band(s) of {header.dtype}: "
-            f"{needed / 2**30:.2f} GiB decoded, over the {allowed / 2**30:.2f} GiB that data.max_image_pixels="
-            f"{max_pixels:,} allows (--max-image-pixels of the commands; {BYTES_PER_LIMIT_PIXEL} bytes per pixel "
-            f"of the limit): raise the limit if it is genuine"
-        )
-
-
-def resized_size(height: int, width: int, short_side: int) -> tuple[int, int]:
-    """(H, W) of an image whose short side is resized to ``short_side`` and long side in proportion
-    (rounded down), as ``torchvision.transforms.Resize(short_side)`` sizes it."""
-    if height <= width:
-        return short_side, int(short_side * width / height)
-    return int(short_side * height / width), short_side
-
-
-def check_view_size(path: Source, height: int, width: int, channels: int, short_side: int,
-                    max_pixels: int | None) -> None:  # fmt: skip
-    """Refuse an image whose view resized to ``short_side`` (the evaluation view) would be over the
-    limit (``check_decoded_size``): a 1 x 1,000,000 image at short side 32 is 32 x 32,000,000.
-
-    Raises:
-        PIL.Image.DecompressionBombError: naming the file, the view's size and the limit's option.
-    """
-    if max_pixels is None:
-        return
-    view_h, view_w = resized_size(height, width, short_side)
-    needed = view_h * view_w * channels * 4
-    if view_h * view_w > max_pixels or needed > max_pixels * BYTES_PER_LIMIT_PIXEL:
-        raise Image.DecompressionBombError(
-            f"image {path} is {width}x{height}: resized to short side {short_side} for the evaluation view it "
-            f"would be {view_w}x{view_h} = {view_w * view_h:,} pixels ({needed / 2**30:.2f} GiB), over what "
-            f"data.max_image_pixels={max_pixels:,} allows (--max-image-pixels of the commands); crop such an "
-            f"elongated image, or raise the limit"
-        )
+    return PixelFormat(header.channels, header.dtype.name, is_array_file(path))
 
 
 def read_array(path: Source, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
@@ -315,10 +196,10 @@ def read_array(path: Source, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.
     header = read_header(path)
     check_decoded_size(path, header, max_pixels)
     with _reading(path):
-        suffix = _suffix(path)
-        if suffix == ".npy":
+        reader = reader_of(path)
+        if reader == "npy":
             array = _read_npy(path)
-        elif suffix in (".tif", ".tiff"):
+        elif reader == "tiff":
             array = _read_tiff(path)
         else:
             array = _read_pil(path)
@@ -340,7 +221,7 @@ def _read_npy(path: Source) -> np.ndarray:
 def _read_tiff(path: Source) -> np.ndarray:
     import tifffile
 
-    with tifffile.TiffFile(_file(path)) as tif:
+    with tifffile.TiffFile(opened(path)) as tif:
         axes = tif.series[0].axes
         array = tif.asarray()  # the first series, as read_header described it
     if array.ndim == 2:
@@ -349,7 +230,7 @@ def _read_tiff(path: Source) -> np.ndarray:
 
 
 def _read_pil(path: Source) -> np.ndarray:
-    with _unlimited_pil(), open_pil(path) as img:
+    with unlimited_pil(), open_pil(path) as img:
         if img.mode not in _PIL_MODES or img.mode in ("P", "CMYK", "YCbCr", "1"):
             img = img.convert("RGB" if img.mode != "1" else "L")
         array = np.asarray(img)
@@ -394,16 +275,53 @@ def _refuse_non_measurements(values: np.ndarray, fill: float, path: Source) -> N
     )
 
 
+def check_channels(channels: int, in_chans: int, path: Source) -> None:
+    """Raises ValueError, naming the file, its channel count and ``data.in_chans``, unless an image
+    of ``channels`` channels is read for an ``in_chans`` model (``adapt_channels``)."""
+    if channels != in_chans and not (channels == 1 and in_chans == 3):
+        raise ValueError(
+            f"{path} has {channels} channel(s) but data.in_chans is {in_chans}; set data.in_chans: {channels}"
+        )
+
+
 def adapt_channels(array: np.ndarray, in_chans: int, path: Source) -> np.ndarray:
     """(H, W, C) -> (H, W, ``in_chans``): equal counts pass, and grayscale repeats to 3 channels (as an
     RGB conversion does). A fourth band is never dropped silently: it may be data, not alpha.
 
     Raises:
-        ValueError: naming the file, its channel count and ``data.in_chans``.
+        ValueError: naming the file, its channel count and ``data.in_chans`` (``check_channels``).
     """
-    channels = array.shape[2]
-    if channels == in_chans:
-        return array
-    if channels == 1 and in_chans == 3:
-        return np.repeat(array, 3, axis=2)
-    raise ValueError(f"{path} has {channels} channel(s) but data.in_chans is {in_chans}; set data.in_chans: {channels}")
+    check_channels(array.shape[2], in_chans, path)
+    return np.repeat(array, 3, axis=2) if array.shape[2] != in_chans else array
+
+
+def read_pixels(
+    path: Source,
+    in_chans: int | None = None,
+    expected: tuple[int, str] | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+) -> np.ndarray:
+    """The array path's reading of one image file: float32 (H, W, C) in the data's units
+    (``to_unit_range``), with ``in_chans`` channels (``adapt_channels``; None: as stored).
+
+    Args:
+        expected: (channels, dtype name) the file must have (``PixelFormat.kind``), as the rest of
+            its folder or shards do; None: any.
+        max_pixels: the pixel limit, checked from the header before decoding (None: none).
+
+    Raises:
+        OSError, ValueError, PIL.Image.DecompressionBombError: naming the file.
+    """
+    array = read_array(path, max_pixels)
+    if expected is not None and (array.shape[2], array.dtype.name) != tuple(expected):
+        raise ValueError(
+            f"{path} has {array.shape[2]} channel(s) of {array.dtype.name}, unlike the rest of the folder "
+            f"({expected[0]} of {expected[1]})"
+        )
+    array = to_unit_range(array, path)
+    return array if in_chans is None else adapt_channels(array, in_chans, path)
+
+
+def chw_tensor(array: np.ndarray) -> torch.Tensor:
+    """(H, W, C) pixels as a contiguous (C, H, W) tensor."""
+    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))

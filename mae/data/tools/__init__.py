@@ -1,0 +1,1 @@
+"""Commands that prepare data: the shard converter and the per-channel statistics."""

@@ -1,0 +1,250 @@
+"""Convert an ImageFolder (e.g. an ImageNet subset) into streaming shards, local or on S3.
+
+    python -m mae.data.shard /data/imagenet /data/imagenet-shards --class-list configs/imagenet100_classes.txt
+    python -m mae.data.shard /data/imagenet s3://bucket/imagenet100 --num-classes 100 --workers 16
+
+Each split (``train``, and ``val`` when it exists) becomes a litdata folder ``OUT/<split>/``
+(``index.json`` + ``chunk-*.bin``) of samples ``{"image": the file's original bytes, "label": class
+index, "index": position in the sorted listing, "name": "<class>/<file>"}``: no re-encoding, so the
+pixels are the file's, at any bit depth and band count (8/16-bit PNG, TIFF, ``.npy``, as the
+folder data module reads them). Samples are written in a seeded random order: litdata shuffles whole shards
+and then samples within a window, so class-sorted shards would give batches of few classes, and
+in random order any run of samples (e.g. the first N, for a kNN memory bank) is a random sample.
+Every file is decoded once while sharding, and unreadable ones (corrupt, truncated, not an image,
+over the pixel limit) are skipped by name, as the folder data module does. ``OUT/mae_shards.json``
+(format, version, classes, per-split counts) is written last, so a folder without it is an
+unfinished conversion. ``--overwrite`` deletes exactly the files an earlier conversion wrote
+(named in its records: ``mae_shards.json``, the splits' ``index.json``, ``mae_shards.partial.json``
+of an interrupted one) and the tool refuses an OUT holding anything else, naming it.
+``mae.data.StreamingDataModule`` reads the result.
+"""
+
+import argparse
+import json
+import os
+import random
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from mae.data.decoding.arrays import pixel_format, read_pixels
+from mae.data.decoding.formats import EncodedImage, dataset_extensions
+from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
+from mae.data.decoding.rgb import read_rgb
+from mae.data.sources.folder import ImageFolderSubset
+from mae.data.sources.layout import sample_pixels, selected_classes, train_folder
+from mae.data.sources.shard_format import FORMAT, METADATA, VERSION
+from mae.data.tools.shard_destination import PARTIAL, check_destination, clear_destination, private_workspace
+from mae.io import storage
+
+# Shard files (litdata "chunks") of about this size: large enough for few object-storage requests
+# per epoch, small enough that the local cache and a shuffle window hold many of them.
+DEFAULT_CHUNK_BYTES = "64MB"
+
+
+_KINDS_NOTED: set[tuple[str, tuple[int, str]]] = set()  # per process: (kinds_dir, kind) already written
+
+
+def note_kind(kinds_dir: str, image: EncodedImage) -> None:
+    """Record ``image``'s (channels, dtype) in a JSON file of its own in ``kinds_dir`` the first time
+    this process sees that kind, so the main process learns every kind in the data without a second
+    pass. File names are data (they may hold newlines), so each note is a JSON document, not a line."""
+    kind = pixel_format(image).kind
+    if (kinds_dir, kind) not in _KINDS_NOTED:
+        _KINDS_NOTED.add((kinds_dir, kind))
+        note = {"channels": kind[0], "dtype": kind[1], "file": storable_name(str(image.name))}
+        (Path(kinds_dir) / f"{uuid.uuid4().hex}.json").write_text(json.dumps(note))
+
+
+def noted_kinds(kinds_dir: str) -> dict[tuple[int, str], str]:
+    """{(channels, dtype): the first (sorted) noted file of that kind} from all workers' ``note_kind``
+    files."""
+    kinds: dict[tuple[int, str], str] = {}
+    for path in Path(kinds_dir).glob("*.json"):
+        note = json.loads(path.read_text())
+        kind = (int(note["channels"]), note["dtype"])
+        kinds[kind] = min(kinds.get(kind, note["file"]), note["file"])
+    return dict(sorted(kinds.items()))
+
+
+def encode_sample(
+    item: tuple[str, int, int, str, int | None, tuple[int, str] | None, str],
+) -> Iterator[dict[str, Any]]:
+    """litdata ``optimize`` function: one sample for a readable image file, none for an unreadable one.
+
+    Args:
+        item: (path, label, index, name, max_pixels, pixels, kinds_dir): ``pixels`` is the
+            (channels, dtype) every file of array-path data must have, None for 8-bit images;
+            ``kinds_dir`` collects the kinds seen (``note_kind``).
+
+    Yields:
+        {"image": the file's bytes, "label", "index", "name"}, after the bytes decoded as the data
+        module will decode them (to RGB, or to an array of the expected channels and dtype).
+    """
+    path, label, index, name, max_pixels, pixels, kinds_dir = item
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if pixels is None:
+            read_rgb(EncodedImage(data, path), max_pixels)  # the reader's own check: what decodes here streams
+        else:
+            read_pixels(EncodedImage(data, path), None, pixels, max_pixels)  # as the array path reads it
+        note_kind(kinds_dir, EncodedImage(data, path))
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        print(f"skipping unreadable image {path} ({err})", file=sys.stderr, flush=True)
+        return
+    yield {"image": data, "label": label, "index": index, "name": name}
+
+
+def list_split(
+    folder: Path, classes: list[str], max_per_class: int | None, arrays: bool = False
+) -> list[tuple[str, int, str]]:
+    """(path, label, "<class>/<relative path>") of the image files of ``folder/<class>`` (sorted, each
+    folder listed once as the folder data module lists it), at most ``max_per_class`` per class;
+    with ``arrays`` also ``.npy`` files."""
+    listing = ImageFolderSubset(folder, classes, max_per_class, extensions=dataset_extensions(arrays))
+    return [(path, label, storable_name(os.path.relpath(path, folder))) for path, label in listing.samples]
+
+
+def storable_name(name: str) -> str:
+    """``name`` as valid UTF-8 text, as litdata stores strings: a file name that is not UTF-8 (on
+    Linux any bytes) keeps its other characters and shows the invalid bytes as ``\\xNN``."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def describe_pixels(folder: Path, classes: list[str]) -> dict[str, Any]:
+    """What the data module needs to know before reading: ``array`` (TIFF, ``.npy`` or not 8-bit: the
+    array path, which keeps bit depth and bands) and ``pixels``, the (channels, dtype) of a sample of
+    the files (None when 8-bit files differ, e.g. RGB and grayscale, which the RGB path converts).
+
+    Raises:
+        ValueError: array-path files that differ in channels or bit depth, naming two.
+    """
+    sample = sample_pixels(folder, classes)
+    arrays = not sample.rgb_readable
+    if arrays and sample.kinds:
+        return {"array": True, "pixels": list(sample.one_kind()[0])}
+    return {"array": arrays, "pixels": list(next(iter(sample.kinds))) if len(sample.kinds) == 1 else None}
+
+
+def write_split(
+    samples: list[tuple[str, int, str]],
+    out: str,
+    args: argparse.Namespace,
+    storage_options: dict | None,
+    pixels: tuple[int, str] | None,
+    kinds_dir: str,
+) -> dict[str, int]:
+    """Shard ``samples`` into the empty litdata folder ``out``, checking array-path files against
+    ``pixels`` (``encode_sample``); returns its counts (images, bytes, shards, skipped)."""
+    from litdata import optimize
+
+    inputs = [(path, label, i, name, args.max_image_pixels, pixels, kinds_dir)
+              for i, (path, label, name) in enumerate(samples)]  # fmt: skip
+    random.Random(args.seed).shuffle(inputs)
+    optimize(
+        fn=encode_sample,
+        inputs=inputs,
+        output_dir=out,
+        chunk_bytes=args.chunk_bytes,
+        num_workers=args.workers,
+        mode=None,  # OUT/<split> is empty here: shard() cleared exactly what an earlier conversion wrote
+        storage_options=storage_options or {},
+        reorder_files=False,
+        start_method=args.start_method,
+    )
+    index = storage.read_json(storage.join(out, "index.json"), storage_options)
+    if index is None:
+        raise storage.StorageError(f"litdata wrote no index.json to {out}")
+    chunks = index.get("chunks", [])
+    images = sum(c["chunk_size"] for c in chunks)
+    return {"images": images, "bytes": sum(c["chunk_bytes"] for c in chunks), "shards": len(chunks),
+            "skipped": len(samples) - images}  # fmt: skip
+
+
+def shard(args: argparse.Namespace) -> dict[str, Any]:
+    """Convert ``args.root`` into shards at ``args.out``; returns the metadata written."""
+    root, out = Path(args.root), str(args.out)
+    storage_options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
+    train_dir = train_folder(root, args.train_split, "--train-split")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    earlier = check_destination(root, out, args.overwrite, storage_options)
+    classes = selected_classes(train_dir, args.class_list, args.num_classes, args.class_selection, args.seed)
+    described = describe_pixels(train_dir, classes)
+    storage.allow_plain_http(storage_options)
+
+    arrays = described["array"]
+    pixels = tuple(described["pixels"]) if arrays else None  # what every array-path file must have
+    splits = {args.train_split: list_split(train_dir, classes, args.max_images_per_class, arrays)}
+    if args.val_split and (root / args.val_split).is_dir():
+        splits[args.val_split] = list_split(root / args.val_split, classes, None, arrays)
+    clear_destination(out, earlier, list(splits), storage_options)
+    counts = {}
+    with private_workspace() as work:
+        kinds_dir = os.path.join(work, "kinds")
+        os.mkdir(kinds_dir)
+        for name, samples in splits.items():
+            print(f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True)
+            counts[name] = write_split(samples, storage.join(out, name), args, storage_options, pixels, kinds_dir)
+        kinds = noted_kinds(kinds_dir)
+    for name, c in list(counts.items()):
+        if c["images"] == 0 and name == args.train_split:
+            raise ValueError(f"no readable image in {root / name}: all {c['skipped']} files were skipped (see the "
+                             f"messages above); nothing was written to {storage.join(out, METADATA)}")  # fmt: skip
+        if c["images"] == 0:
+            print(f"{name}: all {c['skipped']} files were skipped; the shards have no {name} split", flush=True)
+            del counts[name]
+    # Every kind the workers saw, not the start-up sample's: grayscale among RGB is fine for the RGB
+    # path, but not for reading with another in_chans, which the data module then refuses.
+    if len(kinds) == 1:
+        described["pixels"] = list(next(iter(kinds)))
+    elif len(kinds) > 1:
+        described["pixels"] = None
+        described["kinds"] = [[c, dtype, example] for (c, dtype), example in kinds.items()]
+    metadata = {
+        "format": FORMAT, "version": VERSION, "id": uuid.uuid4().hex[:12], "classes": classes,
+        "train_split": args.train_split, "splits": counts, "order": f"random, seed {args.seed}", **described,
+        "source": str(root.resolve()), "split_folders": list(splits),  # all written, also a dropped empty one
+    }  # fmt: skip
+    storage.write_json(storage.join(out, METADATA), metadata, storage_options)
+    storage.delete(storage.join(out, PARTIAL), storage_options)
+    for name, c in counts.items():
+        print(f"{name}: {c['images']} images in {len(classes)} classes, {c['bytes'] / 1e6:.1f} MB in {c['shards']} "
+              f"shard(s), {c['skipped']} unreadable file(s) skipped")  # fmt: skip
+    print(f"wrote {storage.join(out, METADATA)}; train with data.class_path: mae.data.StreamingDataModule, "
+          f"data.root: {out}")  # fmt: skip
+    return metadata
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m mae.data.shard")
+    p.add_argument("root", help="dataset folder: ROOT/<train-split>/<class>/<image> (and ROOT/<val-split>/...)")
+    p.add_argument("out", help="output folder or s3://bucket/prefix")
+    p.add_argument("--train-split", default="train")
+    p.add_argument("--val-split", default="val", help="sharded with the same classes when it exists ('' : none)")
+    selection = p.add_mutually_exclusive_group()
+    selection.add_argument("--num-classes", type=int, default=None, help="use this many classes")
+    selection.add_argument("--class-list", default=None, help="file with one class folder name per line")
+    p.add_argument("--class-selection", choices=["first", "random"], default="first")
+    p.add_argument("--seed", type=int, default=0, help="seed of the samples' order (and of a random class selection)")
+    p.add_argument("--max-images-per-class", type=int, default=None, help="cap on training images per class")
+    p.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS, help="larger images are skipped")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="processes that read files")
+    p.add_argument("--chunk-bytes", default=DEFAULT_CHUNK_BYTES, help="shard size, e.g. 64MB")
+    p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
+    p.add_argument("--overwrite", action="store_true", help="replace shards already at OUT")
+    p.add_argument("--start-method", choices=["spawn", "fork", "forkserver"], default=None,
+                   help="multiprocessing start method of the workers (litdata's default: spawn)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.max_images_per_class is not None and args.max_images_per_class < 1:
+        p.error(f"--max-images-per-class must be >= 1, got {args.max_images_per_class}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return shard(parse(argv))

@@ -1,0 +1,130 @@
+"""Where a conversion writes (``python -m mae.data.shard ... OUT``): what an earlier conversion left
+there, by its own records, so that ``--overwrite`` deletes exactly that and nothing a user put
+there; and a private workspace for litdata's caches, so concurrent conversions never share one."""
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mae.data.sources.shard_format import FORMAT, METADATA
+from mae.io import storage
+
+# A file or object name litdata's converter writes into a split folder: shards, the index, and the
+# per-worker indexes it merges (left behind by an interrupted conversion).
+LITDATA_FILE = re.compile(r"chunk-\d+-\d+\.bin|(\d+-)?index\.json")
+# Written before a conversion changes OUT, removed after METADATA: what it replaces and which split
+# folders it writes, so that --overwrite can also clear a conversion that was interrupted.
+PARTIAL = "mae_shards.partial.json"
+# atomic_write's temporary files of the two records, left by a kill during their write.
+RECORD_TEMPORARY = re.compile(r"\.mae_shards(\.partial)?\.json\.tmp-\d+")
+
+
+def conversion_files(out: str, storage_options: dict | None) -> tuple[list[str], set[str]]:
+    """What is stored at ``out`` and which of it earlier conversions of this tool wrote, by their
+    records: ``METADATA`` and, for each split folder it names, ``index.json`` and the chunk files
+    listed in it; an unfinished conversion's ``PARTIAL`` record, the files it was replacing and the
+    litdata files in the split folders it was writing.
+
+    Returns:
+        (every file or object under ``out``, relative to it; the subset this tool wrote).
+    """
+    stored = storage.list_files(out, storage_options)
+    present = set(stored)
+    owned: set[str] = set()
+    splits: set[str] = set()
+    metadata = storage.read_json(storage.join(out, METADATA), storage_options) if METADATA in present else None
+    if isinstance(metadata, dict) and metadata.get("format") == FORMAT:
+        owned.add(METADATA)
+        splits |= {s for s in metadata.get("split_folders", metadata.get("splits", {})) if _plain_folder(s)}
+    partial = storage.read_json(storage.join(out, PARTIAL), storage_options) if PARTIAL in present else None
+    if isinstance(partial, dict) and partial.get("format") == FORMAT:
+        owned |= {PARTIAL, METADATA} | {f for f in partial.get("files", []) if isinstance(f, str)}
+        owned |= {f for f in present if RECORD_TEMPORARY.fullmatch(f)}
+        for split in filter(_plain_folder, partial.get("splits", [])):
+            owned |= {f for f in present if f.startswith(split + "/") and LITDATA_FILE.fullmatch(f[len(split) + 1 :])}
+    for split in splits:
+        index = storage.read_json(storage.join(out, split, "index.json"), storage_options)
+        if isinstance(index, dict):
+            owned.add(f"{split}/index.json")
+            chunks = [c.get("filename") for c in index.get("chunks", []) if isinstance(c, dict)]
+            owned |= {f"{split}/{name}" for name in chunks if isinstance(name, str) and LITDATA_FILE.fullmatch(name)}
+    return stored, owned & present
+
+
+def _plain_folder(name: Any) -> bool:
+    """A relative folder name that stays below OUT (a split name read from a record)."""
+    return isinstance(name, str) and bool(name) and not name.startswith("/") and ".." not in name.split("/")
+
+
+def check_destination(root: Path, out: str, overwrite: bool, storage_options: dict | None) -> list[str]:
+    """Refuse an ``out`` this conversion may not write, and return what ``--overwrite`` must delete
+    there: exactly the files an earlier conversion wrote (``conversion_files``).
+
+    Raises:
+        FileExistsError: ``out`` is a file; holds files no conversion wrote (naming them, whatever
+            ``overwrite``); or holds an earlier conversion and ``overwrite`` is off.
+        ValueError: ``out`` is inside ``root``, where the next listing of ``root`` would read it.
+    """
+    if not storage.is_remote(out):
+        if Path(out).is_file():
+            raise FileExistsError(f"{out} is a file; give a folder (or an s3:// URL) for the shards")
+        source, target = Path(os.path.realpath(root)), Path(os.path.realpath(out))
+        if target.is_relative_to(source):
+            raise ValueError(f"the output folder {out} is inside the dataset folder {root}, where it would be read as "
+                             f"images or a class by the next conversion or training run; choose a folder outside "
+                             f"{root}")  # fmt: skip
+    stored, owned = conversion_files(out, storage_options)
+    foreign = [f for f in stored if f not in owned]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(f"{out} is not empty: it holds {len(foreign)} file(s) that no conversion of this "
+                              f"tool wrote there ({shown}); choose an empty folder or prefix, or move them "
+                              "away")  # fmt: skip
+    if stored and not overwrite:
+        raise FileExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an earlier conversion "
+                              f"(named in its {METADATA} and index.json files); pass --overwrite to replace them, or "
+                              f"choose an empty folder or prefix")  # fmt: skip
+    return stored
+
+
+def clear_destination(out: str, earlier: list[str], splits: list[str], storage_options: dict | None) -> None:
+    """Record this conversion in ``PARTIAL``, then delete ``earlier`` (an earlier conversion's files),
+    its ``METADATA`` first: until the new one is written, ``out`` reads as an unfinished conversion."""
+    record = {"format": FORMAT, "files": sorted(set(earlier) - {PARTIAL}), "splits": splits}
+    storage.write_json(storage.join(out, PARTIAL), record, storage_options)
+    storage.delete(storage.join(out, METADATA), storage_options)
+    storage.delete_files(out, [f for f in earlier if f not in (PARTIAL, METADATA)], storage_options)
+
+
+# litdata's converter caches (shards before upload, downloaded inputs): {variable: our sub-folder}.
+LITDATA_CACHES = {"DATA_OPTIMIZER_CACHE_FOLDER": "chunks", "DATA_OPTIMIZER_DATA_CACHE_FOLDER": "data"}
+
+
+@contextmanager
+def private_workspace() -> Iterator[str]:
+    """A temporary folder for one conversion, removed at the end: the workers' kinds notes, and
+    litdata's caches. litdata otherwise uses the fixed ``TMPDIR/chunks`` and ``TMPDIR/data`` (and
+    empties them at each start), which concurrent conversions would share; a folder the user chose
+    with litdata's variables becomes the parent of ours."""
+    chosen = {name: os.environ.get(name) for name in LITDATA_CACHES}
+    with tempfile.TemporaryDirectory(prefix="mae-shard-") as work:
+        private = {}
+        for name, sub in LITDATA_CACHES.items():
+            os.makedirs(chosen[name] or work, exist_ok=True)
+            private[name] = tempfile.mkdtemp(prefix=f"mae-shard-{sub}-", dir=chosen[name] or work)
+        os.environ.update(private)  # read by litdata here and in the workers it starts
+        try:
+            yield work
+        finally:
+            for name, value in chosen.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            for folder in private.values():
+                shutil.rmtree(folder, ignore_errors=True)
