@@ -395,8 +395,10 @@ def reconstruct_main(argv: list[str] | None = None) -> Figure:
     parser.add_argument("--out", type=Path, default=Path("reconstruction.png"), help="the figure (PNG)")
     args = parser.parse_args(argv)
     if not 0 < args.mask_ratio < 1:  # NaN fails this too
-        parser.error(f"--mask-ratio must be in (0, 1), the fraction of patches hidden; got {args.mask_ratio}"
-                     + (" (0 hides nothing: there is nothing to reconstruct)" if args.mask_ratio == 0 else ""))
+        parser.error(
+            f"--mask-ratio must be in (0, 1), the fraction of patches hidden; got {args.mask_ratio}"
+            + (" (0 hides nothing: there is nothing to reconstruct)" if args.mask_ratio == 0 else "")
+        )
     if args.img_size is not None and args.img_size < 1:
         parser.error(f"--img-size must be a positive number of pixels, got {args.img_size}")
 

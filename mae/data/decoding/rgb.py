@@ -86,9 +86,7 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def read_rgb(
-    source: "Image.Image | Source", max_pixels: int | None = DEFAULT_MAX_PIXELS
-) -> torch.Tensor:
+def read_rgb(source: "Image.Image | Source", max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """(3, H, W) uint8 pixels, H x W x 3 in memory, of an image file, its encoded bytes, or a (possibly
     not yet decoded) PIL image. Unreadable files raise ``OSError`` naming the file, as PIL does;
     images over ``max_pixels`` raise ``DecompressionBombError`` before they are decoded."""
@@ -137,5 +135,3 @@ def decode_jpeg_checked(
 
 def _pil_rgb(img: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.array(to_rgb(img))).permute(2, 0, 1)
-
-

@@ -21,26 +21,38 @@ from mae.data.decoding.formats import dataset_extensions, is_array_file, reads_a
 log = logging.getLogger(__name__)
 
 
-def check_train_split(root: str | Path, split: str, available: Sequence[str], setting: str, layout: str) -> None:
-    """The one check that a dataset has its training split (a folder's sub-folder, a shard split).
-
-    Raises:
-        FileNotFoundError: ``split`` is not in ``available``, naming it, ``setting`` (the option or
-            key that sets it), the ``layout`` expected and the splits there are.
-    """
-    if split not in available:
-        there = f"it has {', '.join(sorted(available))}" if available else "it has none"
-        raise FileNotFoundError(
-            f"training folder {root}/{split} does not exist; expected {layout} (set {setting}); {there}"
-        )
+def missing_train_split(
+    root: str | Path, split: str, available: Sequence[str], setting: str, layout: str
+) -> FileNotFoundError:
+    """The one error for a dataset without its training split (a folder's sub-folder, a shard split):
+    names it, ``setting`` (the option or key that sets it), the ``layout`` expected and the splits
+    (``available``) there are."""
+    there = f"it has {', '.join(sorted(available))}" if available else "it has none"
+    return FileNotFoundError(
+        f"training folder {root}/{split} does not exist; expected {layout} (set {setting}); {there}"
+    )
 
 
 def train_folder(root: str | Path, split: str, setting: str) -> Path:
-    """``root/split``, the training classes' folder (``check_train_split``)."""
+    """``root/split``, the training classes' folder.
+
+    Raises:
+        FileNotFoundError: it is not a folder (``missing_train_split``).
+    """
     root = Path(root)
-    splits = [e.name for e in os.scandir(root) if _entry_kind(e) == "folder"] if root.is_dir() else []
-    check_train_split(root, split, splits, setting, f"the ImageNet layout {root}/{split}/<class>/<image>")
+    if not (root / split).is_dir():
+        layout = f"the ImageNet layout {root}/{split}/<class>/<image>"
+        raise missing_train_split(root, split, _sub_folders(root), setting, layout)
     return root / split
+
+
+def _sub_folders(folder: Path) -> list[str]:
+    """The names of ``folder``'s sub-folders; none when it cannot be listed."""
+    try:
+        with os.scandir(folder) as entries:
+            return [entry.name for entry in entries if _entry_kind(entry) == "folder"]
+    except OSError:
+        return []
 
 
 def walk_once(top: str, seen: set[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:

@@ -20,7 +20,7 @@ from mae.data.decoding.formats import EncodedImage, reads_as_rgb
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.decoding.rgb import open_image, to_rgb
 from mae.data.sources.base import SplitDataModule, collate_images
-from mae.data.sources.layout import check_train_split
+from mae.data.sources.layout import missing_train_split
 from mae.data.sources.loader_workers import SigtermSafeLoader, worker_init
 from mae.data.sources.shard_format import read_metadata
 from mae.data.views.gpu import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
@@ -248,8 +248,10 @@ class StreamingDataModule(SplitDataModule):
         return self._indexed(self.val_split, transform)
 
     def _check_train_split(self) -> None:
-        check_train_split(self.root, self.train_split, list(self.metadata["splits"]), "data.train_split",
-                          "a split written by mae.data.shard")  # fmt: skip
+        splits = list(self.metadata["splits"])
+        if self.train_split not in splits:
+            raise missing_train_split(self.root, self.train_split, splits, "data.train_split",
+                                      "a split written by mae.data.shard")  # fmt: skip
 
     def build_datasets(self, train_tf: Callable | None, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         self._check_train_split()
