@@ -16,7 +16,8 @@ _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 JPEG_START = [0xFF, 0xD8]  # a JPEG's first two bytes (the start-of-image marker)
 
 
-def _name(img: Image.Image) -> str:
+def image_name(img: Image.Image) -> str:
+    """The file or sample a PIL image was opened from, for messages."""
     return getattr(img, "filename", "") or "an in-memory image"
 
 
@@ -37,7 +38,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
         scale, top = (255.0, 1.0) if img.mode == "F" else (1 / 257, 65535.0)
         if not (np.isfinite(low) and np.isfinite(high) and 0 <= low and high <= top):
             raise ValueError(
-                f"cannot convert image {_name(img)} of mode {img.mode}: values {low:g}..{high:g} are outside "
+                f"cannot convert image {image_name(img)} of mode {img.mode}: values {low:g}..{high:g} are outside "
                 f"the 0..{top:g} range its type is scaled from"
             )
         gray = np.rint(pixels.astype(np.float32) * scale).astype(np.uint8)
@@ -45,7 +46,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
     try:
         return img.convert("RGB")
     except (ValueError, OSError) as err:
-        raise ValueError(f"cannot convert image {_name(img)} of mode {img.mode} to RGB: {err}") from err
+        raise ValueError(f"cannot convert image {image_name(img)} of mode {img.mode} to RGB: {err}") from err
 
 
 def open_image(path: Source, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:

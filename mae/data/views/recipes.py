@@ -8,15 +8,11 @@ from timm.data import create_transform
 from torchvision import transforms as T
 
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_view_size
-from mae.data.decoding.rgb import to_rgb
+from mae.data.decoding.rgb import image_name, to_rgb
 from mae.data.views.crop import CROP_RATIO, CROP_SCALE, PretrainCrop
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
 
 Augmentation = Literal["pretrain", "finetune", "linprobe", "none"]
-
-
-def _name(img: Image.Image) -> str:
-    return getattr(img, "filename", "") or "an in-memory image"
 
 
 class ViewSizeLimit:
@@ -30,7 +26,7 @@ class ViewSizeLimit:
 
     def __call__(self, img: Image.Image) -> Image.Image:
         width, height = img.size
-        check_view_size(_name(img), height, width, 3, self.short_side, self.max_pixels)  # the view is RGB
+        check_view_size(image_name(img), height, width, 3, self.short_side, self.max_pixels)  # the view is RGB
         return img
 
     def __repr__(self) -> str:
