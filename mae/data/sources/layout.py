@@ -29,7 +29,8 @@ def missing_train_split(
     (``available``) there are."""
     there = f"it has {', '.join(sorted(available))}" if available else "it has none"
     return FileNotFoundError(
-        f"training folder {root}/{split} does not exist; expected {layout} (set {setting}); {there}"
+        f"{root} has no split {split!r}: training folder {root}/{split} does not exist; expected {layout} "
+        f"(set {setting}); {there}"
     )
 
 

@@ -19,7 +19,6 @@ of an interrupted one) and the tool refuses an OUT holding anything else, naming
 ``mae.data.StreamingDataModule`` reads the result.
 """
 
-import argparse
 import json
 import os
 import random
@@ -29,8 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
+from mae.command import UsageError, command_parser, parse_and_run
 from mae.data.decoding.arrays import pixel_format, read_pixels
 from mae.data.decoding.formats import EncodedImage, dataset_extensions
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
@@ -134,7 +135,7 @@ def describe_pixels(folder: Path, classes: list[str]) -> dict[str, Any]:
 def write_split(
     samples: list[tuple[str, int, str]],
     out: str,
-    args: argparse.Namespace,
+    args: Namespace,
     storage_options: dict | None,
     pixels: tuple[int, str] | None,
     kinds_dir: str,
@@ -166,7 +167,7 @@ def write_split(
             "skipped": len(samples) - images}  # fmt: skip
 
 
-def shard(args: argparse.Namespace) -> dict[str, Any]:
+def shard(args: Namespace) -> dict[str, Any]:
     """Convert ``args.root`` into shards at ``args.out``; returns the metadata written."""
     root, out = Path(args.root), str(args.out)
     storage_options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
@@ -221,8 +222,8 @@ def shard(args: argparse.Namespace) -> dict[str, Any]:
     return metadata
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m mae.data.shard")
+def build_parser() -> ArgumentParser:
+    p = command_parser("python -m mae.data.shard", __doc__.split("\n\n")[0])
     p.add_argument("root", help="dataset folder: ROOT/<train-split>/<class>/<image> (and ROOT/<val-split>/...)")
     p.add_argument("out", help="output folder or s3://bucket/prefix")
     p.add_argument("--train-split", default="train")
@@ -240,11 +241,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="replace shards already at OUT")
     p.add_argument("--start-method", choices=["spawn", "fork", "forkserver"], default=None,
                    help="multiprocessing start method of the workers (litdata's default: spawn)")  # fmt: skip
-    args = p.parse_args(argv)
+    return p
+
+
+def run(args: Namespace) -> dict[str, Any]:
+    """Check the arguments the parser cannot, then convert (``shard``)."""
     if args.max_images_per_class is not None and args.max_images_per_class < 1:
-        p.error(f"--max-images-per-class must be >= 1, got {args.max_images_per_class}")
-    return args
+        raise UsageError(f"--max-images-per-class must be >= 1, got {args.max_images_per_class}")
+    return shard(args)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return shard(parse(argv))
+    """``python -m mae.data.shard ROOT OUT``."""
+    return parse_and_run(build_parser(), run, argv)
