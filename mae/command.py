@@ -6,6 +6,11 @@ the Union subtypes ... Given value: Namespace(...)" wall and two tracebacks. ``r
 the project's error in the exception chain and prints only its message, with exit status 2. A
 failure that did not come from the project's checks (a bug, a library's error) keeps its traceback;
 ``--debug`` (or ``MAE_DEBUG=1``) keeps it for every error.
+
+How a command is written (every one but ``train.py`` / ``finetune.py``, which are LightningCLI's): a
+module with ``build_parser()`` (from ``command_parser``), ``run(args)`` doing the work with the parsed
+arguments, and ``main(argv=None)`` = ``parse_and_run(build_parser(), run, argv)``; its launcher's
+``__main__`` block is ``run_command(main)``.
 """
 
 import os
@@ -15,12 +20,49 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import ArgumentParser, Namespace
+
 from mae.convert.atomic import NoSpaceError
 
 USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
 DEBUG_FLAG = "--debug"
 DEBUG_VARIABLE = "MAE_DEBUG"
 _PACKAGE = Path(__file__).resolve().parent
+
+
+class UsageError(Exception):
+    """A bad argument that only ``run`` can see (e.g. against the loaded model): ``parse_and_run``
+    reports it as the parser reports a bad flag (usage, ``error: <message>``, exit status 2)."""
+
+
+def command_parser(prog: str, description: str) -> ArgumentParser:
+    """The parser of a command: jsonargparse's (argparse's ``add_argument``, positionals, ``nargs``,
+    ``choices``, flags and groups as in argparse, plus typed and class arguments and ``--config``)."""
+    return ArgumentParser(prog=prog, description=description)
+
+
+def argparse_float(text: str) -> float:
+    """The type of a float flag read as argparse reads it (``nan`` and ``inf`` too, so the command's own
+    check names them); jsonargparse's ``float`` reads YAML, which spells them ``.nan`` / ``.inf``."""
+    return float(text)
+
+
+argparse_float.__name__ = "float"  # argparse's message for a bad value: "invalid float value: 'x'"
+
+
+def parse_and_run(
+    parser: ArgumentParser, run: Callable[[Namespace], Any], argv: list[str] | None = None, instantiate: bool = False
+) -> Any:
+    """Parse ``argv`` (None: ``sys.argv[1:]``), build the class arguments when ``instantiate`` (e.g. a
+    ``--data.class_path`` data module), and return ``run(args)``; a ``UsageError`` it raises exits as
+    a parser error."""
+    args = parser.parse_args(argv)
+    if instantiate:
+        args = parser.instantiate_classes(args)
+    try:
+        return run(args)
+    except UsageError as err:
+        parser.error(str(err))
 
 
 def run_command(main: Callable[[], Any]) -> Any:

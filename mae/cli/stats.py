@@ -1,0 +1,37 @@
+"""``python -m mae.data.stats ROOT``: per-channel mean and std to paste into a config."""
+
+import sys
+
+from jsonargparse import ArgumentParser, Namespace
+
+from mae.command import command_parser, parse_and_run
+from mae.data.stats import ChannelStats, channel_stats
+from mae.data.transforms import DEFAULT_MAX_PIXELS
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser(
+        "python -m mae.data.stats",
+        "Per-channel mean and std of an image folder (ROOT/train if it exists), printed as the "
+        "data.mean / data.std lines of a config.",
+    )
+    parser.add_argument("root", help="dataset folder (ImageFolder layout) or any folder of images")
+    parser.add_argument("--in-chans", type=int, default=None, help="channels (default: the first image's)")
+    parser.add_argument("--max-images", type=int, default=None, help="use this many images, spread evenly")
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                        help="larger images are skipped as decompression bombs (default: PIL's limit)")  # fmt: skip
+    return parser
+
+
+def run(args: Namespace) -> ChannelStats:
+    """Print the skipped files (first 10, on stderr) and the config lines."""
+    stats = channel_stats(args.root, args.in_chans, args.max_images, max_pixels=args.max_image_pixels)
+    for line in stats.skipped[:10]:
+        print(f"skipped {line}", file=sys.stderr)
+    print(f"# {stats.images:,} images, {stats.pixels:,} pixels per channel")
+    print(stats.yaml(), end="")
+    return stats
+
+
+def main(argv: list[str] | None = None) -> ChannelStats:
+    return parse_and_run(build_parser(), run, argv)
