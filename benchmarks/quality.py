@@ -23,12 +23,11 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import CSVLogger
-from torch.utils.data import DataLoader
 
 from mae.convert.backbone import build_vit, load_backbone
 from mae.data import CIFARDataModule, DigitsDataModule, ImageDataModule, ImageFolderDataModule
-from mae.eval.knn import cls_features, extract_features, knn_accuracy
-from mae.eval.probe import FeatureStore, pooled, train_probe
+from mae.eval.knn import knn_evaluate
+from mae.eval.probe import ProbeSettings, evaluate
 from mae.models import create_model
 from mae.training.callbacks import ReconstructionCallback
 from mae.training.finetune import MAEFinetuneModule
@@ -79,14 +78,9 @@ def evaluate_encoder(args, out: Path, seed: int, checkpoint: str | None, tag: st
     pl.seed_everything(seed)
     encoder = encoder_for(args, checkpoint).eval()
     dm = make_data(args, "none")
-    train_set, val_set = dm.feature_datasets()
-    loader = lambda ds: DataLoader(ds, batch_size=256, num_workers=args.workers)  # noqa: E731
-    encode = cls_features(encoder)
-    train_feats, val_feats = extract_features(encode, loader(train_set)), extract_features(encode, loader(val_set))
-    results["kNN"] = knn_accuracy(train_feats, val_feats, dm.num_labels)[0]
+    results["kNN"] = knn_evaluate(encoder, dm)[0]  # the command's and the monitor's kNN
     if "fast" in args.probe:  # many linear heads on cached cls features, chosen on held-out training images
-        cached = [FeatureStore.extract(pooled(encoder, "cls"), ds, 256, args.workers) for ds in (train_set, val_set)]
-        results["linear probe (fast)"] = train_probe(*cached, dm.num_labels, seed=seed).val_acc1
+        results["linear probe (fast)"] = evaluate(encoder, dm, ProbeSettings(seed=seed))[0].val_acc1
     if "lars" in args.probe:  # the paper's protocol: frozen encoder, BatchNorm + linear head, LARS
         pl.seed_everything(seed)
         dm = make_data(args, args.probe_augmentation)

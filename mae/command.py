@@ -41,6 +41,15 @@ def command_parser(prog: str, description: str) -> ArgumentParser:
     return ArgumentParser(prog=prog, description=description)
 
 
+def argparse_float(text: str) -> float:
+    """The type of a float flag read as argparse reads it (``nan`` and ``inf`` too, so the command's own
+    check names them); jsonargparse's ``float`` reads YAML, which spells them ``.nan`` / ``.inf``."""
+    return float(text)
+
+
+argparse_float.__name__ = "float"  # argparse's message for a bad value: "invalid float value: 'x'"
+
+
 def parse_and_run(
     parser: ArgumentParser, run: Callable[[Namespace], Any], argv: list[str] | None = None, instantiate: bool = False
 ) -> Any:

@@ -3,6 +3,7 @@ module tests, running the entry points as subprocesses, and writers of small ima
 CIFAR-format files."""
 
 import csv
+import math
 import pickle
 import subprocess
 import sys
@@ -63,6 +64,13 @@ class RecordLR(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def official_lr(epoch: float, lr: float, min_lr: float, warmup_epochs: float, epochs: float) -> float:
+    """The official MAE schedule at a fractional epoch: the independent reference of the schedule tests."""
+    if epoch < warmup_epochs:
+        return lr * epoch / warmup_epochs
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup_epochs) / (epochs - warmup_epochs)))
 
 
 def pretrain_module(**kwargs):

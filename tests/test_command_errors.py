@@ -17,10 +17,10 @@ from mae.cli import (
     pretrain_main,
     probe_main,
     reconstruct_main,
-    stats_main,
 )
 from mae.command import USAGE_ERROR_EXIT_CODE, run_command
 from mae.data.tools.shard import main as shard_main
+from mae.data.tools.stats import main as stats_main
 from tests.helpers import REPO, run_script
 
 ENTRY_POINTS = ["train.py", "finetune.py", "mae/export.py", "mae/knn.py", "mae/probe.py", "mae/reconstruct.py",

@@ -7,12 +7,11 @@ from torch import nn
 from mae.models import MaskedAutoencoderViT
 from mae.training.optim import (
     effective_batch_size,
-    official_lr,
     scaled_lr,
     warmup_cosine_scheduler,
     weight_decay_groups,
 )
-from tests.helpers import TINY
+from tests.helpers import TINY, official_lr
 
 
 def _lrs(total: int, warmup: int, lr: float, min_lr: float) -> list[float]:

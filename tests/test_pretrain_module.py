@@ -2,8 +2,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from mae.training.optim import official_lr
-from tests.helpers import RandomImages, RecordLR, make_trainer, pretrain_module
+from tests.helpers import RandomImages, RecordLR, make_trainer, official_lr, pretrain_module
 
 
 def test_module__lr_every_step_follows_the_official_schedule(tmp_path):
@@ -82,6 +81,29 @@ def test_monitoring_callbacks__do_not_change_the_training_run(tmp_path):
         losses.append([p.detach().clone() for p in module.parameters()])
     for a, b in zip(*losses, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_monitors__a_run_ended_by_max_steps_mid_epoch_is_evaluated_once_at_its_end(tmp_path):
+    from mae.data import DigitsDataModule
+    from mae.training.callbacks import KNNCallback, ProbeCallback, ReconstructionCallback
+
+    class Counted(KNNCallback):
+        calls = 0
+
+        def monitor(self, trainer, pl_module, epoch):
+            Counted.calls += 1
+            super().monitor(trainer, pl_module, epoch)
+
+    module = pretrain_module(warmup_epochs=0)
+    callbacks = [Counted(every_n_epochs=10, k=2, max_train=100), ReconstructionCallback(every_n_epochs=10),
+                 ProbeCallback(every_n_epochs=10, max_epochs=2, patience=1, max_train=100)]  # fmt: skip
+    trainer = make_trainer(tmp_path, max_epochs=50, max_steps=3, limit_train_batches=5, limit_val_batches=0,
+                           callbacks=callbacks)  # fmt: skip
+    trainer.fit(module, datamodule=DigitsDataModule(img_size=16, batch_size=32))
+    assert trainer.global_step == 3  # ended inside the first epoch, far from every_n_epochs
+    assert {"val/knn_acc1", "val/probe_acc1"} <= set(trainer.callback_metrics)
+    assert callbacks[1].last_path is not None and callbacks[1].last_path.is_file()
+    assert Counted.calls == 1  # once for the final weights, not again at the end of training
 
 
 def test_module__accumulation_longer_than_an_epoch_still_updates_every_epoch(tmp_path):

@@ -42,13 +42,14 @@ class _Trainer:
         self.default_root_dir = str(tmp_path)
         self.loggers = [logger]
         self.global_step = 7
-        self.datamodule = type("DM", (), {"val_set": [(torch.randn(3, 32, 32), 0) for _ in range(5)]})()
+        self.datamodule = None  # not an ImageDataModule: the images come from the training loader
+        self.train_dataloader = [(torch.randn(5, 3, 32, 32), torch.zeros(5))]
 
 
 def test_reconstruction_callback__writes_png_and_sends_it_to_the_logger(tmp_path):
     torch.manual_seed(0)
     module = type("M", (), {})()
-    module.model = MaskedAutoencoderViT(**TINY)
+    module.network = module.model = MaskedAutoencoderViT(**TINY)
     module.mask_ratio = 0.75
     module.device = torch.device("cpu")
     logger = _ImageLogger()

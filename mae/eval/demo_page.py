@@ -22,12 +22,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mae.convert.backbone import load_mae
-from mae.convert.sources import read_checkpoint
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.data.decoding.arrays import read_header
 from mae.data.decoding.limits import resized_size
-from mae.eval.own_images import Normalization, caption_of, display_range, image_paths, load_image, mask_noise
+from mae.eval.own_images import caption_of, display_range, image_paths, load_image, load_reconstructor, mask_noise
 from mae.eval.visualize import denormalize, reconstruct, to_display
 from mae.models.loss import masked_patch_mse_per_image, normalize_patches
 from mae.models.mae import MaskedAutoencoderViT
@@ -112,10 +110,7 @@ class ReconstructionSession:
     it reads (``max_pixels``, None: no limit)."""
 
     def __init__(self, checkpoint: str | Path, format: str = "auto", max_pixels: int | None = DEFAULT_MAX_PIXELS):
-        ckpt = read_checkpoint(checkpoint, format)
-        self.model, _ = load_mae(ckpt)
-        self.model.eval()
-        self.norm = Normalization.of(ckpt.data, self.model.config["in_chans"], str(checkpoint))
+        self.model, self.norm = load_reconstructor(checkpoint, format)
         self.size = tuple(self.model.config["img_size"])  # (H, W)
         self.max_pixels = max_pixels
         self.name = Path(checkpoint).name  # what the page shows: its path is the server's business

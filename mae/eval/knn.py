@@ -5,25 +5,10 @@ References: Wu et al., "Unsupervised Feature Learning via Non-Parametric Instanc
 (2018); the weighted kNN protocol popularised by DINO (Caron et al., 2021).
 """
 
-from collections.abc import Callable
-
 import torch
-from torch.utils.data import DataLoader
 
-from mae.data import ImageDataModule, Loader, fixed_subset
-
-
-@torch.no_grad()
-def extract_features(
-    encode: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader, device: torch.device | str = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``encode`` ((N, C, H, W) -> (N, D)) over ``loader``: (features (M, D) L2-normalised, labels (M,))."""
-    feats, labels = [], []
-    for imgs, targets in loader:
-        out = encode(imgs.to(device)).float()
-        feats.append(torch.nn.functional.normalize(out, dim=1).cpu())
-        labels.append(targets.cpu())
-    return torch.cat(feats), torch.cat(labels)
+from mae.data import ImageDataModule, fixed_subset
+from mae.eval.features import FeatureStore, l2_normalised, pooled
 
 
 def knn_classify(
@@ -62,11 +47,6 @@ def knn_accuracy(
             100.0 * (top == labels).any(1).float().mean().item())  # fmt: skip
 
 
-def cls_features(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The normed cls token of an MAE model or a timm ViT, on all patches (no masking)."""
-    return lambda imgs: model.forward_features(imgs)[:, 0]
-
-
 def knn_evaluate(
     model: torch.nn.Module,
     data: ImageDataModule,
@@ -75,9 +55,9 @@ def knn_evaluate(
     device: torch.device | str = "cpu",
     max_train: int | None = None,
 ) -> tuple[float, float, int]:
-    """(top-1 %, top-5 %, number of queries) of kNN on ``model``'s cls token: ``data``'s training split (evaluation
-    transform; a fixed subset of ``max_train`` images when larger) is the memory bank, its validation
-    split the queries.
+    """(top-1 %, top-5 %, number of queries) of kNN on ``model``'s cls token (L2-normalised, float):
+    ``data``'s training split (evaluation transform; a fixed subset of ``max_train`` images when
+    larger) is the memory bank, its validation split the queries.
 
     Raises:
         ValueError: the data module has no validation split.
@@ -87,9 +67,7 @@ def knn_evaluate(
         raise ValueError(f"kNN evaluation needs a validation split; {type(data).__name__} has none")
     if max_train is not None:
         train_set = fixed_subset(train_set, max_train)
-    encode = cls_features(model)
-    feats = [
-        extract_features(encode, Loader(ds, batch_size=data.batch_size, num_workers=data.num_workers), device)
-        for ds in (train_set, val_set)
-    ]
-    return *knn_accuracy(feats[0], feats[1], data.num_labels, k, temperature), len(val_set)
+    encode = l2_normalised(pooled(model, "cls"))
+    train, val = (FeatureStore.extract(encode, ds, data.batch_size, data.num_workers, device).tensors()
+                  for ds in (train_set, val_set))  # fmt: skip
+    return *knn_accuracy(train, val, data.num_labels, k, temperature), len(val_set)

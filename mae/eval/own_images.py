@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from mae.convert.backbone import load_mae
+from mae.convert.sources import read_checkpoint
 from mae.data import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD
 from mae.data.decoding.arrays import adapt_channels, chw_tensor, pixel_format, read_pixels, to_unit_range
 from mae.data.decoding.formats import READERS, reads_as_rgb
@@ -46,6 +48,24 @@ class Normalization:
         if in_chans != 3:
             raise ValueError(f"{source} does not record its data's mean and std: pass --mean and --std")
         return cls(3, tuple(IMAGENET_MEAN), tuple(IMAGENET_STD))
+
+
+def load_reconstructor(
+    checkpoint: str | os.PathLike,
+    format: str = "auto",
+    img_size: int | None = None,
+    mean: list[float] | None = None,
+    std: list[float] | None = None,
+) -> tuple[MaskedAutoencoderViT, Normalization]:
+    """The MAE (encoder and decoder) of ``checkpoint`` (any format ``mae.load_mae`` reads; at input size
+    ``img_size`` when given, else the checkpoint's), in evaluation mode, and how its inputs are
+    normalised: ``mean`` / ``std`` when given, else as the checkpoint records (``Normalization.of``)."""
+    ckpt = read_checkpoint(checkpoint, format)
+    model, _ = load_mae(ckpt, **({"img_size": img_size} if img_size else {}))
+    in_chans = model.config["in_chans"]
+    if mean:
+        return model.eval(), Normalization(in_chans, tuple(mean), tuple(std))
+    return model.eval(), Normalization.of(ckpt.data, in_chans, str(checkpoint))
 
 
 def image_paths(sources: list[str | os.PathLike]) -> list[Path]:

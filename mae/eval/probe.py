@@ -12,19 +12,16 @@ only scored, never used to choose.
 """
 
 import math
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 from torch.nn import functional as F
-from torch.utils.data import Dataset
 
-from mae.data import Loader
+from mae.data import ImageDataModule, fixed_subset
+from mae.eval.features import FeatureStore, Pool, pooled
 
-Pool = Literal["cls", "avg", "both"]
 DEFAULT_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 DEFAULT_WEIGHT_DECAYS = (0.0, 1e-4, 1e-3)
 
@@ -36,82 +33,6 @@ def check_grid(lrs: list[float], weight_decays: list[float]) -> None:
         raise ValueError(f"probe.lrs must be positive learning rates, got {list(lrs)}")
     if not weight_decays or min(weight_decays) < 0:
         raise ValueError(f"probe.weight_decays must be >= 0, got {list(weight_decays)}")
-
-
-def pooled(model: torch.nn.Module, pool: Pool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """(N, C, H, W) -> (N, D) (or (N, 2D) for "both"): the normed cls token, the mean of the normed
-    patch tokens, or both side by side; for an MAE model or a timm ViT, on all patches."""
-    if pool not in ("cls", "avg", "both"):
-        raise ValueError(f"probe.pool must be 'cls', 'avg' or 'both', got {pool!r}")
-
-    def encode(imgs: torch.Tensor) -> torch.Tensor:
-        tokens = model.forward_features(imgs)
-        parts = {"cls": [tokens[:, 0]], "avg": [tokens[:, 1:].mean(1)], "both": [tokens[:, 0], tokens[:, 1:].mean(1)]}
-        return torch.cat(parts[pool], dim=1).float()
-
-    return encode
-
-
-class FeatureStore:
-    """Features (N, D) float32 and labels (N,): in memory, or in ``.npy`` files read in chunks (for
-    datasets whose features do not fit in memory)."""
-
-    def __init__(self, feats: np.ndarray, labels: np.ndarray, views: int = 1) -> None:
-        self.feats, self.labels = feats, labels
-        self.views = views  # rows are view-major: row r is image r % (rows / views)
-
-    @classmethod
-    @torch.no_grad()
-    def extract(
-        cls,
-        encode: Callable[[torch.Tensor], torch.Tensor],
-        dataset: Dataset,
-        batch_size: int = 256,
-        num_workers: int = 0,
-        device: torch.device | str = "cpu",
-        views: int = 1,
-        cache: str | Path | None = None,
-    ) -> "FeatureStore":
-        """Run ``encode`` over ``dataset`` ``views`` times (augmented views when its transform is
-        random), writing to ``cache`` (a file prefix; memory-mapped ``.npy``) when given."""
-        total = len(dataset) * views
-        feats = labels = None
-        offset = 0
-        for _ in range(views):
-            for imgs, targets in Loader(dataset, batch_size=batch_size, num_workers=num_workers):
-                out = encode(imgs.to(device)).cpu().numpy()
-                if feats is None:
-                    feats = _array(cache, "feats", (total, out.shape[1]), np.float32)
-                    labels = _array(cache, "labels", (total,), np.int64)
-                feats[offset : offset + len(out)] = out
-                labels[offset : offset + len(out)] = targets.numpy()
-                offset += len(out)
-        if isinstance(feats, np.memmap):
-            feats.flush()
-            labels.flush()
-        return cls(feats, labels, views)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def chunks(self, indices: np.ndarray, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(features, labels) of ``indices``, in their order, ``size`` rows at a time (each chunk read
-        from disk in file order)."""
-        for start in range(0, len(indices), size):
-            rows = indices[start : start + size]
-            order = np.argsort(rows, kind="stable")
-            back = np.empty_like(order)
-            back[order] = np.arange(len(order))
-            feats, labels = np.asarray(self.feats[rows[order]])[back], np.asarray(self.labels[rows[order]])[back]
-            yield torch.from_numpy(feats), torch.from_numpy(labels)
-
-
-def _array(cache: str | Path | None, name: str, shape: tuple, dtype) -> np.ndarray:
-    if cache is None:
-        return np.empty(shape, dtype)
-    path = Path(f"{cache}.{name}.npy")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
 
 
 @dataclass
@@ -143,6 +64,72 @@ def check_training(max_epochs: int, patience: int, holdout: float) -> None:
         raise ValueError(f"probe.holdout must be in (0, 1), got {holdout}")
 
 
+@dataclass(frozen=True)
+class ProbeSettings:
+    """A probe run's settings, checked when built (by the command, the callback): ``pool`` "cls",
+    "avg" or "both"; ``views`` of each training image (1: the evaluation view; more: that many with
+    the training augmentation); the (lr, weight decay) grid (None: ``DEFAULT_LRS`` /
+    ``DEFAULT_WEIGHT_DECAYS``); the heads' ``max_epochs`` and early-stop ``patience``; the
+    ``holdout`` fraction that chooses the head; the ``seed`` of the split and of the heads."""
+
+    pool: Pool = "cls"
+    views: int = 1
+    lrs: tuple[float, ...] | None = None
+    weight_decays: tuple[float, ...] | None = None
+    max_epochs: int = 100
+    patience: int = 10
+    holdout: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lrs", tuple(self.lrs or DEFAULT_LRS))
+        weight_decays = DEFAULT_WEIGHT_DECAYS if self.weight_decays is None else self.weight_decays
+        object.__setattr__(self, "weight_decays", tuple(weight_decays))
+        check_grid(list(self.lrs), list(self.weight_decays))
+        check_training(self.max_epochs, self.patience, self.holdout)
+        pooled(torch.nn.Identity(), self.pool)  # a bad pool name fails now
+        if self.views < 1:
+            raise ValueError(f"probe views must be >= 1, got {self.views}")
+
+
+def evaluate(
+    model: torch.nn.Module,
+    data: ImageDataModule,
+    settings: ProbeSettings,
+    device: torch.device | str = "cpu",
+    cache: str | Path | None = None,
+    max_train: int | None = None,
+) -> tuple[ProbeResult, int, int]:
+    """(result, validation images, training views) of the linear probe on ``model``'s frozen
+    features: heads trained on ``data``'s training split (a fixed subset of ``max_train`` images when
+    larger), chosen on a held-out part of it, scored on its validation split. ``cache``: a file
+    prefix to keep the features on disk (memory-mapped) instead of in memory.
+
+    Raises:
+        ValueError: the data has fewer than 2 classes or no validation split.
+    """
+    if data.num_labels < 2:
+        raise ValueError(f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
+                         f"{data.num_labels}")  # fmt: skip
+    encoder = pooled(model, settings.pool)
+    encode = lambda imgs: encoder(data.normalize(imgs))  # noqa: E731  (augmented views may be uint8)
+    feature_train, val_set = data.feature_datasets()
+    if val_set is None:
+        raise ValueError(f"a linear probe is scored on a validation split; {type(data).__name__} has none")
+    augmented = settings.views > 1
+    train_set = data.build_datasets(data.train_transform(), data.eval_transform())[0] if augmented else feature_train
+    if max_train is not None:
+        train_set = fixed_subset(train_set, max_train)
+    torch.manual_seed(settings.seed)
+    prefix = lambda split: None if cache is None else f"{cache}.{split}"  # noqa: E731
+    loading = (data.batch_size, data.num_workers, device)
+    train = FeatureStore.extract(encode, train_set, *loading, settings.views, prefix("train"))
+    val = FeatureStore.extract(encode, val_set, *loading, 1, prefix("val"))
+    result = _train_heads(train, val, data.num_labels, settings.lrs, settings.weight_decays, settings.holdout,
+                          settings.max_epochs, settings.patience, seed=settings.seed)  # fmt: skip
+    return result, len(val), len(train)
+
+
 def train_probe(
     train: FeatureStore,
     val: FeatureStore,
@@ -172,6 +159,24 @@ def train_probe(
     check_training(max_epochs, patience, holdout)
     if chunk % batch_size:
         raise ValueError(f"probe chunk {chunk} must be a multiple of the batch size {batch_size}")
+    return _train_heads(train, val, num_classes, lrs, weight_decays, holdout, max_epochs, patience, batch_size, chunk,
+                        seed)  # fmt: skip
+
+
+def _train_heads(
+    train: FeatureStore,
+    val: FeatureStore,
+    num_classes: int,
+    lrs: tuple[float, ...],
+    weight_decays: tuple[float, ...],
+    holdout: float,
+    max_epochs: int,
+    patience: int,
+    batch_size: int = 256,
+    chunk: int = 65536,
+    seed: int = 0,
+) -> ProbeResult:
+    """``train_probe`` on settings checked already."""
     generator = np.random.default_rng(seed)
     # Held out by image: the other augmented views of a held-out image must not be trained on.
     images = len(train) // train.views

@@ -63,6 +63,12 @@ class MAETrainingModule(pl.LightningModule, ABC):
     def network(self) -> nn.Module:
         return getattr(self, self.network_attribute)
 
+    @property
+    def encoder(self) -> nn.Module:
+        """What the monitors evaluate: a network whose ``forward_features`` maps (N, C, H, W) images to
+        (N, 1 + L, D) normed tokens, cls first, on all patches (the MAE, or the fine-tuned ViT)."""
+        return self.network
+
     @abstractmethod
     def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
         """The optimizer over ``self.network``'s parameter groups, at learning rate ``lr``."""

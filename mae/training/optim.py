@@ -112,13 +112,6 @@ def warmup_cosine_scheduler(
     )
 
 
-def official_lr(epoch: float, lr: float, min_lr: float, warmup_epochs: float, epochs: float) -> float:
-    """The official MAE schedule at a fractional epoch (reference for tests and for reading)."""
-    if epoch < warmup_epochs:
-        return lr * epoch / warmup_epochs
-    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup_epochs) / (epochs - warmup_epochs)))
-
-
 @dataclass
 class ResolvedSchedule:
     """The run's optimisation numbers, computed once the trainer knows devices and data length."""

@@ -48,6 +48,19 @@ def native_bf16(device: torch.device | str) -> bool:
     return False
 
 
+def default_precision(device: torch.device | str) -> Precision:
+    """The precision a run on ``device`` trains in unless told: bf16 autocast where the device computes
+    bf16 natively (a GPU from Ampere on, a CPU with AVX-512 BF16 / AMX; fp16 MAE runs are known to hit
+    NaNs), else fp32."""
+    return "bf16" if native_bf16(device) else "fp32"
+
+
+def default_lightning_precision() -> str:
+    """``default_precision`` of the device a run trains on (CUDA when there is one) as Lightning's
+    ``trainer.precision``: "bf16-mixed" or "32-true"."""
+    return {"bf16": "bf16-mixed", "fp32": "32-true"}[default_precision("cuda" if torch.cuda.is_available() else "cpu")]
+
+
 # Compiling the model costs about a minute on 2 CPU cores (less with a warm cache) and saves 25-40 %
 # of every step after it: worth it from about a thousand steps on.
 COMPILE_MIN_STEPS = 1000
@@ -60,7 +73,7 @@ def training_settings(
     where the device computes it natively, else fp32), for a run of ``steps`` optimizer steps (None:
     a long run)."""
     device = torch.device(device)
-    precision = precision or ("bf16" if native_bf16(device) else "fp32")
+    precision = precision or default_precision(device)
     # On CPU, SDPA's bf16 path is slower than two matmuls and a softmax at MAE's sequence lengths.
     attention = "explicit" if device.type == "cpu" and precision == "bf16" else "sdpa"
     compile_pays = steps is None or steps >= COMPILE_MIN_STEPS

@@ -1,13 +1,13 @@
 """kNN accuracy of the encoder during pretraining: a free monitor of the representation."""
 
 import lightning.pytorch as pl
-import torch
-from lightning.pytorch.utilities import rank_zero_only
 
 from mae.eval.knn import knn_evaluate
+from mae.training.base import MAETrainingModule
+from mae.training.callbacks.monitor import PeriodicMonitor, evaluating, evaluation_data
 
 
-class KNNCallback(pl.Callback):
+class KNNCallback(PeriodicMonitor):
     """Every ``every_n_epochs`` epochs (and after the last), log ``val/knn_acc1`` / ``val/knn_acc5``
     of the encoder's cls token (``mae.eval.knn.knn_evaluate`` on the data module). Runs on global
     rank 0 only; skipped when the data has no validation split.
@@ -24,22 +24,13 @@ class KNNCallback(pl.Callback):
             raise ValueError(
                 f"need every_n_epochs >= 0, k >= 1, temperature > 0; got {every_n_epochs}, {k}, {temperature}"
             )
-        self.every_n_epochs, self.k, self.temperature, self.max_train = every_n_epochs, k, temperature, max_train
+        super().__init__(every_n_epochs)
+        self.k, self.temperature, self.max_train = k, temperature, max_train
 
-    @rank_zero_only
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        epoch = trainer.current_epoch + 1
-        if not self.every_n_epochs or (epoch % self.every_n_epochs and epoch != trainer.max_epochs):
+    def monitor(self, trainer: pl.Trainer, pl_module: MAETrainingModule, epoch: int) -> None:
+        data = evaluation_data(trainer)
+        if not trainer.is_global_zero or data is None:
             return
-        if getattr(trainer.datamodule, "val_set", None) is None:  # set up by now; no split, no queries
-            return
-        model = pl_module.model
-        was_training = model.training
-        model.eval()
-        # Loaders draw seeds from the global RNG: fork it, so monitoring never changes the training run.
-        with torch.random.fork_rng(devices=[pl_module.device] if pl_module.device.type == "cuda" else []):
-            acc1, acc5, _ = knn_evaluate(
-                model, trainer.datamodule, self.k, self.temperature, pl_module.device, self.max_train
-            )
-        model.train(was_training)
+        with evaluating(pl_module, pl_module.encoder) as encoder:
+            acc1, acc5, _ = knn_evaluate(encoder, data, self.k, self.temperature, pl_module.device, self.max_train)
         pl_module.log_dict({"val/knn_acc1": acc1, "val/knn_acc5": acc5}, rank_zero_only=True)

@@ -1,27 +1,17 @@
 """The fast linear probe as a pretraining monitor, next to the kNN one."""
 
 import lightning.pytorch as pl
-import torch
-from lightning.pytorch.utilities import rank_zero_only
 
-from mae.data import fixed_subset
-from mae.eval.probe import (
-    DEFAULT_LRS,
-    DEFAULT_WEIGHT_DECAYS,
-    FeatureStore,
-    Pool,
-    check_grid,
-    check_training,
-    pooled,
-    train_probe,
-)
+from mae.eval.probe import Pool, ProbeSettings, evaluate
+from mae.training.base import MAETrainingModule
+from mae.training.callbacks.monitor import PeriodicMonitor, evaluating, evaluation_data
 
 
-class ProbeCallback(pl.Callback):
+class ProbeCallback(PeriodicMonitor):
     """Every ``every_n_epochs`` epochs (and after the last), log ``val/probe_acc1`` / ``val/probe_acc5``:
-    the linear probe on the encoder's frozen features (``mae.eval.probe``), trained on the data
-    module's training split (evaluation view), scored on its validation split. Runs on global rank
-    0 only; skipped when the data has no validation split.
+    the linear probe on the encoder's frozen features (``mae.eval.probe.evaluate``), trained on the
+    data module's training split (evaluation view), scored on its validation split. Runs on global
+    rank 0 only; skipped when the data has no validation split.
 
     Args:
         every_n_epochs: period in epochs; 0 disables the monitor.
@@ -43,35 +33,15 @@ class ProbeCallback(pl.Callback):
     ) -> None:
         if every_n_epochs < 0:
             raise ValueError(f"probe.every_n_epochs must be >= 0, got {every_n_epochs}")
-        check_training(max_epochs, patience, holdout=0.1)
-        self.grid = {
-            "lrs": tuple(lrs or DEFAULT_LRS),
-            "weight_decays": tuple(DEFAULT_WEIGHT_DECAYS if weight_decays is None else weight_decays),
-        }
-        check_grid(list(self.grid["lrs"]), list(self.grid["weight_decays"]))
-        pooled(torch.nn.Identity(), pool)  # a bad pool name fails now
-        self.every_n_epochs, self.pool, self.max_epochs, self.patience = every_n_epochs, pool, max_epochs, patience
+        super().__init__(every_n_epochs)
+        self.settings = ProbeSettings(pool, lrs=lrs, weight_decays=weight_decays, max_epochs=max_epochs,
+                                      patience=patience)  # fmt: skip
         self.max_train = max_train
 
-    @rank_zero_only
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        epoch = trainer.current_epoch + 1
-        if not self.every_n_epochs or (epoch % self.every_n_epochs and epoch != trainer.max_epochs):
+    def monitor(self, trainer: pl.Trainer, pl_module: MAETrainingModule, epoch: int) -> None:
+        data = evaluation_data(trainer)
+        if not trainer.is_global_zero or data is None:
             return
-        datamodule = trainer.datamodule
-        if getattr(datamodule, "val_set", None) is None:
-            return
-        train_set, val_set = datamodule.feature_datasets()
-        train_set = fixed_subset(train_set, self.max_train)
-        model = pl_module.model
-        was_training = model.training
-        model.eval()
-        encode = pooled(model, self.pool)
-        # Loaders draw seeds from the global RNG: fork it, so monitoring never changes the training run.
-        with torch.random.fork_rng(devices=[pl_module.device] if pl_module.device.type == "cuda" else []):
-            args = (datamodule.batch_size, datamodule.num_workers, pl_module.device)
-            train, val = FeatureStore.extract(encode, train_set, *args), FeatureStore.extract(encode, val_set, *args)
-            result = train_probe(train, val, datamodule.num_labels, max_epochs=self.max_epochs,
-                                 patience=self.patience, **self.grid)  # fmt: skip
-        model.train(was_training)
+        with evaluating(pl_module, pl_module.encoder) as encoder:
+            result, _, _ = evaluate(encoder, data, self.settings, pl_module.device, max_train=self.max_train)
         pl_module.log_dict({"val/probe_acc1": result.val_acc1, "val/probe_acc5": result.val_acc5}, rank_zero_only=True)

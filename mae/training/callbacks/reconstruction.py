@@ -7,11 +7,13 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import save_image
 
-from mae.data import normalize_batch
+from mae.data import ImageDataModule, normalize_batch
 from mae.eval.visualize import reconstruct, reconstruction_grid
+from mae.training.callbacks.monitor import PeriodicMonitor
+from mae.training.pretrain import MAEPretrainModule
 
 
-class ReconstructionCallback(pl.Callback):
+class ReconstructionCallback(PeriodicMonitor):
     """Every ``every_n_epochs`` epochs (and after the last), render ``num_images`` fixed images.
 
     The images come from the validation split when there is one (else the training split, drawn
@@ -33,18 +35,18 @@ class ReconstructionCallback(pl.Callback):
             raise ValueError(f"need every_n_epochs >= 0 and num_images >= 1, got {every_n_epochs}, {num_images}")
         if bands is not None and (len(bands) != 3 or min(bands) < 0):
             raise ValueError(f"reconstruction.bands must be 3 channel indices, got {bands}")
+        super().__init__(every_n_epochs)
         self.bands = bands
-        self.every_n_epochs = every_n_epochs
         self.num_images = num_images
         self.seed = seed
         self.images: torch.Tensor | None = None
-        self.last_path: Path | None = None
-        self.rendered = False  # on every process (``last_path`` is known on global rank 0 only)
+        self.last_path: Path | None = None  # known on global rank 0 only
 
     def _fixed_images(self, trainer: pl.Trainer) -> torch.Tensor:
         datamodule = trainer.datamodule
-        normalize = getattr(datamodule, "normalize", normalize_batch)
-        dataset = getattr(datamodule, "val_set", None) or getattr(datamodule, "train_set", None)
+        own = isinstance(datamodule, ImageDataModule)
+        normalize = datamodule.normalize if own else normalize_batch
+        dataset = (datamodule.val_set or datamodule.train_set) if own else None
         if dataset is None:
             return normalize(next(iter(trainer.train_dataloader))[0][: self.num_images])
         count = min(self.num_images, len(dataset))
@@ -56,42 +58,28 @@ class ReconstructionCallback(pl.Callback):
         """How the data's values are drawn: its mean / std, and black and white at 0 and 1 (float
         data: at its minimum and maximum)."""
         datamodule = trainer.datamodule
-        if not hasattr(datamodule, "mean"):
+        if not isinstance(datamodule, ImageDataModule):
             return {}
-        pixels = getattr(datamodule, "expected_pixels", None)
+        pixels = datamodule.expected_pixels
         floats = pixels is not None and pixels[1].startswith("float")
         return {"mean": datamodule.mean, "std": datamodule.std, "value_range": None if floats else (0.0, 1.0)}
 
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.every_n_epochs == 0:
-            return
-        epoch = trainer.current_epoch + 1
-        last = trainer.max_epochs is not None and epoch >= trainer.max_epochs
-        if epoch % self.every_n_epochs and not last:
-            return
+    def monitor(self, trainer: pl.Trainer, pl_module: MAEPretrainModule, epoch: int) -> None:
         out_dir = self._out_dir(trainer)  # on every process: finding the log folder is a collective
-        self.rendered = True
         if trainer.is_global_zero:
             self.last_path = self.render(trainer, pl_module, epoch, out_dir)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Runs stopped by max_steps end mid-epoch: still leave a figure of the final weights.
-        if self.every_n_epochs and not self.rendered:
-            out_dir = self._out_dir(trainer)
-            if trainer.is_global_zero:
-                self.last_path = self.render(trainer, pl_module, trainer.current_epoch, out_dir)
 
     @staticmethod
     def _out_dir(trainer: pl.Trainer) -> Path:
         return Path(trainer.log_dir or trainer.default_root_dir) / "reconstructions"
 
-    def render(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int, out_dir: Path) -> Path:
+    def render(self, trainer: pl.Trainer, pl_module: MAEPretrainModule, epoch: int, out_dir: Path) -> Path:
         """Write the figure for ``epoch`` into ``out_dir`` and return its path (call on one process)."""
         if self.images is None:
             # Drawing the images may run random transforms: keep the training run's RNG untouched.
             with torch.random.fork_rng(devices=[]):
                 self.images = self._fixed_images(trainer)
-        model = pl_module.model
+        model = pl_module.network
         dtype = next(model.parameters()).dtype
         imgs = self.images.to(pl_module.device, dtype)
         generator = torch.Generator().manual_seed(self.seed)

@@ -1,0 +1,53 @@
+"""``python -m mae.demo --checkpoint CKPT``: the local reconstruction page (needs the demo extra)."""
+
+from jsonargparse import ArgumentParser, Namespace
+
+from mae.command import argparse_float, command_parser, parse_and_run
+from mae.convert.sources import FORMATS
+from mae.data import DEFAULT_MAX_PIXELS
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser(
+        "python -m mae.demo", "A local page that reconstructs your images with a pretrained MAE (Gradio)."
+    )
+    parser.add_argument("--checkpoint", required=True, help="with a decoder: ours, official full, Hugging Face")
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    parser.add_argument("--examples", default=None, help="a folder of images to pick from (default: a few digits)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
+    parser.add_argument("--port", type=int, default=None, help="port to serve on (default: the first free one "
+                        "from 7860)")  # fmt: skip
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    parser.add_argument(
+        "--max-upload-mb", type=argparse_float, default=100, help="larger uploads are refused (default: 100)"
+    )
+    return parser
+
+
+def run(args: Namespace) -> None:
+    """Load the model and serve the page until it is stopped."""
+    from mae.eval.demo_page import ReconstructionSession, build_page, choose_port, example_images, serve
+
+    try:
+        port = choose_port(args.host, args.port)
+    except OSError as err:
+        raise SystemExit(f"python -m mae.demo: {err}") from None
+    try:
+        import gradio  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
+    if args.port is None:
+        print(f"serving on port {port} (choose another with --port N)")
+    session = ReconstructionSession(args.checkpoint, args.format, args.max_image_pixels)
+    with example_images(args.examples) as examples:  # built-in examples are removed when the page stops
+        page = build_page(session, examples)
+        try:
+            serve(page, args.host, port, args.max_upload_mb)
+        except OSError:  # Gradio's own port check: the port was taken after ours
+            raise SystemExit(f"python -m mae.demo: port {port} on {args.host} was taken as the page started: "
+                             "start it again, or choose another with --port N") from None  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parse_and_run(build_parser(), run, argv)

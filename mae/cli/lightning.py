@@ -1,0 +1,242 @@
+"""The LightningCLI machinery of ``train.py`` and ``finetune.py`` (every model, data and trainer key
+from YAML or flags): stacked configs, the linked model keys, trainer defaults and hardening,
+``--ckpt_path`` resume, and what a finished run prints."""
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import yaml
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from mae.data import ImageDataModule
+from mae.training.callbacks import (
+    PREEMPTED_EXIT_CODE,
+    ImageThroughputMonitor,
+    KNNCallback,
+    PreemptionSignals,
+    ProbeCallback,
+    ReconstructionCallback,
+    RemoveOrphanTemporaries,
+    SigtermCheckpoint,
+)
+from mae.training.checkpointing import AtomicCheckpointIO, check_resume_checkpoint
+from mae.training.resume import continue_in_run_folder, resolve_ckpt_path
+from mae.training.runtime import default_lightning_precision, keep_freed_memory
+
+
+def trainer_defaults(run_name: str) -> dict[str, Any]:
+    """Trainer settings when a config gives none: CSV metrics under ``runs/<run_name>``."""
+    return {
+        "precision": default_lightning_precision(),
+        "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                   "init_args": {"save_dir": "runs", "name": run_name}},
+        "log_every_n_steps": 10,
+    }  # fmt: skip
+
+
+class _MAECLI(LightningCLI):
+    """Shared by the entry points: one input size (``data.img_size``) feeds the model; checkpoints
+    and throughput logging are always on and configured under their own keys."""
+
+    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans"}  # model keys that come from the data module
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if isinstance(args, dict):
+            super().parse_arguments(parser, args)
+            return
+        argv = expand_stacked_configs([str(a) for a in (args if args is not None else sys.argv[1:])])
+        for key, source in self.linked.items():
+            on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
+            # jsonargparse drops a linked key set in a YAML file without a word: refuse it here.
+            if on_command_line or key in _model_section_keys(argv):
+                parser.error(f"model.{key} is taken from {source} so data and model agree: set {source} instead")
+        self.config = parser.parse_args(argv)  # as LightningCLI does, with the stacked configs' bases added
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
+        parser.link_arguments("data.in_chans", "model.in_chans", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.filename": "epoch_{epoch:04d}",
+                "checkpoint.auto_insert_metric_name": False,
+                "checkpoint.save_last": True,
+                "checkpoint.save_top_k": -1,
+                "checkpoint.every_n_epochs": 10,
+            }
+        )
+        parser.add_lightning_class_args(ImageThroughputMonitor, "throughput")
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="Resume from this checkpoint, e.g. <run>/checkpoints/last.ckpt, continuing in its run folder; "
+            "'last': the newest last.ckpt of the configured run, or a fresh start when there is none (requeue-safe)",
+        )
+
+
+class PretrainCLI(_MAECLI):
+    """``train.py``: adds reconstruction figures and the kNN monitor."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_lightning_class_args(ReconstructionCallback, "reconstruction")
+        parser.add_lightning_class_args(KNNCallback, "knn")
+        parser.set_defaults({"knn.every_n_epochs": 0})
+        parser.add_lightning_class_args(ProbeCallback, "probe")
+
+
+class FinetuneCLI(_MAECLI):
+    """``finetune.py``: the class count comes from the data too; the best checkpoint by ``val/acc1``."""
+
+    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.link_arguments("data.num_labels", "model.num_classes", apply_on="instantiate")
+        parser.set_defaults(
+            {"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_top_k": 1,
+             "checkpoint.every_n_epochs": 1}
+        )  # fmt: skip
+        parser.add_argument(
+            "--validate_only", type=bool, default=False,
+            help="Only evaluate (top-1/top-5 on the validation split), e.g. a fine-tuned --ckpt_path",
+        )  # fmt: skip
+
+
+# First line of a config that only changes another one (``configs/pretrain/imagenet_vit_base_1gpu.yaml``).
+_STACKS_ON = re.compile(r"^# stacks on: (\S+\.yaml)")
+
+
+def _config_files(argv: list[str]) -> list[tuple[int, str]]:
+    """(position, path) of every ``--config PATH`` / ``--config=PATH`` (or ``-c``) in ``argv``."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            found.append((i + 1, argv[i + 1]))
+        elif arg.startswith(("--config=", "-c=")):
+            found.append((i, arg.split("=", 1)[1]))
+    return found
+
+
+def expand_stacked_configs(argv: list[str]) -> list[str]:
+    """Put the base config before every stacked config given without it.
+
+    A stacked config names its base on its first line (``# stacks on: base.yaml``, relative to the
+    file); ``--config base.yaml --config stacked.yaml`` is the documented form, and a stacked
+    config given alone gets its base inserted before it, so it still runs the whole recipe.
+    """
+    out = list(argv)
+    for position, path in reversed(_config_files(argv)):
+        file = Path(path)
+        first_line = file.read_text().split("\n", 1)[0] if file.is_file() else ""
+        match = _STACKS_ON.match(first_line)
+        if match is None:
+            continue
+        base = file.parent / match.group(1)
+        given = [Path(p).resolve() for _, p in _config_files(argv) if Path(p).is_file()]
+        if base.resolve() not in given:
+            start = position if out[position].startswith(("--config=", "-c=")) else position - 1
+            out[start:start] = ["--config", str(base)]
+    return out
+
+
+def _model_section_keys(argv: list[str]) -> set[str]:
+    """Keys under ``model:`` in the YAML files given with ``--config``."""
+    keys: set[str] = set()
+    for _, path in _config_files(argv):
+        if Path(path).is_file():
+            config = yaml.safe_load(Path(path).read_text()) or {}
+            if isinstance(config.get("model"), dict):
+                keys |= set(config["model"])
+    return keys
+
+
+def harden_trainer(trainer: pl.Trainer) -> None:
+    """Atomic checkpoint writes (temporary file, then rename), a checkpoint on SIGTERM (sent to one
+    process or to the whole job), and no temporary files left over from a kill during an earlier save."""
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+    trainer._signal_connector = PreemptionSignals(trainer)
+    trainer.callbacks += [SigtermCheckpoint(), RemoveOrphanTemporaries()]
+
+
+def _resume(cli: LightningCLI, fitting: bool) -> str | None:
+    """``--ckpt_path`` resolved (``last``) and validated against the model; when ``fitting``, the
+    checkpoint's run folder is continued (an evaluation logs into a folder of its own)."""
+    ckpt_path = resolve_ckpt_path(cli.trainer, cli.config.ckpt_path)
+    if ckpt_path is not None:
+        step = check_resume_checkpoint(ckpt_path, cli.model)
+        keep_metrics = continue_in_run_folder(cli.trainer, ckpt_path, step) if fitting else None
+        if keep_metrics is not None:
+            cli.trainer.callbacks.append(keep_metrics)
+    return ckpt_path
+
+
+def build(cli_class: type[_MAECLI], module: type, run_name: str, args: list[str] | None) -> tuple[Any, str | None]:
+    """Parse and instantiate (trainer defaults: ``trainer_defaults(run_name)``); then check
+    ``--ckpt_path`` and harden the trainer, all before any work. Returns (cli, resolved ckpt_path)."""
+    keep_freed_memory()  # no page faults re-mapping activations every step (mae.training.runtime)
+    cli = cli_class(
+        module,
+        ImageDataModule,
+        subclass_mode_data=True,
+        run=False,
+        args=args,
+        seed_everything_default=0,
+        trainer_defaults=trainer_defaults(run_name),
+        save_config_kwargs={"overwrite": True},
+    )
+    harden_trainer(cli.trainer)
+    return cli, _resume(cli, fitting=not cli.config.get("validate_only", False))
+
+
+def run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:
+    """``trainer.fit`` or ``trainer.validate``; after a SIGTERM (and, when fitting, its checkpoint),
+    exit with ``PREEMPTED_EXIT_CODE``, not 0."""
+    try:
+        return getattr(cli.trainer, stage)(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    except SIGTERMException:
+        sys.exit(PREEMPTED_EXIT_CODE)
+
+
+def fit(cli: LightningCLI, ckpt_path: str | None) -> None:
+    """``run`` the fit, then print where the run's outputs are."""
+    run(cli, "fit", ckpt_path)
+    print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
+
+
+@rank_zero_only
+def print_accuracy(metrics: dict[str, float]) -> None:
+    if "val/acc1" in metrics:
+        print(f"validation top-1 {metrics['val/acc1'] * 100:.2f}%, top-5 {metrics['val/acc5'] * 100:.2f}%", flush=True)
+
+
+@rank_zero_only
+def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
+    """Tell the user where the run's outputs are and how the loss went (``log_dir``: found on every
+    process beforehand, since finding it is a collective)."""
+    lines = [f"Run folder: {log_dir}"]
+    for name, path in (("config", log_dir / "config.yaml"), ("metrics", log_dir / "metrics.csv")):
+        if path.exists():
+            lines.append(f"  {name + ':':<18}{path}")
+    checkpoint = trainer.checkpoint_callback
+    if checkpoint is not None and checkpoint.last_model_path:
+        lines.append(f"  {'last checkpoint:':<18}{checkpoint.last_model_path}")
+    if checkpoint is not None and checkpoint.best_model_path and checkpoint.monitor:
+        lines.append(f"  {'best checkpoint:':<18}{checkpoint.best_model_path} ({checkpoint.monitor})")
+    figures = [cb.last_path for cb in trainer.callbacks if isinstance(cb, ReconstructionCallback) and cb.last_path]
+    if figures:
+        lines.append(f"  {'reconstructions:':<18}{figures[0]}")
+    losses = getattr(trainer.lightning_module, "epoch_losses", [])
+    if losses:
+        shown = " -> ".join(f"{v:.4f}" for v in losses)
+        lines.append(f"  train loss per epoch: {shown}")
+    print("\n".join(lines), flush=True)

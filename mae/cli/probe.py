@@ -1,0 +1,66 @@
+"""``python -m mae.probe --checkpoint CKPT --data.class_path ...``: a converged linear probe of a
+pretrained encoder on cached features (``mae.eval.probe``)."""
+
+from pathlib import Path
+
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+
+from mae.command import command_parser, parse_and_run
+from mae.data import ImageDataModule
+from mae.eval.features import Pool, load_encoder
+from mae.eval.probe import ProbeResult, ProbeSettings, evaluate
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser(
+        "python -m mae.probe",
+        "A converged linear probe of a pretrained encoder on cached features:",
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="Path to a configuration file.")
+    parser.add_argument("--checkpoint", type=Path, required=True, help="any source ``mae.load_backbone`` reads.")
+    parser.add_argument("--data", type=ImageDataModule, required=True,
+                        help="a labelled data module (e.g. ``mae.data.DigitsDataModule``); its training "
+                        "split trains the heads (a held-out part of it chooses them), its validation split "
+                        "is scored.")  # fmt: skip
+    parser.add_argument("--pool", type=Pool, default="cls",
+                        help='features: "cls" token, "avg" of the patch tokens, or "both".')  # fmt: skip
+    parser.add_argument("--views", type=int, default=1,
+                        help="views of each training image: 1 = the evaluation view; more = that many views with the "
+                        "data module's training augmentation.")  # fmt: skip
+    parser.add_argument(
+        "--lrs",
+        type=list[float] | None,
+        default=None,
+        help="the learning-rate grid (default ``mae.eval.probe.DEFAULT_LRS``, 1e-3 ... 3e-1).",
+    )
+    parser.add_argument("--weight_decays", type=list[float] | None, default=None,
+                        help="the weight-decay grid (default 0, 1e-4, 1e-3).")  # fmt: skip
+    parser.add_argument("--max_epochs", type=int, default=100, help="cap on the heads' training.")
+    parser.add_argument("--patience", type=int, default=10,
+                        help="stop after this many epochs in which no head's held-out loss improved.")  # fmt: skip
+    parser.add_argument("--holdout", type=float, default=0.1,
+                        help="fraction of the training split held out to choose the head.")  # fmt: skip
+    parser.add_argument(
+        "--cache",
+        type=Path | None,
+        default=None,
+        help="a file prefix to keep the features on disk (memory-mapped) instead of in memory.",
+    )
+    parser.add_argument("--checkpoint_format", type=str, default="auto", help='"auto" or a format name.')
+    parser.add_argument("--device", type=str, default="cpu", help="where to run the encoder.")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of the heads' training.")
+    return parser
+
+
+def run(args: Namespace) -> ProbeResult:
+    """Print and return the probe's result on the validation split (``mae.eval.probe.evaluate``)."""
+    settings = ProbeSettings(args.pool, args.views, args.lrs, args.weight_decays, args.max_epochs, args.patience,
+                             args.holdout, args.seed)  # fmt: skip
+    encoder = load_encoder(args.checkpoint, args.data, args.checkpoint_format, args.device)
+    result, val_images, train_views = evaluate(encoder, args.data, settings, args.device, args.cache)
+    print(f"{result} on {val_images} validation images, {args.pool} features of {train_views} training views")
+    return result
+
+
+def main(argv: list[str] | None = None) -> ProbeResult:
+    return parse_and_run(build_parser(), run, argv, instantiate=True)
