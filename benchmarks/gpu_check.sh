@@ -24,7 +24,7 @@ if ! timeout 180 python3 - "$DEVICE" <<'EOF' 2>&1 | tee -a "$OUT/run.log"; then
 import sys, torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from mae.models import create_model
-from mae.training.runtime import apply_training_settings, training_settings
+from mae.training.runtime import set_attention_kernel, training_settings
 
 device = sys.argv[1]
 settings = training_settings(device)
@@ -36,7 +36,8 @@ with sdpa_kernel([backend]), torch.autocast(device, dtype=torch.bfloat16):
     loss = model(imgs, 0.75)[0]
 loss.backward()
 print(f"{backend.name} attention forward + backward: loss", loss.item())
-compiled = apply_training_settings(create_model("mae_vit_tiny_patch4", img_size=32).to(device), settings)
+compiled = set_attention_kernel(create_model("mae_vit_tiny_patch4", img_size=32).to(device), settings.attention)
+compiled.compile()  # in place, as training compiles (MAETrainingModule.on_fit_start)
 with torch.autocast(device, dtype=torch.bfloat16):
     compiled(torch.randn(8, 3, 32, 32, device=device), 0.75)[0].backward()
 print("torch.compile: ok")

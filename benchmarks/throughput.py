@@ -46,9 +46,9 @@ from mae.models.flops import mae_train_flops
 from mae.training.optim import weight_decay_groups
 from mae.training.runtime import (
     TrainingSettings,
-    apply_training_settings,
     keep_freed_memory,
     native_bf16,
+    set_attention_kernel,
     training_settings,
 )
 
@@ -126,7 +126,9 @@ def build_step(
 
     else:
         model = ours.to(device).train()
-        model = apply_training_settings(model, settings)
+        set_attention_kernel(model, settings.attention)  # as MAETrainingModule.setup / on_fit_start do
+        if settings.compile:
+            model.compile()
 
         def loss_fn():
             return model(imgs, MASK_RATIO, noise)[0]

@@ -1,8 +1,10 @@
 """mae: Masked Autoencoder (He et al., 2021) pretraining on timm and Lightning.
 
-Layers, each a folder: ``models`` (the MAE, no Lightning), ``data``, ``training`` (the Lightning
-modules, optimisation, callbacks, checkpoint writing), ``convert`` (checkpoint formats in and out),
-``eval`` (kNN, reconstructions); ``cli`` holds every command-line entry point.
+Layers, each a folder: ``models`` (the MAE and its masking, no Lightning), ``data`` (datasets, data
+modules, shards, statistics), ``convert`` (checkpoint formats in and out, export), ``eval`` (frozen
+features, kNN, linear probe, reconstruction figures, the demo page), ``training`` (the Lightning
+modules, optimisation, per-device settings, callbacks, checkpoint writing), ``cli`` (every
+command-line entry point, one module each); ``command`` is how every command is parsed and ends.
 """
 
 from mae.convert.backbone import load_backbone, load_mae

@@ -1,25 +1,19 @@
 """``python -m mae.knn --checkpoint CKPT --data.class_path ...``: kNN accuracy of a pretrained encoder."""
 
-from pathlib import Path
+from jsonargparse import ArgumentParser, Namespace
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
-
-from mae.command import command_parser, parse_and_run
-from mae.data import ImageDataModule
+from mae.cli.encoder_evaluation import encoder_evaluation_parser
+from mae.command import parse_and_run
 from mae.eval.features import load_encoder
 from mae.eval.knn import knn_evaluate
 
 
 def build_parser() -> ArgumentParser:
-    parser = command_parser(
+    parser = encoder_evaluation_parser(
         "python -m mae.knn",
         "kNN accuracy of a pretrained encoder: ``python -m mae.knn --checkpoint CKPT --data.class_path ...``.",
+        "a data module (e.g. ``mae.data.DigitsDataModule``); its train split is the memory bank.",
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="Path to a configuration file.")
-    parser.add_argument("--checkpoint", type=Path, required=True, help="any source ``mae.load_backbone`` reads.")
-    parser.add_argument("--data", type=ImageDataModule, required=True,
-                        help="a data module (e.g. ``mae.data.DigitsDataModule``); its train split is the "
-                        "memory bank.")  # fmt: skip
     parser.add_argument("--k", type=int, default=20, help="neighbours.")
     parser.add_argument("--temperature", type=float, default=0.07, help="vote temperature.")
     parser.add_argument("--checkpoint_format", type=str, default="auto", help='"auto" or a format name.')

@@ -3,25 +3,22 @@ pretrained encoder on cached features (``mae.eval.probe``)."""
 
 from pathlib import Path
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import command_parser, parse_and_run
-from mae.data import ImageDataModule
+from mae.cli.encoder_evaluation import encoder_evaluation_parser
+from mae.command import parse_and_run
 from mae.eval.features import Pool, load_encoder
 from mae.eval.probe import ProbeResult, ProbeSettings, evaluate
 
 
 def build_parser() -> ArgumentParser:
-    parser = command_parser(
+    parser = encoder_evaluation_parser(
         "python -m mae.probe",
         "A converged linear probe of a pretrained encoder on cached features:",
+        "a labelled data module (e.g. ``mae.data.DigitsDataModule``); its training "
+        "split trains the heads (a held-out part of it chooses them), its validation split "
+        "is scored.",
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="Path to a configuration file.")
-    parser.add_argument("--checkpoint", type=Path, required=True, help="any source ``mae.load_backbone`` reads.")
-    parser.add_argument("--data", type=ImageDataModule, required=True,
-                        help="a labelled data module (e.g. ``mae.data.DigitsDataModule``); its training "
-                        "split trains the heads (a held-out part of it chooses them), its validation split "
-                        "is scored.")  # fmt: skip
     parser.add_argument("--pool", type=Pool, default="cls",
                         help='features: "cls" token, "avg" of the patch tokens, or "both".')  # fmt: skip
     parser.add_argument("--views", type=int, default=1,

@@ -1,1 +1,4 @@
-"""Weight conversion between our MAE layout and other codebases' layouts."""
+"""Checkpoints in and out: reading every supported format (ours, official MAE, timm, Hugging Face;
+``sources``, ``safe_load``), their architecture records, loading an MAE or an encoder (``backbone``),
+exporting a plain timm encoder (``export``), Hugging Face layout (``huggingface``), load reports and
+atomic file writes."""

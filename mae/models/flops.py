@@ -1,6 +1,7 @@
 """Analytic FLOP count of an MAE training step (matmuls only; 1 multiply-add = 2 FLOPs)."""
 
 from mae.models.mae import MaskedAutoencoderViT
+from mae.models.masking import num_kept
 
 
 def _block_flops(tokens: int, width: int, mlp_hidden: int) -> int:
@@ -13,7 +14,7 @@ def mae_forward_flops(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> 
     """FLOPs of one forward pass for one image: patch embedding on all L patches, the encoder on
     1 + len_keep tokens, the decoder on 1 + L tokens."""
     L = model.num_patches
-    kept = int(L * (1 - mask_ratio))
+    kept = num_kept(L, mask_ratio)
     patch_dim = model.decoder_pred.out_features
     width = model.cls_token.shape[-1]
     dec_width = model.mask_token.shape[-1]

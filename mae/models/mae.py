@@ -14,7 +14,15 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from mae.models.loss import masked_patch_mse
-from mae.models.masking import MASK_STRATEGIES, check_mask_ratio, check_visible_patches, random_masking, sample_noise
+from mae.models.masking import (
+    MaskStrategy,
+    check_mask_ratio,
+    check_mask_strategy,
+    check_visible_patches,
+    random_masking,
+    sample_noise,
+    strategy_noise,
+)
 from mae.models.pos_embed import sincos_2d
 
 
@@ -51,7 +59,7 @@ class MaskedAutoencoderViT(nn.Module):
         decoder_num_heads: int = 16,
         mlp_ratio: float = 4.0,
         norm_pix_loss: bool = False,
-        mask_strategy: str = "random",
+        mask_strategy: MaskStrategy = "random",
         layer_norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
@@ -73,8 +81,7 @@ class MaskedAutoencoderViT(nn.Module):
                 raise ValueError(f"{name}embed_dim {dim} is not divisible by {name}num_heads {heads}")
             if dim % 4:
                 raise ValueError(f"{name}embed_dim {dim} must be divisible by 4 for 2-D sin-cos position embeddings")
-        if mask_strategy not in MASK_STRATEGIES:
-            raise ValueError(f"mask_strategy {mask_strategy!r} is unknown; expected one of {MASK_STRATEGIES}")
+        check_mask_strategy(mask_strategy, "mask_strategy")
         self.norm_pix_loss = norm_pix_loss
         self.mask_strategy = mask_strategy
         norm_layer = partial(nn.LayerNorm, eps=layer_norm_eps)
@@ -144,6 +151,12 @@ class MaskedAutoencoderViT(nn.Module):
         x = torch.einsum("nhwpqc->nchpwq", x)
         return x.reshape(N, C, h * p, w * p)
 
+    def check_mask_ratio(self, mask_ratio: float) -> None:
+        """Raise ``ValueError`` for a ratio this model cannot mask at: outside [0, 1), one its strategy
+        cannot produce, or one that leaves no visible patch on its patch grid."""
+        check_mask_ratio(mask_ratio, self.mask_strategy)
+        check_visible_patches(self.grid_size, mask_ratio)
+
     def sample_noise(
         self,
         batch_size: int,
@@ -169,12 +182,11 @@ class MaskedAutoencoderViT(nn.Module):
             mask: (N, L), 0 = visible, 1 = masked.
             ids_restore: (N, L) permutation that puts the shuffled tokens back in patch order.
         """
-        check_mask_ratio(mask_ratio, self.mask_strategy)
-        check_visible_patches(self.grid_size, mask_ratio)
+        self.check_mask_ratio(mask_ratio)  # the public entry: checked here, not again below
         x = self.patch_embed(imgs)
         x = x + self.pos_embed[:, 1:, :]
         if noise is None:
-            noise = self.sample_noise(x.shape[0], mask_ratio, x.device)
+            noise = strategy_noise(self.mask_strategy, x.shape[0], self.grid_size, mask_ratio, x.device)
         x, mask, ids_restore = random_masking(x, mask_ratio, noise)
 
         cls_token = self.cls_token + self.pos_embed[:, :1, :]

@@ -12,12 +12,13 @@ block-wise masking.
 
 import math
 import random
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
+# The strategies, listed once: a new one is added here and given its scores in ``strategy_noise``.
 MaskStrategy = Literal["random", "block", "grid"]
-MASK_STRATEGIES: tuple[str, ...] = ("random", "block", "grid")
+MASK_STRATEGIES: tuple[str, ...] = get_args(MaskStrategy)
 
 
 def num_kept(num_patches: int, mask_ratio: float) -> int:
@@ -25,10 +26,16 @@ def num_kept(num_patches: int, mask_ratio: float) -> int:
     return int(num_patches * (1 - mask_ratio))
 
 
-def check_mask_ratio(mask_ratio: float, strategy: str = "random") -> None:
-    """Raise ``ValueError`` for a ratio outside [0, 1) or a ratio the strategy cannot produce."""
+def check_mask_strategy(strategy: str, name: str = "mask strategy") -> None:
+    """Raise ``ValueError`` naming the setting (``name``) when ``strategy`` is not in ``MASK_STRATEGIES``."""
     if strategy not in MASK_STRATEGIES:
-        raise ValueError(f"mask strategy {strategy!r} is unknown; expected one of {MASK_STRATEGIES}")
+        raise ValueError(f"{name} {strategy!r} is unknown; expected one of {MASK_STRATEGIES}")
+
+
+def check_mask_ratio(mask_ratio: float, strategy: str = "random") -> None:
+    """Raise ``ValueError`` for an unknown strategy, a ratio outside [0, 1) or a ratio the strategy
+    cannot produce."""
+    check_mask_strategy(strategy)
     if not 0.0 <= mask_ratio < 1.0:
         raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
     if strategy == "grid" and not math.isclose(mask_ratio, 0.75):
@@ -172,6 +179,18 @@ def sample_noise(
     ``generator`` must live on the CPU for ``block`` and on ``device`` for ``random``.
     """
     check_mask_ratio(mask_ratio, strategy)
+    return strategy_noise(strategy, batch_size, grid_size, mask_ratio, device, generator)
+
+
+def strategy_noise(
+    strategy: str,
+    batch_size: int,
+    grid_size: tuple[int, int],
+    mask_ratio: float,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``sample_noise`` for a strategy and ratio checked already (``check_mask_ratio``)."""
     L = grid_size[0] * grid_size[1]
     if strategy == "random":
         return torch.rand(batch_size, L, device=device, generator=generator)

@@ -2,7 +2,7 @@
 schedule, the training-loss guard and logging, the lr monitor and the checkpoint's architecture record."""
 
 from abc import ABC, abstractmethod
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -12,8 +12,6 @@ from torch import nn
 from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, data_record
 from mae.training.optim import resolve_schedule, stepwise_schedule
 from mae.training.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
-
-Auto = Literal["auto"]
 
 
 def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:

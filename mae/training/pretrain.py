@@ -11,7 +11,7 @@ from mae.convert.architecture import mae_record
 from mae.convert.backbone import init_mae_from
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
-from mae.models.masking import check_mask_ratio, check_visible_patches
+from mae.models.masking import MaskStrategy
 from mae.training.base import MAETrainingModule, check_setting
 from mae.training.optim import ParamGroupPlan, encoder_decoder_groups, per_device_batch_size, weight_decay_groups
 
@@ -73,7 +73,7 @@ class MAEPretrainModule(MAETrainingModule):
         img_size: int | tuple[int, int] = 224,
         model_kwargs: dict[str, Any] | None = None,
         mask_ratio: float = 0.75,
-        mask_strategy: Literal["random", "block", "grid"] = "random",
+        mask_strategy: MaskStrategy = "random",
         norm_pix_loss: bool = True,
         base_lr: float = 1.5e-4,
         lr: float | None = None,
@@ -91,7 +91,6 @@ class MAEPretrainModule(MAETrainingModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        check_mask_ratio(mask_ratio, mask_strategy)
         check_setting("attention", attention, ("auto", "sdpa", "explicit"))
         check_setting("compile", compile, (True, False, "auto"))
         check_setting("fused_adamw", fused_adamw, (True, False, "auto"))
@@ -110,13 +109,13 @@ class MAEPretrainModule(MAETrainingModule):
             model, img_size=img_size, in_chans=in_chans, norm_pix_loss=norm_pix_loss, mask_strategy=mask_strategy,
             **model_kwargs,
         )  # fmt: skip
+        self.model.check_mask_ratio(mask_ratio)  # at start-up, once: training steps pass it unchanged
         self.init_report = None
         if init_from is not None:
             if not Path(init_from).exists():
                 raise FileNotFoundError(f"model.init_from {init_from} does not exist")
             self.init_report = init_mae_from(self.model, init_from, init_format)
             rank_zero_info(f"model.init_from: {self.init_report}")
-        check_visible_patches(self.model.grid_size, mask_ratio)  # at start-up, not at the first step
         # Decay on weights only, fixed by name now: a strategy may flatten parameters before the optimizer.
         groups = weight_decay_groups(self.model, weight_decay)
         if freeze_encoder_epochs:

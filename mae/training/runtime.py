@@ -98,14 +98,6 @@ def set_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> nn.Module
     return model
 
 
-def apply_training_settings(model: nn.Module, settings: TrainingSettings) -> nn.Module:
-    """Set the attention kernel and compile in place if asked (parameter names stay unprefixed)."""
-    set_attention_kernel(model, settings.attention)
-    if settings.compile:
-        model.compile()
-    return model
-
-
 def keep_freed_memory() -> bool:
     """Stop glibc from returning tensor memory to the OS between training steps; returns whether set.
 
