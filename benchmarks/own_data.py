@@ -31,7 +31,8 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch.nn import functional as F
 
-from mae.cli import finetune_main, pretrain_main, stats_main
+from mae.cli import finetune_main, pretrain_main
+from mae.data.tools.stats import main as stats_main
 
 REPO = Path(__file__).resolve().parents[1]
 
