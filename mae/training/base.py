@@ -38,6 +38,14 @@ def check_setting(name: str, value: Any, allowed: tuple) -> None:
         raise ValueError(f"model.{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
 
+def check_kernel_settings(attention: Any, compile: Any, fused_adamw: Any) -> None:
+    """The kernel choices both modules take (``model.attention``, ``model.compile``,
+    ``model.fused_adamw``): "auto" or a value ``mae.training.runtime`` knows, checked at build."""
+    check_setting("attention", attention, ("auto", "sdpa", "explicit"))
+    check_setting("compile", compile, (True, False, "auto"))
+    check_setting("fused_adamw", fused_adamw, (True, False, "auto"))
+
+
 class MAETrainingModule(pl.LightningModule, ABC):
     """Base of ``MAEPretrainModule`` and ``MAEFinetuneModule``.
 

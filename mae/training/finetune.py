@@ -21,8 +21,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from mae.convert.architecture import vit_record
 from mae.convert.backbone import build_vit, load_backbone, vit_args
 from mae.models import create_model
-from mae.training.base import MAETrainingModule, check_setting
-from mae.training.optim import ParamGroupPlan
+from mae.training.base import MAETrainingModule, check_kernel_settings
+from mae.training.optim import ParamGroupPlan, check_schedule_settings
 
 
 class MAEFinetuneModule(MAETrainingModule):
@@ -87,9 +87,8 @@ class MAEFinetuneModule(MAETrainingModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        check_setting("attention", attention, ("auto", "sdpa", "explicit"))
-        check_setting("compile", compile, (True, False, "auto"))
-        check_setting("fused_adamw", fused_adamw, (True, False, "auto"))
+        check_kernel_settings(attention, compile, fused_adamw)
+        check_schedule_settings(base_lr, lr, min_lr, warmup_epochs)
         if mode not in ("finetune", "linprobe"):
             raise ValueError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
         if not 0 < layer_decay <= 1:

@@ -91,6 +91,26 @@ class ParamGroupPlan:
         return out
 
 
+def check_warmup(warmup_steps: int, total_steps: int, setting: str = "the warmup") -> None:
+    """Raises ValueError, naming ``setting``, unless the warmup is shorter than the run: the cosine
+    needs at least one step after it."""
+    if warmup_steps >= total_steps:
+        raise ValueError(
+            f"{setting} ({warmup_steps} warmup steps) is not shorter than the run ({total_steps} steps); lower it or "
+            "train longer"
+        )
+
+
+def check_schedule_settings(base_lr: float, lr: float | None, min_lr: float, warmup_epochs: float) -> None:
+    """Raises ValueError, naming them, for a negative warmup or final lr, or a learning rate that is not
+    positive: the settings of the schedule both modules share, checked when the module is built."""
+    if warmup_epochs < 0 or min_lr < 0 or base_lr <= 0 or (lr is not None and lr <= 0):
+        raise ValueError(
+            f"need warmup_epochs >= 0, min_lr >= 0 and a positive lr; got warmup_epochs={warmup_epochs}, "
+            f"min_lr={min_lr}, base_lr={base_lr}, lr={lr}"
+        )
+
+
 def warmup_cosine_scheduler(
     optimizer: Optimizer, total_steps: int, warmup_steps: int, min_lr: float = 0.0
 ) -> CosineLRScheduler:
@@ -99,8 +119,7 @@ def warmup_cosine_scheduler(
     Call ``step_update(num_updates)`` after every optimizer step: the lr at step t equals the
     official schedule at fractional epoch t / steps_per_epoch.
     """
-    if warmup_steps >= total_steps:
-        raise ValueError(f"warmup ({warmup_steps} steps) must be shorter than the run ({total_steps} steps)")
+    check_warmup(warmup_steps, total_steps)
     return CosineLRScheduler(
         optimizer,
         t_initial=total_steps - warmup_steps,
@@ -157,11 +176,9 @@ def resolve_schedule(trainer: pl.Trainer, base_lr: float, lr: float | None, warm
     # Lightning steps the optimizer on an epoch's last batch even mid-accumulation.
     steps_per_epoch = math.ceil(trainer.num_training_batches / accumulate)
     warmup_steps = round(warmup_epochs * steps_per_epoch)
-    if warmup_steps >= total_steps:
-        raise ValueError(
-            f"model.warmup_epochs={warmup_epochs} ({warmup_steps} steps) is not shorter than the run "
-            f"({int(total_steps)} steps of {steps_per_epoch} per epoch); lower it or train longer"
-        )
+    check_warmup(
+        warmup_steps, int(total_steps), f"model.warmup_epochs={warmup_epochs} at {steps_per_epoch} steps/epoch"
+    )
     resolved_lr = lr if lr is not None else scaled_lr(base_lr, effective)
     return ResolvedSchedule(batch_size, effective, resolved_lr, steps_per_epoch, warmup_steps, int(total_steps))
 

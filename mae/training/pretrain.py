@@ -12,8 +12,14 @@ from mae.convert.backbone import init_mae_from
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.models.masking import MaskStrategy
-from mae.training.base import MAETrainingModule, check_setting
-from mae.training.optim import ParamGroupPlan, encoder_decoder_groups, per_device_batch_size, weight_decay_groups
+from mae.training.base import MAETrainingModule, check_kernel_settings
+from mae.training.optim import (
+    ParamGroupPlan,
+    check_schedule_settings,
+    encoder_decoder_groups,
+    per_device_batch_size,
+    weight_decay_groups,
+)
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "in_chans", "norm_pix_loss", "mask_strategy")
@@ -91,18 +97,12 @@ class MAEPretrainModule(MAETrainingModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        check_setting("attention", attention, ("auto", "sdpa", "explicit"))
-        check_setting("compile", compile, (True, False, "auto"))
-        check_setting("fused_adamw", fused_adamw, (True, False, "auto"))
+        check_kernel_settings(attention, compile, fused_adamw)
         model_kwargs = dict(model_kwargs or {})
         clash = [k for k in _OWN_ARGS if k in model_kwargs]
         if clash:
             raise ValueError(f"model.model_kwargs sets {clash}; set model.{clash[0]} (img_size: data.img_size) instead")
-        if warmup_epochs < 0 or min_lr < 0 or base_lr <= 0 or (lr is not None and lr <= 0):
-            raise ValueError(
-                f"need warmup_epochs >= 0, min_lr >= 0 and a positive lr; got warmup_epochs={warmup_epochs}, "
-                f"min_lr={min_lr}, base_lr={base_lr}, lr={lr}"
-            )
+        check_schedule_settings(base_lr, lr, min_lr, warmup_epochs)
         if freeze_encoder_epochs < 0:
             raise ValueError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
         self.model = create_model(
