@@ -1,7 +1,8 @@
 """mae: Masked Autoencoder (He et al., 2021) pretraining on timm and Lightning.
 
-Layers, each a folder: ``models`` (the MAE and its masking, no Lightning), ``data`` (datasets, data
-modules, shards, statistics), ``convert`` (checkpoint formats in and out, export), ``eval`` (frozen
+Layers, each a folder, in import order: ``io`` (atomic writes, local-or-S3 storage), ``models`` (the
+MAE and its masking, no Lightning), ``data`` (decoding, views, sources and the shard / statistics
+tools), ``convert`` (checkpoint formats in and out, export), ``eval`` (frozen
 features, kNN, linear probe, reconstruction figures, the demo page), ``training`` (the Lightning
 modules, optimisation, per-device settings, callbacks, checkpoint writing), ``cli`` (every
 command-line entry point, one module each); ``command`` is how every command is parsed and ends.
