@@ -47,7 +47,15 @@ def argparse_float(text: str) -> float:
     return float(text)
 
 
-argparse_float.__name__ = "float"  # argparse's message for a bad value: "invalid float value: 'x'"
+def argparse_int(text: str) -> int:
+    """The type of a whole-number flag read as argparse reads it, and a bad value refused in argparse's
+    words ("argument --seed: invalid int value: 'x'"), not jsonargparse's."""
+    return int(text)
+
+
+# argparse names a bad value by its type's name: "invalid float value: 'x'", "invalid int value: 'x'"
+argparse_float.__name__ = "float"
+argparse_int.__name__ = "int"
 
 
 def parse_and_run(

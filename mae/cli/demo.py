@@ -2,7 +2,7 @@
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import argparse_float, command_parser, parse_and_run
+from mae.command import argparse_float, argparse_int, command_parser, parse_and_run
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 
@@ -15,9 +15,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
     parser.add_argument("--examples", default=None, help="a folder of images to pick from (default: a few digits)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
-    parser.add_argument("--port", type=int, default=None, help="port to serve on (default: the first free one "
+    parser.add_argument("--port", type=argparse_int, default=None, help="port to serve on (default: the first free one "
                         "from 7860)")  # fmt: skip
-    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
                         help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
     parser.add_argument(
         "--max-upload-mb", type=argparse_float, default=100, help="larger uploads are refused (default: 100)"

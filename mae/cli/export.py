@@ -5,7 +5,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import command_parser, parse_and_run
+from mae.command import argparse_int, command_parser, parse_and_run
 from mae.convert.export import export_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
 
@@ -20,7 +20,9 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("out", help="output .safetensors path (a .json with the timm arguments is written beside it)")
     parser.add_argument("--format", default="auto", choices=FORMATS, help="source format (default: detect)")
-    parser.add_argument("--num_heads", type=int, default=None, help="attention heads, for files that do not say")
+    parser.add_argument(
+        "--num_heads", type=argparse_int, default=None, help="attention heads, for files that do not say"
+    )
     return parser
 
 

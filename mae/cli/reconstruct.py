@@ -7,7 +7,7 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
-from mae.command import UsageError, argparse_float, command_parser, parse_and_run
+from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.eval.own_images import (
@@ -38,20 +38,22 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--mask-ratio", type=argparse_float, default=0.75)
     parser.add_argument("--mask-strategy", choices=MASK_STRATEGIES, default=None,
                         help="default: the checkpoint's (random for other files)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="seed of the masks")
+    parser.add_argument("--seed", type=argparse_int, default=0, help="seed of the masks")
     parser.add_argument("--same-mask", action="store_true", help="one mask for every image")
     parser.add_argument("--unnormalize", choices=("patch", "none"), default="patch",
                         help="norm_pix_loss models: draw masked patches with the true patches' statistics (patch, "
                         "leaks them) or the raw normalised prediction (none)")  # fmt: skip
-    parser.add_argument("--img-size", type=int, default=None, help="input size (default: the checkpoint's)")
+    parser.add_argument("--img-size", type=argparse_int, default=None, help="input size (default: the checkpoint's)")
     parser.add_argument(
         "--mean", type=argparse_float, nargs="+", default=None, help="per-channel mean (default: recorded)"
     )
     parser.add_argument(
         "--std", type=argparse_float, nargs="+", default=None, help="per-channel std (default: recorded)"
     )
-    parser.add_argument("--bands", type=int, nargs=3, default=None, help="channels drawn as RGB (multi-band data)")
-    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+    parser.add_argument(
+        "--bands", type=argparse_int, nargs=3, default=None, help="channels drawn as RGB (multi-band data)"
+    )
+    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
                         help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("reconstruction.png"), help="the figure (PNG)")
     return parser

@@ -31,7 +31,7 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
-from mae.command import UsageError, command_parser, parse_and_run
+from mae.command import UsageError, argparse_int, command_parser, parse_and_run
 from mae.data.decoding.arrays import pixel_format, read_pixels
 from mae.data.decoding.formats import EncodedImage, dataset_extensions
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
@@ -229,13 +229,19 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default="val", help="sharded with the same classes when it exists ('' : none)")
     selection = p.add_mutually_exclusive_group()
-    selection.add_argument("--num-classes", type=int, default=None, help="use this many classes")
+    selection.add_argument("--num-classes", type=argparse_int, default=None, help="use this many classes")
     selection.add_argument("--class-list", default=None, help="file with one class folder name per line")
     p.add_argument("--class-selection", choices=["first", "random"], default="first")
-    p.add_argument("--seed", type=int, default=0, help="seed of the samples' order (and of a random class selection)")
-    p.add_argument("--max-images-per-class", type=int, default=None, help="cap on training images per class")
-    p.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS, help="larger images are skipped")
-    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="processes that read files")
+    p.add_argument(
+        "--seed", type=argparse_int, default=0, help="seed of the samples' order (and of a random class selection)"
+    )
+    p.add_argument("--max-images-per-class", type=argparse_int, default=None, help="cap on training images per class")
+    p.add_argument(
+        "--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS, help="larger images are skipped"
+    )
+    p.add_argument(
+        "--workers", type=argparse_int, default=min(8, os.cpu_count() or 1), help="processes that read files"
+    )
     p.add_argument("--chunk-bytes", default=DEFAULT_CHUNK_BYTES, help="shard size, e.g. 64MB")
     p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already at OUT")

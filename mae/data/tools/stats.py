@@ -17,7 +17,7 @@ from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 from tqdm import tqdm
 
-from mae.command import command_parser, parse_and_run
+from mae.command import argparse_int, command_parser, parse_and_run
 from mae.data.decoding.arrays import read_pixels
 from mae.data.decoding.formats import dataset_extensions
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
@@ -102,9 +102,9 @@ def build_parser() -> ArgumentParser:
         "data.mean / data.std lines of a config.",
     )
     parser.add_argument("root", help="dataset folder (ImageFolder layout) or any folder of images")
-    parser.add_argument("--in-chans", type=int, default=None, help="channels (default: the first image's)")
-    parser.add_argument("--max-images", type=int, default=None, help="use this many images, spread evenly")
-    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+    parser.add_argument("--in-chans", type=argparse_int, default=None, help="channels (default: the first image's)")
+    parser.add_argument("--max-images", type=argparse_int, default=None, help="use this many images, spread evenly")
+    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
                         help="larger images are skipped as decompression bombs (default: PIL's limit)")  # fmt: skip
     return parser
 
