@@ -24,6 +24,7 @@ from PIL import Image
 
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.data.decoding.arrays import read_header
+from mae.data.decoding.formats import ARRAY_EXTENSIONS
 from mae.data.decoding.limits import resized_size
 from mae.eval.own_images import caption_of, display_range, image_paths, load_image, load_reconstructor, mask_noise
 from mae.eval.visualize import denormalize, reconstruct, to_display
@@ -278,7 +279,7 @@ def build_page(session: ReconstructionSession, examples: list[Path]):
                     f"{session.norm.in_chans} channel(s).")  # fmt: skip
         with gr.Row():
             with gr.Column(scale=1):
-                upload = gr.File(label="your image", file_types=["image", ".tif", ".tiff", ".npy"], elem_id="upload")
+                upload = gr.File(label="your image", file_types=["image", *ARRAY_EXTENSIONS], elem_id="upload")
                 example = gr.Dropdown(choices=list(by_name), value=next(iter(by_name), None), label="or an example",
                                       elem_id="example")  # fmt: skip
                 ratio = gr.Slider(*MASK_RATIO_RANGE, value=0.75, step=0.05, label="mask ratio", elem_id="ratio")

@@ -13,9 +13,9 @@ from PIL import Image, ImageDraw
 from mae.convert.backbone import load_mae
 from mae.convert.sources import read_checkpoint
 from mae.data import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD
-from mae.data.decoding.arrays import adapt_channels, chw_tensor, pixel_format, read_pixels, to_unit_range
-from mae.data.decoding.formats import READERS, reads_as_rgb
-from mae.data.decoding.rgb import open_image, to_rgb
+from mae.data.decoding.arrays import chw_tensor, pixel_format
+from mae.data.decoding.formats import READERS
+from mae.data.decoding.image import read_image
 from mae.data.views.arrays import ArrayView
 from mae.data.views.normalize import check_statistics
 from mae.eval.visualize import reconstruct, reconstruction_grid
@@ -96,11 +96,7 @@ def load_image(
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        if reads_as_rgb(norm.in_chans, pixel_format(path).rgb_readable):
-            with open_image(path, max_pixels) as img:
-                array = adapt_channels(to_unit_range(np.asarray(to_rgb(img)), path), norm.in_chans, path)
-        else:
-            array = read_pixels(path, norm.in_chans, max_pixels=max_pixels)
+        array = read_image(path, norm.in_chans, max_pixels)
         pixels = chw_tensor(array)
         view = ArrayView("eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0, max_pixels=max_pixels)
         return view.view(pixels, path)
