@@ -168,7 +168,7 @@ def test_slurm_requeue_conventions_stay(monkeypatch, tmp_path):
     still installed beside ours, and a SIGTERM still stops a single process after its step."""
     import lightning.pytorch as pl
 
-    from mae.cli import harden_trainer
+    from mae.training.callbacks import harden_trainer
 
     slurm = {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "pretrain", "SLURM_JOB_ID": "1234",
              "SLURM_NODELIST": "node1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}  # fmt: skip

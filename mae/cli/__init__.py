@@ -8,7 +8,7 @@ from mae.cli.demo import main as demo_main
 from mae.cli.export import main as export_main
 from mae.cli.finetune import main as finetune_main
 from mae.cli.knn import main as knn_main
-from mae.cli.lightning import FinetuneCLI, PretrainCLI, expand_stacked_configs, harden_trainer
+from mae.cli.lightning import FinetuneCLI, PretrainCLI, expand_stacked_configs
 from mae.cli.probe import main as probe_main
 from mae.cli.reconstruct import main as reconstruct_main
 from mae.cli.train import main as pretrain_main
@@ -20,7 +20,6 @@ __all__ = [
     "expand_stacked_configs",
     "export_main",
     "finetune_main",
-    "harden_trainer",
     "knn_main",
     "pretrain_main",
     "probe_main",

@@ -9,7 +9,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import yaml
-from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -20,14 +19,11 @@ from mae.training.callbacks import (
     PREEMPTED_EXIT_CODE,
     ImageThroughputMonitor,
     KNNCallback,
-    PreemptionSignals,
     ProbeCallback,
     ReconstructionCallback,
-    RemoveOrphanTemporaries,
-    SigtermCheckpoint,
+    harden_trainer,
 )
-from mae.training.checkpointing import AtomicCheckpointIO, check_resume_checkpoint
-from mae.training.resume import continue_in_run_folder, resolve_ckpt_path
+from mae.training.resume import prepare_resume
 from mae.training.runtime import default_lightning_precision, keep_freed_memory
 
 
@@ -159,27 +155,6 @@ def _model_section_keys(argv: list[str]) -> set[str]:
     return keys
 
 
-def harden_trainer(trainer: pl.Trainer) -> None:
-    """Atomic checkpoint writes (temporary file, then rename), a checkpoint on SIGTERM (sent to one
-    process or to the whole job), and no temporary files left over from a kill during an earlier save."""
-    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-    trainer._signal_connector = PreemptionSignals(trainer)
-    trainer.callbacks += [SigtermCheckpoint(), RemoveOrphanTemporaries()]
-
-
-def _resume(cli: LightningCLI, fitting: bool) -> str | None:
-    """``--ckpt_path`` resolved (``last``) and validated against the model; when ``fitting``, the
-    checkpoint's run folder is continued (an evaluation logs into a folder of its own)."""
-    ckpt_path = resolve_ckpt_path(cli.trainer, cli.config.ckpt_path)
-    if ckpt_path is not None:
-        step = check_resume_checkpoint(ckpt_path, cli.model)
-        keep_metrics = continue_in_run_folder(cli.trainer, ckpt_path, step) if fitting else None
-        if keep_metrics is not None:
-            cli.trainer.callbacks.append(keep_metrics)
-    return ckpt_path
-
-
 def build(cli_class: type[_MAECLI], module: type, run_name: str, args: list[str] | None) -> tuple[Any, str | None]:
     """Parse and instantiate (trainer defaults: ``trainer_defaults(run_name)``); then check
     ``--ckpt_path`` and harden the trainer, all before any work. Returns (cli, resolved ckpt_path)."""
@@ -195,7 +170,8 @@ def build(cli_class: type[_MAECLI], module: type, run_name: str, args: list[str]
         save_config_kwargs={"overwrite": True},
     )
     harden_trainer(cli.trainer)
-    return cli, _resume(cli, fitting=not cli.config.get("validate_only", False))
+    fitting = not cli.config.get("validate_only", False)
+    return cli, prepare_resume(cli.trainer, cli.model, cli.config.ckpt_path, fitting)
 
 
 def run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:

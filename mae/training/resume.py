@@ -13,6 +13,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from mae.training.checkpointing import check_resume_checkpoint
+
 RESUME_LAST = "last"
 
 
@@ -90,3 +92,16 @@ class KeepMetrics(pl.Callback):
             experiment.metrics[:0] = [{k: v for k, v in row.items() if v != ""} for row in self.rows]
             experiment.save()
             self.rows = []
+
+
+def prepare_resume(trainer: pl.Trainer, model: pl.LightningModule, ckpt_path: str | None, fitting: bool) -> str | None:
+    """``--ckpt_path`` resolved (``last``: ``resolve_ckpt_path``) and validated against ``model``
+    before any work; when ``fitting``, the checkpoint's run folder is continued (an evaluation logs
+    into a folder of its own). Returns the checkpoint to resume from, or None."""
+    ckpt_path = resolve_ckpt_path(trainer, ckpt_path)
+    if ckpt_path is not None:
+        step = check_resume_checkpoint(ckpt_path, model)
+        keep_metrics = continue_in_run_folder(trainer, ckpt_path, step) if fitting else None
+        if keep_metrics is not None:
+            trainer.callbacks.append(keep_metrics)
+    return ckpt_path

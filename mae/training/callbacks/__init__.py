@@ -6,6 +6,7 @@ from mae.training.callbacks.preemption import (
     PreemptionSignals,
     RemoveOrphanTemporaries,
     SigtermCheckpoint,
+    harden_trainer,
 )
 from mae.training.callbacks.probe import ProbeCallback
 from mae.training.callbacks.reconstruction import ReconstructionCallback
@@ -20,4 +21,5 @@ __all__ = [
     "ReconstructionCallback",
     "RemoveOrphanTemporaries",
     "SigtermCheckpoint",
+    "harden_trainer",
 ]

@@ -16,12 +16,13 @@ from pathlib import Path
 from types import FrameType
 
 import lightning.pytorch as pl
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from mae.training.checkpointing import remove_orphan_temporaries
+from mae.training.checkpointing import AtomicCheckpointIO, remove_orphan_temporaries
 
 # The exit status after a SIGTERM checkpoint: 128 + SIGTERM, the shell's own code for a process
 # ended by SIGTERM, so `train.py ... && next_step` and schedulers see an unfinished run.
@@ -100,3 +101,12 @@ class RemoveOrphanTemporaries(pl.Callback):
         if trainer.is_global_zero and callback is not None and callback.dirpath and Path(callback.dirpath).is_dir():
             for path in remove_orphan_temporaries(callback.dirpath):
                 rank_zero_info(f"removed {path}, left by a process killed while saving a checkpoint")
+
+
+def harden_trainer(trainer: pl.Trainer) -> None:
+    """Atomic checkpoint writes (temporary file, then rename), a checkpoint on SIGTERM (sent to one
+    process or to the whole job), and no temporary files left over from a kill during an earlier save."""
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+    trainer._signal_connector = PreemptionSignals(trainer)
+    trainer.callbacks += [SigtermCheckpoint(), RemoveOrphanTemporaries()]
