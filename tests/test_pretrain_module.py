@@ -106,6 +106,26 @@ def test_monitors__a_run_ended_by_max_steps_mid_epoch_is_evaluated_once_at_its_e
     assert Counted.calls == 1  # once for the final weights, not again at the end of training
 
 
+def test_monitors__a_run_told_to_stop_is_evaluated_at_its_last_epoch(tmp_path):
+    """Early stopping or max_time end a run at an epoch no every_n_epochs reaches: its weights are
+    still evaluated then."""
+    import lightning.pytorch as pl
+
+    from mae.data import DigitsDataModule
+    from mae.training.callbacks import KNNCallback
+
+    class StopAfterSecondEpoch(pl.Callback):  # as EarlyStopping does, at the end of validation
+        def on_validation_end(self, trainer, pl_module):
+            trainer.should_stop = trainer.should_stop or trainer.current_epoch == 1
+
+    module = pretrain_module(warmup_epochs=0)
+    knn = KNNCallback(every_n_epochs=10, k=2, max_train=100)
+    trainer = make_trainer(tmp_path, max_epochs=50, limit_train_batches=2, limit_val_batches=1,
+                           callbacks=[StopAfterSecondEpoch(), knn])  # fmt: skip
+    trainer.fit(module, datamodule=DigitsDataModule(img_size=16, batch_size=32))
+    assert trainer.current_epoch == 2 and "val/knn_acc1" in trainer.callback_metrics
+
+
 def test_module__accumulation_longer_than_an_epoch_still_updates_every_epoch(tmp_path):
     module = pretrain_module(base_lr=1e-3, warmup_epochs=0)
     before = [p.detach().clone() for p in module.parameters()]

@@ -14,11 +14,12 @@ from mae.training.base import MAETrainingModule
 
 
 def is_last_epoch(trainer: pl.Trainer) -> bool:
-    """Whether the epoch ending now is the run's last: ``max_epochs`` reached, or ``max_steps`` reached
-    (Lightning ends that epoch early, and still calls ``on_train_epoch_end``)."""
+    """Whether the epoch ending now is the run's last: ``max_epochs`` reached, ``max_steps`` reached
+    (Lightning ends that epoch early, and still calls ``on_train_epoch_end``), or the run told to stop
+    (``trainer.should_stop``: early stopping, ``max_time``)."""
     by_epochs = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
     by_steps = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
-    return by_epochs or by_steps
+    return by_epochs or by_steps or trainer.should_stop
 
 
 class PeriodicMonitor(pl.Callback, ABC):

@@ -7,9 +7,9 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import save_image
 
-from mae.data import ImageDataModule, normalize_batch
+from mae.data import ImageDataModule
 from mae.eval.visualize import reconstruct, reconstruction_grid
-from mae.training.callbacks.monitor import PeriodicMonitor
+from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
 from mae.training.pretrain import MAEPretrainModule
 
 
@@ -44,14 +44,12 @@ class ReconstructionCallback(PeriodicMonitor):
 
     def _fixed_images(self, trainer: pl.Trainer) -> torch.Tensor:
         datamodule = trainer.datamodule
-        own = isinstance(datamodule, ImageDataModule)
-        normalize = datamodule.normalize if own else normalize_batch
-        dataset = (datamodule.val_set or datamodule.train_set) if own else None
-        if dataset is None:
-            return normalize(next(iter(trainer.train_dataloader))[0][: self.num_images])
+        if not isinstance(datamodule, ImageDataModule):  # its batches are model input as they are
+            return next(iter(trainer.train_dataloader))[0][: self.num_images]
+        dataset = datamodule.val_set or datamodule.train_set
         count = min(self.num_images, len(dataset))
         spread = torch.linspace(0, len(dataset) - 1, count).long().tolist()  # across classes, not the first few
-        return normalize(torch.stack([dataset[i][0] for i in spread]))
+        return datamodule.normalize(torch.stack([dataset[i][0] for i in spread]))
 
     @staticmethod
     def _display(trainer: pl.Trainer) -> dict:
@@ -75,20 +73,15 @@ class ReconstructionCallback(PeriodicMonitor):
 
     def render(self, trainer: pl.Trainer, pl_module: MAEPretrainModule, epoch: int, out_dir: Path) -> Path:
         """Write the figure for ``epoch`` into ``out_dir`` and return its path (call on one process)."""
-        if self.images is None:
-            # Drawing the images may run random transforms: keep the training run's RNG untouched.
-            with torch.random.fork_rng(devices=[]):
-                self.images = self._fixed_images(trainer)
         model = pl_module.network
-        dtype = next(model.parameters()).dtype
-        imgs = self.images.to(pl_module.device, dtype)
-        generator = torch.Generator().manual_seed(self.seed)
-        noise = model.sample_noise(imgs.shape[0], pl_module.mask_ratio, "cpu", generator).to(imgs.device)
-        was_training = model.training
-        model.eval()
-        views = reconstruct(model, imgs, pl_module.mask_ratio, noise)
-        grid = reconstruction_grid(views, bands=self.bands, **self._display(trainer))
-        model.train(was_training)
+        with evaluating(pl_module, model):  # drawing the images may run random transforms: the RNG is forked
+            if self.images is None:
+                self.images = self._fixed_images(trainer)
+            imgs = self.images.to(pl_module.device, next(model.parameters()).dtype)
+            generator = torch.Generator().manual_seed(self.seed)
+            noise = model.sample_noise(imgs.shape[0], pl_module.mask_ratio, "cpu", generator).to(imgs.device)
+            views = reconstruct(model, imgs, pl_module.mask_ratio, noise)
+            grid = reconstruction_grid(views, bands=self.bands, **self._display(trainer))
 
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"epoch_{epoch:04d}.png"
