@@ -37,10 +37,15 @@ from mae.training.pretrain import MAEPretrainModule
 SMALL_VIT = dict(embed_dim=128, depth=4, num_heads=4, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=4)
 
 
-def make_data(args: argparse.Namespace, augmentation: str, fraction: float = 1.0, seed: int = 0) -> ImageDataModule:
+FEATURE_BATCH = 256  # images per forward pass when extracting frozen features
+
+
+def make_data(
+    args: argparse.Namespace, augmentation: str, fraction: float = 1.0, seed: int = 0, batch_size: int | None = None
+) -> ImageDataModule:
     common = dict(
-        img_size=args.img_size, batch_size=args.batch_size, num_workers=args.workers, augmentation=augmentation,
-        train_fraction=fraction, subset_seed=seed,
+        img_size=args.img_size, batch_size=batch_size or args.batch_size, num_workers=args.workers,
+        augmentation=augmentation, train_fraction=fraction, subset_seed=seed,
     )  # fmt: skip
     if augmentation == "finetune":
         common.update(auto_augment=args.auto_augment, re_prob=args.re_prob)
@@ -77,7 +82,7 @@ def evaluate_encoder(args, out: Path, seed: int, checkpoint: str | None, tag: st
     # kNN on frozen features
     pl.seed_everything(seed)
     encoder = encoder_for(args, checkpoint).eval()
-    dm = make_data(args, "none")
+    dm = make_data(args, "none", batch_size=FEATURE_BATCH)
     results["kNN"] = knn_evaluate(encoder, dm)[0]  # the command's and the monitor's kNN
     if "fast" in args.probe:  # many linear heads on cached cls features, chosen on held-out training images
         results["linear probe (fast)"] = evaluate(encoder, dm, ProbeSettings(seed=seed))[0].val_acc1

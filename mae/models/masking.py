@@ -196,4 +196,6 @@ def strategy_noise(
         return torch.rand(batch_size, L, device=device, generator=generator)
     if strategy == "block":
         return block_noise(batch_size, grid_size, mask_ratio, generator).to(device)
-    return grid_noise(batch_size, grid_size).to(device)
+    if strategy == "grid":
+        return grid_noise(batch_size, grid_size).to(device)
+    raise NotImplementedError(f"mask strategy {strategy!r} is listed in MaskStrategy but has no scores here")

@@ -91,12 +91,12 @@ class ParamGroupPlan:
         return out
 
 
-def check_warmup(warmup_steps: int, total_steps: int, setting: str = "the warmup") -> None:
-    """Raises ValueError, naming ``setting``, unless the warmup is shorter than the run: the cosine
-    needs at least one step after it."""
+def check_warmup(warmup_steps: int, total_steps: int, setting: str = "the warmup", run: str = "") -> None:
+    """Raises ValueError, naming ``setting`` (and ``run``, how the run's steps come about), unless the
+    warmup is shorter than the run: the cosine needs at least one step after it."""
     if warmup_steps >= total_steps:
         raise ValueError(
-            f"{setting} ({warmup_steps} warmup steps) is not shorter than the run ({total_steps} steps); lower it or "
+            f"{setting} ({warmup_steps} steps) is not shorter than the run ({total_steps} steps{run}); lower it or "
             "train longer"
         )
 
@@ -177,7 +177,7 @@ def resolve_schedule(trainer: pl.Trainer, base_lr: float, lr: float | None, warm
     steps_per_epoch = math.ceil(trainer.num_training_batches / accumulate)
     warmup_steps = round(warmup_epochs * steps_per_epoch)
     check_warmup(
-        warmup_steps, int(total_steps), f"model.warmup_epochs={warmup_epochs} at {steps_per_epoch} steps/epoch"
+        warmup_steps, int(total_steps), f"model.warmup_epochs={warmup_epochs}", f" of {steps_per_epoch} per epoch"
     )
     resolved_lr = lr if lr is not None else scaled_lr(base_lr, effective)
     return ResolvedSchedule(batch_size, effective, resolved_lr, steps_per_epoch, warmup_steps, int(total_steps))
