@@ -1,4 +1,4 @@
-"""``python -m mae.demo --checkpoint CKPT``: the local reconstruction page (see ``mae.cli.demo_main``)."""
+"""``python -m mae.demo --checkpoint CKPT``: the local reconstruction page (see ``mae.cli.demo``)."""
 
 from mae.cli import demo_main
 from mae.command import run_command

@@ -1,4 +1,4 @@
-"""``python -m mae.knn --checkpoint CKPT --data.class_path ...`` (see ``mae.cli.knn_main``)."""
+"""``python -m mae.knn --checkpoint CKPT --data.class_path ...`` (see ``mae.cli.knn``)."""
 
 from mae.cli import knn_main
 from mae.command import run_command

@@ -1,4 +1,4 @@
-"""``python -m mae.probe --checkpoint CKPT --data.class_path ...`` (see ``mae.cli.probe_main``)."""
+"""``python -m mae.probe --checkpoint CKPT --data.class_path ...`` (see ``mae.cli.probe``)."""
 
 from mae.cli import probe_main
 from mae.command import run_command

@@ -1,4 +1,4 @@
-"""``python -m mae.reconstruct --checkpoint CKPT IMAGE_OR_FOLDER...`` (see ``mae.cli.reconstruct_main``)."""
+"""``python -m mae.reconstruct --checkpoint CKPT IMAGE_OR_FOLDER...`` (see ``mae.cli.reconstruct``)."""
 
 from mae.cli import reconstruct_main
 from mae.command import run_command

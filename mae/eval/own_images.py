@@ -12,12 +12,12 @@ from PIL import Image, ImageDraw
 
 from mae.convert.backbone import load_mae
 from mae.convert.sources import read_checkpoint
-from mae.data import DEFAULT_MAX_PIXELS, IMAGENET_MEAN, IMAGENET_STD
+from mae.data import DEFAULT_MAX_PIXELS
 from mae.data.decoding.arrays import chw_tensor, pixel_format
 from mae.data.decoding.formats import READERS
 from mae.data.decoding.image import read_image
 from mae.data.views.arrays import ArrayView
-from mae.data.views.normalize import check_statistics
+from mae.data.views.normalize import check_statistics, normalization
 from mae.eval.visualize import reconstruct, reconstruction_grid
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.masking import check_visible_patches, sample_noise
@@ -47,7 +47,7 @@ class Normalization:
             return cls(data["in_chans"], tuple(data["mean"]), tuple(data["std"]))
         if in_chans != 3:
             raise ValueError(f"{source} does not record its data's mean and std: pass --mean and --std")
-        return cls(3, tuple(IMAGENET_MEAN), tuple(IMAGENET_STD))
+        return cls(3, *normalization(3, None, None))  # the data modules' default for RGB: ImageNet's
 
 
 def load_reconstructor(

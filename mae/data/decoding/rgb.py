@@ -115,6 +115,17 @@ def _read_bytes(path: str | os.PathLike) -> torch.Tensor:
     return data
 
 
+def check_jpeg_size(data: torch.Tensor, name: str, max_pixels: int | None) -> None:
+    """Refuse JPEG bytes (1-D uint8) whose header's pixel count is over ``max_pixels``, before decoding.
+
+    Raises:
+        PIL.Image.DecompressionBombError: naming ``name``, its size and the limit.
+    """
+    size = jpeg_size(data[:65536].numpy().tobytes())
+    if size is not None:
+        check_pixel_count(name, *size, max_pixels)
+
+
 def decode_jpeg_checked(
     data: torch.Tensor, name: str, max_pixels: int | None = DEFAULT_MAX_PIXELS, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
@@ -125,9 +136,7 @@ def decode_jpeg_checked(
         OSError: corrupt or truncated data, naming ``name`` (PIL's error type, so loaders skip it).
         PIL.Image.DecompressionBombError: over ``max_pixels``, before decoding.
     """
-    size = jpeg_size(data[:65536].numpy().tobytes())
-    if size is not None:
-        check_pixel_count(name, *size, max_pixels)
+    check_jpeg_size(data, name, max_pixels)
     try:
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError as err:  # corrupt or truncated

@@ -16,8 +16,8 @@ import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from mae.data.decoding.formats import EncodedImage
-from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_pixel_count
-from mae.data.decoding.rgb import decode_jpeg_checked, is_jpeg, jpeg_size, read_rgb
+from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
+from mae.data.decoding.rgb import check_jpeg_size, decode_jpeg_checked, is_jpeg, read_rgb
 from mae.data.views.crop import CROP_SCALE, random_crop, resized_crop
 
 DecodeOn = Literal["auto", "cpu", "gpu"]
@@ -103,10 +103,8 @@ def decode_pretrain_batch(
     device = torch.device(device)
     jpeg = [i for i, data in enumerate(images) if is_jpeg(data)]
     decoded: list[torch.Tensor | None] = [None] * len(images)
-    for i in jpeg:
-        size_wh = jpeg_size(images[i][:65536].numpy().tobytes())
-        if size_wh is not None:
-            check_pixel_count(names[i], *size_wh, max_pixels)
+    for i in jpeg:  # the whole batch is decoded at once: every header is checked first
+        check_jpeg_size(images[i], names[i], max_pixels)
     if jpeg:
         try:
             batch = decode_jpeg([images[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
