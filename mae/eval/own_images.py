@@ -20,7 +20,7 @@ from mae.data.views.arrays import ArrayView
 from mae.data.views.normalize import check_statistics, normalization
 from mae.eval.visualize import reconstruct, reconstruction_grid
 from mae.models.mae import MaskedAutoencoderViT
-from mae.models.masking import check_visible_patches, sample_noise
+from mae.models.masking import check_mask_ratio, check_visible_patches, sample_noise
 
 Unnormalize = Literal["patch", "none"]
 
@@ -142,9 +142,11 @@ def mask_noise(
     Raises:
         ValueError: a ratio the strategy cannot produce, or one that leaves no visible patch.
     """
+    strategy = strategy or model.mask_strategy
+    check_mask_ratio(mask_ratio, strategy)
     check_visible_patches(model.grid_size, mask_ratio)
     generator = torch.Generator().manual_seed(seed)
-    noise = sample_noise(strategy or model.mask_strategy, 1 if same_mask else count, model.grid_size, mask_ratio,
+    noise = sample_noise(strategy, 1 if same_mask else count, model.grid_size, mask_ratio,
                          "cpu", generator)  # fmt: skip
     return noise.expand(count, -1).contiguous()
 

@@ -21,7 +21,6 @@ from mae.models.masking import (
     check_visible_patches,
     random_masking,
     sample_noise,
-    strategy_noise,
 )
 from mae.models.pos_embed import sincos_2d
 
@@ -164,7 +163,9 @@ class MaskedAutoencoderViT(nn.Module):
         device: torch.device | str = "cpu",
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """(N, L) masking scores for this model's strategy (small score = visible patch)."""
+        """(N, L) masking scores for this model's strategy (small score = visible patch), for a ratio
+        this model can mask at (``check_mask_ratio``)."""
+        self.check_mask_ratio(mask_ratio)
         return sample_noise(self.mask_strategy, batch_size, self.grid_size, mask_ratio, device, generator)
 
     def forward_encoder(
@@ -186,7 +187,7 @@ class MaskedAutoencoderViT(nn.Module):
         x = self.patch_embed(imgs)
         x = x + self.pos_embed[:, 1:, :]
         if noise is None:
-            noise = strategy_noise(self.mask_strategy, x.shape[0], self.grid_size, mask_ratio, x.device)
+            noise = sample_noise(self.mask_strategy, x.shape[0], self.grid_size, mask_ratio, x.device)
         x, mask, ids_restore = random_masking(x, mask_ratio, noise)
 
         cls_token = self.cls_token + self.pos_embed[:, :1, :]

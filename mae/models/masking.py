@@ -16,7 +16,7 @@ from typing import Literal, get_args
 
 import torch
 
-# The strategies, listed once: a new one is added here and given its scores in ``strategy_noise``.
+# The strategies, listed once: a new one is added here and given its scores in ``sample_noise``.
 MaskStrategy = Literal["random", "block", "grid"]
 MASK_STRATEGIES: tuple[str, ...] = get_args(MaskStrategy)
 
@@ -174,23 +174,12 @@ def sample_noise(
     device: torch.device | str = "cpu",
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """(N, L) masking scores for ``strategy``; pass them to ``random_masking`` as ``noise``.
+    """(N, L) masking scores for ``strategy``; pass them to ``random_masking`` as ``noise``. The
+    strategy and ratio are checked where they enter (``check_mask_ratio``: the model's public entry,
+    the module at build, a command's option), not again here.
 
     ``generator`` must live on the CPU for ``block`` and on ``device`` for ``random``.
     """
-    check_mask_ratio(mask_ratio, strategy)
-    return strategy_noise(strategy, batch_size, grid_size, mask_ratio, device, generator)
-
-
-def strategy_noise(
-    strategy: str,
-    batch_size: int,
-    grid_size: tuple[int, int],
-    mask_ratio: float,
-    device: torch.device | str = "cpu",
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """``sample_noise`` for a strategy and ratio checked already (``check_mask_ratio``)."""
     L = grid_size[0] * grid_size[1]
     if strategy == "random":
         return torch.rand(batch_size, L, device=device, generator=generator)
@@ -198,4 +187,4 @@ def strategy_noise(
         return block_noise(batch_size, grid_size, mask_ratio, generator).to(device)
     if strategy == "grid":
         return grid_noise(batch_size, grid_size).to(device)
-    raise NotImplementedError(f"mask strategy {strategy!r} is listed in MaskStrategy but has no scores here")
+    raise NotImplementedError(f"mask strategy {strategy!r} is listed in MaskStrategy but has no scores in sample_noise")

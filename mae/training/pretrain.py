@@ -11,7 +11,7 @@ from mae.convert.architecture import mae_record
 from mae.convert.backbone import init_mae_from
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
-from mae.models.masking import MaskStrategy
+from mae.models.masking import MaskStrategy, sample_noise
 from mae.training.base import MAETrainingModule, check_kernel_settings
 from mae.training.optim import (
     ParamGroupPlan,
@@ -166,7 +166,9 @@ class MAEPretrainModule(MAETrainingModule):
         imgs = model_input(batch)
         # The same masks every epoch, so validation losses are comparable across epochs.
         generator = torch.Generator().manual_seed(batch_idx)
-        noise = self.model.sample_noise(imgs.shape[0], self.mask_ratio, "cpu", generator).to(imgs.device)
+        model = self.model  # its strategy and this ratio were checked at build
+        noise = sample_noise(model.mask_strategy, imgs.shape[0], model.grid_size, self.mask_ratio, "cpu", generator)
+        noise = noise.to(imgs.device)
         loss, _, _ = self.model(imgs, self.mask_ratio, noise)
         self.val_loss.update(loss, weight=imgs.shape[0])  # reduced exactly across processes
         self.log("val/loss", self.val_loss, prog_bar=True)
