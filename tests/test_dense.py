@@ -1,0 +1,90 @@
+"""The encoder as a detection backbone: ViTDet's simple feature pyramid, taken by torchvision's
+detectors as it is."""
+
+import pytest
+import torch
+from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
+
+from mae.convert.backbone import build_vit, load_backbone
+from mae.dense.pyramid import FEATURE_NAMES, SimpleFeaturePyramid, feature_pyramid
+from mae.models import create_model
+from tests.helpers import TINY_KWARGS, tiny_pretraining_checkpoint
+
+
+def _vit(depth: int = 1):
+    config = create_model("mae_vit_tiny_patch4", img_size=16, **{**TINY_KWARGS, "depth": depth}).config
+    return build_vit(config, img_size=16, dynamic_img_size=True)
+
+
+def test_pyramid__five_maps_at_vitdet_strides_for_any_input_size():
+    torch.manual_seed(0)
+    pyramid = SimpleFeaturePyramid(_vit(), out_channels=24)
+    maps = pyramid(torch.randn(2, 3, 30, 45))  # neither square nor a multiple of the 4 px patch
+    assert list(maps) == list(FEATURE_NAMES) and pyramid.out_channels == 24
+    assert pyramid.strides == (1.0, 2.0, 4.0, 8.0, 16.0)  # p/4, p/2, p, 2p, 4p for p = 4
+    padded = (32, 48)  # padded at the right and bottom to the patch grid: 8 x 12 patches
+    for (name, m), stride in zip(maps.items(), pyramid.strides, strict=True):
+        assert m.shape[:2] == (2, 24), name
+        assert m.shape[2:] == (int(padded[0] // stride), int(padded[1] // stride)), name
+
+
+def test_pyramid__an_intermediate_block_feeds_it_and_bad_settings_are_named():
+    vit = _vit(depth=2)
+    torch.manual_seed(0)
+    first = SimpleFeaturePyramid(vit, out_channels=8, block=0)
+    torch.manual_seed(0)
+    last = SimpleFeaturePyramid(vit, out_channels=8)
+    images = torch.randn(1, 3, 16, 16)
+    assert not torch.allclose(first(images)["2"], last(images)["2"])  # same heads, other block
+    with pytest.raises(ValueError, match="pyramid block 5 is not one of the encoder's 2 blocks"):
+        SimpleFeaturePyramid(vit, block=5)
+    config = create_model("mae_vit_tiny_patch4", img_size=16, **TINY_KWARGS).config
+    with pytest.raises(ValueError, match="dynamic_img_size=True"):
+        SimpleFeaturePyramid(build_vit(config, img_size=16))
+
+
+def test_pyramid__from_a_pretraining_checkpoint_holds_its_encoder(tmp_path):
+    checkpoint = tiny_pretraining_checkpoint(tmp_path)
+    pyramid = feature_pyramid(checkpoint, out_channels=16)
+    reference = load_backbone(checkpoint)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(pyramid.vit.state_dict()[name], value, rtol=0, atol=0)
+    assert pyramid(torch.randn(1, 3, 64, 80))["pool"].shape == (1, 16, 4, 5)  # 4x the 16 px pretraining size
+
+
+def _scenes(count: int, size: int = 64) -> tuple[list[torch.Tensor], list[dict]]:
+    """Bright squares on noise: one box (and its mask) of class 1 or 2 per image."""
+    generator = torch.Generator().manual_seed(0)
+    images, targets = [], []
+    for i in range(count):
+        image = torch.rand(3, size, size, generator=generator) * 0.2
+        x0, y0 = 8 + 6 * i, 10 + 4 * i
+        image[:, y0 : y0 + 24, x0 : x0 + 20] = 0.9
+        mask = torch.zeros(1, size, size, dtype=torch.uint8)
+        mask[:, y0 : y0 + 24, x0 : x0 + 20] = 1
+        boxes = torch.tensor([[x0, y0, x0 + 20, y0 + 24]], dtype=torch.float32)
+        targets.append({"boxes": boxes, "labels": torch.tensor([1 + i % 2]), "masks": mask})
+        images.append(image)
+    return images, targets
+
+
+@pytest.mark.parametrize("detector", [FasterRCNN, MaskRCNN, RetinaNet])
+def test_detectors__take_the_pyramid_as_backbone_and_train(detector):
+    torch.manual_seed(0)
+    sizes = dict(min_size=64, max_size=64)  # small images: the test runs in seconds on a CPU
+    model = detector(SimpleFeaturePyramid(_vit(), out_channels=32), num_classes=3, **sizes)
+    images, targets = _scenes(2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model.train()
+    losses = []
+    for _ in range(6):
+        loss = sum(model(images, targets).values())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    model.eval()
+    with torch.no_grad():
+        (prediction,) = model(images[:1])
+    assert {"boxes", "scores", "labels"} <= set(prediction)
