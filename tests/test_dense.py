@@ -43,6 +43,20 @@ def test_pyramid__an_intermediate_block_feeds_it_and_bad_settings_are_named():
         SimpleFeaturePyramid(build_vit(config, img_size=16))
 
 
+def test_pyramid__activation_checkpointing_gives_the_same_maps_and_gradients():
+    images = torch.randn(2, 3, 24, 20)
+    results = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        pyramid = SimpleFeaturePyramid(_vit(depth=2), out_channels=8, activation_checkpointing=checkpointing)
+        assert pyramid.vit.grad_checkpointing is checkpointing
+        maps = pyramid(images)
+        sum(m.square().mean() for m in maps.values()).backward()
+        results.append((maps["0"].detach(), pyramid.vit.blocks[0].attn.qkv.weight.grad))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_pyramid__from_a_pretraining_checkpoint_holds_its_encoder(tmp_path):
     checkpoint = tiny_pretraining_checkpoint(tmp_path)
     pyramid = feature_pyramid(checkpoint, out_channels=16)
