@@ -1,7 +1,16 @@
 import pytest
 import torch
 
-from mae.models.masking import block_noise, check_mask_ratio, grid_noise, num_kept, random_masking, sample_noise
+from mae.models.masking import (
+    MASK_STRATEGIES,
+    STRATEGY_SCORES,
+    block_noise,
+    check_mask_ratio,
+    grid_noise,
+    num_kept,
+    random_masking,
+    sample_noise,
+)
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.4, 0.75, 0.9, 0.999])
@@ -93,3 +102,10 @@ def test_sample_noise__random_is_uniform_noise_of_shape_N_L():
     noise = sample_noise("random", 5, (4, 4), 0.75, generator=torch.Generator().manual_seed(0))
     assert noise.shape == (5, 16)
     assert noise.min() >= 0 and noise.max() < 1
+
+
+def test_strategies__every_listed_name_has_scores_and_every_scorer_a_name():
+    assert tuple(STRATEGY_SCORES) == MASK_STRATEGIES
+    for strategy in MASK_STRATEGIES:
+        noise = sample_noise(strategy, 3, (4, 4), 0.75, generator=torch.Generator().manual_seed(0))
+        assert noise.shape == (3, 16) and num_kept(16, 0.75) == 4

@@ -16,7 +16,7 @@ from typing import Literal, get_args
 
 import torch
 
-# The strategies, listed once: a new one is added here and given its scores in ``sample_noise``.
+# The strategies, listed once: a new one is added here and given its scores in ``STRATEGY_SCORES``.
 MaskStrategy = Literal["random", "block", "grid"]
 MASK_STRATEGIES: tuple[str, ...] = get_args(MaskStrategy)
 
@@ -180,11 +180,15 @@ def sample_noise(
 
     ``generator`` must live on the CPU for ``block`` and on ``device`` for ``random``.
     """
-    L = grid_size[0] * grid_size[1]
-    if strategy == "random":
-        return torch.rand(batch_size, L, device=device, generator=generator)
-    if strategy == "block":
-        return block_noise(batch_size, grid_size, mask_ratio, generator).to(device)
-    if strategy == "grid":
-        return grid_noise(batch_size, grid_size).to(device)
-    raise NotImplementedError(f"mask strategy {strategy!r} is listed in MaskStrategy but has no scores in sample_noise")
+    return STRATEGY_SCORES[strategy](batch_size, grid_size, mask_ratio, device, generator)
+
+
+# Each strategy's scores: (batch_size, grid_size, mask_ratio, device, generator) -> (N, L). A new
+# strategy adds its name to ``MaskStrategy`` and its scores here (a test checks the two agree).
+STRATEGY_SCORES = {
+    "random": lambda n, grid, ratio, device, generator: torch.rand(
+        n, grid[0] * grid[1], device=device, generator=generator
+    ),
+    "block": lambda n, grid, ratio, device, generator: block_noise(n, grid, ratio, generator).to(device),
+    "grid": lambda n, grid, ratio, device, generator: grid_noise(n, grid).to(device),
+}
