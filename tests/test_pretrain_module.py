@@ -126,6 +126,21 @@ def test_monitors__a_run_told_to_stop_is_evaluated_at_its_last_epoch(tmp_path):
     assert trainer.current_epoch == 2 and "val/knn_acc1" in trainer.callback_metrics
 
 
+def test_monitors__a_probe_on_one_class_is_refused_before_the_first_step(tmp_path):
+    from mae.data import ImageFolderDataModule
+    from mae.training.callbacks import ProbeCallback
+    from tests.helpers import write_image_folder
+
+    write_image_folder(tmp_path / "data" / "train", ["only"], 4, size=(16, 16))
+    write_image_folder(tmp_path / "data" / "val", ["only"], 2, size=(16, 16))
+    data = ImageFolderDataModule(str(tmp_path / "data"), img_size=16, batch_size=2, num_workers=0)
+    module = pretrain_module(warmup_epochs=0)
+    trainer = make_trainer(tmp_path, max_epochs=2, callbacks=[ProbeCallback(every_n_epochs=1)])
+    with pytest.raises(ValueError, match="probe.every_n_epochs=1: a linear probe needs .* 2 or more classes"):
+        trainer.fit(module, datamodule=data)
+    assert trainer.global_step == 0
+
+
 def test_module__accumulation_longer_than_an_epoch_still_updates_every_epoch(tmp_path):
     module = pretrain_module(base_lr=1e-3, warmup_epochs=0)
     before = [p.detach().clone() for p in module.parameters()]

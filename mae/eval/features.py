@@ -24,8 +24,10 @@ def pooled(model: torch.nn.Module, pool: Pool) -> Callable[[torch.Tensor], torch
 
     def encode(imgs: torch.Tensor) -> torch.Tensor:
         tokens = model.forward_features(imgs)
-        parts = {"cls": [tokens[:, 0]], "avg": [tokens[:, 1:].mean(1)], "both": [tokens[:, 0], tokens[:, 1:].mean(1)]}
-        return torch.cat(parts[pool], dim=1).float()
+        if pool == "cls":
+            return tokens[:, 0].float()
+        patches = tokens[:, 1:].mean(1)
+        return (patches if pool == "avg" else torch.cat([tokens[:, 0], patches], dim=1)).float()
 
     return encode
 

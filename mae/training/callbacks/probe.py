@@ -2,6 +2,7 @@
 
 import lightning.pytorch as pl
 
+from mae.data import ImageDataModule
 from mae.eval.probe import Pool, ProbeSettings, evaluate
 from mae.training.base import MAETrainingModule
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating, evaluation_data
@@ -37,6 +38,15 @@ class ProbeCallback(PeriodicMonitor):
         self.settings = ProbeSettings(pool, lrs=lrs, weight_decays=weight_decays, max_epochs=max_epochs,
                                       patience=patience)  # fmt: skip
         self.max_train = max_train
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # At start-up, not at the first probe epoch hours into the run.
+        data = trainer.datamodule
+        if self.every_n_epochs and isinstance(data, ImageDataModule) and data.num_labels < 2:
+            raise ValueError(
+                f"probe.every_n_epochs={self.every_n_epochs}: a linear probe needs labelled data with 2 or more "
+                f"classes; {type(data).__name__} has {data.num_labels}; set probe.every_n_epochs: 0"
+            )
 
     def monitor(self, trainer: pl.Trainer, pl_module: MAETrainingModule, epoch: int) -> None:
         data = evaluation_data(trainer)
