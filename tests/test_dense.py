@@ -36,6 +36,8 @@ def test_pyramid__an_intermediate_block_feeds_it_and_bad_settings_are_named():
     last = SimpleFeaturePyramid(vit, out_channels=8)
     images = torch.randn(1, 3, 16, 16)
     assert not torch.allclose(first(images)["2"], last(images)["2"])  # same heads, other block
+    with pytest.raises(ValueError, match=r"4x3 px are too small for the feature pyramid: .* \(at least 5x5 px\)"):
+        last(torch.randn(1, 3, 4, 3))
     with pytest.raises(ValueError, match="pyramid block 5 is not one of the encoder's 2 blocks"):
         SimpleFeaturePyramid(vit, block=5)
     config = create_model("mae_vit_tiny_patch4", img_size=16, **TINY_KWARGS).config

@@ -112,6 +112,12 @@ class SimpleFeaturePyramid(nn.Module):
         return F.pad(images, (0, -width % pw, 0, -height % ph))
 
     def forward(self, images: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
+        ph, pw = self.patch_size
+        if images.shape[-2] <= ph or images.shape[-1] <= pw:  # the 1/2x map needs 2 patches a side
+            raise ValueError(
+                f"images of {images.shape[-2]}x{images.shape[-1]} px are too small for the feature pyramid: it "
+                f"needs more than one {ph}x{pw} patch along each side (at least {ph + 1}x{pw + 1} px)"
+            )
         (features,) = self.vit.forward_intermediates(
             self.pad(images), indices=[self.block], stop_early=True, intermediates_only=True
         )  # (N, D, H / p, W / p)
