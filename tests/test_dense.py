@@ -51,9 +51,11 @@ def test_pyramid__activation_checkpointing_gives_the_same_maps_and_gradients():
     for checkpointing in (False, True):
         torch.manual_seed(0)
         pyramid = SimpleFeaturePyramid(_vit(depth=2), out_channels=8, activation_checkpointing=checkpointing)
-        assert pyramid.vit.grad_checkpointing is checkpointing
+        calls, mlp = [], pyramid.vit.blocks[0].mlp
+        mlp.forward = lambda x, forward=mlp.forward: (calls.append(1), forward(x))[1]  # (hooks skip recomputation)
         maps = pyramid(images)
         sum(m.square().mean() for m in maps.values()).backward()
+        assert len(calls) == (2 if checkpointing else 1)  # recomputed in the backward pass
         results.append((maps["0"].detach(), pyramid.vit.blocks[0].attn.qkv.weight.grad))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)
@@ -104,3 +106,49 @@ def test_detectors__take_the_pyramid_as_backbone_and_train(detector):
     with torch.no_grad():
         (prediction,) = model(images[:1])
     assert {"boxes", "scores", "labels"} <= set(prediction)
+
+
+def test_window_attention__equals_global_attention_when_one_window_covers_the_grid():
+    torch.manual_seed(0)
+    vit = _vit(depth=2)
+    pyramid = SimpleFeaturePyramid(vit, out_channels=8)
+    images = torch.randn(2, 3, 28, 20)  # a 7 x 5 patch grid
+    expected = pyramid.encode(pyramid.pad(images))
+    for window in (7, 9):  # exactly the grid; larger, so the window is padded (padding masked out)
+        pyramid.window_size, pyramid.global_blocks = window, ()
+        torch.testing.assert_close(pyramid.encode(pyramid.pad(images)), expected)
+
+
+def test_window_attention__each_window_attends_only_to_itself():
+    torch.manual_seed(0)
+    vit = _vit(depth=1)
+    pyramid = SimpleFeaturePyramid(vit, out_channels=8, window_size=3, global_blocks=())
+    images = torch.randn(1, 3, 20, 28)  # 5 x 7 patches: windows of 3 x 3, the last row and column padded
+    (features,) = pyramid.encode(images).values()  # (1, D, 5, 7)
+    # An independent reference: the block run on one window's tokens alone, no padding anywhere.
+    tokens = vit._pos_embed(vit.patch_embed(images))[:, 1:].reshape(1, 5, 7, -1)
+    for rows, cols in ((slice(0, 3), slice(0, 3)), (slice(3, 5), slice(6, 7)), (slice(3, 5), slice(3, 6))):
+        window = tokens[:, rows, cols]
+        alone = vit.blocks[0](window.reshape(1, -1, window.shape[-1])).reshape(window.shape)
+        torch.testing.assert_close(features[:, :, rows, cols].permute(0, 2, 3, 1), alone)
+    # The default global blocks are ViTDet's: the last of each quarter.
+    assert SimpleFeaturePyramid(_vit(depth=2), window_size=4).global_blocks == (0, 1)
+    from mae.dense.windows import default_global_blocks
+
+    assert default_global_blocks(12) == (2, 5, 8, 11) and default_global_blocks(24) == (5, 11, 17, 23)
+
+
+def test_pyramid__four_blocks_feed_four_scales_and_window_settings_are_checked():
+    torch.manual_seed(0)
+    vit = _vit(depth=4)
+    pyramid = SimpleFeaturePyramid(vit, out_channels=8, block=(0, 1, 2, 3))
+    maps = pyramid(torch.randn(1, 3, 16, 16))
+    assert [tuple(m.shape[2:]) for m in maps.values()] == [(16, 16), (8, 8), (4, 4), (2, 2), (1, 1)]
+    with pytest.raises(ValueError, match="one block or 4"):
+        SimpleFeaturePyramid(vit, block=(0, 1))
+    with pytest.raises(ValueError, match="global block 7 is not one of the encoder's 4 blocks"):
+        SimpleFeaturePyramid(vit, window_size=2, global_blocks=(7,))
+    with pytest.raises(ValueError, match="global_blocks only applies with window attention"):
+        SimpleFeaturePyramid(vit, global_blocks=(1,))
+    with pytest.raises(ValueError, match="window_size must be a positive"):
+        SimpleFeaturePyramid(vit, window_size=0)

@@ -8,9 +8,14 @@ followed by a LayerNorm over channels, as ViTDet does; a last map max-pooled fro
 (detectron2's and torchvision's ``LastLevelMaxPool``) makes five. The output is the ``OrderedDict``
 ``{"0", "1", "2", "3", "pool"}`` with ``out_channels``, the interface of torchvision's FPN backbones,
 so ``FasterRCNN``, ``MaskRCNN`` and ``RetinaNet`` take it as ``backbone=`` as they are.
+
+As in ViTDet, the encoder runs on the patch tokens only: the pretrained cls token is left out (its
+position embedding with it). Optionally, most blocks attend within windows (``mae.dense.windows``), and
+the four maps can come from four blocks (the BEiT / MAE segmentation setting) instead of one.
 """
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +24,10 @@ from timm.layers import LayerNorm2d
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from mae.convert.backbone import load_backbone
+from mae.dense.windows import block_in_windows, default_global_blocks
 
 # The pyramid's scales relative to the ViT's stride-p map (ViTDet: strides 4, 8, 16, 32 for p = 16).
 SCALES = (4.0, 2.0, 1.0, 0.5)
@@ -51,10 +58,16 @@ class SimpleFeaturePyramid(nn.Module):
         vit: the encoder (``mae.load_backbone``'s, or any timm ViT) built with ``dynamic_img_size=True``:
             it is run on all patches, its position embeddings resampled to each input's patch grid.
         out_channels: channels of every output map (ViTDet: 256).
-        block: the block whose output feeds the pyramid (default: the last; ViTDet uses the last).
+        block: the block whose output feeds the pyramid (default: the last, as ViTDet), or four blocks,
+            one per scale from the finest (the MAE paper's segmentation setting, after BEiT: blocks
+            3, 5, 7, 11 of ViT-B).
+        window_size: ViTDet's window attention: blocks other than ``global_blocks`` attend within
+            ``window_size x window_size`` patch windows (ViTDet: 14 for 1024 px at p = 16). None: every
+            block attends globally.
+        global_blocks: the blocks that keep global attention when ``window_size`` is set (default: the
+            last of each quarter, ViTDet's 2, 5, 8, 11 for 12 blocks).
         activation_checkpointing: recompute each block's activations in the backward pass instead of
-            keeping them (timm's gradient checkpointing): far less memory at detection sizes (1024 px),
-            about a third more compute.
+            keeping them: far less memory at detection sizes (1024 px), about a third more compute.
 
     Input: (N, C, H, W) images of any size; the right and bottom are zero-padded to a multiple of the
     patch size (the maps cover the padded image). Output: ``OrderedDict`` of (N, out_channels, h_k, w_k)
@@ -65,14 +78,30 @@ class SimpleFeaturePyramid(nn.Module):
         self,
         vit: VisionTransformer,
         out_channels: int = 256,
-        block: int | None = None,
+        block: int | Sequence[int] | None = None,
+        window_size: int | None = None,
+        global_blocks: Sequence[int] | None = None,
         activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         depth = len(vit.blocks)
-        self.block = depth - 1 if block is None else block
-        if not 0 <= self.block < depth:
-            raise ValueError(f"pyramid block {block} is not one of the encoder's {depth} blocks (0 .. {depth - 1})")
+        if block is None:
+            block = depth - 1
+        self.blocks = (block,) * len(SCALES) if isinstance(block, int) else tuple(block)
+        if len(self.blocks) != len(SCALES):
+            raise ValueError(f"pyramid block must be one block or {len(SCALES)} (one per scale); got {block}")
+        for b in self.blocks:
+            if not 0 <= b < depth:
+                raise ValueError(f"pyramid block {b} is not one of the encoder's {depth} blocks (0 .. {depth - 1})")
+        if window_size is not None and window_size < 1:
+            raise ValueError(f"window_size must be a positive number of patches, or None; got {window_size}")
+        if window_size is None and global_blocks is not None:
+            raise ValueError("global_blocks only applies with window attention: set window_size too")
+        self.window_size = window_size
+        self.global_blocks = tuple(default_global_blocks(depth) if global_blocks is None else global_blocks)
+        for b in self.global_blocks:
+            if not 0 <= b < depth:
+                raise ValueError(f"global block {b} is not one of the encoder's {depth} blocks (0 .. {depth - 1})")
         dim = vit.embed_dim
         if dim % 4:
             raise ValueError(f"the encoder's width {dim} must be divisible by 4 for the 4x deconvolutions")
@@ -81,8 +110,8 @@ class SimpleFeaturePyramid(nn.Module):
                 "the feature pyramid takes inputs of any size: build its encoder with dynamic_img_size=True "
                 "(mae.load_backbone(..., dynamic_img_size=True), as mae.dense.pyramid.feature_pyramid does)"
             )
-        vit.set_grad_checkpointing(activation_checkpointing)
         self.vit = vit
+        self.activation_checkpointing = activation_checkpointing
         self.patch_size = vit.patch_embed.patch_size  # (ph, pw)
         self.out_channels = out_channels
         self.rescale = nn.ModuleList()
@@ -111,6 +140,33 @@ class SimpleFeaturePyramid(nn.Module):
         height, width = images.shape[-2:]
         return F.pad(images, (0, -width % pw, 0, -height % ph))
 
+    def encode(self, images: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The chosen blocks' outputs for (N, C, H, W) images (H, W multiples of the patch size):
+        ``{block: (N, D, H / p, W / p)}``, the encoder run on patch tokens only."""
+        vit = self.vit
+        tokens = vit._pos_embed(vit.patch_embed(images))  # (N, prefix + h * w, D), embeddings resampled
+        tokens = vit.norm_pre(vit.patch_drop(tokens))[:, vit.num_prefix_tokens :]  # ViTDet drops the cls token
+        n, _, height, width = images.shape
+        h, w = height // self.patch_size[0], width // self.patch_size[1]
+        tokens = tokens.reshape(n, h, w, -1)
+        outputs = {}
+        for index, block in enumerate(vit.blocks[: max(self.blocks) + 1]):
+            tokens = self._run_block(index, block, tokens)
+            if index in self.blocks:
+                outputs[index] = tokens.permute(0, 3, 1, 2)
+        return outputs
+
+    def _run_block(self, index: int, block: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """(N, h, w, D) tokens through one block, in windows unless it is a global block."""
+        n, h, w, d = tokens.shape
+        if self.window_size is not None and index not in self.global_blocks:
+            run = lambda t: block_in_windows(block, t, self.window_size)  # noqa: E731
+        else:
+            run = lambda t: block(t.reshape(n, h * w, d)).reshape(n, h, w, d)  # noqa: E731
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(run, tokens, use_reentrant=False)
+        return run(tokens)
+
     def forward(self, images: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
         ph, pw = self.patch_size
         if images.shape[-2] <= ph or images.shape[-1] <= pw:  # the 1/2x map needs 2 patches a side
@@ -118,10 +174,11 @@ class SimpleFeaturePyramid(nn.Module):
                 f"images of {images.shape[-2]}x{images.shape[-1]} px are too small for the feature pyramid: it "
                 f"needs more than one {ph}x{pw} patch along each side (at least {ph + 1}x{pw + 1} px)"
             )
-        (features,) = self.vit.forward_intermediates(
-            self.pad(images), indices=[self.block], stop_early=True, intermediates_only=True
-        )  # (N, D, H / p, W / p)
-        maps = [project(rescale(features)) for rescale, project in zip(self.rescale, self.project, strict=True)]
+        features = self.encode(self.pad(images))
+        maps = [
+            project(rescale(features[block]))
+            for block, rescale, project in zip(self.blocks, self.rescale, self.project, strict=True)
+        ]
         maps.append(F.max_pool2d(maps[-1], kernel_size=1, stride=2))  # torchvision's LastLevelMaxPool
         return OrderedDict(zip(FEATURE_NAMES, maps, strict=True))
 
@@ -129,11 +186,13 @@ class SimpleFeaturePyramid(nn.Module):
 def feature_pyramid(
     source: "str | Path",
     out_channels: int = 256,
-    block: int | None = None,
+    block: int | Sequence[int] | None = None,
+    window_size: int | None = None,
+    global_blocks: Sequence[int] | None = None,
     activation_checkpointing: bool = False,
     **backbone_kwargs: Any,
 ) -> SimpleFeaturePyramid:
     """A ``SimpleFeaturePyramid`` over the pretrained encoder of ``source`` (any checkpoint format
     ``mae.load_backbone`` reads; ``backbone_kwargs`` go to it: ``in_chans``, ``drop_path_rate``, ...)."""
     vit = load_backbone(source, dynamic_img_size=True, **backbone_kwargs)
-    return SimpleFeaturePyramid(vit, out_channels, block, activation_checkpointing)
+    return SimpleFeaturePyramid(vit, out_channels, block, window_size, global_blocks, activation_checkpointing)
