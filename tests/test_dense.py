@@ -1,6 +1,8 @@
 """The encoder as a detection backbone: ViTDet's simple feature pyramid, taken by torchvision's
 detectors as it is."""
 
+import copy
+
 import pytest
 import torch
 from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
@@ -29,13 +31,19 @@ def test_pyramid__five_maps_at_vitdet_strides_for_any_input_size():
 
 
 def test_pyramid__an_intermediate_block_feeds_it_and_bad_settings_are_named():
+    torch.manual_seed(0)
     vit = _vit(depth=2)
     torch.manual_seed(0)
-    first = SimpleFeaturePyramid(vit, out_channels=8, block=0)
+    last = SimpleFeaturePyramid(copy.deepcopy(vit), out_channels=8)
     torch.manual_seed(0)
-    last = SimpleFeaturePyramid(vit, out_channels=8)
+    first = SimpleFeaturePyramid(copy.deepcopy(vit), out_channels=8, block=0)
+    assert len(first.vit.blocks) == 1 and len(last.vit.blocks) == 2  # blocks after the one used are dropped
     images = torch.randn(1, 3, 16, 16)
     assert not torch.allclose(first(images)["2"], last(images)["2"])  # same heads, other block
+    maps = last(images)
+    sum(m.sum() for m in maps.values()).backward()
+    unused = [name for name, p in last.named_parameters() if p.grad is None]
+    assert unused == []  # DDP needs a gradient for every parameter (the left-out cls token's is zero)
     with pytest.raises(ValueError, match=r"4x3 px are too small for the feature pyramid: .* \(at least 5x5 px\)"):
         last(torch.randn(1, 3, 4, 3))
     with pytest.raises(ValueError, match="pyramid block 5 is not one of the encoder's 2 blocks"):

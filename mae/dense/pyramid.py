@@ -69,6 +69,9 @@ class SimpleFeaturePyramid(nn.Module):
         activation_checkpointing: recompute each block's activations in the backward pass instead of
             keeping them: far less memory at detection sizes (1024 px), about a third more compute.
 
+    The pyramid owns ``vit`` and trims it: its classifier head and final norm are removed (ViTDet uses
+    neither), and blocks after the last one used.
+
     Input: (N, C, H, W) images of any size; the right and bottom are zero-padded to a multiple of the
     patch size (the maps cover the padded image). Output: ``OrderedDict`` of (N, out_channels, h_k, w_k)
     maps with strides ``p / 4``, ``p / 2``, ``p``, ``2p`` and ``4p`` (``strides``).
@@ -110,6 +113,11 @@ class SimpleFeaturePyramid(nn.Module):
                 "the feature pyramid takes inputs of any size: build its encoder with dynamic_img_size=True "
                 "(mae.load_backbone(..., dynamic_img_size=True), as mae.dense.pyramid.feature_pyramid does)"
             )
+        # What the maps do not use is dropped, so that every parameter gets a gradient (as DDP requires) and
+        # no compute is spent on blocks past the last one used: the head, the final norms, later blocks.
+        vit.reset_classifier(0)
+        vit.norm, vit.fc_norm = nn.Identity(), nn.Identity()
+        vit.blocks = vit.blocks[: max(self.blocks) + 1]
         self.vit = vit
         self.activation_checkpointing = activation_checkpointing
         self.patch_size = vit.patch_embed.patch_size  # (ph, pw)
@@ -150,7 +158,7 @@ class SimpleFeaturePyramid(nn.Module):
         h, w = height // self.patch_size[0], width // self.patch_size[1]
         tokens = tokens.reshape(n, h, w, -1)
         outputs = {}
-        for index, block in enumerate(vit.blocks[: max(self.blocks) + 1]):
+        for index, block in enumerate(vit.blocks):
             tokens = self._run_block(index, block, tokens)
             if index in self.blocks:
                 outputs[index] = tokens.permute(0, 3, 1, 2)
