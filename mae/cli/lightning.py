@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from mae.data import ImageDataModule
+from mae.dense.figures import PredictionFigures
 from mae.training.callbacks import (
     PREEMPTED_EXIT_CODE,
     ImageThroughputMonitor,
@@ -107,6 +108,39 @@ class FinetuneCLI(_MAECLI):
         )  # fmt: skip
 
 
+class DenseCLI(_MAECLI):
+    """``detect.py``: the class count comes from the data; the best checkpoint by ``val/map``;
+    prediction figures under ``figures``."""
+
+    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
+    best = "val/map"
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.set_defaults(
+            {"checkpoint.monitor": self.best, "checkpoint.mode": "max", "checkpoint.save_top_k": 1,
+             "checkpoint.every_n_epochs": 1}
+        )  # fmt: skip
+        parser.add_lightning_class_args(PredictionFigures, "figures")
+        parser.add_argument(
+            "--validate_only", type=bool, default=False,
+            help=f"Only evaluate ({self.best} on the validation split), e.g. a trained --ckpt_path",
+        )  # fmt: skip
+
+
+class SegmentCLI(DenseCLI):
+    """``segment.py``: as ``detect.py``, with the ignored label from the data too; the best checkpoint by
+    ``val/miou``."""
+
+    linked = {**DenseCLI.linked, "ignore_index": "data.ignore_index"}
+    best = "val/miou"
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.link_arguments("data.ignore_index", "model.ignore_index", apply_on="instantiate")
+
+
 # First line of a config that only changes another one (``configs/pretrain/imagenet_vit_base_1gpu.yaml``).
 _STACKS_ON = re.compile(r"^# stacks on: (\S+\.yaml)")
 
@@ -155,13 +189,19 @@ def _model_section_keys(argv: list[str]) -> set[str]:
     return keys
 
 
-def build(cli_class: type[_MAECLI], module: type, run_name: str, args: list[str] | None) -> tuple[Any, str | None]:
+def build(
+    cli_class: type[_MAECLI],
+    module: type,
+    run_name: str,
+    args: list[str] | None,
+    datamodule_class: type[pl.LightningDataModule] = ImageDataModule,
+) -> tuple[Any, str | None]:
     """Parse and instantiate (trainer defaults: ``trainer_defaults(run_name)``); then check
     ``--ckpt_path`` and harden the trainer, all before any work. Returns (cli, resolved ckpt_path)."""
     keep_freed_memory()  # no page faults re-mapping activations every step (mae.training.runtime)
     cli = cli_class(
         module,
-        ImageDataModule,
+        datamodule_class,
         subclass_mode_data=True,
         run=False,
         args=args,
@@ -196,6 +236,14 @@ def print_accuracy(metrics: dict[str, float]) -> None:
 
 
 @rank_zero_only
+def print_metrics(metrics: dict[str, Any], prefix: str = "val/") -> None:
+    """One line of the validation metrics whose names start with ``prefix`` (e.g. ``val/map 0.4312``)."""
+    shown = [f"{name} {float(value):.4f}" for name, value in sorted(metrics.items()) if name.startswith(prefix)]
+    if shown:
+        print("validation: " + ", ".join(shown), flush=True)
+
+
+@rank_zero_only
 def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
     """Tell the user where the run's outputs are and how the loss went (``log_dir``: found on every
     process beforehand, since finding it is a collective)."""
@@ -211,6 +259,9 @@ def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
     figures = [cb.last_path for cb in trainer.callbacks if isinstance(cb, ReconstructionCallback) and cb.last_path]
     if figures:
         lines.append(f"  {'reconstructions:':<18}{figures[0]}")
+    predictions = [cb.last_path for cb in trainer.callbacks if isinstance(cb, PredictionFigures) and cb.last_path]
+    if predictions:
+        lines.append(f"  {'predictions:':<18}{predictions[0]}")
     losses = getattr(trainer.lightning_module, "epoch_losses", [])
     if losses:
         shown = " -> ".join(f"{v:.4f}" for v in losses)

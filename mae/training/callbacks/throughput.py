@@ -6,11 +6,12 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 
 
 def _batch_size(batch: Any) -> int:
-    return batch[0].shape[0]
+    images = batch[0]
+    return len(images) if isinstance(images, list | tuple) else images.shape[0]  # detectors take image lists
 
 
 class ImageThroughputMonitor(ThroughputMonitor):
-    """ThroughputMonitor for ``(images, labels)`` batches. Logs ``train/device/samples_per_sec``
+    """ThroughputMonitor for ``(images, labels)`` batches (images a tensor or a list). Logs ``train/device/samples_per_sec``
     (images/s per device) and, with several devices, ``train/samples_per_sec``.
 
     Args:

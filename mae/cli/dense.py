@@ -1,0 +1,29 @@
+"""``python detect.py --config CONFIG`` and ``python segment.py --config CONFIG``: detection / instance
+segmentation and semantic segmentation from a pretrained encoder (LightningCLI, ``mae.cli.lightning``)."""
+
+import lightning.pytorch as pl
+
+from mae.cli.lightning import DenseCLI, SegmentCLI, build, fit, print_metrics, run
+from mae.dense.detection import MAEDetectionModule
+from mae.dense.segmentation import MAESegmentationModule
+
+
+def _main(cli_class: type[DenseCLI], module: type, run_name: str, args: list[str] | None) -> DenseCLI:
+    cli, ckpt_path = build(cli_class, module, run_name, args, pl.LightningDataModule)
+    if cli.config.validate_only:
+        results = run(cli, "validate", ckpt_path)
+        print_metrics(results[0] if results else {})
+        return cli
+    fit(cli, ckpt_path)
+    print_metrics(cli.trainer.callback_metrics)
+    return cli
+
+
+def detect_main(args: list[str] | None = None) -> DenseCLI:
+    """Train a detector (or only evaluate one), then print the validation mAP and where the outputs are."""
+    return _main(DenseCLI, MAEDetectionModule, "detect", args)
+
+
+def segment_main(args: list[str] | None = None) -> SegmentCLI:
+    """Train a segmenter (or only evaluate one), then print the validation mIoU and where the outputs are."""
+    return _main(SegmentCLI, MAESegmentationModule, "segment", args)

@@ -1,0 +1,143 @@
+"""What the detection and segmentation modules share: the pretrained encoder under a feature pyramid,
+the input normalisation, and the fine-tuning recipe's parameter groups (layer-wise lr decay on the
+encoder, the pyramid and heads at the full lr)."""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from timm.optim import param_groups_layer_decay
+from torch import nn
+
+from mae.convert.backbone import build_vit, load_backbone
+from mae.convert.sources import read_checkpoint
+from mae.data.views.normalize import normalization
+from mae.dense.pyramid import SimpleFeaturePyramid
+from mae.models import create_model
+from mae.training.base import MAETrainingModule, check_kernel_settings
+from mae.training.optim import ParamGroupPlan, check_schedule_settings
+
+DENSE_CLASS = "SimpleFeaturePyramid"  # the architecture record's class: an encoder under a pyramid and heads
+
+
+def build_pyramid(
+    checkpoint: str | None,
+    checkpoint_format: str,
+    model: str,
+    model_kwargs: dict[str, Any] | None,
+    img_size: int | tuple[int, int],
+    in_chans: int,
+    drop_path_rate: float,
+    pyramid: dict[str, Any],
+) -> SimpleFeaturePyramid:
+    """The pretrained encoder of ``checkpoint`` (any format ``mae.load_backbone`` reads), or the encoder of
+    the MAE size ``model`` freshly initialised when ``checkpoint`` is None, under a ``SimpleFeaturePyramid``
+    built with ``pyramid`` (its keyword arguments).
+
+    Raises:
+        FileNotFoundError: ``checkpoint`` does not exist, naming ``model.checkpoint``.
+    """
+    if checkpoint is None:
+        with torch.device("meta"):
+            config = create_model(model, img_size=img_size, in_chans=in_chans, **(model_kwargs or {})).config
+        vit = build_vit(config, img_size, dynamic_img_size=True, drop_path_rate=drop_path_rate)
+    else:
+        if not Path(checkpoint).exists():
+            raise FileNotFoundError(
+                f"model.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
+                f"config, run `python train.py --config configs/pretrain/default.yaml` first) or set it to null "
+                f"to train from a random initialisation"
+            )
+        vit = load_backbone(checkpoint, img_size, format=checkpoint_format, in_chans=in_chans,
+                            dynamic_img_size=True, drop_path_rate=drop_path_rate)  # fmt: skip
+        rank_zero_info(str(vit.load_report))
+    return SimpleFeaturePyramid(vit, **pyramid)
+
+
+def input_normalization(
+    checkpoint: str | None, checkpoint_format: str, in_chans: int, mean: list[float] | None, std: list[float] | None
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) per channel of the encoder's inputs: as given, else as the pretraining run recorded
+    (its checkpoint's ``mae_data``), else ImageNet's for RGB."""
+    if mean is None and std is None and checkpoint is not None:
+        data = read_checkpoint(checkpoint, checkpoint_format).data
+        if data is not None and data.get("in_chans") == in_chans:
+            return tuple(data["mean"]), tuple(data["std"])
+    return normalization(in_chans, mean, std)
+
+
+def layer_decay_groups(network: nn.Module, vit: nn.Module, weight_decay: float, layer_decay: float) -> list[dict]:
+    """Optimizer groups of ``network``: its encoder ``vit`` with layer-wise lr decay (timm's groups: the
+    last block at ``layer_decay``, each block below one more factor, the embeddings the most, as ViTDet
+    and BEiT do), every other parameter (pyramid, heads) at the full lr; weight decay on weights only."""
+    groups = param_groups_layer_decay(vit, weight_decay, no_weight_decay_list=vit.no_weight_decay(),
+                                      layer_decay=layer_decay)  # fmt: skip
+    in_vit = {id(p) for p in vit.parameters()}
+    rest = [(name, p) for name, p in network.named_parameters() if id(p) not in in_vit and p.requires_grad]
+    for decayed in (True, False):
+        params = [p for name, p in rest if (p.ndim > 1 and not name.endswith(".bias")) == decayed]
+        if params:
+            groups.append({"params": params, "weight_decay": weight_decay if decayed else 0.0, "lr_scale": 1.0,
+                           "name": "heads_decay" if decayed else "heads_no_decay"})  # fmt: skip
+    for index, group in enumerate(groups):
+        group.pop("param_names", None)
+        group.setdefault("name", f"encoder_{index}")
+    return groups
+
+
+class DenseTrainingModule(MAETrainingModule):
+    """Base of ``MAEDetectionModule`` and ``MAESegmentationModule``: a subclass calls ``check_settings``,
+    builds ``self.pyramid`` (``build_pyramid``) inside its network, then calls ``plan_param_groups``.
+    Images enter in [0, 1] and are normalised by the network with ``self.mean`` / ``self.std``
+    (``resolve_normalization``).
+
+    Hyperparameters read here: ``weight_decay``, ``layer_decay``, ``attention``, ``compile``,
+    ``fused_adamw``, ``base_lr``, ``lr``, ``min_lr``, ``warmup_epochs`` (checked at build).
+    """
+
+    pyramid: SimpleFeaturePyramid
+
+    def check_settings(self) -> None:
+        hp = self.hparams
+        check_kernel_settings(hp.attention, hp.compile, hp.fused_adamw)
+        check_schedule_settings(hp.base_lr, hp.lr, hp.min_lr, hp.warmup_epochs)
+        if not 0 < hp.layer_decay <= 1:
+            raise ValueError(f"model.layer_decay must be in (0, 1], got {hp.layer_decay}")
+        if hp.num_classes < 2:
+            raise ValueError(f"model.num_classes must be >= 2 (background or one class, and one more), got "
+                             f"{hp.num_classes}")  # fmt: skip
+
+    def resolve_normalization(self) -> None:
+        """``self.mean`` / ``self.std``: ``model.mean`` / ``model.std``, or the pretraining run's
+        (``input_normalization``)."""
+        hp = self.hparams
+        self.mean, self.std = input_normalization(hp.checkpoint, hp.checkpoint_format, hp.in_chans, hp.mean, hp.std)
+
+    def plan_param_groups(self) -> None:
+        """The parameter groups, fixed by name now (a strategy may wrap the parameters later)."""
+        hp = self.hparams
+        groups = layer_decay_groups(self.network, self.pyramid.vit, hp.weight_decay, hp.layer_decay)
+        self.param_groups = ParamGroupPlan.from_groups(self.network, groups)
+
+    @property
+    def encoder(self) -> nn.Module:
+        return self.pyramid.vit
+
+    def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        groups = self.param_groups.groups(self.network)
+        return torch.optim.AdamW(groups, lr=lr, fused=(self.settings or self.resolve_settings()).fused_adamw)
+
+    def architecture_record(self) -> dict[str, Any]:
+        """What the checkpoint holds (not a file ``mae.load_backbone`` reads: it names this class)."""
+        hp = self.hparams
+        args = {k: hp[k] for k in ("checkpoint", "model", "img_size", "in_chans", "num_classes")}
+        return {"class": DENSE_CLASS, "args": {**args, "module": type(self).__name__},
+                "state_dict_prefix": f"{self.network_attribute}."}  # fmt: skip
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        size = self.hparams.img_size
+        checkpoint["mae_data"] = {"in_chans": self.hparams.in_chans,
+                                  "img_size": [size, size] if isinstance(size, int) else list(size),
+                                  "mean": list(self.mean), "std": list(self.std)}  # fmt: skip
