@@ -1,5 +1,5 @@
-"""Semantic segmentation data: image/mask folders and their start-up checks, the training and
-validation views."""
+"""Semantic segmentation: image/mask folders and their start-up checks, the training and validation
+views, UperNet's head over the feature pyramid."""
 
 from pathlib import Path
 
@@ -9,7 +9,12 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
+from mae.convert.backbone import build_vit
+from mae.dense.pyramid import SimpleFeaturePyramid
 from mae.dense.segmentation_data import SegmentationDataModule, SegmentationFolder, collate_padded
+from mae.dense.upernet import UperNetHead, upsample_logits
+from mae.models import create_model
+from tests.helpers import TINY_KWARGS
 
 IGNORE = 255
 
@@ -236,3 +241,45 @@ def test_data_module__bad_settings_are_named(tmp_path):
         _module(tmp_path, scale_range=(2.0, 0.5))
     with pytest.raises(ValueError, match=r"data.images='images/\{set\}': \{split\} is its only placeholder"):
         _module(tmp_path, images="images/{set}").setup("fit")
+
+
+# --- UperNetHead ---------------------------------------------------------------------------------------------------
+
+
+def _pyramid(out_channels: int = 16) -> SimpleFeaturePyramid:
+    config = create_model("mae_vit_tiny_patch4", img_size=16, **TINY_KWARGS).config
+    return SimpleFeaturePyramid(build_vit(config, img_size=16, dynamic_img_size=True), out_channels=out_channels)
+
+
+def test_upernet__logits_at_the_finest_maps_size_and_upsampled_to_the_image():
+    torch.manual_seed(0)
+    pyramid = _pyramid()
+    head = UperNetHead(pyramid.out_channels, num_classes=5, channels=8)
+    images = torch.randn(2, 3, 30, 45)  # padded to 32 x 48 (4 px patches); the finest map has stride 1
+    logits = head(pyramid(images))
+    assert logits.shape == (2, 5, 32, 48)
+    full = upsample_logits(logits, images.shape[-2:], pyramid.strides[0])
+    torch.testing.assert_close(full, logits[..., :30, :45])  # stride 1: only the padding cropped
+    coarse = logits[..., ::4, ::4]  # as if at stride 4: upsampled to 32 x 48, then cropped
+    torch.testing.assert_close(upsample_logits(coarse, (30, 45), 4.0), upsample_logits(coarse, (32, 48))[..., :30, :45])
+    with pytest.raises(ValueError, match="do not cover 40x45 px"):
+        upsample_logits(coarse, (40, 45), 4.0)
+
+
+def test_upernet__cross_entropy_falls_over_a_few_steps_on_a_fixed_batch():
+    torch.manual_seed(0)
+    pyramid = _pyramid()
+    head = UperNetHead(pyramid.out_channels, num_classes=3, channels=16)
+    masks = torch.randint(0, 3, (2, 6, 6)).repeat_interleave(4, 1).repeat_interleave(4, 2)  # 4 px squares
+    images = (masks[:, None] / 2).expand(2, 3, 24, 24) + 0.1 * torch.rand(2, 3, 24, 24)  # the label is readable
+    masks[:, :4] = IGNORE
+    optimizer = torch.optim.AdamW([*pyramid.parameters(), *head.parameters()], lr=1e-2)
+    losses = []
+    for _ in range(15):
+        logits = upsample_logits(head(pyramid(images)), images.shape[-2:], pyramid.strides[0])
+        loss = F.cross_entropy(logits, masks, ignore_index=IGNORE)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.6 * losses[0], losses  # about 1.1 (ln 3) -> 0.5
