@@ -1,5 +1,5 @@
 """Semantic segmentation: image/mask folders and their start-up checks, the training and validation
-views, UperNet's head over the feature pyramid."""
+views, UperNet's head over the feature pyramid, and the mIoU / accuracy metrics."""
 
 from pathlib import Path
 
@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from mae.convert.backbone import build_vit
 from mae.dense.pyramid import SimpleFeaturePyramid
 from mae.dense.segmentation_data import SegmentationDataModule, SegmentationFolder, collate_padded
+from mae.dense.segmentation_metrics import SegmentationMetrics
 from mae.dense.upernet import UperNetHead, upsample_logits
 from mae.models import create_model
 from tests.helpers import TINY_KWARGS
@@ -283,3 +284,56 @@ def test_upernet__cross_entropy_falls_over_a_few_steps_on_a_fixed_batch():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.6 * losses[0], losses  # about 1.1 (ln 3) -> 0.5
+
+
+# --- SegmentationMetrics -------------------------------------------------------------------------------------------
+
+
+def test_metrics__miou_and_accuracies_match_a_hand_computation():
+    target = torch.tensor([[[0, 0, 1, 1], [2, 2, IGNORE, 0]]])
+    preds = torch.tensor([[[0, 1, 1, 1], [2, 0, 3, 0]]])  # class 3 predicted only on the ignored pixel
+    # Confusion matrix over the 7 labelled pixels (rows target, columns prediction):
+    #   target 0: predicted 0 twice, 1 once;  target 1: predicted 1 twice;  target 2: predicted 2 once, 0 once.
+    # IoU = TP / (row + column - TP): class 0: 2 / (3 + 3 - 2) = 1/2; class 1: 2 / (2 + 3 - 2) = 2/3;
+    # class 2: 1 / (2 + 1 - 1) = 1/2; class 3: 0 / 0, absent from both, left out of the mean.
+    # mIoU = (1/2 + 2/3 + 1/2) / 3 = 5/9 (over all four classes with 0 for class 3 it would be 5/12).
+    # Pixel accuracy = (2 + 2 + 1) / 7 = 5/7; class accuracy: 2/3, 2/2, 1/2 -> mean 13/18.
+    metrics = SegmentationMetrics(4, class_names=["a", "b", "c", "d"], per_class=True)
+    metrics.update(preds, target)
+    results = metrics.compute()
+    expected = {"val/miou": 5 / 9, "val/acc": 5 / 7, "val/macc": 13 / 18, "val/iou/a": 1 / 2, "val/iou/b": 2 / 3}
+    for key, value in expected.items():
+        assert results[key].item() == pytest.approx(value), key
+    assert torch.isnan(results["val/iou/d"])
+    # The same batch again as logits: the matrix doubles, the ratios stay. Then class 3 predicted on a labelled
+    # pixel (target 1 there): its IoU is 0 / (0 + 1 + 0) and it counts.
+    metrics.update(F.one_hot(preds, 4).permute(0, 3, 1, 2).float(), target)
+    assert metrics.compute()["val/miou"].item() == pytest.approx(5 / 9)
+    metrics.reset()
+    metrics.update(torch.tensor([[3, 1]]), torch.tensor([[1, 1]]))
+    # class 1: 1 / (2 + 1 - 1) = 1/2; class 3: 0 / (0 + 1 - 0) = 0; classes 0 and 2 absent -> mIoU 1/4
+    assert metrics.compute()["val/miou"].item() == pytest.approx(1 / 4)
+
+
+def test_metrics__states_of_split_data_sum_to_the_whole():
+    generator = torch.Generator().manual_seed(0)
+    target = torch.randint(0, 5, (4, 6, 6), generator=generator)
+    target[target == 4] = IGNORE
+    preds = torch.randint(0, 4, (4, 6, 6), generator=generator)
+    whole, first, second = SegmentationMetrics(4), SegmentationMetrics(4), SegmentationMetrics(4)
+    whole.update(preds, target)
+    first.update(preds[:1], target[:1])
+    second.update(preds[1:], target[1:])
+    first.merge_state(second)  # what the processes' sync does: the confusion matrices are summed
+    for key, value in whole.compute().items():
+        torch.testing.assert_close(first.compute()[key], value)
+
+
+def test_metrics__mismatched_shapes_and_labels_that_are_no_class_are_named():
+    metrics = SegmentationMetrics(4)
+    with pytest.raises(ValueError, match=r"predictions \(1, 3, 2, 2\) do not match targets \(1, 2, 2\)"):
+        metrics.update(torch.zeros(1, 3, 2, 2), torch.zeros(1, 2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"target labels \[4, 7\] are no class of num_classes=4 \(nor ignore_index"):
+        metrics.update(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[4, 7]]))
+    with pytest.raises(ValueError, match=r"predicted labels \[9\] are no class of num_classes=4"):
+        metrics.update(torch.tensor([[9, 0]]), torch.tensor([[0, IGNORE]]))
