@@ -11,13 +11,13 @@ from mae.dense.figures import segmentation_panel
 from mae.dense.module import DenseTrainingModule, build_pyramid
 from mae.dense.pyramid import SimpleFeaturePyramid
 from mae.dense.segmentation_metrics import SegmentationMetrics
-from mae.dense.upernet import UperNetHead
+from mae.dense.upernet import UperNetHead, upsample_logits
 
 
 class Segmenter(nn.Module):
     """(N, C, H, W) images in [0, 1] -> (N, num_classes, H, W) class logits: normalised, through the
-    pyramid and the UperNet head, the head's logits (at the finest map, stride p / 4) upsampled
-    bilinearly to the padded input and cropped back to (H, W)."""
+    pyramid and the UperNet head, the head's logits (at the finest map, stride p / 4) upsampled to the
+    input (``upsample_logits``)."""
 
     def __init__(self, backbone: SimpleFeaturePyramid, head: nn.Module, mean: tuple, std: tuple) -> None:
         super().__init__()
@@ -27,11 +27,8 @@ class Segmenter(nn.Module):
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        height, width = images.shape[-2:]
-        padded = self.backbone.pad((images - self.mean) / self.std)
-        logits = self.head(self.backbone(padded))
-        logits = F.interpolate(logits, size=padded.shape[-2:], mode="bilinear", align_corners=False)
-        return logits[..., :height, :width]
+        logits = self.head(self.backbone((images - self.mean) / self.std))
+        return upsample_logits(logits, images.shape[-2:], self.backbone.strides[0])
 
 
 class MAESegmentationModule(DenseTrainingModule):
@@ -93,7 +90,7 @@ class MAESegmentationModule(DenseTrainingModule):
         self.pyramid = build_pyramid(checkpoint, checkpoint_format, model, model_kwargs, img_size, in_chans,
                                      drop_path_rate, pyramid)  # fmt: skip
         self.resolve_normalization()
-        head = UperNetHead(out_channels, head_channels, num_classes)
+        head = UperNetHead(out_channels, num_classes, channels=head_channels)
         self.segmenter = Segmenter(self.pyramid, head, self.mean, self.std)
         self.plan_param_groups()
         self.val_metrics = SegmentationMetrics(num_classes, ignore_index)

@@ -315,6 +315,8 @@ class SegmentationDataModule(pl.LightningDataModule):
         self.train_set: SegmentationFolder | None = None
         self.val_set: SegmentationFolder | None = None
 
+    in_chans = 3  # images are read as RGB
+
     @property
     def num_classes(self) -> int:
         return self._num_classes
