@@ -1,13 +1,21 @@
-"""COCO-format detection data (reading, the start-up checks, the data modules) and the built-in digit scenes."""
+"""COCO-format detection data (reading, the start-up checks, the data modules), the built-in digit scenes
+and the detection mAP (against pycocotools' COCOeval run directly, and by hand)."""
 
+import contextlib
+import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from PIL import Image
 from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
 from sklearn.datasets import load_digits
 from torch.nn import functional as F
 from torchvision.models.detection import MaskRCNN
@@ -18,6 +26,7 @@ from mae.dense import coco as coco_module
 from mae.dense import scenes as scenes_module
 from mae.dense.coco import CocoDetection
 from mae.dense.detection_data import DetectionDataModule, DigitScenesDataModule
+from mae.dense.detection_metrics import DetectionMetrics
 from mae.dense.pyramid import SimpleFeaturePyramid
 from mae.dense.scenes import THRESHOLD, write_digit_scenes
 from mae.models import create_model
@@ -301,3 +310,121 @@ def test_digit_scenes_data__written_on_first_use_and_one_step_of_mask_rcnn_over_
     loss = sum(losses.values())
     loss.backward()
     assert torch.isfinite(loss) and vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+
+
+# --- the mAP ---
+
+
+def _fixture() -> tuple[list[dict], list[dict]]:
+    """3 images of 40x48 px: ground truth of 2 categories (one crowd region) and noisy detections."""
+    generator = torch.Generator().manual_seed(0)
+    preds, targets = [], []
+    for i in range(3):
+        gt = torch.tensor([[4.0, 5, 20, 25], [22, 8, 44, 30], [10, 26, 30, 38]]) + i
+        labels = torch.tensor([1, 2, 1 + i % 2])
+        found = gt[:2] + torch.randn(2, 4, generator=generator) * 2
+        spurious = torch.tensor([[0.0, 0, 12, 12], [30, 20, 47, 39]])
+        boxes = torch.cat([found, spurious])
+        targets.append(dict(boxes=gt, labels=labels, iscrowd=torch.tensor([0, 0, int(i == 1)]),
+                            masks=torch.stack([_box(b) for b in gt]).to(torch.uint8)))  # fmt: skip
+        preds.append(dict(boxes=boxes, labels=torch.tensor([1, 2, 1, 2]), scores=torch.rand(4, generator=generator),
+                          masks=torch.stack([_box(b).float()[None] * 0.9 for b in boxes])))  # fmt: skip
+    return preds, targets
+
+
+def _box(box: torch.Tensor, size=(40, 48)) -> torch.Tensor:
+    x0, y0, x1, y1 = box.round().int().tolist()
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[max(y0, 0) : y1, max(x0, 0) : x1] = True
+    return mask
+
+
+def _cocoeval(preds: list[dict], targets: list[dict], iou_type: str) -> list[float]:
+    """COCOeval's (AP, AP50, AP75) run on the same detections: the independent reference."""
+
+    def region(box, mask):
+        x0, y0, x1, y1 = box.tolist()
+        rle = mask_utils.encode(np.asfortranarray(mask.numpy().astype(np.uint8)))
+        extra = (
+            {"segmentation": rle, "area": float(mask.sum())} if iou_type == "segm" else {"area": (x1 - x0) * (y1 - y0)}
+        )
+        return {"bbox": [x0, y0, x1 - x0, y1 - y0], **extra}
+
+    gt = {"images": [{"id": i, "width": 48, "height": 40} for i in range(len(targets))], "annotations": [],
+          "categories": [{"id": 1}, {"id": 2}]}  # fmt: skip
+    for i, t in enumerate(targets):
+        for box, label, crowd, mask in zip(t["boxes"], t["labels"], t["iscrowd"], t["masks"], strict=True):
+            gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": i, "category_id": int(label),
+                                      "iscrowd": int(crowd), **region(box, mask)})  # fmt: skip
+    detections = [
+        {"image_id": i, "category_id": int(label), "score": float(score), **region(box, mask[0] > 0.5)}
+        for i, p in enumerate(preds)
+        for box, label, score, mask in zip(p["boxes"], p["labels"], p["scores"], p["masks"], strict=True)
+    ]
+    with contextlib.redirect_stdout(io.StringIO()):
+        truth = COCO()
+        truth.dataset = gt
+        truth.createIndex()
+        evaluation = COCOeval(truth, truth.loadRes(detections), iou_type)
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return evaluation.stats[:3].tolist()
+
+
+def test_metrics__equal_cocoeval_run_directly_on_the_same_detections():
+    preds, targets = _fixture()
+    metrics = DetectionMetrics(masks=True)
+    metrics.update(preds[:2], targets[:2])
+    metrics.update(preds[2:], targets[2:])
+    result = metrics.compute()
+    assert set(result) == {"val/map", "val/map_50", "val/map_75", "val/mask_map", "val/mask_map_50", "val/mask_map_75"}
+    boxes, masks = _cocoeval(preds, targets, "bbox"), _cocoeval(preds, targets, "segm")
+    assert 0.1 < boxes[0] < 0.9 and boxes[0] != masks[0]  # a fixture that tells the numbers apart
+    ours = [result[f"val/{n}"].item() for n in ("map", "map_50", "map_75", "mask_map", "mask_map_50", "mask_map_75")]
+    assert ours == pytest.approx(boxes + masks, abs=1e-6)
+
+
+def test_metrics__by_hand_perfect_is_one_and_one_of_two_missed_is_51_of_101():
+    box = torch.tensor([[2.0, 3, 20, 30]])
+    targets = [dict(boxes=box, labels=torch.tensor([1])), dict(boxes=box + 5, labels=torch.tensor([1]))]
+    metrics = DetectionMetrics(prefix="test/")
+    metrics.update([dict(boxes=t["boxes"], labels=t["labels"], scores=torch.tensor([0.8])) for t in targets], targets)
+    assert {k: v.item() for k, v in metrics.compute().items()} == {
+        "test/map": 1.0,
+        "test/map_50": 1.0,
+        "test/map_75": 1.0,
+    }
+    metrics.reset()
+    none = dict(boxes=torch.zeros(0, 4), labels=torch.zeros(0, dtype=torch.long), scores=torch.zeros(0))
+    metrics.update([dict(boxes=box, labels=torch.tensor([1]), scores=torch.tensor([0.8])), none], targets)
+    # precision 1 up to recall 1/2, none beyond: 51 of COCO's 101 recall points, at every IoU threshold
+    assert metrics.compute()["test/map"].item() == pytest.approx(51 / 101)
+
+
+def _ddp_worker(rank: int, init: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    preds, targets = _fixture()
+    shard = slice(0, 2) if rank == 0 else slice(2, 3)  # uneven: 2 images and 1
+    metrics = DetectionMetrics(masks=True)
+    metrics.update(preds[shard], targets[shard])
+    torch.save(metrics.compute(), f"{out}/{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_metrics__two_processes_with_uneven_shards_give_the_single_process_values(tmp_path):
+    preds, targets = _fixture()
+    single = DetectionMetrics(masks=True)
+    single.update(preds, targets)
+    expected = single.compute()
+    # forked, not spawned: the workers start in a second instead of importing everything again
+    mp.start_processes(_ddp_worker, args=(f"file://{tmp_path / 'init'}", str(tmp_path)), nprocs=2, start_method="fork")
+    for rank in range(2):
+        result = torch.load(tmp_path / f"{rank}.pt")
+        assert {k: v.item() for k, v in result.items()} == pytest.approx({k: v.item() for k, v in expected.items()})
+
+
+def test_metrics__need_pycocotools_and_say_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pycocotools", None)
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[dense\]"'):
+        DetectionMetrics()
