@@ -1,0 +1,418 @@
+"""COCO-format detection data: an instances JSON (``images``, ``annotations``, ``categories``) and a folder
+of images, read as torchvision's detectors take them, and checked once, at construction.
+
+Every problem in the data stops the run at start-up with an error that names the JSON file, the entries
+(annotation ids, image ids, file names; the first few and the count) and what would be right, instead of
+a crash or a silently wrong target hours into training. What COCO practice leaves out is left out by name
+in one logged line: crowd annotations (``iscrowd=1``) and images without annotations in the training
+split (the validation split keeps both: crowd regions are ignored by the mAP, empty images still count
+false positives), boxes of zero width or height (COCO train2017 has two: annotation ids 918 and
+2206849), and polygon parts of fewer than 3 points.
+
+Labels are contiguous: the sorted COCO category ids (1..90 with gaps for COCO itself) become 1..K, 0
+being torchvision's background. pycocotools (the ``dense`` extra) decodes masks; it is imported when
+masks are asked for.
+"""
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+
+from mae.data.decoding.rgb import open_image, read_rgb
+
+BOX_TOLERANCE = 1.0  # px a box may reach past the image edge (rounding) before it is an error; then clipped
+SHOWN = 5  # entries named in an error or in the report of what was left out
+COCO_LAYOUT = "a COCO instances file is a JSON object with the lists 'images', 'annotations' and 'categories'"
+
+
+def require_pycocotools() -> Any:
+    """``pycocotools.mask``, or an ImportError that says how to install it."""
+    try:
+        from pycocotools import mask
+    except ImportError as err:
+        raise ImportError(
+            f'COCO masks and the detection mAP need pycocotools: pip install -e ".[dense]" ({err})'
+        ) from err
+    return mask
+
+
+@dataclass
+class CocoImage:
+    """One image and its kept annotations: ``boxes`` (K, 4) float32 xyxy in pixels (clipped to the image),
+    ``labels`` (K,) int64 in 1..num_categories, ``iscrowd`` (K,) int64, ``segmentations`` the K COCO
+    segmentations (only when masks are read)."""
+
+    id: int
+    file_name: str
+    width: int
+    height: int
+    boxes: np.ndarray
+    labels: np.ndarray
+    iscrowd: np.ndarray
+    segmentations: list = field(default_factory=list)
+
+
+class CocoDetection(Dataset):
+    """Images and targets of a COCO instances file, for torchvision's detectors.
+
+    Args:
+        annotation_file: the instances JSON.
+        image_folder: the folder the JSON's ``file_name`` entries are relative to.
+        masks: read instance masks (polygons or RLE, decoded by pycocotools) into ``target["masks"]``.
+        transforms: a torchvision ``transforms.v2`` callable of ``(image, target)``: the image a
+            ``tv_tensors.Image`` (3, H, W) uint8, the boxes ``tv_tensors.BoundingBoxes`` (XYXY) and the masks
+            ``tv_tensors.Mask``, so boxes and masks follow the image.
+        train: the training split: crowd annotations and images without (non-crowd) annotations are left
+            out; otherwise both are kept (crowds with ``iscrowd`` 1).
+
+    Items are ``(image, target)``: image (3, H, W) float32 in [0, 1]; target ``boxes`` (K, 4) float32 xyxy in
+    pixels, ``labels`` (K,) int64 in 1..num_categories, ``iscrowd`` (K,) int64, ``masks`` (K, H, W) uint8
+    (when ``masks``), ``image_id`` the COCO image id (int).
+
+    Raises:
+        FileNotFoundError: the JSON, or images it names, missing (named).
+        ValueError: any other problem in the JSON or the images, naming the file and the entries.
+    """
+
+    def __init__(
+        self,
+        annotation_file: str | Path,
+        image_folder: str | Path,
+        masks: bool = False,
+        transforms: Callable | None = None,
+        train: bool = False,
+    ) -> None:
+        self.annotation_file = Path(annotation_file)
+        self.image_folder = Path(image_folder)
+        self.masks = masks
+        self.transforms = transforms
+        self.train = train
+        if masks:
+            require_pycocotools()
+        data = read_coco(self.annotation_file)
+        categories = read_categories(data, self.annotation_file)
+        self.category_ids = {label: cid for label, (cid, _) in enumerate(categories, start=1)}
+        self.category_names = tuple(name for _, name in categories)
+        self.images, left_out = _index(data, self.annotation_file, categories, masks, train)
+        _check_image_files(self.images, self.image_folder, self.annotation_file)
+        kept = sum(len(image.labels) for image in self.images)
+        rank_zero_info(
+            f"{self.annotation_file}: {len(self.images)} images, {kept} annotations in {self.num_categories} "
+            f"categories" + (f"; left out: {'; '.join(left_out)}" if left_out else "")
+        )
+
+    @property
+    def num_categories(self) -> int:
+        """Object categories, background not counted (labels are 1..num_categories)."""
+        return len(self.category_names)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        record = self.images[index]
+        file = self.image_folder / record.file_name
+        image = tv_tensors.Image(read_rgb(file))
+        size = (record.height, record.width)
+        if image.shape[-2:] != size:  # checked at start-up: the file changed since
+            raise ValueError(f"{file} is now {image.shape[-1]}x{image.shape[-2]} px, {self.annotation_file} says "
+                             f"{record.width}x{record.height} (image id {record.id})")  # fmt: skip
+        target: dict[str, Any] = {
+            "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(record.boxes), format="XYXY", canvas_size=size),
+            "labels": torch.from_numpy(record.labels),
+            "iscrowd": torch.from_numpy(record.iscrowd),
+            "image_id": record.id,
+        }
+        if self.masks:
+            masks = [decode_segmentation(s, *size) for s in record.segmentations]
+            stacked = np.stack(masks) if masks else np.zeros((0, *size), np.uint8)
+            target["masks"] = tv_tensors.Mask(torch.from_numpy(stacked))
+        if self.transforms is not None:
+            image, target = self.transforms(image, target)
+        image = F.to_dtype(image, torch.float32, scale=True).as_subclass(torch.Tensor)
+        target = {k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v for k, v in target.items()}
+        return image, target
+
+
+def read_coco(annotation_file: str | Path) -> dict:
+    """The parsed JSON, after checking it is an object with lists ``images``, ``annotations`` and ``categories``
+    (their entries are checked by ``CocoDetection``)."""
+    path = Path(annotation_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"COCO annotation file {path} not found")
+    try:
+        data = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a JSON file ({err}); {COCO_LAYOUT}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not COCO-format: it holds a JSON {type(data).__name__}; {COCO_LAYOUT}")
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(data.get(key), list):
+            found = "no" if key not in data else f"a {type(data[key]).__name__} as"
+            raise ValueError(f"{path} is not COCO-format: it has {found} '{key}'; {COCO_LAYOUT}")
+        bad = [f"{key}[{i}]" for i, entry in enumerate(data[key]) if not isinstance(entry, dict)]
+        _refuse(path, f"'{key}' entries that are not JSON objects", bad, "every entry is an object")
+    return data
+
+
+def read_categories(data: dict, path: Path) -> list[tuple[int, str]]:
+    """(COCO id, name) of each category, sorted by id: label ``i`` (1-based) is entry ``i - 1``."""
+    entries = data["categories"]
+    _check_fields(path, entries, "category", {"id": _INTEGER, "name": _NAME})
+    ids = [c["id"] for c in entries]
+    _refuse(path, "category ids listed twice", _repeated(ids), "each category has its own id")
+    if not entries:
+        raise ValueError(f"{path} lists no categories: detection needs at least one")
+    return sorted((c["id"], c["name"]) for c in entries)
+
+
+def decode_segmentation(segmentation: list | dict, height: int, width: int) -> np.ndarray:
+    """(height, width) uint8 mask of a COCO segmentation: polygons, uncompressed or compressed RLE."""
+    mask_utils = require_pycocotools()
+    if isinstance(segmentation, list):  # polygons, each [x0, y0, x1, y1, ...]
+        if not segmentation:
+            return np.zeros((height, width), np.uint8)
+        rle = mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width))
+    elif isinstance(segmentation["counts"], list):  # uncompressed RLE
+        rle = mask_utils.frPyObjects(segmentation, height, width)
+    else:
+        rle = segmentation
+    return mask_utils.decode(rle)
+
+
+# Field checks: (test, what a right value is).
+_INTEGER = (lambda v: type(v) is int, "an integer")
+_POSITIVE = (lambda v: type(v) is int and v > 0, "a positive integer (pixels)")
+_NAME = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
+_CROWD = (lambda v: type(v) is int and v in (0, 1), "0 or 1")
+_BOX = (
+    lambda v: isinstance(v, list) and len(v) == 4 and all(type(x) in (int, float) and math.isfinite(x) for x in v),
+    "[x, y, width, height]: 4 finite numbers, in pixels",
+)
+
+
+def _index(
+    data: dict, path: Path, categories: list[tuple[int, str]], masks: bool, train: bool
+) -> tuple[list[CocoImage], list[str]]:
+    """The images to serve with their kept annotations, after checking every entry; and what was left
+    out, as phrases for the report."""
+    images = _checked_images(path, data["images"])
+    label_of = {cid: label for label, (cid, _) in enumerate(categories, start=1)}
+    annotations = _checked_annotations(path, data["annotations"], images, label_of)
+    boxes = _boxes(path, annotations, images)  # (A, 4) xyxy, clipped
+    empty = (boxes[:, 2] <= boxes[:, 0]) | (boxes[:, 3] <= boxes[:, 1])
+    crowd = np.array([a.get("iscrowd", 0) == 1 for a in annotations], bool)
+    keep = ~empty & ~crowd if train else ~empty
+    degenerate = _check_segmentations(path, [annotations[i] for i in np.flatnonzero(keep)], images) if masks else []
+    rows_of: dict[int, list[int]] = {image_id: [] for image_id in images}
+    for i in np.flatnonzero(keep):
+        rows_of[annotations[i]["image_id"]].append(int(i))
+    served = [
+        CocoImage(
+            image["id"], image["file_name"], image["width"], image["height"],
+            boxes[rows].astype(np.float32).reshape(-1, 4),
+            np.array([label_of[annotations[i]["category_id"]] for i in rows], np.int64),
+            np.array([annotations[i].get("iscrowd", 0) for i in rows], np.int64),
+            [_usable(annotations[i]["segmentation"]) for i in rows] if masks else [],
+        )
+        for image in images.values()
+        if (rows := rows_of[image["id"]]) or not train
+    ]  # fmt: skip
+    left_out = {
+        "crowd annotations (iscrowd=1)": [annotations[i]["id"] for i in np.flatnonzero(crowd & train)],
+        "annotations with a box of zero width or height": [annotations[i]["id"] for i in np.flatnonzero(empty)],
+        "annotations with polygon parts of fewer than 3 points (those parts)": degenerate,
+        "images without annotations (training split)": [i for i, rows in rows_of.items() if train and not rows],
+    }
+    report = [_named(what, ids) for what, ids in left_out.items() if ids]
+    if not served:
+        raise ValueError(f"{path}: no image is left to serve" + (f": left out {'; '.join(report)}" if report else ""))
+    return served, report
+
+
+def _checked_images(path: Path, images: list[dict]) -> dict[int, dict]:
+    """The ``images`` entries by id, after checking their fields."""
+    _check_fields(path, images, "image", {"id": _INTEGER, "file_name": _NAME, "width": _POSITIVE, "height": _POSITIVE})
+    _refuse(path, "image ids listed twice", _repeated([i["id"] for i in images]), "each image has its own id")
+    return {image["id"]: image for image in images}
+
+
+def _checked_annotations(path: Path, annotations: list[dict], images: dict, label_of: dict) -> list[dict]:
+    """The ``annotations`` entries, after checking their fields and that they name listed images and categories."""
+    fields = {"id": _INTEGER, "image_id": _INTEGER, "category_id": _INTEGER, "bbox": _BOX}
+    _check_fields(path, annotations, "annotation", fields)
+    _check_fields(path, [a for a in annotations if "iscrowd" in a], "annotation", {"iscrowd": _CROWD})
+    _refuse(
+        path,
+        "annotations of image ids that are not in 'images'",
+        [f"annotation id {a['id']} (image_id {a['image_id']})" for a in annotations if a["image_id"] not in images],
+        "every annotation's image_id is the id of an entry of 'images'",
+    )
+    _refuse(
+        path,
+        "annotations of category ids that are not in 'categories'",
+        [f"annotation id {a['id']} (category_id {a['category_id']})" for a in annotations
+         if a["category_id"] not in label_of],
+        f"every category_id is one of the listed ids {sorted(label_of)}",
+    )  # fmt: skip
+    return annotations
+
+
+def _boxes(path: Path, annotations: list[dict], images: dict[int, dict]) -> np.ndarray:
+    """(A, 4) float64 xyxy boxes, clipped to their images; negative sizes and boxes more than
+    ``BOX_TOLERANCE`` px outside their image are refused by name."""
+    xywh = np.array([a["bbox"] for a in annotations], np.float64).reshape(-1, 4)
+    sizes = np.array([[images[a["image_id"]][k] for k in ("width", "height")] for a in annotations], np.float64)
+    sizes = sizes.reshape(-1, 2)
+    negative = np.flatnonzero((xywh[:, 2:] < 0).any(1))
+    _refuse(
+        path,
+        "boxes of negative width or height",
+        [f"annotation id {annotations[i]['id']} bbox {annotations[i]['bbox']}" for i in negative],
+        "COCO boxes are [x, y, width, height] with width, height >= 0 (not [x0, y0, x1, y1])",
+    )
+    xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+    outside = np.flatnonzero((xyxy[:, :2] < -BOX_TOLERANCE).any(1) | (xyxy[:, 2:] > sizes + BOX_TOLERANCE).any(1))
+    _refuse(
+        path,
+        f"boxes more than {BOX_TOLERANCE:g} px outside their image",
+        [
+            f"annotation id {annotations[i]['id']} bbox {annotations[i]['bbox']} in image id "
+            f"{annotations[i]['image_id']} of {sizes[i, 0]:.0f}x{sizes[i, 1]:.0f} px"
+            for i in outside
+        ],
+        "boxes lie inside the image: 0 <= x, x + width <= width and the same for y, height",
+    )
+    return np.clip(xyxy, 0, np.concatenate([sizes, sizes], axis=1))
+
+
+def _check_segmentations(path: Path, annotations: list[dict], images: dict[int, dict]) -> list[int]:
+    """Refuse missing or malformed segmentations and RLE of another size than the image; the ids of
+    annotations with polygon parts of fewer than 3 points (left out of their masks)."""
+    missing, malformed, wrong_size, degenerate = [], [], [], []
+    for a in annotations:
+        segmentation = a.get("segmentation")
+        image = images[a["image_id"]]
+        if segmentation is None:
+            missing.append(f"annotation id {a['id']}")
+        elif isinstance(segmentation, list):
+            if not all(
+                isinstance(p, list) and len(p) % 2 == 0 and all(type(x) in (int, float) for x in p)
+                for p in segmentation
+            ):
+                malformed.append(f"annotation id {a['id']}")
+            elif any(len(p) < 6 for p in segmentation):
+                degenerate.append(a["id"])
+        elif isinstance(segmentation, dict) and isinstance(segmentation.get("counts"), str | list):
+            if segmentation.get("size") != [image["height"], image["width"]]:
+                wrong_size.append(
+                    f"annotation id {a['id']} RLE size {segmentation.get('size')} in image id "
+                    f"{image['id']} of {image['height']}x{image['width']} (height x width)"
+                )
+        else:
+            malformed.append(f"annotation id {a['id']}")
+    _refuse(
+        path,
+        "annotations without a 'segmentation' (masks were asked for)",
+        missing,
+        "every annotation has polygons or an RLE mask, or read the data without masks",
+    )
+    _refuse(
+        path,
+        "malformed segmentations",
+        malformed,
+        "a segmentation is a list of polygons [x0, y0, x1, y1, ...] (an even count of numbers) or an RLE "
+        "object {'size': [height, width], 'counts': ...}",
+    )
+    _refuse(
+        path, "RLE masks whose size is not their image's", wrong_size, "an RLE's 'size' is [height, width] of its image"
+    )
+    return degenerate
+
+
+def _usable(segmentation: list | dict) -> list | dict:
+    """A segmentation without polygon parts of fewer than 3 points (no area; pycocotools would read a
+    4-number part as a box)."""
+    return [p for p in segmentation if len(p) >= 6] if isinstance(segmentation, list) else segmentation
+
+
+def _check_image_files(images: list[CocoImage], folder: Path, path: Path) -> None:
+    """Refuse images missing under ``folder``, unreadable, or of another size than the JSON says; only
+    each file's header is read."""
+    missing, unreadable, wrong_size = [], [], []
+    for image in images:
+        file = folder / image.file_name
+        try:
+            with open_image(file) as img:
+                size = img.size
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            missing.append(f"image id {image.id} file_name {image.file_name!r}")
+            continue
+        except (OSError, ValueError) as err:  # not an image PIL identifies, over the pixel limit
+            unreadable.append(f"image id {image.id} ({err})")
+            continue
+        if size != (image.width, image.height):
+            wrong_size.append(
+                f"image id {image.id} file {file} is {size[0]}x{size[1]} px, the JSON says "
+                f"{image.width}x{image.height} (width x height)"
+            )
+    _refuse(
+        path,
+        f"images missing under {folder}",
+        missing,
+        "image_folder is the folder the file_name entries are relative to",
+        FileNotFoundError,
+    )
+    _refuse(path, "unreadable images", unreadable, "every file_name is an image file")
+    _refuse(
+        path,
+        "images of another size than their entry says",
+        wrong_size,
+        "each entry's width and height are its image file's (annotations are in those pixels)",
+    )
+
+
+def _check_fields(path: Path, entries: list[dict], kind: str, fields: dict[str, tuple[Callable, str]]) -> None:
+    for key, (test, right) in fields.items():
+        bad = [
+            f"{_entry(kind, i, e)} has {key}={e[key]!r}" if key in e else f"{_entry(kind, i, e)} has no '{key}'"
+            for i, e in enumerate(entries)
+            if not test(e.get(key))
+        ]
+        _refuse(path, f"{kind} entries with a wrong '{key}'", bad, f"'{key}' is {right}")
+
+
+def _entry(kind: str, index: int, entry: dict) -> str:
+    """How an entry is named in messages: by its id when it has an integer one, else by its position."""
+    return f"{kind} id {entry['id']}" if type(entry.get("id")) is int else f"{kind} #{index} (no integer id)"
+
+
+def _repeated(values: list) -> list[str]:
+    seen, repeated = set(), []
+    for v in values:
+        if v in seen:
+            repeated.append(str(v))
+        seen.add(v)
+    return repeated
+
+
+def _named(what: str, ids: list) -> str:
+    shown = ", ".join(str(i) for i in ids[:SHOWN]) + (", ..." if len(ids) > SHOWN else "")
+    return f"{len(ids)} {what} (ids {shown})"
+
+
+def _refuse(path: Path, problem: str, entries: list[str], right: str, error: type = ValueError) -> None:
+    """Raise ``error`` naming the file, the problem, the first entries and their count, and what is right."""
+    if entries:
+        shown = "; ".join(entries[:SHOWN]) + (f"; ... ({len(entries)} in all)" if len(entries) > SHOWN else "")
+        raise error(f"{path}: {problem}: {shown}. Expected: {right}")
