@@ -9,13 +9,14 @@ from timm.layers import LayerNorm2d
 from torch import nn
 from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
 from torchvision.models.detection.anchor_utils import AnchorGenerator
-from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead
-from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
+from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.models.detection.rpn import RPNHead
 
 from mae.dense.detection_metrics import DetectionMetrics
 from mae.dense.figures import detection_panel
 from mae.dense.module import DenseTrainingModule, build_pyramid
+from mae.dense.pyramid import SCALES
 
 Detector = Literal["mask_rcnn", "faster_rcnn", "retinanet"]
 Target = dict[str, torch.Tensor]
@@ -40,10 +41,16 @@ def build_detector(
     std: tuple[float, ...],
     anchor_sizes: list[float] | None,
     detections_per_image: int,
+    head_channels: int = 256,
+    rois_per_image: int = 512,
+    proposals_per_image: int = 1000,
 ) -> nn.Module:
     """torchvision's detector ``kind`` on ``backbone`` (a ``SimpleFeaturePyramid``), resizing every
     image to ``img_size`` on its longer side; the R-CNN heads as ViTDet has them (two convolutions in
-    the RPN head, a 4-conv + 1-fc box head and a 4-conv mask head, with LayerNorms; torchvision's v2 heads)."""
+    the RPN head, a 4-conv + 1-fc box head and a 4-conv mask head, with LayerNorms; torchvision's v2
+    heads), their convolutions ``head_channels`` wide (ViTDet: 256; the fc 4x that), trained on
+    ``rois_per_image`` sampled proposals per image (ViTDet: 512) of the RPN's ``proposals_per_image``
+    best after non-maximum suppression (ViTDet and detectron2: 1000, in training and inference)."""
     common = dict(min_size=img_size, max_size=img_size, image_mean=list(mean), image_std=list(std))
     anchors = anchor_generator(backbone.strides, anchor_sizes, three_scales=kind == "retinanet")
     if kind == "retinanet":
@@ -53,14 +60,21 @@ def build_detector(
     heads = dict(
         rpn_anchor_generator=anchors,
         rpn_head=RPNHead(channels, anchors.num_anchors_per_location()[0], conv_depth=2),
-        box_head=FastRCNNConvFCHead((channels, 7, 7), [256] * 4, [1024], norm_layer=LayerNorm2d),
+        rpn_pre_nms_top_n_train=2 * proposals_per_image,
+        rpn_pre_nms_top_n_test=proposals_per_image,
+        rpn_post_nms_top_n_train=proposals_per_image,
+        rpn_post_nms_top_n_test=proposals_per_image,
+        box_head=FastRCNNConvFCHead((channels, 7, 7), [head_channels] * 4, [4 * head_channels], norm_layer=LayerNorm2d),
+        box_predictor=FastRCNNPredictor(4 * head_channels, num_classes),
+        box_batch_size_per_image=rois_per_image,
         box_detections_per_img=detections_per_image,
     )
     if kind == "faster_rcnn":
-        return FasterRCNN(backbone, num_classes, **heads, **common)
+        return FasterRCNN(backbone, None, **heads, **common)
     if kind == "mask_rcnn":
-        mask_head = MaskRCNNHeads(channels, [256] * 4, 1, norm_layer=LayerNorm2d)
-        return MaskRCNN(backbone, num_classes, mask_head=mask_head, **heads, **common)
+        mask_head = MaskRCNNHeads(channels, [head_channels] * 4, 1, norm_layer=LayerNorm2d)
+        mask_predictor = MaskRCNNPredictor(head_channels, head_channels, num_classes)
+        return MaskRCNN(backbone, None, mask_head=mask_head, mask_predictor=mask_predictor, **heads, **common)
     raise ValueError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {kind!r}")
 
 
@@ -81,11 +95,15 @@ class MAEDetectionModule(DenseTrainingModule):
         in_chans: linked from the data module.
         num_classes: with the background (categories + 1); linked from the data module.
         detector: "mask_rcnn" (ViTDet's), "faster_rcnn" or "retinanet".
-        out_channels, block, window_size, global_blocks, activation_checkpointing: the pyramid's
+        out_channels, block, window_size, global_blocks, activation_checkpointing, scales: the pyramid's
             (``mae.dense.pyramid.SimpleFeaturePyramid``; ViTDet ViT-B: 256, last block, window 14,
             global blocks 2, 5, 8, 11).
         anchor_sizes: one anchor size in px per pyramid map (default 8x each map's stride).
         detections_per_image: kept after non-maximum suppression (COCO: 100).
+        head_channels: width of the R-CNN heads' convolutions (ViTDet: 256).
+        rois_per_image: proposals sampled per image to train the box and mask heads (ViTDet: 512).
+        proposals_per_image: the RPN's proposals kept after non-maximum suppression, per image (1000);
+            the box head runs on all of them at inference.
         drop_path_rate: stochastic depth in the encoder (ViTDet ViT-B: 0.1).
         layer_decay: layer-wise lr decay on the encoder (ViTDet ViT-B: 0.7).
         base_lr, lr, min_lr, warmup_epochs, weight_decay: AdamW with warmup + cosine, as
@@ -111,8 +129,12 @@ class MAEDetectionModule(DenseTrainingModule):
         window_size: int | None = None,
         global_blocks: list[int] | None = None,
         activation_checkpointing: bool = False,
+        scales: list[float] | None = None,
         anchor_sizes: list[float] | None = None,
         detections_per_image: int = 100,
+        head_channels: int = 256,
+        rois_per_image: int = 512,
+        proposals_per_image: int = 1000,
         drop_path_rate: float = 0.1,
         layer_decay: float = 0.7,
         base_lr: float = 4e-4,
@@ -134,15 +156,24 @@ class MAEDetectionModule(DenseTrainingModule):
         if in_chans != 3:
             raise ValueError(f"torchvision's detectors take RGB images: data.in_chans must be 3, got {in_chans}")
         pyramid = dict(out_channels=out_channels, block=block, window_size=window_size, global_blocks=global_blocks,
-                       activation_checkpointing=activation_checkpointing)  # fmt: skip
+                       activation_checkpointing=activation_checkpointing, scales=tuple(scales or SCALES))  # fmt: skip
         self.pyramid = build_pyramid(checkpoint, checkpoint_format, model, model_kwargs, img_size, in_chans,
                                      drop_path_rate, pyramid)  # fmt: skip
         self.resolve_normalization()
         self.detector = build_detector(detector, self.pyramid, num_classes, img_size, self.mean, self.std,
-                                       anchor_sizes, detections_per_image)  # fmt: skip
+                                       anchor_sizes, detections_per_image, head_channels, rois_per_image,
+                                       proposals_per_image)  # fmt: skip
         self.plan_param_groups()
         self.masks = detector == "mask_rcnn"
         self.val_metrics = DetectionMetrics(masks=self.masks)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if self.masks and getattr(self.trainer.datamodule, "masks", True) is False:
+            raise ValueError(
+                "model.detector is mask_rcnn, which learns and is scored on instance masks, but data.masks is "
+                "false: set data.masks: true (the annotations' segmentation), or model.detector: faster_rcnn"
+            )
 
     def forward(self, images: list[torch.Tensor]) -> list[Target]:
         """Predictions for a list of (3, H, W) images in [0, 1]: ``boxes`` (K, 4) xyxy px, ``scores``,

@@ -103,6 +103,8 @@ class DetectionDataModule(pl.LightningDataModule):
     problem in it stops the run at start-up, naming the file and the entries.
     """
 
+    in_chans = 3  # images are read as RGB (torchvision's detectors take RGB)
+
     def __init__(
         self,
         root: str,

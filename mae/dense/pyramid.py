@@ -29,8 +29,10 @@ from torch.utils.checkpoint import checkpoint
 from mae.convert.backbone import load_backbone
 from mae.dense.windows import block_in_windows, default_global_blocks
 
-# The pyramid's scales relative to the ViT's stride-p map (ViTDet: strides 4, 8, 16, 32 for p = 16).
+# The pyramid's scales relative to the ViT's stride-p map (ViTDet: strides 4, 8, 16, 32 for p = 16), and
+# the scales a map can have (small patches, e.g. p = 4 on 64 px scenes, are better served one octave down).
 SCALES = (4.0, 2.0, 1.0, 0.5)
+AVAILABLE_SCALES = (4.0, 2.0, 1.0, 0.5, 0.25)
 FEATURE_NAMES = ("0", "1", "2", "3", "pool")  # torchvision's FPN backbone keys
 
 
@@ -46,9 +48,9 @@ def _rescale(dim: int, scale: float) -> tuple[nn.Module, int]:
         return nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), dim // 2
     if scale == 1.0:
         return nn.Identity(), dim
-    if scale == 0.5:
-        return nn.MaxPool2d(2, stride=2), dim
-    raise ValueError(f"pyramid scale {scale} is not one of {SCALES}")
+    if scale in (0.5, 0.25):
+        return nn.MaxPool2d(round(1 / scale), stride=round(1 / scale)), dim
+    raise ValueError(f"pyramid scale {scale} is not one of {AVAILABLE_SCALES}")
 
 
 class SimpleFeaturePyramid(nn.Module):
@@ -68,13 +70,16 @@ class SimpleFeaturePyramid(nn.Module):
             last of each quarter, ViTDet's 2, 5, 8, 11 for 12 blocks).
         activation_checkpointing: recompute each block's activations in the backward pass instead of
             keeping them: far less memory at detection sizes (1024 px), about a third more compute.
+        scales: the four maps' scales relative to the stride-p map, finest first (ViTDet: 4, 2, 1, 1/2;
+            each of 4, 2, 1, 1/2, 1/4).
 
     The pyramid owns ``vit`` and trims it: its classifier head and final norm are removed (ViTDet uses
     neither), and blocks after the last one used.
 
     Input: (N, C, H, W) images of any size; the right and bottom are zero-padded to a multiple of the
     patch size (the maps cover the padded image). Output: ``OrderedDict`` of (N, out_channels, h_k, w_k)
-    maps with strides ``p / 4``, ``p / 2``, ``p``, ``2p`` and ``4p`` (``strides``).
+    maps with strides ``p / 4``, ``p / 2``, ``p``, ``2p`` and ``4p`` (``strides``; with other ``scales``,
+    p / scale for each and twice the coarsest).
     """
 
     def __init__(
@@ -85,9 +90,14 @@ class SimpleFeaturePyramid(nn.Module):
         window_size: int | None = None,
         global_blocks: Sequence[int] | None = None,
         activation_checkpointing: bool = False,
+        scales: Sequence[float] = SCALES,
     ) -> None:
         super().__init__()
         depth = len(vit.blocks)
+        self.scales = tuple(float(scale) for scale in scales)
+        if len(self.scales) != len(SCALES) or list(self.scales) != sorted(self.scales, reverse=True):
+            raise ValueError(f"pyramid scales must be {len(SCALES)} scales from the finest down, e.g. {SCALES}; "
+                             f"got {tuple(scales)}")  # fmt: skip
         if block is None:
             block = depth - 1
         self.blocks = (block,) * len(SCALES) if isinstance(block, int) else tuple(block)
@@ -124,7 +134,7 @@ class SimpleFeaturePyramid(nn.Module):
         self.out_channels = out_channels
         self.rescale = nn.ModuleList()
         self.project = nn.ModuleList()
-        for scale in SCALES:
+        for scale in self.scales:
             rescale, channels = _rescale(dim, scale)
             self.rescale.append(rescale)
             self.project.append(
@@ -140,7 +150,7 @@ class SimpleFeaturePyramid(nn.Module):
     def strides(self) -> tuple[float, ...]:
         """Each output map's stride in input pixels, in ``FEATURE_NAMES`` order."""
         p = self.patch_size[0]
-        return (*(p / scale for scale in SCALES), p * 4.0)
+        return (*(p / scale for scale in self.scales), 2 * p / self.scales[-1])
 
     def pad(self, images: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) zero-padded at the right and bottom to a multiple of the patch size."""
@@ -177,10 +187,12 @@ class SimpleFeaturePyramid(nn.Module):
 
     def forward(self, images: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
         ph, pw = self.patch_size
-        if images.shape[-2] <= ph or images.shape[-1] <= pw:  # the 1/2x map needs 2 patches a side
+        patches = max(1, round(1 / self.scales[-1]))  # the coarsest map needs this many patches a side
+        if images.shape[-2] <= (patches - 1) * ph or images.shape[-1] <= (patches - 1) * pw:
             raise ValueError(
                 f"images of {images.shape[-2]}x{images.shape[-1]} px are too small for the feature pyramid: it "
-                f"needs more than one {ph}x{pw} patch along each side (at least {ph + 1}x{pw + 1} px)"
+                f"needs {patches} patches of {ph}x{pw} px along each side (at least "
+                f"{(patches - 1) * ph + 1}x{(patches - 1) * pw + 1} px)"
             )
         features = self.encode(self.pad(images))
         maps = [
@@ -198,9 +210,10 @@ def feature_pyramid(
     window_size: int | None = None,
     global_blocks: Sequence[int] | None = None,
     activation_checkpointing: bool = False,
+    scales: Sequence[float] = SCALES,
     **backbone_kwargs: Any,
 ) -> SimpleFeaturePyramid:
     """A ``SimpleFeaturePyramid`` over the pretrained encoder of ``source`` (any checkpoint format
     ``mae.load_backbone`` reads; ``backbone_kwargs`` go to it: ``in_chans``, ``drop_path_rate``, ...)."""
     vit = load_backbone(source, dynamic_img_size=True, **backbone_kwargs)
-    return SimpleFeaturePyramid(vit, out_channels, block, window_size, global_blocks, activation_checkpointing)
+    return SimpleFeaturePyramid(vit, out_channels, block, window_size, global_blocks, activation_checkpointing, scales)

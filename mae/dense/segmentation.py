@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from mae.dense.figures import segmentation_panel
 from mae.dense.module import DenseTrainingModule, build_pyramid
-from mae.dense.pyramid import SimpleFeaturePyramid
+from mae.dense.pyramid import SCALES, SimpleFeaturePyramid
 from mae.dense.segmentation_metrics import SegmentationMetrics
 from mae.dense.upernet import UperNetHead, upsample_logits
 
@@ -43,7 +43,7 @@ class MAESegmentationModule(DenseTrainingModule):
         checkpoint, checkpoint_format, model, model_kwargs: the encoder, as ``MAEDetectionModule``.
         img_size: the training crop (ADE20K: 512); linked from ``data.img_size``.
         in_chans, num_classes, ignore_index: linked from the data module.
-        out_channels, block, window_size, global_blocks, activation_checkpointing: the pyramid's. The MAE
+        out_channels, block, window_size, global_blocks, activation_checkpointing, scales: the pyramid's. The MAE
             paper (after BEiT) takes the four maps from four blocks: ``block: [3, 5, 7, 11]`` for ViT-B.
         head_channels: UperNet's width (512 for ViT-B in BEiT's and MAE's setting).
         drop_path_rate, layer_decay, base_lr, lr, min_lr, warmup_epochs, weight_decay: AdamW with
@@ -68,6 +68,7 @@ class MAESegmentationModule(DenseTrainingModule):
         window_size: int | None = None,
         global_blocks: list[int] | None = None,
         activation_checkpointing: bool = False,
+        scales: list[float] | None = None,
         head_channels: int = 512,
         drop_path_rate: float = 0.1,
         layer_decay: float = 0.65,
@@ -86,7 +87,7 @@ class MAESegmentationModule(DenseTrainingModule):
         self.save_hyperparameters()
         self.check_settings()
         pyramid = dict(out_channels=out_channels, block=block, window_size=window_size, global_blocks=global_blocks,
-                       activation_checkpointing=activation_checkpointing)  # fmt: skip
+                       activation_checkpointing=activation_checkpointing, scales=tuple(scales or SCALES))  # fmt: skip
         self.pyramid = build_pyramid(checkpoint, checkpoint_format, model, model_kwargs, img_size, in_chans,
                                      drop_path_rate, pyramid)  # fmt: skip
         self.resolve_normalization()

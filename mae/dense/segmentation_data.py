@@ -28,6 +28,7 @@ from torchvision.transforms.v2 import functional as TF
 from mae.data.decoding.formats import dataset_extensions
 from mae.data.decoding.rgb import open_image, read_rgb
 from mae.data.sources.loader_workers import Loader
+from mae.dense.scenes import CATEGORIES, write_digit_scenes
 
 # Modes of PNGs whose pixel values are indices: 8-bit, palette (the index, not its colour), 16-bit, 32-bit
 # integer (how older Pillow opens 16-bit PNGs), bilevel.
@@ -388,3 +389,44 @@ class SegmentationDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader | list:
         return self._loader(self.val_set, train=False) if self.val_set is not None else []
+
+
+class DigitScenesSegmentation(SegmentationDataModule):
+    """The built-in offline segmentation task: the digit scenes of ``mae.dense.scenes`` (written to
+    ``root`` on first use, reused after; the same scenes as ``DigitScenesDataModule``), their class masks
+    (0 background, d + 1 for digit d: 11 classes) read through the folder path like any other data.
+
+    Args:
+        root, num_train, num_val, canvas, seed: the scenes (``write_digit_scenes``).
+        img_size: the training crop; 64 keeps whole scenes.
+        scale_range: the training rescale (default (1, 1): the scenes as they are; the digits were
+            pretrained at one scale).
+        batch_size, num_workers: the loaders'.
+    """
+
+    def __init__(
+        self,
+        root: str = "data/digit_scenes",
+        num_train: int = 1000,
+        num_val: int = 200,
+        canvas: int = 64,
+        seed: int = 0,
+        img_size: int = 64,
+        scale_range: tuple[float, float] = (1.0, 1.0),
+        batch_size: int = 16,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__(
+            root, num_classes=len(CATEGORIES) + 1, images="images/{split}", masks="masks/{split}", train_split="train",
+            val_split="val", class_names=["background", *(c["name"] for c in CATEGORIES)], img_size=img_size,
+            scale_range=scale_range, batch_size=batch_size, num_workers=num_workers, pin_memory=False,
+            check_labels=None,
+        )  # fmt: skip
+        self.scene_kwargs = dict(num_train=num_train, num_val=num_val, canvas=canvas, seed=seed)
+
+    def prepare_data(self) -> None:
+        write_digit_scenes(self.root, **self.scene_kwargs)
+
+    def setup(self, stage: str | None = None) -> None:
+        self.prepare_data()  # a reuse check when prepare_data (rank 0) wrote them; writes them when it did not run
+        super().setup(stage)

@@ -1,0 +1,125 @@
+"""Does MAE pretraining help beyond classification? Detection and segmentation from the pretrained encoder
+vs the same architecture randomly initialised, on the built-in digit scenes.
+
+For each seed: ``detect.py`` (Mask R-CNN over the feature pyramid; COCO box and mask mAP) and
+``segment.py`` (UperNet; mIoU, pixel accuracy) with the recipes ``configs/detect/default.yaml`` and
+``configs/segment/default.yaml``, once from the default pretraining run's encoder and once from a random
+encoder (``--model.checkpoint null``), same settings, same budget. Prints a markdown table (mean +- std
+over seeds, wall time) and keeps each run's metrics and its last prediction figure.
+
+    python train.py --config configs/pretrain/default.yaml   # the encoder, once (~2-4 min)
+    python benchmarks/transfer.py                            # 3 seeds, both tasks
+    python benchmarks/transfer.py --seeds 0 --tasks segment  # one seed, one task
+"""
+
+import argparse
+import csv
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from mae.cli.dense import detect_main, segment_main
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = {
+    "detect": (detect_main, "configs/detect/default.yaml", ("val/map", "val/map_50", "val/mask_map")),
+    "segment": (segment_main, "configs/segment/default.yaml", ("val/miou", "val/acc")),
+}
+INITS = ("pretrained", "random")
+
+
+def last_values(metrics_csv: Path, names: tuple[str, ...]) -> dict[str, float]:
+    """The last logged value of each of ``names`` in a run's metrics.csv."""
+    found: dict[str, float] = {}
+    with open(metrics_csv) as f:
+        for row in csv.DictReader(f):
+            found.update({name: float(row[name]) for name in names if row.get(name)})
+    return found
+
+
+def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, float]:
+    """One training run through the task's command line; its final validation metrics and wall time (s)."""
+    main, config, names = TASKS[task]
+    name = f"{task}_{init}_seed{seed}"
+    out = args.out / "runs"
+    shutil.rmtree(out / name, ignore_errors=True)
+    argv = ["--config", str(REPO / config), "--seed_everything", str(seed),
+            "--model.checkpoint", str(args.checkpoint) if init == "pretrained" else "null",
+            "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", name,
+            "--trainer.enable_progress_bar", "false", "--checkpoint.dirpath", str(out / name / "checkpoints"),
+            "--data.init_args.root", str(args.scenes), "--data.init_args.num_train", str(args.num_train),
+            "--trainer.max_epochs", str(args.epochs[task]), "--figures.every_n_epochs", str(args.epochs[task]),
+    ]  # fmt: skip
+    start = time.perf_counter()
+    cli = main(argv)
+    seconds = time.perf_counter() - start
+    log_dir = Path(cli.trainer.log_dir)
+    figure = log_dir / "predictions" / f"epoch_{args.epochs[task]:04d}.png"
+    if figure.exists():
+        shutil.copy(figure, args.out / f"{name}.png")
+    return {**last_values(log_dir / "metrics.csv", names), "seconds": seconds}
+
+
+def summarise(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> str:
+    """Markdown table: one row per task and initialisation, mean +- std over seeds."""
+    lines = ["| task | encoder | " + " | ".join(["metric", "mean +- std (%)", "per seed", "minutes per run"]) + " |",
+             "|---|---|---|---:|---|---:|"]  # fmt: skip
+    for task, by_init in results.items():
+        for init, runs in by_init.items():
+            for metric in TASKS[task][2]:
+                values = [100 * r[metric] for r in runs if metric in r]
+                if not values:
+                    continue
+                spread = statistics.stdev(values) if len(values) > 1 else 0.0
+                minutes = statistics.mean(r["seconds"] for r in runs) / 60
+                per_seed = ", ".join(f"{v:.1f}" for v in values)
+                lines.append(f"| {task} | {init} | {metric} | {statistics.mean(values):.1f} +- {spread:.1f} | "
+                             f"{per_seed} | {minutes:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=REPO / "runs/pretrain_default/version_0/checkpoints/last.ckpt",
+        help="the pretrained encoder (default: the default pretraining run's last checkpoint)",
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    p.add_argument("--num-train", type=int, default=400, help="training scenes (the validation split: 200)")
+    p.add_argument("--detect-epochs", type=int, default=6)
+    p.add_argument("--segment-epochs", type=int, default=10)
+    p.add_argument("--scenes", type=Path, default=REPO / "data" / "digit_scenes_transfer")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "transfer_digits")
+    args = p.parse_args(argv)
+    if not args.checkpoint.exists():
+        p.error(
+            f"--checkpoint {args.checkpoint} does not exist: run "
+            f"`python train.py --config configs/pretrain/default.yaml` first, or point it at another one"
+        )
+    args.epochs = {"detect": args.detect_epochs, "segment": args.segment_epochs}
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, list[dict]]] = {}
+    for task in args.tasks:
+        results[task] = {init: [] for init in INITS}
+        for seed in args.seeds:
+            for init in INITS:
+                results[task][init].append(run(args, task, init, seed))
+                print(f"{task} {init} seed {seed}: {results[task][init][-1]}", flush=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    table = summarise(results, args)
+    (args.out / "table.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""detect.py and segment.py end to end on tiny digit scenes, the dense modules' parameter groups and
+settings, and the paper recipes (COCO Mask R-CNN, ADE20K UperNet) parsed and built on a tiny input."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from mae.cli.dense import detect_main, segment_main
+from mae.dense.detection import MAEDetectionModule
+from mae.dense.scenes import write_digit_scenes
+from mae.dense.segmentation import MAESegmentationModule
+from tests.helpers import REPO, TINY_KWARGS, csv_logger, read_metrics, run_script, tiny_pretraining_checkpoint
+
+SCENES = dict(num_train=8, num_val=4, canvas=64, seed=0)
+TINY_HEADS = {"out_channels": 16, "scales": [2, 1, 0.5, 0.25], "warmup_epochs": 0, "base_lr": 1e-2}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dense")
+    checkpoint = tiny_pretraining_checkpoint(tmp / "pretrain")
+    write_digit_scenes(tmp / "scenes", **SCENES)
+    return tmp, checkpoint
+
+
+def _trainer(tmp: Path, name: str, epochs: int = 2) -> dict:
+    return {"max_epochs": epochs, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
+            "log_every_n_steps": 1, "precision": "32-true", "logger": csv_logger(tmp, name)}  # fmt: skip
+
+
+def _detect_config(tmp: Path, checkpoint: Path, name: str) -> dict:
+    return {
+        "seed_everything": 0,
+        "model": {"checkpoint": str(checkpoint), "detector": "mask_rcnn", "head_channels": 16, "rois_per_image": 16,
+                  **TINY_HEADS},
+        "data": {"class_path": "mae.dense.detection_data.DigitScenesDataModule",
+                 "init_args": {"root": str(tmp / "scenes"), **SCENES, "masks": True, "batch_size": 4}},
+        "trainer": _trainer(tmp, name),
+        "checkpoint": {"dirpath": str(tmp / name / "ckpts")},
+        "figures": {"every_n_epochs": 1, "num_images": 2, "score_threshold": 0.0},
+    }  # fmt: skip
+
+
+def test_detect__trains_mask_rcnn_logs_coco_map_draws_predictions_then_evaluates_only(setup):
+    tmp, checkpoint = setup
+    config = _detect_config(tmp, checkpoint, "detect")
+    result = run_script("detect.py", config=config, tmp=tmp)
+    run = tmp / "runs" / "detect" / "version_0"
+    rows = read_metrics(run)
+    for name in ("val/map", "val/map_50", "val/mask_map", "train/loss_mask_epoch", "train/loss_objectness_epoch"):
+        assert any(r.get(name) for r in rows), name
+    epoch_map = [float(r["val/map"]) for r in rows if r.get("val/map")]
+    assert len(epoch_map) == 2 and all(0 <= m <= 1 for m in epoch_map)
+    assert sorted(p.name for p in (run / "predictions").iterdir()) == ["epoch_0001.png", "epoch_0002.png"]
+    assert f"predictions:      {run / 'predictions' / 'epoch_0002.png'}" in result.stdout
+    assert re.search(r"validation: .*val/map [\d.]+", result.stdout)
+    saved = torch.load(tmp / "detect" / "ckpts" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["mae_architecture"]["class"] == "SimpleFeaturePyramid"
+    assert saved["mae_data"]["mean"] == pytest.approx([0.485, 0.456, 0.406])  # the pretraining run's record
+
+    # Evaluating the checkpoint again gives the last epoch's mAP.
+    last = str(tmp / "detect" / "ckpts" / "last.ckpt")
+    again = run_script("detect.py", "--validate_only", "true", "--ckpt_path", last,
+                       config={**config, "trainer": _trainer(tmp, "detect_eval")}, tmp=tmp)  # fmt: skip
+    shown = float(re.search(r"val/map ([\d.]+)", again.stdout).group(1))
+    assert shown == pytest.approx(epoch_map[-1], abs=1e-4)
+
+
+def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
+    tmp, checkpoint = setup
+    config = {
+        "seed_everything": 0,
+        "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
+        "data": {"class_path": "mae.dense.segmentation_data.DigitScenesSegmentation",
+                 "init_args": {"root": str(tmp / "scenes"), **SCENES, "batch_size": 4}},
+        "trainer": _trainer(tmp, "segment", epochs=3),
+        "figures": {"every_n_epochs": 3, "num_images": 2},
+    }  # fmt: skip
+    result = run_script("segment.py", config=config, tmp=tmp)
+    rows = read_metrics(tmp / "runs" / "segment" / "version_0")
+    losses = [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert any(r.get("val/miou") for r in rows) and any(r.get("val/acc") for r in rows)
+    assert (tmp / "runs" / "segment" / "version_0" / "predictions" / "epoch_0003.png").exists()
+    assert re.search(r"validation: .*val/miou [\d.]+", result.stdout)
+
+
+def _module(cls, **kwargs):
+    model = {"model": "mae_vit_tiny_patch4", "model_kwargs": {**TINY_KWARGS, "depth": 3}, "img_size": 32,
+             "num_classes": 3, "out_channels": 16, "warmup_epochs": 0}  # fmt: skip
+    if cls is MAEDetectionModule:
+        model.update(head_channels=16, rois_per_image=8)
+    return cls(**{**model, **kwargs})
+
+
+@pytest.mark.parametrize("cls", [MAEDetectionModule, MAESegmentationModule])
+def test_dense_modules__layer_decay_on_the_encoder_heads_at_full_lr_no_decay_on_norms(cls):
+    module = _module(cls, layer_decay=0.5, weight_decay=0.05)
+    groups = module.param_groups.groups(module.network)
+    names = {id(p): n for n, p in module.network.named_parameters()}
+    grouped = [names[id(p)] for g in groups for p in g["params"]]
+    assert sorted(grouped) == sorted(n for n, p in module.network.named_parameters() if p.requires_grad)
+    scale = {names[id(p)]: g["lr_scale"] for g in groups for p in g["params"]}
+    decay = {names[id(p)]: g["weight_decay"] for g in groups for p in g["params"]}
+    vit = [n for n in scale if ".vit." in f".{n}"]
+    block = lambda i: next(n for n in vit if f"blocks.{i}." in n)  # noqa: E731
+    # 3 blocks: the last at 0.5, each one below another factor, the patch embedding the most (0.5^4).
+    assert [scale[block(i)] for i in range(3)] == [0.125, 0.25, 0.5]
+    assert scale[next(n for n in vit if "patch_embed" in n)] == 0.0625
+    assert all(scale[n] == 1.0 for n in scale if n not in vit)  # pyramid and heads
+    assert all(decay[n] == 0 for n in decay if n.endswith(".bias") or "norm" in n.split(".")[-2])
+    assert any(decay[n] == 0.05 for n in decay if n not in vit)
+
+
+def test_dense_modules__bad_settings_are_named(tmp_path):
+    with pytest.raises(ValueError, match="model.detector must be one of mask_rcnn, faster_rcnn, retinanet"):
+        _module(MAEDetectionModule, detector="yolo")
+    with pytest.raises(ValueError, match="data.in_chans must be 3"):
+        _module(MAEDetectionModule, in_chans=4)
+    with pytest.raises(ValueError, match="model.layer_decay must be in"):
+        _module(MAESegmentationModule, layer_decay=0)
+    with pytest.raises(FileNotFoundError, match=f"model.checkpoint {tmp_path / 'nope.ckpt'} does not exist"):
+        _module(MAESegmentationModule, checkpoint=str(tmp_path / "nope.ckpt"))
+    with pytest.raises(ValueError, match="model.anchor_sizes needs one size per pyramid map"):
+        _module(MAEDetectionModule, anchor_sizes=[8, 16])
+
+
+def test_detect__mask_rcnn_on_data_without_masks_is_refused_at_start_up(setup):
+    tmp, checkpoint = setup
+    config = _detect_config(tmp, checkpoint, "no_masks")
+    config["data"]["init_args"]["masks"] = False
+    result = run_script("detect.py", config=config, tmp=tmp, check=False)
+    assert result.returncode == 2
+    assert "model.detector is mask_rcnn" in result.stderr and "data.masks is false" in result.stderr
+
+
+def _scenes_as_recipe_data(scenes: Path, segmentation: bool) -> list[str]:
+    if segmentation:
+        return ["--data.init_args.root", str(scenes), "--data.init_args.masks", "masks/{split}",
+                "--data.init_args.train_split", "train", "--data.init_args.val_split", "val",
+                "--data.init_args.num_classes", "11", "--data.init_args.reduce_zero_label", "false",
+                "--data.init_args.img_size", "64", "--data.init_args.num_workers", "0"]  # fmt: skip
+    return ["--data.init_args.root", str(scenes),
+            "--data.init_args.train_annotations", "annotations/instances_train.json",
+            "--data.init_args.val_annotations", "annotations/instances_val.json", "--data.init_args.train_images",
+            "images/train", "--data.init_args.val_images", "images/val", "--data.init_args.img_size", "128",
+            "--data.init_args.num_workers", "0"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "main, recipe",
+    [(detect_main, "configs/detect/coco_vitdet_base_mask_rcnn.yaml"),
+     (segment_main, "configs/segment/ade20k_upernet_vit_base.yaml")],
+)  # fmt: skip
+def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_input(setup, main, recipe, monkeypatch):
+    tmp, _ = setup
+    monkeypatch.chdir(tmp)
+    args = ["--config", str(REPO / recipe), "--model.checkpoint", "null", "--trainer.accelerator", "cpu",
+            "--trainer.devices", "1", "--trainer.strategy", "auto", "--trainer.precision", "32-true",
+            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+            "--figures.every_n_epochs", "0", "--trainer.logger", "false", "--data.init_args.batch_size", "2",
+            "--trainer.sync_batchnorm", "false", "--model.warmup_epochs", "0",
+            *_scenes_as_recipe_data(tmp / "scenes", main is segment_main)]  # fmt: skip
+    cli = main(args)
+    model = cli.model
+    assert model.encoder.embed_dim == 768 and len(model.encoder.blocks) == 12  # ViT-B
+    if main is detect_main:
+        assert model.pyramid.window_size == 14 and model.pyramid.global_blocks == (2, 5, 8, 11)
+        assert model.pyramid.activation_checkpointing and model.hparams.layer_decay == 0.7
+    else:
+        assert model.pyramid.blocks == (3, 5, 7, 11) and model.hparams.layer_decay == 0.65
+    assert cli.trainer.global_step == 1
