@@ -172,3 +172,11 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
     else:
         assert model.pyramid.blocks == (3, 5, 7, 11) and model.hparams.layer_decay == 0.65
     assert cli.trainer.global_step == 1
+
+
+@pytest.mark.parametrize("main, config", [(detect_main, "detect/default.yaml"), (segment_main, "segment/default.yaml")])
+def test_default_configs__parse(main, config, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--config", str(REPO / "configs" / config), "--print_config"])
+    assert exit.value.code == 0
+    assert "class_path: mae.dense." in capsys.readouterr().out

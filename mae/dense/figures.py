@@ -11,6 +11,8 @@ from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks, make
 from mae.io.atomic import atomic_write
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
 
+SMALL = 192  # panels smaller than this many pixels a side are enlarged by a whole factor
+
 
 def palette(count: int) -> list[tuple[int, int, int]]:
     """``count`` distinct RGB colours (hues evenly spaced; the same colour for a class in every figure)."""
@@ -41,10 +43,13 @@ def detection_panel(
     return draw_bounding_boxes(drawn, found["boxes"][keep].cpu(), captions, [colours[label - 1] for label in labels])
 
 
-def segmentation_panel(image: torch.Tensor, classes: torch.Tensor, num_classes: int, ignore_index: int) -> torch.Tensor:
-    """(3, H, W) uint8: ``image`` in [0, 1] with (H, W) ``classes`` painted over it (``ignore_index`` left clear)."""
+def segmentation_panel(
+    image: torch.Tensor, classes: torch.Tensor, num_classes: int, ignore_index: int, clear: tuple[int, ...] = ()
+) -> torch.Tensor:
+    """(3, H, W) uint8: ``image`` in [0, 1] with (H, W) ``classes`` painted over it (``ignore_index`` and the
+    classes in ``clear``, e.g. a background class, left unpainted)."""
     classes = classes.cpu()
-    present = [c for c in classes.unique().tolist() if c != ignore_index and 0 <= c < num_classes]
+    present = [c for c in classes.unique().tolist() if c != ignore_index and c not in clear and 0 <= c < num_classes]
     if not present:
         return as_uint8(image)
     masks = torch.stack([classes == c for c in present])
@@ -92,6 +97,9 @@ class PredictionFigures(PeriodicMonitor):
         height = max(p.shape[1] for p in panels)
         width = max(p.shape[2] for p in panels)
         panels = [torch.nn.functional.pad(p, (0, width - p.shape[2], 0, height - p.shape[1])) for p in panels]
+        if max(height, width) < SMALL:  # small images (the digit scenes) drawn larger, pixels kept sharp
+            factor = -(-SMALL // max(height, width))
+            panels = [p.repeat_interleave(factor, 1).repeat_interleave(factor, 2) for p in panels]
         grid = make_grid(torch.stack(panels).float() / 255, nrow=len(rows[0]), padding=2, pad_value=1.0)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"epoch_{epoch:04d}.png"

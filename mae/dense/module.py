@@ -73,6 +73,10 @@ def layer_decay_groups(network: nn.Module, vit: nn.Module, weight_decay: float, 
     and BEiT do), every other parameter (pyramid, heads) at the full lr; weight decay on weights only."""
     groups = param_groups_layer_decay(vit, weight_decay, no_weight_decay_list=vit.no_weight_decay(),
                                       layer_decay=layer_decay)  # fmt: skip
+    for group in groups:
+        # timm counts layers up to the encoder's last parametrised one; the pyramid's encoder has lost its final
+        # norm, which timm would put above the last block. One more factor keeps the last block at layer_decay.
+        group["lr_scale"] *= layer_decay
     in_vit = {id(p) for p in vit.parameters()}
     rest = [(name, p) for name, p in network.named_parameters() if id(p) not in in_vit and p.requires_grad]
     for decayed in (True, False):

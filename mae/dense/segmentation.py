@@ -122,9 +122,11 @@ class MAESegmentationModule(DenseTrainingModule):
     def figure_rows(self, images: list[torch.Tensor], masks: list[torch.Tensor], score_threshold: float) -> list[list]:
         """For ``PredictionFigures``: per image, the ground-truth classes and the predicted ones, drawn."""
         hp = self.hparams
+        names = getattr(self.trainer.datamodule, "class_names", None) or []
+        clear = tuple(i for i, name in enumerate(names) if name == "background")  # painted, it would hide the image
         rows = []
         for image, mask in zip(images, masks, strict=True):
             predicted = self(image[None])[0].argmax(0)
-            rows.append([segmentation_panel(image, mask, hp.num_classes, hp.ignore_index),
-                         segmentation_panel(image, predicted, hp.num_classes, hp.ignore_index)])  # fmt: skip
+            rows.append([segmentation_panel(image, mask, hp.num_classes, hp.ignore_index, clear),
+                         segmentation_panel(image, predicted, hp.num_classes, hp.ignore_index, clear)])  # fmt: skip
         return rows
