@@ -60,7 +60,7 @@ def test_pyramid__activation_checkpointing_gives_the_same_maps_and_gradients():
         torch.manual_seed(0)
         pyramid = SimpleFeaturePyramid(_vit(depth=2), out_channels=8, activation_checkpointing=checkpointing)
         calls, mlp = [], pyramid.vit.blocks[0].mlp
-        mlp.forward = lambda x, forward=mlp.forward: (calls.append(1), forward(x))[1]  # (hooks skip recomputation)
+        mlp.forward = lambda x, f=mlp.forward, c=calls: (c.append(1), f(x))[1]  # (hooks skip recomputation)
         maps = pyramid(images)
         sum(m.square().mean() for m in maps.values()).backward()
         assert len(calls) == (2 if checkpointing else 1)  # recomputed in the backward pass

@@ -180,3 +180,26 @@ def test_default_configs__parse(main, config, capsys):
         main(["--config", str(REPO / "configs" / config), "--print_config"])
     assert exit.value.code == 0
     assert "class_path: mae.dense." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script", ["segment.py", "detect.py"])
+def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, script):
+    tmp, checkpoint = setup
+    scenes = dict(num_train=8, num_val=3, canvas=64, seed=1)  # 3 validation scenes: shards of 2 and 1
+    name = f"ddp_{Path(script).stem}"
+    if script == "detect.py":
+        config = _detect_config(tmp, checkpoint, name)
+        metric = "val/map"
+    else:
+        config = {"seed_everything": 0, "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
+                  "data": {"class_path": "mae.dense.segmentation_data.DigitScenesSegmentation", "init_args": {}},
+                  "checkpoint": {"dirpath": str(tmp / name / "ckpts")}, "figures": {"every_n_epochs": 1}}  # fmt: skip
+        metric = "val/miou"
+    config["data"]["init_args"].update(root=str(tmp / "scenes_ddp"), **scenes, batch_size=2)
+    config["trainer"] = {**_trainer(tmp, name, epochs=1), "devices": 2, "strategy": "ddp"}
+    run_script(script, config=config, tmp=tmp, timeout=400)
+    logged = [float(r[metric]) for r in read_metrics(tmp / "runs" / name / "version_0") if r.get(metric)][-1]
+    single = {**config, "trainer": _trainer(tmp, f"{name}_single", epochs=1)}
+    last = str(tmp / name / "ckpts" / "last.ckpt")
+    again = run_script(script, "--validate_only", "true", "--ckpt_path", last, config=single, tmp=tmp)
+    assert float(re.search(rf"{metric} ([\d.]+)", again.stdout).group(1)) == pytest.approx(logged, abs=1e-4)

@@ -1,6 +1,6 @@
-"""Every command-line entry point, one module each: ``train``, ``finetune`` and ``dense`` (``train.py`` /
-``finetune.py`` / ``detect.py`` and ``segment.py``, LightningCLI, built in ``lightning``), and ``export``, ``knn``, ``probe``,
-``reconstruct``, ``demo`` (``python -m mae.<command>``), each a ``build_parser()`` / ``run(args)`` /
+"""Every command-line entry point, one module each: ``train``, ``finetune`` and ``dense`` (``train.py``,
+``finetune.py``, ``detect.py`` and ``segment.py``, LightningCLI, built in ``lightning``), and ``export``,
+``knn``, ``probe``, ``reconstruct``, ``demo`` (``python -m mae.<command>``), each a ``build_parser()`` / ``run(args)`` /
 ``main(argv)`` as ``mae.command`` describes. The data layer's own commands (``python -m mae.data.shard``,
 ``mae.data.stats``) are written the same way, in ``mae.data.tools``."""
 

@@ -15,14 +15,12 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from mae.data.sources.loader_workers import Loader
+from mae.data.sources.loader_workers import split_loader
 from mae.dense.coco import CocoDetection
 from mae.dense.scenes import CATEGORIES, write_digit_scenes
 
@@ -169,21 +167,14 @@ class DetectionDataModule(pl.LightningDataModule):
                 )
 
     def _loader(self, dataset: CocoDetection, train: bool) -> DataLoader:
-        sampler = None
-        if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # Every validation image exactly once across processes (the default sampler repeats some to
-            # even the shards out), so the gathered mAP is the single-process one.
-            sampler = UnrepeatedDistributedSampler(dataset, shuffle=False)
-        return Loader(
+        return split_loader(
             dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            sampler=sampler,
-            drop_last=train,
-            collate_fn=collate_detection,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory and torch.cuda.is_available(),
-            persistent_workers=self.persistent_workers and self.num_workers > 0,
+            train,
+            self.batch_size,
+            collate_detection,
+            self.num_workers,
+            self.pin_memory,
+            self.persistent_workers,
         )
 
     def train_dataloader(self) -> DataLoader:

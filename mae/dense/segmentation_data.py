@@ -15,8 +15,6 @@ from pathlib import Path
 import lightning.pytorch as pl
 import numpy as np
 import torch
-import torch.distributed as dist
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 from torch.nn import functional as F
@@ -27,7 +25,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from mae.data.decoding.formats import dataset_extensions
 from mae.data.decoding.rgb import open_image, read_rgb
-from mae.data.sources.loader_workers import Loader
+from mae.data.sources.loader_workers import split_loader
 from mae.dense.scenes import CATEGORIES, write_digit_scenes
 
 # Modes of PNGs whose pixel values are indices: 8-bit, palette (the index, not its colour), 16-bit, 32-bit
@@ -362,22 +360,8 @@ class SegmentationDataModule(pl.LightningDataModule):
         rank_zero_info(f"{type(self).__name__}: " + ", ".join(f"{len(s)} {n} images" for n, s in sets if s is not None))
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
-        sampler = None
-        if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # Every validation image exactly once across processes (the default sampler pads with repeats),
-            # so the summed confusion matrix is the single-process one.
-            sampler = UnrepeatedDistributedSampler(dataset, shuffle=False)
-        return Loader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            sampler=sampler,
-            drop_last=train,
-            collate_fn=functools.partial(collate_padded, ignore_index=self.ignore_index),
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory and torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
-        )
+        collate = functools.partial(collate_padded, ignore_index=self.ignore_index)
+        return split_loader(dataset, train, self.batch_size, collate, self.num_workers, self.pin_memory, True)
 
     def train_dataloader(self) -> DataLoader:
         if len(self.train_set) < self.batch_size:

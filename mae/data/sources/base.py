@@ -14,14 +14,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
-from mae.data.sources.loader_workers import Loader
+from mae.data.sources.loader_workers import split_loader
 from mae.data.sources.subsets import labelled_fraction
 from mae.data.views.arrays import ArrayView
 from mae.data.views.normalize import normalization, normalize_batch
@@ -178,21 +176,8 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         return len(self.train_set)
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
-        sampler = None
-        if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # Every validation image exactly once across processes (the default sampler pads shards
-            # with repeats), so reduced metrics equal the single-process ones.
-            sampler = UnrepeatedDistributedSampler(dataset, shuffle=False)
-        return Loader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            sampler=sampler,
-            drop_last=train,
-            collate_fn=collate_images,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory and torch.cuda.is_available(),
-            persistent_workers=self.persistent_workers and self.num_workers > 0,
+        return split_loader(
+            dataset, train, self.batch_size, collate_images, self.num_workers, self.pin_memory, self.persistent_workers
         )
 
     def train_dataloader(self) -> DataLoader:

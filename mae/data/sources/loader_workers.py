@@ -1,4 +1,5 @@
-"""Data-loader workers that leave a scheduler's SIGTERM to the main process.
+"""Data loaders: one rule for a split's loader (``split_loader``), and workers that leave a scheduler's
+SIGTERM to the main process.
 
 A cluster scheduler (SLURM on preemption, ``scancel``, a time limit) sends SIGTERM to every process
 of the job, loader workers included. PyTorch's workers die on a SIGTERM that does not come from
@@ -10,10 +11,14 @@ alone decides when they stop.
 
 import os
 import signal
+from collections.abc import Callable
 from types import FrameType
 
+import torch
+import torch.distributed as dist
 from lightning.fabric.utilities.seed import pl_worker_init_function
-from torch.utils.data import DataLoader
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
 
@@ -54,3 +59,31 @@ class Loader(SigtermSafeLoader, DataLoader):
 
     def __init__(self, *args, worker_init_fn=worker_init, **kwargs) -> None:
         super().__init__(*args, worker_init_fn=worker_init_fn, **kwargs)
+
+
+def split_loader(
+    dataset: Dataset,
+    train: bool,
+    batch_size: int,
+    collate_fn: Callable,
+    num_workers: int,
+    pin_memory: bool,
+    persistent_workers: bool,
+) -> Loader:
+    """The loader of a split, for every data module: training shuffled, its last incomplete batch dropped;
+    validation in order and, under DDP, every image exactly once across processes (Lightning's default
+    sampler pads the shards with repeats), so metrics reduced over processes equal the single-process ones."""
+    sampler = None
+    if not train and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        sampler = UnrepeatedDistributedSampler(dataset, shuffle=False)
+    return Loader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train,
+        sampler=sampler,
+        drop_last=train,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=pin_memory and torch.cuda.is_available(),
+        persistent_workers=persistent_workers and num_workers > 0,
+    )
