@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from mae.cli.dense import detect_main, segment_main
+from mae.convert.sources import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = {
@@ -28,6 +29,7 @@ TASKS = {
     "segment": (segment_main, "configs/segment/default.yaml", ("val/miou", "val/acc")),
 }
 INITS = ("pretrained", "random")
+ENCODER_ARGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")  # the random encoder's, as pretrained
 
 
 def last_values(metrics_csv: Path, names: tuple[str, ...]) -> dict[str, float]:
@@ -45,11 +47,14 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
     name = f"{task}_{init}_seed{seed}"
     out = args.out / "runs"
     shutil.rmtree(out / name, ignore_errors=True)
+    encoder = {key: args.encoder[key] for key in ENCODER_ARGS}
     argv = ["--config", str(REPO / config), "--seed_everything", str(seed),
             "--model.checkpoint", str(args.checkpoint) if init == "pretrained" else "null",
+            "--model.model_kwargs", json.dumps(encoder),
             "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", name,
             "--trainer.enable_progress_bar", "false", "--checkpoint.dirpath", str(out / name / "checkpoints"),
             "--data.init_args.root", str(args.scenes), "--data.init_args.num_train", str(args.num_train),
+            "--data.init_args.num_val", str(args.num_val),
             "--trainer.max_epochs", str(args.epochs[task]), "--figures.every_n_epochs", str(args.epochs[task]),
     ]  # fmt: skip
     start = time.perf_counter()
@@ -90,7 +95,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
-    p.add_argument("--num-train", type=int, default=400, help="training scenes (the validation split: 200)")
+    p.add_argument("--num-train", type=int, default=400, help="training scenes")
+    p.add_argument("--num-val", type=int, default=200, help="validation scenes")
     p.add_argument("--detect-epochs", type=int, default=6)
     p.add_argument("--segment-epochs", type=int, default=10)
     p.add_argument("--scenes", type=Path, default=REPO / "data" / "digit_scenes_transfer")
@@ -102,10 +108,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             f"`python train.py --config configs/pretrain/default.yaml` first, or point it at another one"
         )
     args.epochs = {"detect": args.detect_epochs, "segment": args.segment_epochs}
+    args.encoder = read_checkpoint(args.checkpoint).config  # the random encoder gets the pretrained one's shape
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> str:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, list[dict]]] = {}
@@ -119,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     table = summarise(results, args)
     (args.out / "table.md").write_text(table + "\n")
     print(table)
+    return table
 
 
 if __name__ == "__main__":
