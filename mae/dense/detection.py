@@ -15,8 +15,7 @@ from torchvision.models.detection.rpn import RPNHead
 
 from mae.dense.detection_metrics import DetectionMetrics
 from mae.dense.figures import detection_panel
-from mae.dense.module import DenseTrainingModule, build_pyramid
-from mae.dense.pyramid import SCALES
+from mae.dense.module import DenseTrainingModule
 
 Detector = Literal["mask_rcnn", "faster_rcnn", "retinanet"]
 Target = dict[str, torch.Tensor]
@@ -155,11 +154,7 @@ class MAEDetectionModule(DenseTrainingModule):
             raise ValueError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {detector!r}")
         if in_chans != 3:
             raise ValueError(f"torchvision's detectors take RGB images: data.in_chans must be 3, got {in_chans}")
-        pyramid = dict(out_channels=out_channels, block=block, window_size=window_size, global_blocks=global_blocks,
-                       activation_checkpointing=activation_checkpointing, scales=tuple(scales or SCALES))  # fmt: skip
-        self.pyramid = build_pyramid(checkpoint, checkpoint_format, model, model_kwargs, img_size, in_chans,
-                                     drop_path_rate, pyramid)  # fmt: skip
-        self.resolve_normalization()
+        self.build_encoder()
         self.detector = build_detector(detector, self.pyramid, num_classes, img_size, self.mean, self.std,
                                        anchor_sizes, detections_per_image, head_channels, rois_per_image,
                                        proposals_per_image)  # fmt: skip

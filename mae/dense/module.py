@@ -13,7 +13,7 @@ from torch import nn
 from mae.convert.backbone import build_vit, load_backbone
 from mae.convert.sources import read_checkpoint
 from mae.data.views.normalize import normalization
-from mae.dense.pyramid import SimpleFeaturePyramid
+from mae.dense.pyramid import SCALES, SimpleFeaturePyramid
 from mae.models import create_model
 from mae.training.base import MAETrainingModule, check_kernel_settings
 from mae.training.optim import ParamGroupPlan, check_schedule_settings
@@ -30,10 +30,11 @@ def build_pyramid(
     in_chans: int,
     drop_path_rate: float,
     pyramid: dict[str, Any],
-) -> SimpleFeaturePyramid:
+) -> tuple[SimpleFeaturePyramid, dict[str, Any] | None]:
     """The pretrained encoder of ``checkpoint`` (any format ``mae.load_backbone`` reads), or the encoder of
     the MAE size ``model`` freshly initialised when ``checkpoint`` is None, under a ``SimpleFeaturePyramid``
-    built with ``pyramid`` (its keyword arguments).
+    built with ``pyramid`` (its keyword arguments); and the checkpoint's ``mae_data`` record (None without).
+    The checkpoint is read once.
 
     Raises:
         FileNotFoundError: ``checkpoint`` does not exist, naming ``model.checkpoint``.
@@ -42,28 +43,26 @@ def build_pyramid(
         with torch.device("meta"):
             config = create_model(model, img_size=img_size, in_chans=in_chans, **(model_kwargs or {})).config
         vit = build_vit(config, img_size, dynamic_img_size=True, drop_path_rate=drop_path_rate)
-    else:
-        if not Path(checkpoint).exists():
-            raise FileNotFoundError(
-                f"model.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
-                f"config, run `python train.py --config configs/pretrain/default.yaml` first) or set it to null "
-                f"to train from a random initialisation"
-            )
-        vit = load_backbone(checkpoint, img_size, format=checkpoint_format, in_chans=in_chans,
-                            dynamic_img_size=True, drop_path_rate=drop_path_rate)  # fmt: skip
-        rank_zero_info(str(vit.load_report))
-    return SimpleFeaturePyramid(vit, **pyramid)
+        return SimpleFeaturePyramid(vit, **pyramid), None
+    if not Path(checkpoint).exists():
+        raise FileNotFoundError(
+            f"model.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
+            f"config, run `python train.py --config configs/pretrain/default.yaml` first) or set it to null "
+            f"to train from a random initialisation"
+        )
+    ckpt = read_checkpoint(checkpoint, checkpoint_format)
+    vit = load_backbone(ckpt, img_size, in_chans=in_chans, dynamic_img_size=True, drop_path_rate=drop_path_rate)
+    rank_zero_info(str(vit.load_report))
+    return SimpleFeaturePyramid(vit, **pyramid), ckpt.data
 
 
 def input_normalization(
-    checkpoint: str | None, checkpoint_format: str, in_chans: int, mean: list[float] | None, std: list[float] | None
+    data: dict[str, Any] | None, in_chans: int, mean: list[float] | None, std: list[float] | None
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(mean, std) per channel of the encoder's inputs: as given, else as the pretraining run recorded
-    (its checkpoint's ``mae_data``), else ImageNet's for RGB."""
-    if mean is None and std is None and checkpoint is not None:
-        data = read_checkpoint(checkpoint, checkpoint_format).data
-        if data is not None and data.get("in_chans") == in_chans:
-            return tuple(data["mean"]), tuple(data["std"])
+    (``data``, its checkpoint's ``mae_data``), else ImageNet's for RGB."""
+    if mean is None and std is None and data is not None and data.get("in_chans") == in_chans:
+        return tuple(data["mean"]), tuple(data["std"])
     return normalization(in_chans, mean, std)
 
 
@@ -92,9 +91,8 @@ def layer_decay_groups(network: nn.Module, vit: nn.Module, weight_decay: float, 
 
 class DenseTrainingModule(MAETrainingModule):
     """Base of ``MAEDetectionModule`` and ``MAESegmentationModule``: a subclass calls ``check_settings``,
-    builds ``self.pyramid`` (``build_pyramid``) inside its network, then calls ``plan_param_groups``.
-    Images enter in [0, 1] and are normalised by the network with ``self.mean`` / ``self.std``
-    (``resolve_normalization``).
+    ``build_encoder`` (``self.pyramid``, ``self.mean`` / ``self.std``), builds its network around the
+    pyramid, then calls ``plan_param_groups``. Images enter in [0, 1] and are normalised by the network.
 
     Hyperparameters read here: ``weight_decay``, ``layer_decay``, ``attention``, ``compile``,
     ``fused_adamw``, ``base_lr``, ``lr``, ``min_lr``, ``warmup_epochs`` (checked at build).
@@ -112,11 +110,16 @@ class DenseTrainingModule(MAETrainingModule):
             raise ValueError(f"model.num_classes must be >= 2 (background or one class, and one more), got "
                              f"{hp.num_classes}")  # fmt: skip
 
-    def resolve_normalization(self) -> None:
-        """``self.mean`` / ``self.std``: ``model.mean`` / ``model.std``, or the pretraining run's
-        (``input_normalization``)."""
+    def build_encoder(self) -> None:
+        """``self.pyramid`` from the hyperparameters (``build_pyramid``), and ``self.mean`` / ``self.std``:
+        ``model.mean`` / ``model.std``, or the pretraining run's (``input_normalization``)."""
         hp = self.hparams
-        self.mean, self.std = input_normalization(hp.checkpoint, hp.checkpoint_format, hp.in_chans, hp.mean, hp.std)
+        pyramid = dict(out_channels=hp.out_channels, block=hp.block, window_size=hp.window_size,
+                       global_blocks=hp.global_blocks, activation_checkpointing=hp.activation_checkpointing,
+                       scales=tuple(hp.scales or SCALES))  # fmt: skip
+        self.pyramid, data = build_pyramid(hp.checkpoint, hp.checkpoint_format, hp.model, hp.model_kwargs,
+                                           hp.img_size, hp.in_chans, hp.drop_path_rate, pyramid)  # fmt: skip
+        self.mean, self.std = input_normalization(data, hp.in_chans, hp.mean, hp.std)
 
     def plan_param_groups(self) -> None:
         """The parameter groups, fixed by name now (a strategy may wrap the parameters later)."""

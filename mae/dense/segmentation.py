@@ -8,8 +8,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from mae.dense.figures import segmentation_panel
-from mae.dense.module import DenseTrainingModule, build_pyramid
-from mae.dense.pyramid import SCALES, SimpleFeaturePyramid
+from mae.dense.module import DenseTrainingModule
+from mae.dense.pyramid import SimpleFeaturePyramid
 from mae.dense.segmentation_metrics import SegmentationMetrics
 from mae.dense.upernet import UperNetHead, upsample_logits
 
@@ -86,11 +86,7 @@ class MAESegmentationModule(DenseTrainingModule):
         super().__init__()
         self.save_hyperparameters()
         self.check_settings()
-        pyramid = dict(out_channels=out_channels, block=block, window_size=window_size, global_blocks=global_blocks,
-                       activation_checkpointing=activation_checkpointing, scales=tuple(scales or SCALES))  # fmt: skip
-        self.pyramid = build_pyramid(checkpoint, checkpoint_format, model, model_kwargs, img_size, in_chans,
-                                     drop_path_rate, pyramid)  # fmt: skip
-        self.resolve_normalization()
+        self.build_encoder()
         head = UperNetHead(out_channels, num_classes, channels=head_channels)
         self.segmenter = Segmenter(self.pyramid, head, self.mean, self.std)
         self.plan_param_groups()
