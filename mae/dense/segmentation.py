@@ -6,6 +6,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torchmetrics import MeanMetric
 
 from mae.dense.figures import segmentation_panel
 from mae.dense.module import DenseTrainingModule
@@ -91,6 +92,7 @@ class MAESegmentationModule(DenseTrainingModule):
         self.segmenter = Segmenter(self.pyramid, head, self.mean, self.std)
         self.plan_param_groups()
         self.val_metrics = SegmentationMetrics(num_classes, ignore_index)
+        self.val_loss = MeanMetric()  # weighted by images, reduced exactly across processes (uneven shards)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) images in [0, 1] -> (N, num_classes, H, W) logits."""
@@ -108,7 +110,8 @@ class MAESegmentationModule(DenseTrainingModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         images, masks = batch
         logits = self(images)
-        self.log("val/loss", self.loss(logits, masks), batch_size=images.shape[0], sync_dist=True)
+        self.val_loss.update(self.loss(logits, masks), weight=images.shape[0])
+        self.log("val/loss", self.val_loss)
         self.val_metrics.update(logits.argmax(1), masks)
 
     def on_validation_epoch_end(self) -> None:
