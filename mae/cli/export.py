@@ -1,33 +1,79 @@
-"""``python -m mae.export CHECKPOINT OUT.safetensors``: the encoder as a plain timm ViT + its arguments."""
+"""``python -m mae.export CHECKPOINT OUT.safetensors`` (the encoder as a plain timm ViT + its arguments) or
+``python -m mae.export CHECKPOINT OUT.onnx`` (the encoder as ONNX, checked with onnxruntime): the output's
+suffix chooses the kind; ``--format`` names the checkpoint's format."""
 
+import importlib
 import json
 from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import argparse_int, command_parser, parse_and_run
+from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
 from mae.convert.export import export_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
+from mae.eval.features import POOLS
+
+# Options of the ONNX output only, with their defaults (a .safetensors export refuses them).
+ONNX_OPTIONS = {"pool": None, "dynamic_batch": False, "img_size": None, "opset": None, "atol": None, "mean": None,
+                "std": None}  # fmt: skip
 
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
         "python -m mae.export",
-        "Export a pretrained encoder as a plain timm ViT (safetensors + a JSON of its timm arguments).",
+        "Export a pretrained encoder: OUT.safetensors writes a plain timm ViT (safetensors + a JSON of its timm "
+        "arguments); OUT.onnx writes an ONNX file of the encoder, checked with onnxruntime against torch.",
     )
     parser.add_argument(
         "checkpoint", help="our .ckpt, an official MAE .pth, a timm state dict or a Hugging Face folder"
     )
-    parser.add_argument("out", help="output .safetensors path (a .json with the timm arguments is written beside it)")
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="source format (default: detect)")
+    parser.add_argument(
+        "out", help="OUT.safetensors (a .json with the timm arguments is written beside it) or OUT.onnx"
+    )
+    parser.add_argument("--format", default="auto", choices=FORMATS,
+                        help="the CHECKPOINT's format (default: detect); OUT's suffix sets the output's")  # fmt: skip
     parser.add_argument(
         "--num_heads", type=argparse_int, default=None, help="attention heads, for files that do not say"
+    )
+    onnx = parser.add_argument_group("ONNX output (OUT.onnx; needs the onnx extra)")
+    onnx.add_argument("--pool", choices=POOLS, default=None,
+                      help="output the pooled embedding (N, D) as kNN / the probe pool it: cls token, mean of the "
+                      "patch tokens, or both side by side (default: every token, (N, 1 + L, D))")  # fmt: skip
+    onnx.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: batch 1)")
+    onnx.add_argument("--img-size", type=argparse_int, default=None,
+                      help="input size (default: the checkpoint's; position embeddings are resampled)")  # fmt: skip
+    onnx.add_argument("--opset", type=argparse_int, default=None, help="ONNX opset (default: the exporter's)")
+    onnx.add_argument("--atol", type=argparse_float, default=None,
+                      help="largest max abs difference of onnxruntime to torch accepted (default: 1e-4)")  # fmt: skip
+    onnx.add_argument(
+        "--mean",
+        type=argparse_float,
+        nargs="+",
+        default=None,
+        help="input mean per channel, recorded in the file (default: the checkpoint's record)",
+    )
+    onnx.add_argument(
+        "--std",
+        type=argparse_float,
+        nargs="+",
+        default=None,
+        help="input std per channel, recorded in the file (default: the checkpoint's record)",
     )
     return parser
 
 
-def run(args: Namespace) -> tuple[Path, Path]:
-    """Write the weights and their JSON sidecar; print how to load them. Returns (weights, sidecar)."""
+def run(args: Namespace):
+    """Write the export the suffix of ``args.out`` names. Returns (weights, sidecar) for safetensors,
+    the ``OnnxExport`` for ONNX.
+
+    Raises:
+        UsageError: ONNX options for a .safetensors output, --mean without --std, a size below 1.
+    """
+    if Path(args.out).suffix == ".onnx":
+        return run_onnx(args)
+    given = [f"--{name.replace('_', '-')}" for name, default in ONNX_OPTIONS.items() if args[name] != default]
+    if given:
+        raise UsageError(f"{', '.join(given)} apply to ONNX output only: name an OUT ending in .onnx")
     weights, sidecar = export_encoder(args.checkpoint, args.out, args.format, args.num_heads)
     for note in read_checkpoint(args.checkpoint, args.format).notes:
         print(f"note: {note}")
@@ -40,5 +86,25 @@ def run(args: Namespace) -> tuple[Path, Path]:
     return weights, sidecar
 
 
-def main(argv: list[str] | None = None) -> None:
-    parse_and_run(build_parser(), run, argv)
+def run_onnx(args: Namespace):
+    if (args.mean is None) != (args.std is None):
+        raise UsageError("give --mean and --std together")
+    if args.img_size is not None and args.img_size < 1:
+        raise UsageError(f"--img-size must be a positive number of pixels, got {args.img_size}")
+    from mae.convert.onnx import DEFAULT_ATOL, describe, export_onnx
+
+    for package in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            importlib.import_module(package)
+        except ImportError as err:
+            raise SystemExit(f'ONNX export needs the onnx extra: pip install -e ".[onnx]" ({err})') from None
+    export = export_onnx(
+        args.checkpoint, args.out, args.format, args.pool, args.dynamic_batch, args.img_size, args.opset,
+        DEFAULT_ATOL if args.atol is None else args.atol, args.num_heads, args.mean, args.std,
+    )  # fmt: skip
+    print("\n".join(describe(export)))
+    return export
+
+
+def main(argv: list[str] | None = None):
+    return parse_and_run(build_parser(), run, argv)

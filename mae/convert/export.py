@@ -46,7 +46,7 @@ def export_encoder(
     ckpt = read_checkpoint(source, format)
     out = Path(out)
     if out.suffix != ".safetensors":
-        raise ValueError(f"export target {out} must end in .safetensors")
+        raise ValueError(f"export target {out} must end in .safetensors (or .onnx for an ONNX file)")
     config = {**ckpt.config, **({"num_heads": num_heads} if num_heads else {})}
     if config["layer_norm_eps"] != 1e-6:
         raise ValueError(

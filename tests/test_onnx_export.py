@@ -1,0 +1,136 @@
+"""``python -m mae.export CHECKPOINT OUT.onnx``: the encoder as ONNX, run by onnxruntime, against the
+MAE model's own ``forward_features`` (not the exporter's ``load_backbone`` path)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mae.cli import export_main
+from mae.convert.architecture import mae_record
+from mae.convert.onnx import check_with_onnxruntime, supported_opsets
+from mae.models import MaskedAutoencoderViT
+from tests.helpers import run_script
+
+onnxruntime = pytest.importorskip("onnxruntime", reason="the onnx extra: pip install -e '.[onnx]'")
+onnx = pytest.importorskip("onnx", reason="the onnx extra: pip install -e '.[onnx]'")
+
+CONFIG = dict(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=16,
+              decoder_depth=1, decoder_num_heads=2)  # fmt: skip
+MEAN, STD = [0.3], [0.2]
+
+
+@pytest.fixture(scope="module")
+def model() -> MaskedAutoencoderViT:
+    torch.manual_seed(0)
+    model = MaskedAutoencoderViT(**CONFIG).eval()
+    with torch.no_grad():  # non-trivial norms and cls token, so loading mistakes show
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.normal_(1.0, 0.1)
+                m.bias.normal_(0.0, 0.1)
+        model.cls_token.normal_()
+    return model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model, tmp_path_factory):
+    """Our pretraining checkpoint of the 1-channel model, with its data's mean / std recorded."""
+    path = tmp_path_factory.mktemp("onnx") / "last.ckpt"
+    torch.save({"pytorch-lightning_version": "2.6.6",
+                "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "mae_architecture": mae_record(model.config),
+                "mae_data": {"in_chans": 1, "img_size": [16, 16], "mean": MEAN, "std": STD}}, path)  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokens_at_24(checkpoint):
+    """Every token at a new input size (24: a 6x6 grid), batch 1, through ``main``."""
+    out = checkpoint.parent / "tokens24.onnx"
+    export = export_main([str(checkpoint), str(out), "--img-size", "24"])
+    return out, export
+
+
+def _run(path, pixels: torch.Tensor) -> np.ndarray:
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"pixels": pixels.numpy()})[0]
+
+
+def _metadata(path) -> dict[str, str]:
+    return {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+
+
+def test_onnx_export__command_line_one_channel_pooled_dynamic_batch_into_a_missing_folder(model, checkpoint, tmp_path):
+    out = tmp_path / "new" / "deeper" / "encoder.onnx"  # folders that do not exist yet
+    result = run_script("-m mae.export", str(checkpoint), str(out), "--dynamic-batch", "--pool", "avg")
+    assert "onnxruntime vs torch, batch 1: max abs difference" in result.stdout
+    assert "batch 3: max abs difference" in result.stdout, result.stdout
+    assert sorted(p.name for p in out.parent.iterdir()) == ["encoder.onnx"]  # no temporary file left
+    torch.manual_seed(1)
+    for batch in (1, 2, 5):
+        pixels = torch.randn(batch, 1, 16, 16)
+        with torch.no_grad():
+            expected = model.forward_features(pixels)[:, 1:].mean(1)  # the mean of the normed patch tokens
+        got = _run(out, pixels)
+        assert got.shape == (batch, 32)
+        assert np.abs(got - expected.numpy()).max() <= 1e-4
+    meta = _metadata(out)
+    assert json.loads(meta["mae.mean"]) == MEAN and json.loads(meta["mae.std"]) == STD
+    assert meta["mae.in_chans"] == "1" and meta["mae.pool"] == "avg"
+    assert "(x - mean[c]) / std[c] with mean = [0.3], std = [0.2] (recorded in the checkpoint)" in meta["mae.input"]
+    assert "mean = [0.3], std = [0.2]" in result.stdout
+
+
+def test_onnx_export__tokens_at_a_new_size_match_torch_and_take_batch_1(model, tokens_at_24, capsys):
+    out, export = tokens_at_24
+    assert export.input_shape == [1, 1, 24, 24] and export.output_shape == [1, 37, 32]
+    assert 0 < export.differences[1] <= 1e-4
+    # independent: the MAE at 24 pixels, its position embeddings resampled bicubically by hand
+    big = MaskedAutoencoderViT(**{**CONFIG, "img_size": 24}).eval()
+    state = dict(model.state_dict())
+    grid = state["pos_embed"][:, 1:].reshape(1, 4, 4, 32).permute(0, 3, 1, 2)
+    resampled = F.interpolate(grid, size=(6, 6), mode="bicubic", align_corners=False).permute(0, 2, 3, 1)
+    state["pos_embed"] = torch.cat([state["pos_embed"][:, :1], resampled.reshape(1, 36, 32)], dim=1)
+    state.pop("decoder_pos_embed")
+    big.load_state_dict(state, strict=False)
+    pixels = torch.randn(1, 1, 24, 24, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = big.forward_features(pixels).numpy()
+    got = _run(out, pixels)
+    assert got.shape == (1, 37, 32) and np.abs(got - expected).max() <= 1e-4
+    assert np.abs(got - expected).max() < np.abs(expected).max() * 1e-3  # not a trivially small output
+    with pytest.raises(Exception, match="(?i)dimension|shape"):  # a static export: batch 1 only
+        _run(out, torch.randn(2, 1, 24, 24))
+    inputs = onnx.load(str(out)).graph.input
+    assert [d.dim_value for d in inputs[0].type.tensor_type.shape.dim] == [1, 1, 24, 24]
+
+
+def test_onnx_check__outputs_that_differ_from_torch_fail_loudly(model, tokens_at_24):
+    out, _ = tokens_at_24
+    from mae.convert.backbone import load_backbone
+
+    backbone = load_backbone(out.parent / "last.ckpt", img_size=24).eval()
+    assert check_with_onnxruntime(backbone.forward_features, out, (1,))[1] <= 1e-4
+    with torch.no_grad():
+        backbone.norm.bias.add_(1e-3)  # a model that is not the file's
+    with pytest.raises(ValueError, match=r"differs from torch's by 0\.001 .*over the 0\.0001 allowed"):
+        check_with_onnxruntime(backbone.forward_features, out, (1,))
+
+
+def test_onnx_export__an_opset_the_exporter_lacks_is_named_with_the_range(checkpoint, tmp_path):
+    lowest, highest = supported_opsets()
+    assert lowest <= 18 <= highest
+    for opset in (lowest - 1, highest + 1):
+        with pytest.raises(ValueError, match=f"--opset {opset}: .* writes opsets {lowest} to {highest}; choose one"):
+            export_main([str(checkpoint), str(tmp_path / "x.onnx"), "--opset", str(opset)])
+    assert not list(tmp_path.iterdir())
+
+
+def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpoint, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        export_main([str(checkpoint), str(tmp_path / "enc.safetensors"), "--dynamic-batch", "--pool", "cls"])
+    assert exit_.value.code == 2
+    assert "--pool, --dynamic-batch apply to ONNX output only: name an OUT ending in .onnx" in capsys.readouterr().err
