@@ -55,6 +55,9 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
                         help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    parser.add_argument("--attention", action="store_true",
+                        help="add the last block's cls-token attention (mean of the heads, and each head; the "
+                        "encoder on every patch, no masking) to each row")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("reconstruction.png"), help="the figure (PNG)")
     return parser
 
@@ -91,7 +94,7 @@ def run(args: Namespace) -> Figure:
         raise SystemExit(f"no readable image among {args.images}")
     figure = reconstruction_figure(
         model, torch.stack(images), names, norm, args.mask_ratio, args.seed, args.same_mask, args.unnormalize,
-        args.bands, strategy=args.mask_strategy, value_range=display_range(names),
+        args.bands, strategy=args.mask_strategy, value_range=display_range(names), attention=args.attention,
     )  # fmt: skip
     atomic_write(args.out, lambda tmp: figure.image.save(tmp, format="PNG"))
     for name, loss in zip(names, figure.losses, strict=True):

@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torchvision.utils import make_grid
 
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.data.decoding.arrays import read_header
 from mae.data.decoding.formats import ARRAY_EXTENSIONS
 from mae.data.decoding.limits import resized_size
+from mae.eval.attention import attention_caption, attention_panels, cls_attention_maps
 from mae.eval.own_images import caption_of, display_range, image_paths, load_image, load_reconstructor, mask_noise
 from mae.eval.visualize import denormalize, reconstruct, to_display
 from mae.models.loss import masked_patch_mse_per_image, normalize_patches
@@ -104,6 +106,7 @@ class Reconstruction:
     loss: float  # the masked-patch loss
     flat_guess: float  # the masked-patch loss of a flat guess (``flat_guess_loss``)
     details: str  # Markdown: the losses, how the image was fitted to the input, the caption
+    attention: Image.Image | None = None  # the cls attention, mean of the heads | each head, when asked for
 
 
 class ReconstructionSession:
@@ -117,9 +120,11 @@ class ReconstructionSession:
         self.name = Path(checkpoint).name  # what the page shows: its path is the server's business
 
     @torch.no_grad()
-    def render(self, path: str | Path, settings: PageSettings, name: str | None = None) -> Reconstruction:
+    def render(
+        self, path: str | Path, settings: PageSettings, name: str | None = None, attention: bool = False
+    ) -> Reconstruction:
         """The panels and details of the image file at ``path``, called ``name`` on the page (default:
-        the file's name).
+        the file's name); with ``attention``, the last block's cls attention too (``mae.eval.attention``).
 
         Raises:
             ImageTooLarge: over ``max_pixels``. Any exception of the readers or the model otherwise.
@@ -151,7 +156,19 @@ class ReconstructionSession:
             f"Mask ratio {settings.mask_ratio:.2f} ({masked} of {L} patches hidden), {settings.strategy} masking, "
             f"seed {settings.seed}. {caption_of(self.model, settings.unnormalize)}"
         )
-        return Reconstruction(panels, loss, flat, details)
+        if not attention:
+            return Reconstruction(panels, loss, flat, details)
+        maps = cls_attention_maps(self.model, img)  # the encoder on every patch: no masking
+        details += f"\n\n{attention_caption(maps.shape[1])}"
+        return Reconstruction(panels, loss, flat, details, self._attention_picture(maps))
+
+    def _attention_picture(self, maps: torch.Tensor) -> Image.Image:
+        """(1, heads, H', W') maps -> one picture: the mean of the heads | each head, enlarged as the panels."""
+        pair = torch.cat(attention_panels(maps.cpu(), self.size))  # (2, 3, H, W)
+        pixels = make_grid(pair, nrow=2, padding=2, pad_value=1.0).permute(1, 2, 0).numpy()
+        picture = Image.fromarray((pixels * 255).round().astype(np.uint8))
+        scale = max(1, -(-MIN_PANEL // min(self.size)))
+        return picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
 
     def _panels(self, views: dict[str, torch.Tensor], value_range: tuple[float, float] | None) -> dict:
         """One enlarged picture per view, drawn as ``mae.eval.visualize.reconstruction_grid`` draws it."""
@@ -232,29 +249,37 @@ def next_seed(seed) -> int | float | None:
     return 0 if seed == MAX_SEED else int(seed) + 1
 
 
+def page_outputs(
+    session: ReconstructionSession, path, name, ratio, strategy, seed, unnormalize, attention=False
+) -> list:
+    """What the page shows for its controls: the four panels (``PANEL_TITLES``' order), the attention
+    picture (None unless ``attention``) and the details; or no pictures and a message saying what is
+    wrong."""
+    no_pictures = [None] * (len(PANEL_TITLES) + 1)
+    try:
+        settings = PageSettings.from_controls(ratio, strategy, seed, unnormalize)
+    except ValueError as err:
+        return [*no_pictures, f"**Check the settings:** {err}"]
+    if path is None:
+        return [*no_pictures, "**Upload an image or pick an example.**"]
+    try:
+        result = session.render(path, settings, name, attention=bool(attention))
+    except Exception as err:  # whatever one image raises is a message on the page
+        if not isinstance(err, IMAGE_ERRORS):
+            traceback.print_exc()  # unexpected: the whole story for whoever runs the server
+        return [*no_pictures, f"**Could not show this image:** {readable_error(err, Path(path), name)}"]
+    return [*result.panels.values(), result.attention, result.details]
+
+
 def build_page(session: ReconstructionSession, examples: list[Path]):
     """The Gradio ``Blocks`` of the page. The image shown is the one of the last action: uploading
     clears the example box and picking an example clears the upload."""
     import gradio as gr
 
     by_name = {path.name: Path(path) for path in examples}
-    no_panels = [None] * len(PANEL_TITLES)
 
-    def show(path, name, ratio, strategy, seed, unnormalize) -> list:
-        """The panels and the details, or no panels and a message saying what is wrong."""
-        try:
-            settings = PageSettings.from_controls(ratio, strategy, seed, unnormalize)
-        except ValueError as err:
-            return [*no_panels, f"**Check the settings:** {err}"]
-        if path is None:
-            return [*no_panels, "**Upload an image or pick an example.**"]
-        try:
-            result = session.render(path, settings, name)
-        except Exception as err:  # whatever one image raises is a message on the page
-            if not isinstance(err, IMAGE_ERRORS):
-                traceback.print_exc()  # unexpected: the whole story for whoever runs the server
-            return [*no_panels, f"**Could not show this image:** {readable_error(err, Path(path), name)}"]
-        return [*result.panels.values(), result.details]
+    def show(path, name, *settings) -> list:
+        return page_outputs(session, path, name, *settings)
 
     def shown(upload, example) -> tuple[str | Path | None, str | None]:
         """(path, name) of the image on the page: the upload, else the picked example."""
@@ -287,6 +312,7 @@ def build_page(session: ReconstructionSession, examples: list[Path]):
                 unnormalize = gr.Radio(list(UNNORMALIZE_CHOICES), value="patch", elem_id="unnormalize",
                                        label="norm_pix models: true patch statistics, or raw")  # fmt: skip
                 seed = gr.Number(value=0, precision=0, label=f"mask seed (0 to {MAX_SEED})", elem_id="seed")
+                attention = gr.Checkbox(value=False, label="show the last block's cls attention", elem_id="attention")
                 with gr.Row():
                     run = gr.Button("Reconstruct", variant="primary", elem_id="run")
                     resample = gr.Button("Resample mask", elem_id="resample")
@@ -297,15 +323,20 @@ def build_page(session: ReconstructionSession, examples: list[Path]):
                     with gr.Row():
                         panels += [gr.Image(label=PANEL_TITLES[key], type="pil", format="png", interactive=False,
                                             buttons=["download"], elem_id=f"panel-{key}") for key in row]  # fmt: skip
+                with gr.Row(visible=False) as attention_row:
+                    attention_panel = gr.Image(label="cls attention: mean of the heads | each head", type="pil",
+                                               format="png", interactive=False, buttons=["download"],
+                                               elem_id="panel-attention")  # fmt: skip
                 details = gr.Markdown(elem_id="details")
                 gr.Markdown(LEGEND, elem_id="legend")
-        settings = [ratio, strategy, seed, unnormalize]
-        outputs = [*panels, details]
+        settings = [ratio, strategy, seed, unnormalize, attention]
+        outputs = [*panels, attention_panel, details]
         upload.upload(on_upload, [upload, *settings], [example, *outputs])
         upload.clear(on_controls, [upload, example, *settings], outputs)
         example.input(on_example, [example, *settings], [upload, *outputs])
-        for event in (run.click, ratio.release, strategy.input, unnormalize.input, seed.submit):
+        for event in (run.click, ratio.release, strategy.input, unnormalize.input, seed.submit, attention.input):
             event(on_controls, [upload, example, *settings], outputs)
+        attention.change(lambda on: gr.Row(visible=on), attention, attention_row)
         resample.click(next_seed, seed, seed).then(on_controls, [upload, example, *settings], outputs)
         page.load(on_controls, [upload, example, *settings], outputs)  # the first example, as the page opens
     return page

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
+from torchvision.utils import make_grid
 
 from mae.convert.backbone import load_mae
 from mae.convert.sources import read_checkpoint
@@ -18,6 +19,7 @@ from mae.data.decoding.formats import READERS
 from mae.data.decoding.image import read_image
 from mae.data.views.arrays import ArrayView
 from mae.data.views.normalize import check_statistics, normalization
+from mae.eval.attention import attention_caption, attention_panels, cls_attention_maps
 from mae.eval.visualize import reconstruct, reconstruction_grid
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.masking import check_mask_ratio, check_visible_patches, sample_noise
@@ -156,6 +158,7 @@ class Figure:
     image: Image.Image  # the captioned picture
     losses: list[float]  # each image's masked-patch loss
     caption: str
+    attention: torch.Tensor | None = None  # (N, heads, H', W') cls attention maps, when drawn
 
 
 @torch.no_grad()
@@ -172,9 +175,11 @@ def reconstruction_figure(
     min_panel: int = 160,
     strategy: str | None = None,
     value_range: tuple[float, float] | None = (0.0, 1.0),
+    attention: bool = False,
 ) -> Figure:
     """One row per image: original | masked | reconstruction | reconstruction with the visible patches
-    pasted back, the image's name and masked-patch loss beside it, the caption below.
+    pasted back (| with ``attention``: the last block's cls attention, mean of the heads | each head,
+    ``mae.eval.attention``), the image's name and masked-patch loss beside it, the caption below.
 
     ``imgs``: (N, C, H, W) normalised model input. The masks are drawn from ``seed`` with
     ``strategy`` (default: the model's; one mask for every row with ``same_mask``); panels are
@@ -186,19 +191,27 @@ def reconstruction_figure(
     views = reconstruct(model, imgs, mask_ratio, noise, unnormalize)
     grid = reconstruction_grid(views, norm.mean, norm.std, bands, value_range)
     height, width = imgs.shape[-2:]
+    headers = ("original", "masked", "reconstruction", "+ visible patches")
+    caption = caption_of(model, unnormalize)
+    maps = None
+    if attention:
+        maps = cls_attention_maps(model, imgs).cpu()  # the encoder on every patch: no masking
+        mean, heads = attention_panels(maps, (height, width))
+        extra = make_grid(torch.stack([mean, heads], dim=1).flatten(0, 1), nrow=2, padding=2, pad_value=1.0)
+        grid = torch.cat([grid, extra[:, :, 2:]], dim=2)  # its left border is the grid's right one
+        headers += ("attention (mean)", "attention per head")
+        caption = f"{caption} {attention_caption(maps.shape[1])}"
     scale = max(1, -(-min_panel // min(height, width)))
     picture = Image.fromarray((grid.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
     picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
 
     losses = views["loss"].tolist()
-    caption = caption_of(model, unnormalize)
     label_width, line = 220, 18
-    headers = ("original", "masked", "reconstruction", "+ visible patches")
     lines = _wrap(caption, (label_width + picture.width) // 7)
     canvas = Image.new("RGB", (label_width + picture.width, line + picture.height + line * (len(lines) + 1)), "white")
     canvas.paste(picture, (label_width, line))
     draw = ImageDraw.Draw(canvas)
-    panel = picture.width / 4
+    panel = picture.width / len(headers)
     for i, header in enumerate(headers):
         draw.text((label_width + i * panel + 6, 2), header, fill="black")
     row = picture.height / len(imgs)
@@ -207,7 +220,7 @@ def reconstruction_figure(
         draw.text((6, line + i * row + row / 2), f"masked-patch loss {loss:.4f}", fill="black")
     for i, text in enumerate(lines):
         draw.text((6, line + picture.height + 6 + i * line), text, fill="black")
-    return Figure(canvas, losses, caption)
+    return Figure(canvas, losses, caption, maps)
 
 
 def _wrap(text: str, width: int) -> list[str]:
