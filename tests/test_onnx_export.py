@@ -134,3 +134,16 @@ def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpo
         export_main([str(checkpoint), str(tmp_path / "enc.safetensors"), "--dynamic-batch", "--pool", "cls"])
     assert exit_.value.code == 2
     assert "--pool, --dynamic-batch apply to ONNX output only: name an OUT ending in .onnx" in capsys.readouterr().err
+
+
+def test_write_onnx__a_file_that_fails_its_check_is_not_written(tmp_path):
+    from mae.convert.onnx import write_onnx
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(1, 2, 4, stride=4)
+    out = tmp_path / "conv.onnx"
+    with pytest.raises(ValueError, match="must end in .onnx"):
+        write_onnx(conv, tmp_path / "conv.pt", torch.randn(1, 1, 8, 8), "pixels", "maps", {})
+    with pytest.raises(ValueError, match=r"differs from torch's by .* over the -1 allowed: the ONNX file was not"):
+        write_onnx(conv, out, torch.randn(1, 1, 8, 8), "pixels", "maps", {"k": "v"}, atol=-1.0)
+    assert not list(tmp_path.iterdir())  # neither the file nor a temporary one
