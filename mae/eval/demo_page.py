@@ -1,6 +1,7 @@
 """The local reconstruction page (``python -m mae.demo --checkpoint CKPT``): upload or pick an image,
 move the mask ratio, choose the masking strategy, resample the mask, and see four titled panels, the
-masked-patch loss beside that of a flat guess, and what fitting the image to the model's input did.
+masked-patch loss beside that of a flat guess, and what fitting the image to the model's input did;
+a checkbox adds the last block's cls attention (``mae.eval.attention``).
 Built with Gradio, an optional extra: ``pip install -e ".[demo]"``.
 
 The page may be served to others (``--host 0.0.0.0``): it names files, never server paths, and every
