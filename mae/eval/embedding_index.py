@@ -194,7 +194,8 @@ class EmbeddingIndex:
     def _open_parquet(self) -> None:
         pa = _pyarrow()
         try:
-            self._file = pa.parquet.ParquetFile(self.path)
+            # pre_buffer would read every row group ahead: memory growing with the index, not the chunk
+            self._file = pa.parquet.ParquetFile(self.path, pre_buffer=False, buffer_size=1 << 20)
         except pa.ArrowException as err:
             raise ValueError(f"{self.path} is not a readable Parquet file ({err})") from None
         record = (self._file.schema_arrow.metadata or {}).get(METADATA_KEY)
