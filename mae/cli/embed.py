@@ -52,9 +52,10 @@ def run(args: Namespace) -> IndexMeta:
     Raises:
         UsageError: a batch, part or input size below 1, negative workers, --mean without --std.
     """
-    for flag, value, low in (("--batch-size", args.batch_size, 1), ("--part-size", args.part_size, 1),
-                             ("--workers", args.workers, 0), ("--img-size", args.img_size or 1, 1)):  # fmt: skip
-        if value < low:
+    sizes = (("--batch-size", args.batch_size, 1), ("--part-size", args.part_size, 1), ("--workers", args.workers, 0),
+             ("--img-size", args.img_size, 1))  # fmt: skip
+    for flag, value, low in sizes:
+        if value is not None and value < low:
             raise UsageError(f"{flag} must be at least {low}, got {value}")
     if (args.mean is None) != (args.std is None):
         raise UsageError("give --mean and --std together")

@@ -210,7 +210,7 @@ def embed_images(
         batches += [list(range(start, min(start + batch_size, stop))) for start in range(first, stop, batch_size)]
         ends.add(len(batches) - 1)
     dataset = ImageFiles([item.path for item in items], embedder.img_size, embedder.norm, embedder.max_pixels)
-    loader = Loader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate_loaded)
+    loader = Loader(dataset, batch_sampler=batches, num_workers=workers if batches else 0, collate_fn=collate_loaded)
     remaining = sum(len(batch) for batch in batches)
     with tqdm(total=len(items), initial=len(items) - remaining, unit="img", disable=not progress) as bar:
         indices, vectors, skipped = [], [], []

@@ -4,6 +4,7 @@ an image and see its nearest images in an index of ``python -m mae.embed``, with
 As the rest of the page, it names files, never server paths, and every failure is a message on the page."""
 
 import contextlib
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ class SearchSession:
         self.index = EmbeddingIndex(index)
         self.embedder = index_embedder(self.index, checkpoint, format, "cpu", max_pixels)
         self.name = Path(index).name
+        self._lock = threading.Lock()  # the page's events may call show at once; one index file reader
 
     def show(self, path: str | Path | None, name: str | None, k) -> tuple[list[tuple[Image.Image, str]], str]:
         """(gallery items: the query, then its ``k`` nearest images, each (picture, caption); Markdown
@@ -43,7 +45,8 @@ class SearchSession:
         if path is None:
             return [], "**Upload an image or pick an example.**"
         try:
-            matches, unreadable = search_images(self.index, self.embedder, [path], int(k))
+            with self._lock:
+                matches, unreadable = search_images(self.index, self.embedder, [path], int(k))
             if unreadable:
                 raise ValueError(unreadable[0][1])
             match = matches[0]
