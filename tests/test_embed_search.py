@@ -1,6 +1,7 @@
 """``python -m mae.embed`` and ``python -m mae.search``: embeddings of image folders, resumable, and exact
 cosine neighbours, checked against the encoder run directly and against numpy."""
 
+import importlib.util
 import json
 import shutil
 import signal
@@ -126,21 +127,24 @@ def test_embed__gray_16_bit_images_and_arrays_with_given_statistics(tmp_path):
     np.testing.assert_allclose(vectors, expected.expand(2, -1).numpy(), atol=1e-5)
 
 
-def test_embed__empty_folder_and_bad_output_are_clear_errors(checkpoint, tmp_path):
+def test_embed__empty_folder_bad_output_and_bad_sizes_are_clear_errors(checkpoint, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("no image here")
     with pytest.raises(FileNotFoundError, match=r"empty holds no image file .*give a folder of images"):
         embed_main(["--checkpoint", str(checkpoint), str(tmp_path / "empty"), "--out", str(tmp_path / "x.parquet")])
     with pytest.raises(ValueError, match=r"must end in \.parquet .* or \.npy"):
         embed_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "x.csv")])
+    with pytest.raises(SystemExit):
+        embed_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "x.npy"), "--img-size=0"])
+    assert "--img-size must be at least 1, got 0" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # nothing written
 
 
 def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(checkpoint, tmp_path, monkeypatch):
     for i in range(12):
         write_png(tmp_path / "root" / f"c{i % 2}" / f"{i:02d}.png", seed=i)
-    # 128x128 inputs (1,024 patches) make each image slow enough to stop the run between its parts
-    args = ["--checkpoint", str(checkpoint), str(tmp_path / "root"), "--img-size", "128", "--part-size", "2",
+    # 192x192 inputs (2,304 patches) make each image slow enough to stop the run between its parts
+    args = ["--checkpoint", str(checkpoint), str(tmp_path / "root"), "--img-size", "192", "--part-size", "2",
             "--batch-size", "1", "--workers", "0", "--no-progress"]  # fmt: skip
     out = tmp_path / "resumed.parquet"
     parts = tmp_path / "resumed.parquet.parts"
@@ -148,7 +152,7 @@ def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(c
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     deadline = time.monotonic() + 120
     while len(list(parts.glob("part-*.npz"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = sorted(p.name for p in parts.glob("part-*.npz"))
@@ -253,3 +257,13 @@ def test_search_page__the_tab_callback_shows_neighbours_or_a_message(checkpoint,
     assert session.show(tmp_path / "upload.png", "upload.png", 0)[1].startswith("**Check the settings:**")
     assert session.show(None, None, 3) == ([], "**Upload an image or pick an example.**")
     assert len(EmbeddingIndex(out)) == 5
+
+
+def test_embed_search_benchmark__tiny_run(checkpoint):
+    spec = importlib.util.spec_from_file_location("embed_search", REPO / "benchmarks" / "embed_search.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    result = benchmark.main(["--checkpoint", str(checkpoint), "--images", "12", "--workers", "0", "--rows", "3000",
+                             "--dim", "16", "--chunk-rows", "1000"])  # fmt: skip
+    assert result["embed"]["images"] == 12 and result["embed"]["img_s"] > 0 and result["embed"]["dim"] == 32
+    assert result["search"]["rows"] == 3000 and result["search"]["seconds"] > 0
