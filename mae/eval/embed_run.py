@@ -176,6 +176,17 @@ class PartRows:
         return (self.parts.read(number).rows for number in range(self.count))
 
 
+def part_batches(numbers: list[int], part_size: int, total: int, batch_size: int) -> tuple[list[list[int]], set[int]]:
+    """The batches (image indices) of parts ``numbers`` of ``total`` images, none across two parts, and
+    the positions of the batches that finish a part."""
+    batches, ends = [], set()
+    for number in numbers:
+        first, stop = number * part_size, min((number + 1) * part_size, total)
+        batches += [list(range(start, min(start + batch_size, stop))) for start in range(first, stop, batch_size)]
+        ends.add(len(batches) - 1)
+    return batches, ends
+
+
 def embed_images(
     embedder: Embedder,
     items: list[ImageItem],
@@ -192,6 +203,7 @@ def embed_images(
         The index's record (``meta.skipped``: the images skipped, with their errors).
 
     Raises:
+        FileNotFoundError: no image given.
         ValueError: no image could be read, or an output that is not .parquet / .npy.
     """
     out = check_suffix(out)
@@ -204,11 +216,7 @@ def embed_images(
     parts = PartsFolder(out)
     count = math.ceil(len(items) / part_size)
     done = parts.resume({**meta.run(), "part_size": part_size, "count": count})
-    batches, ends = [], set()  # each batch lies within one part; ``ends``: the batch that finishes a part
-    for number in sorted(set(range(count)) - done):
-        first, stop = number * part_size, min((number + 1) * part_size, len(items))
-        batches += [list(range(start, min(start + batch_size, stop))) for start in range(first, stop, batch_size)]
-        ends.add(len(batches) - 1)
+    batches, ends = part_batches(sorted(set(range(count)) - done), part_size, len(items), batch_size)
     dataset = ImageFiles([item.path for item in items], embedder.img_size, embedder.norm, embedder.max_pixels)
     loader = Loader(dataset, batch_sampler=batches, num_workers=workers if batches else 0, collate_fn=collate_loaded)
     remaining = sum(len(batch) for batch in batches)
