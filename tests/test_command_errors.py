@@ -11,12 +11,14 @@ import tifffile
 
 from mae.cli import (
     demo_main,
+    embed_main,
     export_main,
     finetune_main,
     knn_main,
     pretrain_main,
     probe_main,
     reconstruct_main,
+    search_main,
 )
 from mae.command import USAGE_ERROR_EXIT_CODE, run_command
 from mae.data.tools.shard import main as shard_main
@@ -24,7 +26,7 @@ from mae.data.tools.stats import main as stats_main
 from tests.helpers import REPO, run_script
 
 ENTRY_POINTS = ["train.py", "finetune.py", "mae/export.py", "mae/knn.py", "mae/probe.py", "mae/reconstruct.py",
-                "mae/demo.py", "mae/data/stats.py", "mae/data/shard.py"]  # fmt: skip
+                "mae/demo.py", "mae/embed.py", "mae/search.py", "mae/data/stats.py", "mae/data/shard.py"]  # fmt: skip
 
 
 def _four_band_folder(root: Path) -> Path:
@@ -78,6 +80,9 @@ def test_python_m__a_command_prints_the_message_alone():
          "/no/file.ckpt does not exist"),
         (reconstruct_main, ["--checkpoint", "/no/file.ckpt", "/no/images"], "/no/file.ckpt does not exist"),
         (demo_main, ["--checkpoint", "/no/file.ckpt"], "/no/file.ckpt does not exist"),
+        (embed_main, ["--checkpoint", "/no/file.ckpt", "/no/images", "--out", "/tmp/never.parquet"],
+         "/no/images does not exist"),
+        (search_main, ["--index", "/no/index.parquet", "/no/query.png"], "index /no/index.parquet does not exist"),
         (stats_main, ["/no/images"], "/no/images"),
         (shard_main, ["/no/images", "/tmp/never-shards"], "/no/images/train does not exist"),
         (pretrain_main, ["--config", "configs/pretrain/default.yaml", "--data.batch_size", "0"],

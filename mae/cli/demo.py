@@ -13,6 +13,8 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--checkpoint", required=True, help="with a decoder: ours, official full, Hugging Face")
     parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    parser.add_argument("--index", default=None, help="an index of python -m mae.embed: adds a \"Similar images\" "
+                        "tab searching it with the checkpoint it records")  # fmt: skip
     parser.add_argument("--examples", default=None, help="a folder of images to pick from (default: a few digits)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
     parser.add_argument("--port", type=argparse_int, default=None, help="port to serve on (default: the first free one "
@@ -40,8 +42,13 @@ def run(args: Namespace) -> None:
     if args.port is None:
         print(f"serving on port {port} (choose another with --port N)")
     session = ReconstructionSession(args.checkpoint, args.format, args.max_image_pixels)
+    search = None
+    if args.index is not None:
+        from mae.eval.search_page import SearchSession
+
+        search = SearchSession(args.index, max_pixels=args.max_image_pixels)
     with example_images(args.examples) as examples:  # built-in examples are removed when the page stops
-        page = build_page(session, examples)
+        page = build_page(session, examples, search)
         try:
             serve(page, args.host, port, args.max_upload_mb)
         except OSError:  # Gradio's own port check: the port was taken after ours

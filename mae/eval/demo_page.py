@@ -272,10 +272,13 @@ def page_outputs(
     return [*result.panels.values(), result.attention, result.details]
 
 
-def build_page(session: ReconstructionSession, examples: list[Path]):
+def build_page(session: ReconstructionSession, examples: list[Path], search=None):
     """The Gradio ``Blocks`` of the page. The image shown is the one of the last action: uploading
-    clears the example box and picking an example clears the upload."""
+    clears the example box and picking an example clears the upload. With ``search`` (a
+    ``mae.eval.search_page.SearchSession``), a second tab finds similar images in its index."""
     import gradio as gr
+
+    from mae.eval.search_page import search_tabs
 
     by_name = {path.name: Path(path) for path in examples}
 
@@ -299,7 +302,7 @@ def build_page(session: ReconstructionSession, examples: list[Path]):
     def on_example(example, *settings) -> list:
         return [None, *show(*shown(None, example), *settings)]  # clears the upload
 
-    with gr.Blocks(title="MAE reconstruction") as page:
+    with gr.Blocks(title="MAE reconstruction") as page, search_tabs(search, examples):
         height, width = session.size
         gr.Markdown(f"## MAE reconstruction\nModel: `{session.name}`, input {width}x{height}, "
                     f"{session.norm.in_chans} channel(s).")  # fmt: skip

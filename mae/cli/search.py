@@ -1,0 +1,74 @@
+"""``python -m mae.search --index FILE QUERY_IMAGES... [-k 8] --out grid.png``: similar images in an index."""
+
+import sys
+from pathlib import Path
+
+import torch
+from jsonargparse import ArgumentParser, Namespace
+
+from mae.command import UsageError, argparse_int, command_parser, parse_and_run
+from mae.convert.sources import FORMATS
+from mae.data import DEFAULT_MAX_PIXELS
+from mae.eval.embed_run import listed_images
+from mae.eval.embedding_index import EmbeddingIndex
+from mae.eval.image_search import CHUNK_ROWS, Match, index_embedder, search_images
+from mae.eval.neighbours_figure import neighbours_figure
+from mae.io.atomic import atomic_write
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser(
+        "python -m mae.search",
+        "The nearest images of an index (python -m mae.embed) to each query image, by cosine similarity of "
+        "their embeddings (exact), drawn as one row per query.",
+    )
+    parser.add_argument("queries", nargs="+", help="query image files or folders")
+    parser.add_argument("--index", type=Path, required=True, help="FILE.parquet or FILE.npy from python -m mae.embed")
+    parser.add_argument("-k", type=argparse_int, default=8, help="neighbours per query")
+    parser.add_argument("--checkpoint", default=None, help="the index's weights in another file or format "
+                        "(default: the checkpoint the index records)")  # fmt: skip
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    parser.add_argument("--chunk-rows", type=argparse_int, default=CHUNK_ROWS,
+                        help="index rows compared at a time (bounds the memory)")  # fmt: skip
+    parser.add_argument("--device", default=None, help="where the encoder and the products run (default: cuda "
+                        "when available)")  # fmt: skip
+    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
+                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("neighbours.png"), help="the figure (PNG)")
+    return parser
+
+
+def run(args: Namespace) -> list[Match]:
+    """Search, print each query's neighbours, write the figure.
+
+    Raises:
+        UsageError: k or the chunk size below 1.
+    """
+    if args.k < 1 or args.chunk_rows < 1:
+        raise UsageError(f"-k and --chunk-rows must be at least 1, got {args.k} and {args.chunk_rows}")
+    index = EmbeddingIndex(args.index)
+    queries = [item.path for item in listed_images(args.queries)]
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    embedder = index_embedder(index, args.checkpoint, args.format, device, args.max_image_pixels)
+    matches, unreadable = search_images(index, embedder, queries, args.k, args.chunk_rows)
+    for path, error in unreadable:
+        print(f"skipped {path}: {error}", file=sys.stderr)
+    if not matches:
+        raise ValueError(f"none of the {len(queries)} query images could be read (the first, {unreadable[0][0]}: "
+                         f"{unreadable[0][1]})")  # fmt: skip
+    for match in matches:
+        print(match.query)
+        for rank, n in enumerate(match.neighbours, start=1):
+            print(f"  #{rank} {n.score:.4f} {n.path}" + ("" if n.label is None else f" (label {n.label})"))
+    meta = index.meta
+    caption = (f"Cosine similarity of {meta.pool}-pooled embeddings ({meta.dim} values) by "
+               f"{Path(meta.checkpoint).name}, exact, over {len(index):,} images; images shown as the model saw "
+               f"them ({meta.img_size[1]}x{meta.img_size[0]}).")  # fmt: skip
+    figure = neighbours_figure(matches, embedder, caption)
+    atomic_write(args.out, lambda tmp: figure.save(tmp, format="PNG"))
+    print(f"wrote {args.out}")
+    return matches
+
+
+def main(argv: list[str] | None = None) -> list[Match]:
+    return parse_and_run(build_parser(), run, argv)
