@@ -4,6 +4,7 @@ MAE, the metrics against scikit-learn and the definition of AUPRO, the command l
 MVTec-layout tree, its bad-input errors, the built-in digit task and the benchmark at tiny size."""
 
 import csv
+import importlib.util
 import json
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from mae.eval.anomaly.digits import CHANGED, DEFECTS, write_digit_anomalies
 from mae.eval.anomaly.layout import read_test_set
 from mae.models import create_model
 from mae.models.masking import random_masking
-from tests.helpers import TINY_KWARGS, RandomImages, make_trainer, pretrain_module, run_script
+from tests.helpers import REPO, TINY_KWARGS, RandomImages, make_trainer, pretrain_module, run_script
 
 SIZE = 16  # the fixture model's input: a 4 x 4 grid of 4 x 4 patches
 DEFECT = (slice(1, 6), slice(9, 14))  # rows, columns of the planted defect: patches (0..1, 2..3)
@@ -371,3 +372,17 @@ def test_digit_anomalies__deterministic_mvtec_layout_with_changed_pixels_as_grou
         else:
             truth = np.asarray(Image.open(image.mask)) > 0
             assert (truth == (np.abs(seen - clean) > CHANGED * 255)).all() and truth.sum() >= 6
+
+
+def test_anomaly_benchmark__tiny_run_writes_the_table_and_figures(smooth_checkpoint, tmp_path):
+    spec = importlib.util.spec_from_file_location("anomaly_benchmark", REPO / "benchmarks" / "anomaly.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    table = benchmark.main(["--checkpoint", str(smooth_checkpoint), "--seeds", "0", "1", "--num-normal", "12",
+                            "--num-test", "8", "--img-size", str(SIZE), "--tasks", str(tmp_path / "tasks"),
+                            "--out", str(tmp_path / "out")])  # fmt: skip
+    assert "| MAE reconstruction error, standardised |" in table and "| pixel kNN (baseline) |" in table
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert len(results["MAE reconstruction error, standardised"]) == 2
+    for name in ("table.md", "auroc.png", "heatmaps_seed0.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0

@@ -91,8 +91,9 @@ def run(args: Namespace) -> AnomalyResult:
     masks = complementary_masks(model.grid_size, args.mask_ratio, args.repeats,
                                 torch.Generator().manual_seed(args.seed))  # fmt: skip
     errors = mae_errors(model, masks, args.device)
+    times = "time" if masks.hidden_count == 1 else "times"
     print(f"{len(masks.noise)} complementary masks at ratio {args.mask_ratio}: every patch hidden "
-          f"{masks.hidden_count} times")  # fmt: skip
+          f"{masks.hidden_count} {times}")  # fmt: skip
     normal_errors = None
     if not args.raw_errors:
         normal_errors = file_errors(errors, normal, size, norm, args.batch_size, args.max_image_pixels)

@@ -4,12 +4,14 @@ see it as they would any other data.
 
 Normal images are the training digits (``DigitsDataset``'s split: index % 5 != 0), the ones the default
 pretraining run saw; the test images are the validation digits (index % 5 == 0), never seen in training,
-a quarter left as they are and three quarters given one defect each: a ``scratch`` (a thin bright line),
-a ``blob`` (a filled bright ellipse) or a ``missing_stroke`` (a disc of the digit erased). Every image is
-the 8x8 scan upscaled to ``img_size`` with PIL's bicubic filter, as the digits data module's evaluation
-view serves it (32 px: the pretraining size). A defect's ground truth is the pixels it changed by more
-than ``CHANGED`` of full brightness: a scratch drawn over a bright stroke changes nothing there, and is
-not marked there. Layout under ``root``::
+a quarter left as they are and three quarters given one defect each: a ``scratch`` (an extra straight
+stroke), a ``blob`` (a filled bright ellipse) or a ``missing_stroke`` (a disc of the digit erased). Every
+image is the 8x8 scan upscaled to ``img_size`` with PIL's bicubic filter, as the digits data module's
+evaluation view serves it (32 px: the pretraining size). Defects are drawn on the scan before the upscale
+(at 4x its resolution, averaged down onto it), so they are exactly as blurred as the strokes: only their
+shape is anomalous, not their sharpness. A defect's ground truth is the pixels it changed by more than
+``CHANGED`` of full brightness: a scratch drawn over a bright stroke changes nothing there, and is not
+marked there. Layout under ``root``::
 
     train/good/0001.png ...                8-bit grayscale PNG, img_size x img_size; the name is the
     test/good/0000.png ...                 scan's index in sklearn's load_digits()
