@@ -10,6 +10,7 @@ import pytest
 import tifffile
 
 from mae.cli import (
+    anomaly_main,
     demo_main,
     embed_main,
     export_main,
@@ -26,7 +27,8 @@ from mae.data.tools.stats import main as stats_main
 from tests.helpers import REPO, run_script
 
 ENTRY_POINTS = ["train.py", "finetune.py", "mae/export.py", "mae/knn.py", "mae/probe.py", "mae/reconstruct.py",
-                "mae/demo.py", "mae/embed.py", "mae/search.py", "mae/data/stats.py", "mae/data/shard.py"]  # fmt: skip
+                "mae/demo.py", "mae/embed.py", "mae/search.py", "mae/anomaly.py",
+                "mae/data/stats.py", "mae/data/shard.py"]  # fmt: skip
 
 
 def _four_band_folder(root: Path) -> Path:
@@ -83,6 +85,8 @@ def test_python_m__a_command_prints_the_message_alone():
         (embed_main, ["--checkpoint", "/no/file.ckpt", "/no/images", "--out", "/tmp/never.parquet"],
          "/no/images does not exist"),
         (search_main, ["--index", "/no/index.parquet", "/no/query.png"], "index /no/index.parquet does not exist"),
+        (anomaly_main, ["--checkpoint", "/no/file.ckpt", "--normal", "/no/normal", "--test", "/no/test", "--out",
+                        "/tmp/never"], "test folder /no/test does not exist"),
         (stats_main, ["/no/images"], "/no/images"),
         (shard_main, ["/no/images", "/tmp/never-shards"], "/no/images/train does not exist"),
         (pretrain_main, ["--config", "configs/pretrain/default.yaml", "--data.batch_size", "0"],

@@ -1,9 +1,10 @@
 """Every command-line entry point, one module each: ``train``, ``finetune`` and ``dense`` (``train.py``,
 ``finetune.py``, ``detect.py`` and ``segment.py``, LightningCLI, built in ``lightning``), and ``export``,
-``knn``, ``probe``, ``reconstruct``, ``demo``, ``embed``, ``search`` (``python -m mae.<command>``),
+``knn``, ``probe``, ``reconstruct``, ``demo``, ``embed``, ``search``, ``anomaly`` (``python -m mae.<command>``),
 each a ``build_parser()`` / ``run(args)`` / ``main(argv)`` as ``mae.command`` describes. The data layer's own
 commands (``python -m mae.data.shard``, ``mae.data.stats``) are written the same way, in ``mae.data.tools``."""
 
+from mae.cli.anomaly import main as anomaly_main
 from mae.cli.demo import main as demo_main
 from mae.cli.embed import main as embed_main
 from mae.cli.export import main as export_main
@@ -18,6 +19,7 @@ from mae.cli.train import main as pretrain_main
 __all__ = [
     "FinetuneCLI",
     "PretrainCLI",
+    "anomaly_main",
     "demo_main",
     "embed_main",
     "expand_stacked_configs",

@@ -1,0 +1,191 @@
+"""``python -m mae.anomaly --checkpoint C --normal ROOT --test ROOT --out DIR``: anomaly scores and heat maps
+from an MAE's reconstruction error, and AUROC / AUPRO when the test folder is labelled (MVTec AD layout)."""
+
+import csv
+import io
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import torch
+from jsonargparse import ArgumentParser
+
+from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
+from mae.convert.sources import FORMATS
+from mae.data import DEFAULT_MAX_PIXELS
+from mae.eval.anomaly.evaluation import (
+    AnomalyResult,
+    file_errors,
+    load_images,
+    mae_errors,
+    relative_name,
+    score_test_set,
+)
+from mae.eval.anomaly.figures import color_range, heat_map_figure
+from mae.eval.anomaly.layout import GOOD, TestSet, normal_images, read_test_set
+from mae.eval.anomaly.masks import complementary_masks
+from mae.eval.own_images import display_range, load_reconstructor
+from mae.io.atomic import atomic_write
+
+FIGURES = ("all", "overview", "none")
+OVERVIEW_PER_KIND = 4  # images of each class folder in overview.png
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser(
+        "python -m mae.anomaly",
+        "Score test images for anomalies by an MAE's reconstruction error: every patch hidden by complementary "
+        "masks and rebuilt from its context, its error standardised by the errors of normal images; write "
+        "scores, heat maps and, for a labelled test folder (MVTec AD layout), image AUROC, pixel AUROC and AUPRO.",
+    )
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint with a decoder: ours, official full, "
+                        "Hugging Face")  # fmt: skip
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    parser.add_argument("--normal", type=Path, default=None,
+                        help="defect-free images (e.g. <category>/train/good): their per-patch errors standardise "
+                        "the test errors (required unless --raw-errors)")  # fmt: skip
+    parser.add_argument("--test", type=Path, required=True,
+                        help="test images: <category>/test with good/ and one folder per defect, or a folder of "
+                        "images (no labels, no metrics)")  # fmt: skip
+    parser.add_argument("--ground-truth", type=Path, default=None,
+                        help="masks <defect>/<name>_mask.png (default: <test>/../ground_truth if there)")  # fmt: skip
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--mask-ratio", type=argparse_float, default=0.75, help="fraction hidden by each mask")
+    parser.add_argument("--repeats", type=argparse_int, default=1, help="sets of complementary masks averaged")
+    parser.add_argument("--top-k", type=argparse_int, default=4, help="image score: mean of the k highest patches")
+    parser.add_argument("--seed", type=argparse_int, default=0, help="seed of the masks")
+    parser.add_argument("--raw-errors", action="store_true", help="score raw errors, not standardised by --normal")
+    parser.add_argument("--figures", choices=FIGURES, default="all",
+                        help="a heat-map figure per test image and overview.png (all), the overview, none")  # fmt: skip
+    parser.add_argument("--batch-size", type=argparse_int, default=32, help="images per forward pass")
+    parser.add_argument("--device", default="cpu", help="where to run the model (cpu, cuda, cuda:1, ...)")
+    parser.add_argument("--img-size", type=argparse_int, default=None, help="input size (default: the checkpoint's)")
+    parser.add_argument("--mean", type=argparse_float, nargs="+", default=None,
+                        help="per-channel mean (default: recorded)")  # fmt: skip
+    parser.add_argument("--std", type=argparse_float, nargs="+", default=None,
+                        help="per-channel std (default: recorded)")  # fmt: skip
+    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
+                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    return parser
+
+
+def run(args: Namespace) -> AnomalyResult:
+    """Score the test images and write ``scores.csv``, the figures and (labelled tests) ``metrics.json``.
+
+    Raises:
+        UsageError: a bad number (ratio outside (0, 1), repeats, top-k, batch size or size below 1),
+            --mean without --std, or statistics of another channel count than the model's.
+    """
+    _check(args)
+    test_set = read_test_set(args.test, args.ground_truth)  # the folders first: no model loaded in vain
+    normal = [] if args.raw_errors else normal_images(args.normal)
+    if len(normal) == 1:
+        raise ValueError(f"{args.normal} holds 1 image: per-patch statistics need at least 2 normal images (or "
+                         f"pass --raw-errors)")  # fmt: skip
+    model, norm = load_reconstructor(args.checkpoint, args.format, args.img_size, args.mean, args.std)
+    in_chans = model.config["in_chans"]
+    if len(norm.mean) != in_chans or len(norm.std) != in_chans:
+        raise UsageError(f"--mean and --std need {in_chans} values, one per channel of the model")
+    model.to(args.device)
+    size = tuple(model.config["img_size"])
+    masks = complementary_masks(model.grid_size, args.mask_ratio, args.repeats,
+                                torch.Generator().manual_seed(args.seed))  # fmt: skip
+    errors = mae_errors(model, masks, args.device)
+    times = "time" if masks.hidden_count == 1 else "times"
+    print(f"{len(masks.noise)} complementary masks at ratio {args.mask_ratio}: every patch hidden "
+          f"{masks.hidden_count} {times}")  # fmt: skip
+    normal_errors = None
+    if not args.raw_errors:
+        normal_errors = file_errors(errors, normal, size, norm, args.batch_size, args.max_image_pixels)
+        print(f"normal images: {len(normal)} ({args.normal})")
+    paths = [i.path for i in test_set.images]
+    test_errors = file_errors(errors, paths, size, norm, args.batch_size, args.max_image_pixels)
+    result = score_test_set(test_errors, test_set, model.grid_size, size, args.top_k, normal_errors)
+
+    if args.figures != "none":
+        _write_figures(args, test_set, result, size, norm)
+    atomic_write(args.out / "scores.csv", lambda tmp: tmp.write_text(_scores_csv(test_set, result)))
+    if result.metrics is not None:
+        record = {**result.metrics, "settings": _settings(args, model, masks)}
+        atomic_write(args.out / "metrics.json", lambda tmp: tmp.write_text(json.dumps(record, indent=2) + "\n"))
+        _print_metrics(result.metrics)
+    print(f"wrote {args.out}")
+    return result
+
+
+def _check(args: Namespace) -> None:
+    if not 0 < args.mask_ratio < 1:  # NaN fails this too
+        raise UsageError(f"--mask-ratio must be in (0, 1), the fraction of patches each mask hides; got "
+                         f"{args.mask_ratio}")  # fmt: skip
+    for flag in ("repeats", "top_k", "batch_size"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.img_size is not None and args.img_size < 1:
+        raise UsageError(f"--img-size must be a positive number of pixels, got {args.img_size}")
+    if (args.mean is None) != (args.std is None):
+        raise UsageError("give --mean and --std together")
+    if args.normal is None and not args.raw_errors:
+        raise UsageError("give --normal, a folder of defect-free images whose errors standardise the test errors, "
+                         "or --raw-errors to score the errors as they are")  # fmt: skip
+
+
+def _write_figures(args: Namespace, test_set: TestSet, result: AnomalyResult, size: tuple[int, int], norm) -> None:
+    colors = color_range(result.maps)
+    paths = [i.path for i in test_set.images]
+    value_range = display_range(paths)
+
+    def figure(picks: list[int]):
+        imgs = load_images([paths[i] for i in picks], size, norm, args.max_image_pixels)
+        truth = result.truth[picks] if result.truth is not None else None
+        names = [relative_name(paths[i], test_set.root) for i in picks]
+        return heat_map_figure(imgs, result.maps[picks], names, result.scores[picks].tolist(), norm, colors, truth,
+                               value_range)  # fmt: skip
+
+    if args.figures == "all":
+        for i, path in enumerate(paths):
+            name = relative_name(path, test_set.root)
+            target = args.out / "heatmaps" / (name if path.suffix.lower() == ".png" else f"{name}.png")
+            image = figure([i])
+            atomic_write(target, lambda tmp, image=image: image.save(tmp, format="PNG"))
+    picks = []
+    for kind in test_set.kinds if test_set.labelled else [None]:
+        picks += [j for j, image in enumerate(test_set.images) if image.kind == kind][:OVERVIEW_PER_KIND]
+    overview = figure(picks)
+    atomic_write(args.out / "overview.png", lambda tmp: overview.save(tmp, format="PNG"))
+
+
+def _scores_csv(test_set: TestSet, result: AnomalyResult) -> str:
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["path", "kind", "label", "score"])
+    for image, score in zip(test_set.images, result.scores.tolist(), strict=True):
+        label = "" if image.label is None else image.label
+        writer.writerow([relative_name(image.path, test_set.root), image.kind or "", label, f"{score:.6g}"])
+    return text.getvalue()
+
+
+def _settings(args: Namespace, model, masks) -> dict:
+    return {
+        "checkpoint": str(args.checkpoint), "normal": None if args.raw_errors else str(args.normal),
+        "test": str(args.test),
+        "mask_ratio": args.mask_ratio, "masks": len(masks.noise), "hidden_per_patch": masks.hidden_count,
+        "seed": args.seed, "top_k": args.top_k, "standardised": not args.raw_errors,
+        "error_space": "per-patch normalised pixels (norm_pix_loss)" if model.norm_pix_loss else "normalised pixels",
+        "metric_size": list(model.config["img_size"]),
+    }  # fmt: skip
+
+
+def _print_metrics(metrics: dict) -> None:
+    counts = ", ".join(f"{kind} {n}" for kind, n in metrics["images"].items())
+    print(f"test images: {counts}")
+    for name in ("image_auroc", "pixel_auroc", "aupro"):
+        if name in metrics:
+            print(f"{name}: {metrics[name]:.4f}")
+    for kind, value in metrics.get("image_auroc_per_kind", {}).items():
+        print(f"image_auroc {GOOD} vs {kind}: {value:.4f}")
+    if "note" in metrics:
+        print(f"note: {metrics['note']}")
+
+
+def main(argv: list[str] | None = None) -> AnomalyResult:
+    return parse_and_run(build_parser(), run, argv)
