@@ -19,8 +19,6 @@ no digit scan is in both. Layout under ``root``::
 """
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +26,14 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
+from mae.io.atomic import write_folder_once
+
 FORMAT = 1  # bumped when the same parameters would write different files
 THRESHOLD = 0.3  # an upscaled digit's pixel belongs to its mask above this intensity (0..1)
 PLACEMENT_TRIES = 100  # random positions tried per digit before the scene keeps fewer digits
 CATEGORIES = [{"id": d + 1, "name": str(d), "supercategory": "digit"} for d in range(10)]
 SPLITS = ("train", "val")
+RECORD = "scenes.json"  # the parameters the task was written with, written last
 
 
 def write_digit_scenes(
@@ -67,22 +68,7 @@ def write_digit_scenes(
             parameters, or files that are no task of this kind), naming ``root``.
     """
     params = _parameters(num_train, num_val, canvas, digit_size, digits_per_scene, noise, seed)
-    root = Path(root)
-    if _reusable(root, params):
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        _write_task(tmp, params)
-        try:
-            os.rename(tmp, root)  # replaces an empty folder; fails on a non-empty one
-        except OSError:
-            if not _reusable(root, params):  # not another process that wrote the same task meanwhile
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
+    return write_folder_once(Path(root), params, RECORD, "digit scenes", _write_task)
 
 
 def _parameters(
@@ -105,26 +91,6 @@ def _parameters(
         "task": "mae digit scenes", "format": FORMAT, "num_train": num_train, "num_val": num_val, "canvas": canvas,
         "digit_size": [low, high], "digits_per_scene": list(digits_per_scene), "noise": noise, "seed": seed,
     }  # fmt: skip
-
-
-def _reusable(root: Path, params: dict) -> bool:
-    """Whether ``root`` holds the task of ``params`` (True), or nothing at all (False); anything else raises."""
-    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
-        return False
-    record = root / "scenes.json"
-    if not record.is_file():
-        raise ValueError(
-            f"{root} is not empty and holds no digit scenes (no scenes.json): write the scenes to an empty or "
-            f"new folder, or remove {root}"
-        )
-    written = json.loads(record.read_text())
-    if written != params:
-        changed = {k: (written.get(k), v) for k, v in params.items() if written.get(k) != v}
-        raise ValueError(
-            f"{root} holds digit scenes written with other parameters ((written, asked): {changed}): point root "
-            f"at another folder, or remove {root} to write them anew"
-        )
-    return True
 
 
 def _write_task(folder: Path, params: dict) -> None:
@@ -154,7 +120,7 @@ def _write_task(folder: Path, params: dict) -> None:
         path = folder / "annotations" / f"instances_{split}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(coco))
-    (folder / "scenes.json").write_text(json.dumps(params, indent=2) + "\n")  # written last: the task is whole
+    (folder / RECORD).write_text(json.dumps(params, indent=2) + "\n")  # written last: the task is whole
 
 
 def _scene(

@@ -1,6 +1,7 @@
 """Writing files so that a kill or a full disk never leaves a half-written one at the target path."""
 
 import errno
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -70,3 +71,49 @@ def _device_full(err: BaseException, folder: Path, written: int) -> bool:
     except OSError:
         return False
     return free - written < 64 * 1024  # before the partial file was removed
+
+
+def write_folder_once(root: Path, params: dict, record: str, what: str, write: Callable[[Path, dict], None]) -> Path:
+    """A generated folder (a built-in task) written whole, once: ``write(tmp, params)`` fills a temporary
+    folder beside ``root``, which is renamed to ``root`` at the end, so a killed run leaves no half-written
+    folder there. ``write`` writes ``tmp / record`` (the JSON of ``params``) last. A ``root`` that holds the
+    folder of the same ``params`` is reused as it is, also when another process wrote it meanwhile.
+
+    Raises:
+        ValueError: ``root`` holds something else: ``what`` of other parameters (named), or files without
+            ``record``; naming ``root`` and the fix.
+    """
+    if _holds(root, params, record, what):
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp, params)
+        try:
+            os.rename(tmp, root)  # replaces an empty folder; fails on a non-empty one
+        except OSError:
+            if not _holds(root, params, record, what):  # not another process that wrote the same folder meanwhile
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def _holds(root: Path, params: dict, record: str, what: str) -> bool:
+    """Whether ``root`` holds the folder of ``params`` (True), or nothing at all (False); anything else raises."""
+    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+        return False
+    if not (root / record).is_file():
+        raise ValueError(
+            f"{root} is not empty and holds no {what} (no {record}): write them to an empty or new folder, "
+            f"or remove {root}"
+        )
+    written = json.loads((root / record).read_text())
+    if written != params:
+        changed = {k: (written.get(k), v) for k, v in params.items() if written.get(k) != v}
+        raise ValueError(
+            f"{root} holds {what} written with other parameters ((written, asked): {changed}): point root at "
+            f"another folder, or remove {root} to write them anew"
+        )
+    return True

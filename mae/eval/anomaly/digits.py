@@ -24,13 +24,13 @@ The same parameters write the same bytes; the seed changes which digits get whic
 """
 
 import json
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from mae.io.atomic import write_folder_once
 
 FORMAT = 1  # bumped when the same parameters would write different files
 DEFECTS = ("scratch", "blob", "missing_stroke")
@@ -72,42 +72,7 @@ def write_digit_anomalies(
             raise ValueError(f"{name} must be at least 4 (or None: all), got {value}")
     params = {"task": "mae digit anomalies", "format": FORMAT, "seed": seed, "img_size": img_size,
               "num_normal": num_normal, "num_test": num_test}  # fmt: skip
-    root = Path(root)
-    if _reusable(root, params):
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        _write_task(tmp, params)
-        try:
-            os.rename(tmp, root)  # replaces an empty folder; fails on a non-empty one
-        except OSError:
-            if not _reusable(root, params):  # not another process that wrote the same task meanwhile
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
-
-
-def _reusable(root: Path, params: dict) -> bool:
-    """Whether ``root`` holds the task of ``params`` (True), or nothing at all (False); anything else raises."""
-    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
-        return False
-    record = root / RECORD
-    if not record.is_file():
-        raise ValueError(
-            f"{root} is not empty and holds no digit anomaly task (no {RECORD}): write the task to an empty or "
-            f"new folder, or remove {root}"
-        )
-    written = json.loads(record.read_text())
-    if written != params:
-        changed = {k: (written.get(k), v) for k, v in params.items() if written.get(k) != v}
-        raise ValueError(
-            f"{root} holds a digit anomaly task written with other parameters ((written, asked): {changed}): "
-            f"point root at another folder, or remove {root} to write it anew"
-        )
-    return True
+    return write_folder_once(Path(root), params, RECORD, "digit anomaly tasks", _write_task)
 
 
 def _write_task(folder: Path, params: dict) -> None:
