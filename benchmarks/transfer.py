@@ -1,15 +1,16 @@
-"""Does MAE pretraining help beyond classification? Detection and segmentation from the pretrained encoder
+"""Does MAE pretraining help beyond classification? Detection and segmentation from pretrained encoders
 vs the same architecture randomly initialised, on the built-in digit scenes.
 
 For each seed: ``detect.py`` (Mask R-CNN over the feature pyramid; COCO box and mask mAP) and
 ``segment.py`` (UperNet; mIoU, pixel accuracy) with the recipes ``configs/detect/default.yaml`` and
-``configs/segment/default.yaml``, once from the default pretraining run's encoder and once from a random
-encoder (``--model.checkpoint null``), same settings, same budget. Prints a markdown table (mean +- std
-over seeds, wall time) and keeps each run's metrics and its last prediction figure.
+``configs/segment/default.yaml``, once from each pretrained encoder and once from a random encoder
+(``--model.checkpoint null``), same settings, same budget. Prints a markdown table (mean +- std over
+seeds, wall time) and keeps each run's metrics and its last prediction figure.
 
-    python train.py --config configs/pretrain/default.yaml   # the encoder, once (~2-4 min)
-    python benchmarks/transfer.py                            # 3 seeds, both tasks
-    python benchmarks/transfer.py --seeds 0 --tasks segment  # one seed, one task
+    python train.py --config configs/pretrain/digit_scenes.yaml   # the scenes encoder, once (~10 min)
+    python train.py --config configs/pretrain/default.yaml        # the single-digit encoder, once (~3 min)
+    python benchmarks/transfer.py                                 # both encoders and random, 3 seeds, both tasks
+    python benchmarks/transfer.py --seeds 0 --tasks detect --encoders scenes=path/to/last.ckpt   # one of them
 """
 
 import argparse
@@ -28,7 +29,11 @@ TASKS = {
     "detect": (detect_main, "configs/detect/default.yaml", ("val/map", "val/map_50", "val/mask_map")),
     "segment": (segment_main, "configs/segment/default.yaml", ("val/miou", "val/acc")),
 }
-INITS = ("pretrained", "random")
+RANDOM = "random"
+DEFAULT_ENCODERS = {
+    "scenes": "runs/pretrain_digit_scenes/version_0/checkpoints/last.ckpt",  # configs/pretrain/digit_scenes.yaml
+    "digits": "runs/pretrain_default/version_0/checkpoints/last.ckpt",  # configs/pretrain/default.yaml
+}
 ENCODER_ARGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")  # the random encoder's, as pretrained
 
 
@@ -45,11 +50,12 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
     """One training run through the task's command line; its final validation metrics and wall time (s)."""
     main, config, names = TASKS[task]
     name = f"{task}_{init}_seed{seed}"
+    checkpoint = "null" if init == RANDOM else str(args.encoders[init])
     out = args.out / "runs"
     shutil.rmtree(out / name, ignore_errors=True)
     encoder = {key: args.encoder[key] for key in ENCODER_ARGS}
     argv = ["--config", str(REPO / config), "--seed_everything", str(seed),
-            "--model.checkpoint", str(args.checkpoint) if init == "pretrained" else "null",
+            "--model.checkpoint", checkpoint,
             "--model.model_kwargs", json.dumps(encoder),
             "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", name,
             "--trainer.enable_progress_bar", "false", "--checkpoint.dirpath", str(out / name / "checkpoints"),
@@ -85,14 +91,32 @@ def summarise(results: dict[str, dict[str, list[dict]]], args: argparse.Namespac
     return "\n".join(lines)
 
 
+def named_encoders(specs: list[str] | None, parser: argparse.ArgumentParser) -> dict[str, Path]:
+    """``NAME=CHECKPOINT`` arguments as {name: path}; None: ``DEFAULT_ENCODERS``. Every file must exist and
+    every encoder have the same shape (the random encoder takes it)."""
+    if specs is None:
+        specs = [f"{name}={REPO / path}" for name, path in DEFAULT_ENCODERS.items()]
+    encoders = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or name == RANDOM or name in encoders:
+            parser.error(
+                f"--encoders takes distinct NAME=CHECKPOINT pairs (a name other than {RANDOM!r}), got {spec!r}"
+            )
+        if not Path(path).exists():
+            parser.error(f"--encoders {name}: {path} does not exist; pretrain it first (see this script's docstring)")
+        encoders[name] = Path(path)
+    shapes = {name: {key: read_checkpoint(path).config[key] for key in ENCODER_ARGS} for name, path in encoders.items()}
+    if len({json.dumps(shape, sort_keys=True) for shape in shapes.values()}) > 1:
+        parser.error(f"--encoders differ in shape, so one random encoder cannot match them all: {shapes}")
+    return encoders
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=REPO / "runs/pretrain_default/version_0/checkpoints/last.ckpt",
-        help="the pretrained encoder (default: the default pretraining run's last checkpoint)",
-    )
+    p.add_argument("--encoders", nargs="+", default=None, metavar="NAME=CHECKPOINT",
+                   help="the pretrained encoders to compare with a random one (default: "
+                   + ", ".join(f"{n}={c}" for n, c in DEFAULT_ENCODERS.items()) + ")")  # fmt: skip
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     p.add_argument("--num-train", type=int, default=400, help="training scenes")
@@ -102,13 +126,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scenes", type=Path, default=REPO / "data" / "digit_scenes_transfer")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "transfer_digits")
     args = p.parse_args(argv)
-    if not args.checkpoint.exists():
-        p.error(
-            f"--checkpoint {args.checkpoint} does not exist: run "
-            f"`python train.py --config configs/pretrain/default.yaml` first, or point it at another one"
-        )
+    args.encoders = named_encoders(args.encoders, p)
     args.epochs = {"detect": args.detect_epochs, "segment": args.segment_epochs}
-    args.encoder = read_checkpoint(args.checkpoint).config  # the random encoder gets the pretrained one's shape
+    first = next(iter(args.encoders.values()))
+    args.encoder = read_checkpoint(first).config  # the random encoder gets the pretrained ones' shape
     return args
 
 
@@ -117,9 +138,10 @@ def main(argv: list[str] | None = None) -> str:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, list[dict]]] = {}
     for task in args.tasks:
-        results[task] = {init: [] for init in INITS}
+        inits = [*args.encoders, RANDOM]
+        results[task] = {init: [] for init in inits}
         for seed in args.seeds:
-            for init in INITS:
+            for init in inits:
                 results[task][init].append(run(args, task, init, seed))
                 print(f"{task} {init} seed {seed}: {results[task][init][-1]}", flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))

@@ -428,3 +428,30 @@ def test_metrics__need_pycocotools_and_say_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "pycocotools", None)
     with pytest.raises(ImportError, match=r'pip install -e "\.\[dense\]"'):
         DetectionMetrics()
+
+
+def test_digit_scene_images__pretraining_crops_of_the_training_scenes_only(scenes):
+    from mae.dense.scene_images import DigitSceneImagesDataModule
+
+    data = DigitSceneImagesDataModule(root=str(scenes), **SCENES, img_size=32, batch_size=4)
+    data.setup("fit")
+    assert [p.parent for p in data.train_set.paths] == [scenes / "images" / "train"] * SCENES["num_train"]
+    assert [p.parent for p in data.val_set.paths] == [scenes / "images" / "val"] * SCENES["num_val"]
+    torch.manual_seed(0)
+    crops, labels = data.on_after_batch_transfer(next(iter(data.train_dataloader())), 0)
+    assert crops.shape == (4, 3, 32, 32) and crops.dtype == torch.float32 and labels.tolist() == [0] * 4
+    # the validation view is the whole 64 px scene resized to 32 px, normalised with ImageNet's statistics
+    image, _ = data.val_set[0]
+    scene = v2.functional.to_image(Image.open(scenes / "images" / "val" / "000000.png")).float() / 255
+    expected = F.interpolate(scene[None], size=(32, 32), mode="bicubic", align_corners=False, antialias=True)[0]
+    mean, std = torch.tensor(data.mean).view(3, 1, 1), torch.tensor(data.std).view(3, 1, 1)
+    assert torch.allclose(image * std + mean, expected.clamp(0, 1), atol=0.02)
+
+
+def test_digit_scene_images__refuses_other_channel_counts_and_different_scenes(scenes):
+    from mae.dense.scene_images import DigitSceneImagesDataModule
+
+    with pytest.raises(ValueError, match="in_chans must be 3"):
+        DigitSceneImagesDataModule(root=str(scenes), **SCENES, in_chans=1, mean=[0.5], std=[0.5]).setup("fit")
+    with pytest.raises(ValueError, match=str(scenes)):  # the folder holds scenes of other parameters
+        DigitSceneImagesDataModule(root=str(scenes), num_train=5, num_val=6).setup("fit")

@@ -59,14 +59,14 @@ def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tm
     spec.loader.exec_module(transfer)
     checkpoint = tiny_pretraining_checkpoint(tmp_path / "pretrain")
     table = transfer.main([
-        "--checkpoint", str(checkpoint), "--seeds", "0", "--tasks", "segment", "detect", "--num-train", "32",
+        "--encoders", f"tiny={checkpoint}", "--seeds", "0", "--tasks", "segment", "detect", "--num-train", "32",
         "--num-val", "8", "--segment-epochs", "2", "--detect-epochs", "2", "--scenes", str(tmp_path / "scenes"),
         "--out", str(tmp_path / "out"),
     ])  # fmt: skip
-    for row in ("| segment | pretrained | val/miou |", "| segment | random | val/miou |",
-                "| detect | pretrained | val/map |", "| detect | random | val/mask_map |"):  # fmt: skip
+    for row in ("| segment | tiny | val/miou |", "| segment | random | val/miou |",
+                "| detect | tiny | val/map |", "| detect | random | val/mask_map |"):  # fmt: skip
         assert row in table
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert all(0 <= run[m] <= 1 for task in results.values() for runs in task.values() for run in runs
                for m in run if m != "seconds")  # fmt: skip
-    assert (tmp_path / "out" / "detect_pretrained_seed0.png").exists()
+    assert (tmp_path / "out" / "detect_tiny_seed0.png").exists()

@@ -113,3 +113,16 @@ def test_train__print_config_shows_the_resolved_recipe():
     assert printed["data"]["init_args"]["img_size"] == 224
     with pytest.raises(KeyError):
         printed["model"]["img_size"]  # linked from data.img_size, not settable twice
+
+
+def test_train__on_the_digit_scenes_images_without_their_labels(tmp_path):
+    data = {
+        "class_path": "mae.dense.scene_images.DigitSceneImagesDataModule",
+        "init_args": {"root": str(tmp_path / "scenes"), "num_train": 8, "num_val": 4, "img_size": 16, "batch_size": 4},
+    }
+    result = _train("--config", str(_config(tmp_path, data, max_epochs=2)))
+
+    assert "DigitSceneImagesDataModule: 8 training images, 4 validation images" in result.stdout + result.stderr
+    assert (tmp_path / "scenes" / "scenes.json").exists()  # written on first use, reused after
+    rows = read_metrics(tmp_path / "runs" / "test" / "version_0")
+    assert any(r.get("val/loss") for r in rows) and any(r.get("train/loss_epoch") for r in rows)
