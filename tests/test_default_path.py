@@ -50,9 +50,10 @@ def _loss_pred_grads(model, forward, imgs, mask_ratio, noise, seed):
     return loss.detach(), pred.detach(), mask, grads, torch.get_rng_state()
 
 
-@pytest.mark.parametrize("strategy", ["random", "block"])
-@pytest.mark.parametrize("norm_pix_loss", [False, True])
-@pytest.mark.parametrize("given_noise", [False, True])
+@pytest.mark.parametrize(
+    "strategy, norm_pix_loss, given_noise",
+    [("random", False, False), ("random", True, True), ("block", True, False), ("block", False, True)],
+)
 def test_default_path__loss_pred_gradients_and_rng_bit_identical_to_the_frozen_forward(
     strategy, norm_pix_loss, given_noise
 ):
