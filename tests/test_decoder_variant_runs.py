@@ -131,3 +131,13 @@ def test_module__flops_per_batch_follow_the_switches(checkpoints):
     flops = {name: module.flops_per_batch for name, (module, _) in checkpoints.items()}
     assert flops["partial"] < flops["paper"] and flops["cross"] < flops["paper"]
     assert flops["cross_partial_layers"] < flops["cross"]
+
+
+def test_anomaly_errors__run_on_the_cross_decoder_reading_several_layers(checkpoints):
+    from mae.eval.anomaly.masks import complementary_masks
+    from mae.eval.anomaly.scoring import reconstruction_errors
+
+    model = load_mae(checkpoints["cross_partial_layers"][1])[0].eval()
+    masks = complementary_masks(model.grid_size, 0.75, generator=torch.Generator().manual_seed(0))
+    errors = reconstruction_errors(model, torch.randn(2, 3, 16, 16), masks)
+    assert errors.shape == (2, 16) and bool(torch.isfinite(errors).all()) and bool((errors > 0).all())
