@@ -118,3 +118,24 @@ def test_recipes__low_resolution_and_fast_stack_on_the_default_job(capsys, monke
     assert (fast["model"]["decoder_type"], fast["model"]["decoder_keep_ratio"]) == ("cross", 0.5)
     assert fast["model"]["model_kwargs"] == default["model"]["model_kwargs"]
     assert fast["trainer"]["max_epochs"] == default["trainer"]["max_epochs"]
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--model.decoder_type", "crosss"], ["model.decoder_type", "'self', 'cross'", "crosss"]),
+        (["--model.decoder_keep_ratio", "0.02"], ["decoder_keep_ratio 0.02 reconstructs", "use at least 0.0209"]),
+        (["--model.decoder_keep_ratio", "1.5"], ["decoder_keep_ratio must be a number in (0, 1]", "got 1.5"]),
+        (["--model.decoder_type", "cross", "--model.decoder_encoder_layers", "[1, 4]"],
+         ["names encoder layer 4, which does not exist", "allowed values are 0..3"]),
+    ],
+)  # fmt: skip
+def test_train__bad_switches_end_at_start_up_with_the_key_and_allowed_values(flags, expected, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        run_command(partial(pretrain_main, ["--config", "configs/pretrain/default.yaml", *flags,
+                                            "--trainer.logger", "false"]))  # fmt: skip
+    assert stop.value.code == USAGE_ERROR_EXIT_CODE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(part in err for part in expected), err[-2000:]

@@ -324,7 +324,7 @@ class MaskedAutoencoderViT(nn.Module):
         attention): (N, L, p*p*C), 0 for the masked patches left out."""
         x = self.decoder_embed(latent)
         N, L = ids_restore.shape
-        ids_keep = torch.argsort(ids_restore, dim=1)[:, : x.shape[1] - 1]  # the visible tokens' patches, in order
+        ids_keep = torch.argsort(ids_restore, dim=1)[:, : x.shape[1] - 1]  # patches of the visible tokens, as held
         ids = torch.cat([ids_keep, ids_decode], dim=1)
         tokens = torch.cat([x[:, 1:, :], self.mask_token.expand(N, ids_decode.shape[1], -1)], dim=1)
         tokens = tokens + self.decoder_positions(ids)
