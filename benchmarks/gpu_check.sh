@@ -2,10 +2,13 @@
 # The GPU check of issue 7, as one short script: ViT-B/16 MAE pretraining at batch 256 on one GPU, ours
 # vs Hugging Face's ViTMAE, interleaved (benchmarks/throughput.py), plus ViT-Tiny/16, the CIFAR-size
 # model and ours alone on ViT-L/16; and issue 19's input check: loader workers per GPU with JPEGs decoded
-# in the workers vs data.decode_on: gpu (benchmarks/dataloader.py --decode-device, dataloader.json). Results go to $OUT (default ./gpu_results): one JSON file per config,
+# in the workers vs data.decode_on: gpu (benchmarks/dataloader.py --decode-device, dataloader.json); and issue 28's
+# decoder variants (partial reconstruction, the cross decoder, low resolution, the fast recipe): ViT-B/16 step
+# throughput of each at batch 256, interleaved (benchmarks/time_to_quality.py --throughput-only, decoder_variants.json).
+# Results go to $OUT (default ./gpu_results): one JSON file per config,
 # machine.txt and run.log. README "Performance" shows the H200 results (benchmarks/results/throughput_h200.json).
 #
-#     bash benchmarks/gpu_check.sh            # about 9 minutes on an H200, most of it compiling
+#     bash benchmarks/gpu_check.sh            # about 9.5 minutes on an H200, most of it compiling
 #
 # A preflight first checks that our bf16 step runs with PyTorch's flash-attention kernel forced and that
 # torch.compile works on this machine; if compilation fails, the compiled variants are left out.
@@ -59,6 +62,15 @@ bench() {
 timeout 120 python3 benchmarks/dataloader.py --decode-device "$DEVICE" --img-sizes 224 --rounds "${ROUNDS:-3}" \
     --batches "${STEPS:-12}" --json "$OUT/dataloader.json" 2>&1 | grep -v "it/s" | tee -a "$OUT/run.log"
 bench base224 256 330 "$variants" 5 10
+# Issue 28's decoder variants on ViT-B/16 (224 px; low-res 112, fast 160): bf16 + SDPA + fused AdamW, not compiled
+# (each compilation would cost ~40 s), so compare them with each other and with "ours bf16 + sdpa + fused AdamW".
+allowed=$(( DEADLINE - SECONDS < 120 ? DEADLINE - SECONDS : 120 ))
+if (( allowed < 40 )); then echo "skipped decoder variants: ${allowed}s left before the deadline" | tee -a "$OUT/run.log"
+else
+    timeout "$allowed" python3 benchmarks/time_to_quality.py --throughput-only --device "$DEVICE" \
+        --model mae_vit_base_patch16 --img-size 224 --batch-size "${BATCH:-256}" --warmup 3 --steps "${STEPS:-10}" \
+        --rounds "${ROUNDS:-3}" --json "$OUT/decoder_variants.json" 2>&1 | tee -a "$OUT/run.log"
+fi
 bench cifar 128 130 "$variants" 5 10
 bench tiny224 256 130 "${variants% ablations}" 3 10  # each compiled variant costs ~40 s more
 bench large224 256 110 default 3 5

@@ -13,9 +13,14 @@ from torch import nn
 
 from mae.convert.report import LoadReport, load_checked
 from mae.convert.sources import MAECheckpoint, read_checkpoint
+from mae.models.decoder_switches import switch_differences
 from mae.models.mae import MaskedAutoencoderViT
 
 log = logging.getLogger(__name__)
+
+# The decoder switches that change what the decoder's weights compute (not ``decoder_keep_ratio``,
+# which only chooses how many patches a training step reconstructs).
+_DECODER_ARCHITECTURE = ("decoder_type", "decoder_encoder_layers")
 
 
 def vit_args(config: dict[str, Any]) -> dict[str, Any]:
@@ -149,8 +154,12 @@ def load_mae(
     """A ``MaskedAutoencoderViT`` (encoder and decoder) from a checkpoint that has a decoder.
 
     ``overrides`` change ``MaskedAutoencoderViT`` arguments that the file cannot fix (e.g.
-    ``mask_strategy``, ``norm_pix_loss``, ``num_heads``); a new ``img_size`` rebuilds the fixed
-    sin-cos position embeddings for the new grid.
+    ``mask_strategy``, ``norm_pix_loss``, ``num_heads``, ``decoder_keep_ratio``); a new ``img_size``
+    rebuilds the fixed sin-cos position embeddings for the new grid. The decoder the file was trained
+    with (``decoder_type``, ``decoder_encoder_layers``) cannot be overridden.
+
+    Raises:
+        ValueError: an encoder-only file, or overrides of the file's decoder (naming the key).
     """
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
     if not ckpt.has_decoder:
@@ -160,6 +169,13 @@ def load_mae(
             f"pretraining checkpoints (runs/<name>/version_N/checkpoints/*.ckpt), the official "
             f"mae_visualize_vit_*.pth files or a Hugging Face ViTMAEForPreTraining folder. For features or "
             f"fine-tuning use mae.load_backbone"
+        )
+    changed = switch_differences(ckpt.config, overrides, tuple(k for k in _DECODER_ARCHITECTURE if k in overrides))
+    if changed:
+        raise ValueError(
+            f"{ckpt.source}: its decoder was trained as recorded, so load_mae cannot rebuild it otherwise: "
+            + "; ".join(changed)
+            + "; leave these out of the overrides (mae.load_backbone reads the encoder of any variant)"
         )
     config = {**ckpt.config, **overrides}
     model = MaskedAutoencoderViT(**config)
@@ -198,6 +214,12 @@ def init_mae_from(model: MaskedAutoencoderViT, source: str | Path, format: str =
         raise ValueError(
             f"{source} was pretrained with {patch}x{patch}-pixel patches, but this model has {model.patch_size}x"
             f"{model.patch_size}: choose the model of its patch size (e.g. model.model ..._patch{patch})"
+        )
+    changed = switch_differences(ckpt.config, model.config, ("decoder_type",)) if ckpt.has_decoder else []
+    if changed:
+        raise ValueError(
+            f"{source} holds another decoder than this model: model.{changed[0]}; set model.decoder_type to the "
+            f"file's to continue from its decoder (a file without a decoder starts any decoder fresh)"
         )
     report = LoadReport(str(source), ckpt.format, notes=list(ckpt.notes), config=model.config)
     state = adapt_patch_embed(dict(ckpt.state_dict), model.config["in_chans"], report)

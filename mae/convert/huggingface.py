@@ -112,6 +112,11 @@ def from_hf_state_dict(hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torc
 def hf_config(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> dict[str, Any]:
     """The ``ViTMAEConfig`` (as a ``config.json`` dict) of the same architecture as ``model``."""
     grid_h, grid_w = model.grid_size
+    if model.decoder_type != "self":
+        raise ValueError(
+            f"Hugging Face ViTMAE has only the paper's self-attention decoder, not decoder_type "
+            f"{model.decoder_type!r}; export the encoder instead (python -m mae.export), which every variant shares"
+        )
     if grid_h != grid_w:
         raise ValueError(f"Hugging Face ViTMAE supports square inputs only, got a {grid_h}x{grid_w} patch grid")
     block, decoder_block = model.blocks[0], model.decoder_blocks[0]
@@ -142,9 +147,10 @@ def hf_config(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> dict[str
 
 def save_hf_pretrained(model: MaskedAutoencoderViT, out_dir: str | Path, mask_ratio: float = 0.75) -> Path:
     """Write ``config.json`` + ``model.safetensors`` that ``ViTMAEForPreTraining.from_pretrained`` loads."""
+    config = hf_config(model, mask_ratio)  # first: it refuses what ViTMAE cannot hold
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in to_hf_state_dict(model.state_dict()).items()}
     save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(hf_config(model, mask_ratio), indent=2))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return out_dir

@@ -170,6 +170,11 @@ def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: s
                 f"{path}: its {ARCHITECTURE_KEY} record says {key}={config[key]!r}, but its tensors have "
                 f"{key}={measured[key]!r}; the record is damaged or was edited"
             )
+    if "decoder_embed.weight" in state and config.get("decoder_type", "self") != measured["decoder_type"]:
+        raise ValueError(
+            f"{path}: its {ARCHITECTURE_KEY} record says decoder_type={config.get('decoder_type', 'self')!r}, but its "
+            f"tensors are a {measured['decoder_type']!r} decoder's; the record is damaged or was edited"
+        )
     height, width = sizes * 2 if len(sizes) == 1 else sizes
     patch = measured["patch_size"]
     positions = state["pos_embed"].shape[1] - 1
@@ -339,6 +344,8 @@ def infer_config(
         decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16,
     )  # fmt: skip
     if "decoder_embed.weight" in state:
+        # A cross-attention decoder's blocks have query and key-value projections (mae.models.cross_attention).
+        config["decoder_type"] = "cross" if "decoder_blocks.0.attn.kv.weight" in state else "self"
         dec_dim = state["decoder_embed.weight"].shape[0]
         dec_heads = hints.get("decoder_num_heads")
         if dec_heads is None:

@@ -1,7 +1,12 @@
-"""Analytic FLOP count of an MAE training step (matmuls only; 1 multiply-add = 2 FLOPs)."""
+"""Analytic FLOP count of an MAE training step (matmuls only; 1 multiply-add = 2 FLOPs).
+
+The decoder's count follows its switches as a training step runs them: partial reconstruction
+decodes ``decoder_keep_ratio`` of the masked patches, the cross decoder runs its queries (the
+reconstructed patches) against the cls and visible tokens.
+"""
 
 from mae.models.mae import MaskedAutoencoderViT
-from mae.models.masking import num_kept
+from mae.models.masking import num_decoded, num_kept
 
 
 def _block_flops(tokens: int, width: int, mlp_hidden: int) -> int:
@@ -10,19 +15,35 @@ def _block_flops(tokens: int, width: int, mlp_hidden: int) -> int:
     return linear + attention
 
 
+def _cross_block_flops(queries: int, context: int, width: int, mlp_hidden: int) -> int:
+    linear = 2 * queries * width * (width + width + 2 * mlp_hidden)  # q, proj, fc1, fc2
+    linear += 2 * context * width * 2 * width  # k and v of the context
+    attention = 2 * 2 * queries * context * width
+    return linear + attention
+
+
 def mae_forward_flops(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> int:
-    """FLOPs of one forward pass for one image: patch embedding on all L patches, the encoder on
-    1 + len_keep tokens, the decoder on 1 + L tokens."""
+    """FLOPs of one training forward pass for one image: patch embedding on all L patches, the encoder
+    on 1 + len_keep tokens, then the decoder: the paper's on 1 + L tokens; with partial reconstruction
+    on 1 + len_keep + the decoded masked patches; the cross decoder's queries (the decoded masked
+    patches) against 1 + len_keep context tokens per block."""
     L = model.num_patches
     kept = num_kept(L, mask_ratio)
+    decoded = num_decoded(L - kept, model.decoder_keep_ratio)
     patch_dim = model.decoder_pred.out_features
     width = model.cls_token.shape[-1]
     dec_width = model.mask_token.shape[-1]
     flops = 2 * L * patch_dim * width
     flops += sum(_block_flops(1 + kept, width, b.mlp.fc1.out_features) for b in model.blocks)
-    flops += 2 * (1 + kept) * width * dec_width
-    flops += sum(_block_flops(1 + L, dec_width, b.mlp.fc1.out_features) for b in model.decoder_blocks)
-    flops += 2 * (1 + L) * dec_width * patch_dim
+    layers_read = 1 if model.decoder_encoder_layers is None else len(model.decoder_encoder_layers)
+    flops += 2 * layers_read * (1 + kept) * width * dec_width  # decoder_embed of each layer read
+    if model.decoder_type == "cross":
+        flops += sum(_cross_block_flops(decoded, 1 + kept, dec_width, b.mlp.fc1.out_features)
+                     for b in model.decoder_blocks)  # fmt: skip
+        return flops + 2 * decoded * dec_width * patch_dim
+    tokens = 1 + kept + decoded  # 1 + L for the paper's decoder
+    flops += sum(_block_flops(tokens, dec_width, b.mlp.fc1.out_features) for b in model.decoder_blocks)
+    flops += 2 * tokens * dec_width * patch_dim
     return flops
 
 

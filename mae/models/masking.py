@@ -1,4 +1,4 @@
-"""Patch masking: which patches the encoder sees.
+"""Patch masking: which patches the encoder sees, and which masked patches the decoder reconstructs.
 
 Every strategy is expressed as a per-patch score ("noise", shape (N, L)); ``random_masking``
 keeps the ``int(L * (1 - mask_ratio))`` patches with the *smallest* score. For the paper's
@@ -6,8 +6,12 @@ default strategy the score is uniform noise, exactly as in the official code; th
 strategies of the paper's ablation (Table 1f) only choose their scores differently, so every
 strategy keeps the same number of patches and batches stay rectangular.
 
+Partial reconstruction (``decoder_masking``) then gives the decoder only a random fraction of the
+masked patches' mask tokens, and the loss covers just those.
+
 References: He et al., MAE (2021), Sec. 3 and Table 1f; Bao et al., BEiT (2021), Alg. 1 for
-block-wise masking.
+block-wise masking; Wang et al., VideoMAE V2 (2023), Sec. 3.2 (decoder masking) and Fu et al.,
+CrossMAE (2024), Sec. 3 (partial reconstruction) for the decoder's subset.
 """
 
 import math
@@ -24,6 +28,43 @@ MASK_STRATEGIES: tuple[str, ...] = get_args(MaskStrategy)
 def num_kept(num_patches: int, mask_ratio: float) -> int:
     """Number of visible patches: ``int(L * (1 - mask_ratio))``, as the official code rounds."""
     return int(num_patches * (1 - mask_ratio))
+
+
+def num_decoded(num_masked: int, keep_ratio: float) -> int:
+    """Masked patches the decoder reconstructs: ``int(num_masked * keep_ratio)``, rounded down as
+    ``num_kept`` rounds (a hair of slack so that, say, 100 * 0.29 = 28.999... counts 29)."""
+    return int(num_masked * keep_ratio + 1e-9)
+
+
+def check_decoder_keep_ratio(keep_ratio: float, name: str = "decoder_keep_ratio") -> None:
+    """Raise ``ValueError`` naming the setting unless ``keep_ratio`` is a number in (0, 1]."""
+    if isinstance(keep_ratio, bool) or not isinstance(keep_ratio, int | float) or not 0.0 < keep_ratio <= 1.0:
+        raise ValueError(
+            f"{name} must be a number in (0, 1] (the fraction of masked patches the decoder reconstructs; "
+            f"1.0 = every one, the paper), got {keep_ratio!r}"
+        )
+
+
+def check_decoded_patches(
+    grid_size: tuple[int, int], mask_ratio: float, keep_ratio: float, name: str = "decoder_keep_ratio"
+) -> None:
+    """Raise ``ValueError`` when ``keep_ratio`` of the patches ``mask_ratio`` masks on a ``grid_size``
+    grid rounds to no patch at all (nothing left to reconstruct), naming the smallest ratio that keeps one."""
+    L = grid_size[0] * grid_size[1]
+    masked = L - num_kept(L, mask_ratio)
+    if num_decoded(masked, keep_ratio) >= 1:
+        return
+    if masked == 0:
+        raise ValueError(
+            f"mask_ratio {mask_ratio} masks no patch of the {grid_size[0]}x{grid_size[1]} patch grid, so the "
+            f"decoder has nothing to reconstruct ({name} {keep_ratio}); train with a mask_ratio above 0"
+        )
+    smallest = math.ceil(10_000 / masked) / 10_000
+    raise ValueError(
+        f"{name} {keep_ratio} reconstructs int({masked} * {keep_ratio}) = 0 of the {masked} patches that "
+        f"mask_ratio {mask_ratio} masks on the {grid_size[0]}x{grid_size[1]} patch grid; use at least "
+        f"{smallest} (1 patch), at most 1.0 (every one)"
+    )
 
 
 def check_mask_strategy(strategy: str, name: str = "mask strategy") -> None:
@@ -89,6 +130,26 @@ def random_masking(
     mask = torch.ones(N, L, device=x.device, dtype=x.dtype)
     mask.scatter_(1, ids_keep, 0.0)
     return x_kept, mask, ids_restore
+
+
+def decoder_masking(ids_masked: torch.Tensor, keep: int, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Choose the masked patches the decoder reconstructs (partial reconstruction), per sample.
+
+    Args:
+        ids_masked: (N, L_masked) patch indices of the masked patches.
+        keep: how many of them to reconstruct (``num_decoded``).
+        noise: (N, L) per-patch scores; the masked patches with the smallest are reconstructed.
+            Uniform random over the masked patches when None.
+
+    Returns:
+        (N, keep) patch indices, in ascending-noise order.
+    """
+    if noise is None:
+        scores = torch.rand(ids_masked.shape, device=ids_masked.device)
+    else:
+        scores = torch.gather(noise.to(ids_masked.device), 1, ids_masked)
+    chosen = torch.argsort(scores, dim=1)[:, :keep]
+    return torch.gather(ids_masked, 1, chosen)
 
 
 def block_mask(

@@ -8,9 +8,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
+from mae.convert.architecture import ARCHITECTURE_KEY, MAE_CLASS
 from mae.convert.report import state_dict_mismatch
 from mae.convert.safe_load import safe_torch_load
 from mae.io.atomic import atomic_write
+from mae.models.decoder_switches import switch_differences
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -58,6 +60,7 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
             f"--ckpt_path {path} is not a Lightning training checkpoint (no state_dict / optimizer_states); "
             f"to start from pretrained weights use model.checkpoint instead"
         )
+    check_same_decoder_switches(path, ckpt.get(ARCHITECTURE_KEY), module)
     problems = state_dict_mismatch(module.state_dict(), ckpt["state_dict"])
     if problems:
         shown = "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else "")
@@ -65,6 +68,26 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
             f"--ckpt_path {path} was written for another model architecture than this config builds: {shown}"
         )
     return int(ckpt.get("global_step", 0))
+
+
+def check_same_decoder_switches(path: Path, saved: dict | None, module: pl.LightningModule) -> None:
+    """A pretraining run resumes with the decoder switches it was written with (``decoder_type``,
+    ``decoder_keep_ratio``, ``decoder_encoder_layers``; a checkpoint without them has the paper's).
+
+    Raises:
+        ValueError: naming each differing ``model.<key>``, both values, the allowed ones and the fix.
+    """
+    record = getattr(module, "architecture_record", lambda: None)()
+    if not saved or not record or saved.get("class") != MAE_CLASS or record.get("class") != MAE_CLASS:
+        return
+    differences = switch_differences(saved.get("args") or {}, record["args"])
+    if differences:
+        raise ValueError(
+            f"--ckpt_path {path} was written with other decoder switches than this config sets: model."
+            + "; model.".join(differences)
+            + ". Set them to the checkpoint's values to resume it, or start a new run from its weights with "
+            "model.init_from"
+        )
 
 
 def remove_orphan_temporaries(folder: str | Path) -> list[Path]:

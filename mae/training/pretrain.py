@@ -10,6 +10,7 @@ from torchmetrics import MeanMetric
 from mae.convert.architecture import mae_record
 from mae.convert.backbone import init_mae_from
 from mae.models import create_model
+from mae.models.decoder_switches import DecoderType
 from mae.models.flops import mae_train_flops
 from mae.models.masking import MaskStrategy, sample_noise
 from mae.training.base import MAETrainingModule, check_kernel_settings
@@ -22,7 +23,8 @@ from mae.training.optim import (
 )
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
-_OWN_ARGS = ("img_size", "in_chans", "norm_pix_loss", "mask_strategy")
+_OWN_ARGS = ("img_size", "in_chans", "norm_pix_loss", "mask_strategy", "decoder_type", "decoder_keep_ratio",
+             "decoder_encoder_layers")  # fmt: skip
 
 
 def model_input(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -50,6 +52,12 @@ class MAEPretrainModule(MAETrainingModule):
         model_kwargs: overrides of ``MaskedAutoencoderViT`` arguments (e.g. depth, decoder_depth).
         mask_ratio: fraction of patches removed, in [0, 1).
         mask_strategy: "random" (paper default), "block" or "grid".
+        decoder_type: "self" (the paper) or "cross" (CrossMAE: mask-token queries cross-attend to the
+            visible tokens); see ``MaskedAutoencoderViT``.
+        decoder_keep_ratio: fraction of the masked patches reconstructed (and in the loss) per training
+            step, in (0, 1]; 1.0 = the paper. Validation reconstructs every masked patch.
+        decoder_encoder_layers: cross decoder only: the encoder layer each decoder block reads (one per
+            decoder block, the last among them); null = the encoder's output.
         norm_pix_loss: regress per-patch normalised pixels (the paper's released models do).
         base_lr: lr per 256 images; the lr is ``base_lr * effective_batch / 256``.
         lr: absolute lr, overriding the scaling rule when set.
@@ -80,6 +88,9 @@ class MAEPretrainModule(MAETrainingModule):
         model_kwargs: dict[str, Any] | None = None,
         mask_ratio: float = 0.75,
         mask_strategy: MaskStrategy = "random",
+        decoder_type: DecoderType = "self",
+        decoder_keep_ratio: float = 1.0,
+        decoder_encoder_layers: list[int] | None = None,
         norm_pix_loss: bool = True,
         base_lr: float = 1.5e-4,
         lr: float | None = None,
@@ -107,9 +118,11 @@ class MAEPretrainModule(MAETrainingModule):
             raise ValueError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
         self.model = create_model(
             model, img_size=img_size, in_chans=in_chans, norm_pix_loss=norm_pix_loss, mask_strategy=mask_strategy,
-            **model_kwargs,
+            decoder_type=decoder_type, decoder_keep_ratio=decoder_keep_ratio,
+            decoder_encoder_layers=decoder_encoder_layers, **model_kwargs,
         )  # fmt: skip
         self.model.check_mask_ratio(mask_ratio)  # at start-up, once: training steps pass it unchanged
+        self.model.check_decoded_patches(mask_ratio)
         self.init_report = None
         if init_from is not None:
             if not Path(init_from).exists():

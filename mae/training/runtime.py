@@ -17,6 +17,8 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
+from mae.models.cross_attention import CrossAttention
+
 Precision = Literal["fp32", "bf16"]
 AttentionKernel = Literal["sdpa", "explicit"]
 
@@ -89,11 +91,12 @@ def settings_for_trainer(trainer, steps: int | float | None = None) -> TrainingS
 
 
 def set_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> nn.Module:
-    """Switch every timm ``Attention`` in ``model`` to ``kernel``; returns ``model``."""
+    """Switch every timm ``Attention`` (and the cross decoder's ``CrossAttention``) in ``model`` to
+    ``kernel``; returns ``model``."""
     if kernel not in ("sdpa", "explicit"):
         raise ValueError(f"attention kernel must be 'sdpa' or 'explicit', got {kernel!r}")
     for module in model.modules():
-        if isinstance(module, Attention):
+        if isinstance(module, Attention | CrossAttention):
             module.fused_attn = kernel == "sdpa"
     return model
 
