@@ -13,7 +13,7 @@ def test_reconstruct__norm_pix_prediction_is_unnormalised_with_target_statistics
     target = model.patchify(imgs)
     normed = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6).sqrt()
     # a model that predicts the normalised target perfectly
-    model.forward_decoder = lambda latent, ids_restore: normed
+    model.forward_decoder = lambda latent, ids_restore, ids_decode=None: normed
     views = reconstruct(model, imgs, 0.75)
     torch.testing.assert_close(views["reconstruction"], imgs, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(views["reconstruction_visible"], imgs, rtol=1e-4, atol=1e-4)
