@@ -272,6 +272,15 @@ def page_outputs(
     return [*result.panels.values(), result.attention, result.details]
 
 
+def shown_image(upload, example, by_name: dict[str, Path]) -> tuple[str | Path | None, str | None]:
+    """(path, name) of the image a tab shows: the upload, else the picked example (by file name)."""
+    if upload:
+        return upload, Path(upload).name  # Gradio keeps the uploaded file's own name
+    if example in by_name:
+        return by_name[example], example
+    return None, None
+
+
 def build_page(session: ReconstructionSession, examples: list[Path], search=None):
     """The Gradio ``Blocks`` of the page. The image shown is the one of the last action: uploading
     clears the example box and picking an example clears the upload. With ``search`` (a
@@ -286,12 +295,7 @@ def build_page(session: ReconstructionSession, examples: list[Path], search=None
         return page_outputs(session, path, name, *settings)
 
     def shown(upload, example) -> tuple[str | Path | None, str | None]:
-        """(path, name) of the image on the page: the upload, else the picked example."""
-        if upload:
-            return upload, Path(upload).name  # Gradio keeps the uploaded file's own name
-        if example in by_name:
-            return by_name[example], example
-        return None, None
+        return shown_image(upload, example, by_name)
 
     def on_controls(upload, example, *settings) -> list:
         return show(*shown(upload, example), *settings)

@@ -13,6 +13,7 @@ from PIL import Image
 
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.data.decoding.formats import ARRAY_EXTENSIONS
+from mae.eval.demo_page import shown_image
 from mae.eval.embed_run import IMAGE_ERRORS
 from mae.eval.embedding_index import EmbeddingIndex
 from mae.eval.image_search import index_embedder, search_images
@@ -95,11 +96,7 @@ def similar_images_tab(session: SearchSession, examples: list[Path]) -> None:
     by_name = {path.name: Path(path) for path in examples}
 
     def shown(upload, example) -> tuple[str | Path | None, str | None]:
-        if upload:
-            return upload, Path(upload).name  # Gradio keeps the uploaded file's own name
-        if example in by_name:
-            return by_name[example], example
-        return None, None
+        return shown_image(upload, example, by_name)
 
     def on_search(upload, example, k) -> tuple:
         return session.show(*shown(upload, example), k)
