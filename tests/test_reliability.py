@@ -196,6 +196,27 @@ def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
     assert resumed == pytest.approx(full[10:], rel=1e-12, abs=0)
 
 
+def test_resume__with_more_epochs_follows_the_new_run_length_and_says_so(tmp_path):
+    """A finished 2-epoch run resumed with max_epochs=4 trains epochs 3-4 on the 4-epoch cosine (as an
+    uninterrupted 4-epoch run would), not at min_lr past the end of the old one, and warns."""
+
+    def run(max_epochs, folder, ckpt_path=None):
+        record, saver = RecordLR(), ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)
+        trainer = make_trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=5, limit_val_batches=0,
+                               enable_checkpointing=True, callbacks=[record, saver])  # fmt: skip
+        trainer.fit(pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages(),
+                    ckpt_path=ckpt_path)  # fmt: skip
+        return record.lrs
+
+    full = run(4, "full")
+    run(2, "short")
+    with pytest.warns(UserWarning, match=r"another schedule .*cosine steps 5 -> 15.* follows this run's"):
+        extended = run(4, "extended", ckpt_path=tmp_path / "short" / "last.ckpt")
+    assert len(extended) == 10
+    assert extended == pytest.approx(full[10:], rel=1e-12, abs=0)
+    assert all(lr > 1e-5 for lr in extended)  # the old cosine had ended: its schedule gives min_lr from here
+
+
 class _StopAfter(pl.Callback):
     def __init__(self, epochs: int) -> None:
         self.epochs = epochs

@@ -114,6 +114,10 @@ class MAETrainingModule(pl.LightningModule, ABC):
         config["lr_scheduler"]["name"] = "train/lr"
         return config
 
+    def on_train_start(self) -> None:
+        # A resumed run's optimizer holds the checkpoint's last lr: its first step takes this run's.
+        self.lr_schedulers().step_update(num_updates=self.global_step)
+
     def lr_scheduler_step(self, scheduler, metric: Any) -> None:
         # timm schedulers take the number of optimizer updates done so far (and apply lr_scale).
         scheduler.step_update(num_updates=self.global_step)

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from timm.optim import param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import nn
@@ -111,16 +111,42 @@ def check_schedule_settings(base_lr: float, lr: float | None, min_lr: float, war
         )
 
 
+class RunLengthCosine(CosineLRScheduler):
+    """timm's warmup + cosine whose shape belongs to the run that builds it, never to a checkpoint.
+
+    The position in the schedule is the optimizer step count (``step_update(num_updates)``), so a
+    scheduler needs nothing from a checkpoint. timm's ``load_state_dict`` would restore the whole
+    schedule (length, warmup, base lr) of the interrupted run: resumed with a larger
+    ``trainer.max_epochs`` the cosine would still end at the old length and the new epochs would train
+    at ``min_lr``. Here the resumed run follows its own command line, as the official code does (it
+    computes the lr from ``args.epochs`` each step), and a schedule that differs is named in a warning.
+    """
+
+    SHAPE = {"warmup_t": "warmup steps", "t_initial": "cosine steps", "lr_min": "final lr", "base_values": "lr"}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        changed = [
+            f"{label} {state_dict[key]} -> {getattr(self, key)}"
+            for key, label in self.SHAPE.items()
+            if key in state_dict and state_dict[key] != getattr(self, key)
+        ]
+        if changed:
+            rank_zero_warn(
+                "resuming with another schedule than the checkpoint's run (" + "; ".join(changed) + "): the lr "
+                "follows this run's warmup + cosine from the resumed step on"
+            )
+
+
 def warmup_cosine_scheduler(
     optimizer: Optimizer, total_steps: int, warmup_steps: int, min_lr: float = 0.0
-) -> CosineLRScheduler:
+) -> RunLengthCosine:
     """Linear warmup from 0 over ``warmup_steps``, then a half-cycle cosine to ``min_lr`` at ``total_steps``.
 
     Call ``step_update(num_updates)`` after every optimizer step: the lr at step t equals the
     official schedule at fractional epoch t / steps_per_epoch.
     """
     check_warmup(warmup_steps, total_steps)
-    return CosineLRScheduler(
+    return RunLengthCosine(
         optimizer,
         t_initial=total_steps - warmup_steps,
         lr_min=min_lr,
