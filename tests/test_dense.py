@@ -148,6 +148,67 @@ def test_window_attention__each_window_attends_only_to_itself():
     assert default_global_blocks(12) == (2, 5, 8, 11) and default_global_blocks(24) == (5, 11, 17, 23)
 
 
+def _attend_with_bias(block, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A timm ``Block`` on (1, L, D) tokens written out, with (heads, L, L) added to its attention logits."""
+    attn = block.attn
+    n, length, dim = x.shape
+    q, k, v = attn.qkv(block.norm1(x)).reshape(n, length, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+    logits = q @ k.transpose(-2, -1) * attn.head_dim**-0.5 + bias
+    x = x + attn.proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(n, length, dim))
+    return x + block.mlp(block.norm2(x))
+
+
+def test_window_relative_position__zero_at_start_then_an_offset_bias_inside_each_window():
+    torch.manual_seed(0)
+    vit = _vit(depth=2)
+    plain = SimpleFeaturePyramid(copy.deepcopy(vit), out_channels=8, window_size=3, global_blocks=(1,))
+    relative = SimpleFeaturePyramid(vit, out_channels=8, window_size=3, global_blocks=(1,), relative_position=True)
+    assert not hasattr(relative.vit.blocks[1], "window_position_bias")  # global blocks have none
+    images = torch.randn(1, 3, 20, 28)  # 5 x 7 patches: windows of 3 x 3, the last row and column padded
+    torch.testing.assert_close(relative.encode(images), plain.encode(images))  # zero-initialised: no change
+
+    table = relative.vit.blocks[0].window_position_bias.relative_position_bias_table  # (5 * 5 offsets, heads)
+    with torch.no_grad():
+        table.normal_()
+    relative.vit.blocks = relative.vit.blocks[:1]
+    relative.blocks = (0,) * 4
+    (features,) = relative.encode(images).values()  # (1, D, 5, 7)
+    tokens = vit._pos_embed(vit.patch_embed(images))[:, 1:].reshape(1, 5, 7, -1)
+
+    def offset_bias(rows: range, cols: range) -> torch.Tensor:
+        """(heads, L, L): the table's entry for each pair's (row, column) offset, Swin's index order."""
+        cells = [(r, c) for r in rows for c in cols]
+        index = torch.tensor([[(ri - rj + 2) * 5 + (ci - cj + 2) for rj, cj in cells] for ri, ci in cells])
+        return table[index].permute(2, 0, 1)
+
+    # An independent reference per window: the block written out on that window's real tokens alone.
+    for rows, cols in ((range(0, 3), range(0, 3)), (range(3, 5), range(6, 7)), (range(3, 5), range(3, 6))):
+        window = tokens[:, rows.start : rows.stop, cols.start : cols.stop]
+        local = range(len(rows)), range(len(cols))
+        alone = _attend_with_bias(relative.vit.blocks[0], window.reshape(1, -1, window.shape[-1]), offset_bias(*local))
+        got = features[:, :, rows.start : rows.stop, cols.start : cols.stop].permute(0, 2, 3, 1)
+        torch.testing.assert_close(got, alone.reshape(window.shape))
+    expected = relative(images)[FEATURE_NAMES[0]]
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the float32 bias beside a bfloat16 attention
+        got = relative(images)[FEATURE_NAMES[0]]
+    torch.testing.assert_close(got.float(), expected, atol=0.1, rtol=0.1)
+
+
+def test_window_relative_position__needs_windows_and_decays_with_its_block():
+    from mae.dense.module import layer_decay_groups
+
+    with pytest.raises(ValueError, match="relative_position is a bias inside attention windows: set window_size"):
+        SimpleFeaturePyramid(_vit(), relative_position=True)
+    pyramid = SimpleFeaturePyramid(
+        _vit(depth=2), out_channels=8, window_size=2, global_blocks=(), relative_position=True
+    )
+    groups = layer_decay_groups(pyramid, pyramid.vit, weight_decay=0.05, layer_decay=0.5)
+    scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    for block in pyramid.vit.blocks:
+        assert scale[id(block.window_position_bias.relative_position_bias_table)] == scale[id(block.attn.qkv.weight)]
+    assert scale[id(pyramid.vit.blocks[0].attn.qkv.weight)] < scale[id(pyramid.vit.blocks[1].attn.qkv.weight)]
+
+
 def test_pyramid__four_blocks_feed_four_scales_and_window_settings_are_checked():
     torch.manual_seed(0)
     vit = _vit(depth=4)

@@ -94,9 +94,9 @@ class MAEDetectionModule(DenseTrainingModule):
         in_chans: linked from the data module.
         num_classes: with the background (categories + 1); linked from the data module.
         detector: "mask_rcnn" (ViTDet's), "faster_rcnn" or "retinanet".
-        out_channels, block, window_size, global_blocks, activation_checkpointing, scales: the pyramid's
-            (``mae.dense.pyramid.SimpleFeaturePyramid``; ViTDet ViT-B: 256, last block, window 14,
-            global blocks 2, 5, 8, 11).
+        out_channels, block, window_size, global_blocks, relative_position, activation_checkpointing, scales:
+            the pyramid's (``mae.dense.pyramid.SimpleFeaturePyramid``; ViTDet ViT-B: 256, last block, window
+            14, global blocks 2, 5, 8, 11, relative positions on).
         anchor_sizes: one anchor size in px per pyramid map (default 8x each map's stride).
         detections_per_image: kept after non-maximum suppression (COCO: 100).
         head_channels: width of the R-CNN heads' convolutions (ViTDet: 256).
@@ -127,6 +127,7 @@ class MAEDetectionModule(DenseTrainingModule):
         block: int | list[int] | None = None,
         window_size: int | None = None,
         global_blocks: list[int] | None = None,
+        relative_position: bool = False,
         activation_checkpointing: bool = False,
         scales: list[float] | None = None,
         anchor_sizes: list[float] | None = None,

@@ -115,7 +115,8 @@ class DenseTrainingModule(MAETrainingModule):
         ``model.mean`` / ``model.std``, or the pretraining run's (``input_normalization``)."""
         hp = self.hparams
         pyramid = dict(out_channels=hp.out_channels, block=hp.block, window_size=hp.window_size,
-                       global_blocks=hp.global_blocks, activation_checkpointing=hp.activation_checkpointing,
+                       global_blocks=hp.global_blocks, relative_position=hp.relative_position,
+                       activation_checkpointing=hp.activation_checkpointing,
                        scales=tuple(hp.scales or SCALES))  # fmt: skip
         self.pyramid, data = build_pyramid(hp.checkpoint, hp.checkpoint_format, hp.model, hp.model_kwargs,
                                            hp.img_size, hp.in_chans, hp.drop_path_rate, pyramid)  # fmt: skip

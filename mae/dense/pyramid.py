@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from mae.convert.backbone import load_backbone
-from mae.dense.windows import block_in_windows, default_global_blocks
+from mae.dense.windows import block_in_windows, default_global_blocks, window_position_bias
 
 # The pyramid's scales relative to the ViT's stride-p map (ViTDet: strides 4, 8, 16, 32 for p = 16), and
 # the scales a map can have (small patches, e.g. p = 4 on 64 px scenes, are better served one octave down).
@@ -68,6 +68,10 @@ class SimpleFeaturePyramid(nn.Module):
             block attends globally.
         global_blocks: the blocks that keep global attention when ``window_size`` is set (default: the
             last of each quarter, ViTDet's 2, 5, 8, 11 for 12 blocks).
+        relative_position: a learned relative position bias in each window block
+            (``mae.dense.windows.window_position_bias``, zero at the start; its table is
+            ``vit.blocks.<i>.window_position_bias``, so layer decay treats it as its block's). Needs
+            ``window_size``; off by default (ViTDet's recipes turn their relative positions on).
         activation_checkpointing: recompute each block's activations in the backward pass instead of
             keeping them: far less memory at detection sizes (1024 px), about a third more compute.
         scales: the four maps' scales relative to the stride-p map, finest first (ViTDet: 4, 2, 1, 1/2;
@@ -91,6 +95,7 @@ class SimpleFeaturePyramid(nn.Module):
         global_blocks: Sequence[int] | None = None,
         activation_checkpointing: bool = False,
         scales: Sequence[float] = SCALES,
+        relative_position: bool = False,
     ) -> None:
         super().__init__()
         depth = len(vit.blocks)
@@ -110,6 +115,8 @@ class SimpleFeaturePyramid(nn.Module):
             raise ValueError(f"window_size must be a positive number of patches, or None; got {window_size}")
         if window_size is None and global_blocks is not None:
             raise ValueError("global_blocks only applies with window attention: set window_size too")
+        if window_size is None and relative_position:
+            raise ValueError("relative_position is a bias inside attention windows: set window_size too")
         self.window_size = window_size
         self.global_blocks = tuple(default_global_blocks(depth) if global_blocks is None else global_blocks)
         for b in self.global_blocks:
@@ -128,6 +135,11 @@ class SimpleFeaturePyramid(nn.Module):
         vit.reset_classifier(0)
         vit.norm, vit.fc_norm = nn.Identity(), nn.Identity()
         vit.blocks = vit.blocks[: max(self.blocks) + 1]
+        self.relative_position = relative_position
+        if relative_position:
+            for index, vit_block in enumerate(vit.blocks):
+                if index not in self.global_blocks:
+                    vit_block.window_position_bias = window_position_bias(window_size, vit_block.attn.num_heads)
         self.vit = vit
         self.activation_checkpointing = activation_checkpointing
         self.patch_size = vit.patch_embed.patch_size  # (ph, pw)
@@ -178,7 +190,8 @@ class SimpleFeaturePyramid(nn.Module):
         """(N, h, w, D) tokens through one block, in windows unless it is a global block."""
         n, h, w, d = tokens.shape
         if self.window_size is not None and index not in self.global_blocks:
-            run = lambda t: block_in_windows(block, t, self.window_size)  # noqa: E731
+            bias = getattr(block, "window_position_bias", None)
+            run = lambda t: block_in_windows(block, t, self.window_size, bias)  # noqa: E731
         else:
             run = lambda t: block(t.reshape(n, h * w, d)).reshape(n, h, w, d)  # noqa: E731
         if self.activation_checkpointing and self.training and torch.is_grad_enabled():
@@ -211,9 +224,12 @@ def feature_pyramid(
     global_blocks: Sequence[int] | None = None,
     activation_checkpointing: bool = False,
     scales: Sequence[float] = SCALES,
+    relative_position: bool = False,
     **backbone_kwargs: Any,
 ) -> SimpleFeaturePyramid:
     """A ``SimpleFeaturePyramid`` over the pretrained encoder of ``source`` (any checkpoint format
     ``mae.load_backbone`` reads; ``backbone_kwargs`` go to it: ``in_chans``, ``drop_path_rate``, ...)."""
     vit = load_backbone(source, dynamic_img_size=True, **backbone_kwargs)
-    return SimpleFeaturePyramid(vit, out_channels, block, window_size, global_blocks, activation_checkpointing, scales)
+    return SimpleFeaturePyramid(
+        vit, out_channels, block, window_size, global_blocks, activation_checkpointing, scales, relative_position
+    )

@@ -44,8 +44,9 @@ class MAESegmentationModule(DenseTrainingModule):
         checkpoint, checkpoint_format, model, model_kwargs: the encoder, as ``MAEDetectionModule``.
         img_size: the training crop (ADE20K: 512); linked from ``data.img_size``.
         in_chans, num_classes, ignore_index: linked from the data module.
-        out_channels, block, window_size, global_blocks, activation_checkpointing, scales: the pyramid's. The MAE
-            paper (after BEiT) takes the four maps from four blocks: ``block: [3, 5, 7, 11]`` for ViT-B.
+        out_channels, block, window_size, global_blocks, relative_position, activation_checkpointing, scales:
+            the pyramid's. The MAE paper (after BEiT) takes the four maps from four blocks: ``block: [3, 5, 7,
+            11]`` for ViT-B.
         head_channels: UperNet's width (512 for ViT-B in BEiT's and MAE's setting).
         drop_path_rate, layer_decay, base_lr, lr, min_lr, warmup_epochs, weight_decay: AdamW with
             layer-wise lr decay, warmup + cosine (MAE's ADE20K: layer decay 0.65, 100 epochs, batch 16).
@@ -68,6 +69,7 @@ class MAESegmentationModule(DenseTrainingModule):
         block: int | list[int] | None = None,
         window_size: int | None = None,
         global_blocks: list[int] | None = None,
+        relative_position: bool = False,
         activation_checkpointing: bool = False,
         scales: list[float] | None = None,
         head_channels: int = 512,

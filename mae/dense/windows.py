@@ -6,9 +6,14 @@ block on the window-partitioned tokens is the same as partitioning only its atte
 grid is not a multiple of the window, it is zero-padded at the right and bottom; unlike ViTDet, the
 padding tokens are masked out of the attention, so a window that covers
 the whole grid gives exactly the block's global attention.
+
+Relative positions inside a window are optional (``window_position_bias``): a learned bias per head and
+relative offset added to the attention logits (the table of Swin and BEiT, timm's ``RelPosBias``), not
+ViTDet's decomposed, query-dependent relative positions; zero at initialisation, as ViTDet's are.
 """
 
 import torch
+from timm.layers.pos_embed_rel import RelPosBias
 from torch import nn
 from torch.nn import functional as F
 
@@ -49,8 +54,23 @@ def unpartition(windows: torch.Tensor, n: int, h: int, w: int) -> torch.Tensor:
     return tokens[:, :h, :w]
 
 
-def block_in_windows(block: nn.Module, tokens: torch.Tensor, window: int) -> torch.Tensor:
-    """(N, h, w, D) tokens through a timm ``Block`` whose attention stays within each window."""
+def window_position_bias(window: int, num_heads: int) -> RelPosBias:
+    """A learned (num_heads,) bias for each of the (2 * window - 1)^2 relative offsets between two tokens
+    of a ``window x window`` window; all zero, so that a pretrained encoder starts out unchanged."""
+    bias = RelPosBias((window, window), num_heads)
+    nn.init.zeros_(bias.relative_position_bias_table)
+    return bias
+
+
+def block_in_windows(
+    block: nn.Module, tokens: torch.Tensor, window: int, position_bias: RelPosBias | None = None
+) -> torch.Tensor:
+    """(N, h, w, D) tokens through a timm ``Block`` whose attention stays within each window, with
+    ``position_bias`` (``window_position_bias``) added to its attention logits when given."""
     n, h, w, _ = tokens.shape
-    windows, mask = partition(tokens, window)
+    windows, real = partition(tokens, window)
+    mask = real
+    if position_bias is not None:
+        bias = position_bias.get_bias().to(windows.dtype)  # (1, heads, window^2, window^2)
+        mask = bias if real is None else bias.masked_fill(~real, float("-inf"))
     return unpartition(block(windows, attn_mask=mask), n, h, w)
