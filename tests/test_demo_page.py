@@ -215,6 +215,30 @@ def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path
     assert not list(tmpdir.glob("mae-demo-*"))
 
 
+def test_serve__an_interrupt_that_comes_while_launching_still_closes_the_server():
+    """Gradio's own wait closes the server only on an interrupt inside it; one during launch() (the page
+    already answering, launch not yet returned) would leave the server thread and the process running."""
+
+    class Page:
+        closed, options = False, None
+
+        def launch(self, **options):
+            self.options = options
+            raise KeyboardInterrupt
+
+        def close(self):
+            self.closed = True
+
+    page, handler = Page(), signal.getsignal(signal.SIGTERM)
+    try:
+        serve(page, "127.0.0.1", 1234)
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped serve() without closing the server")
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert page.closed and page.options["share"] is False and page.options["server_port"] == 1234
+
+
 # ---------------------------------------------------------------------------------------------------
 # The page in headless Chromium
 

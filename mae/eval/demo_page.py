@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import tempfile
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -417,11 +418,24 @@ def serve(page, host: str, port: int, max_upload_mb: float = DEFAULT_MAX_UPLOAD_
     """Serve ``page`` on ``host:port``, never through a public share link, refusing uploads over
     ``max_upload_mb`` megabytes. With ``block``, until Ctrl-C or SIGTERM (both close the server and
     return, so that the caller's ``with`` blocks clean up)."""
-    if block:
-        signal.signal(signal.SIGTERM, _interrupt)
-    page.launch(server_name=host, server_port=port, share=False, max_file_size=int(max_upload_mb * 1024**2),
-                prevent_thread_lock=not block, quiet=not block)  # fmt: skip
+    launch = dict(server_name=host, server_port=port, share=False, max_file_size=int(max_upload_mb * 1024**2),
+                  prevent_thread_lock=True)  # fmt: skip
+    if not block:
+        page.launch(**launch, quiet=True)
+        return
+    signal.signal(signal.SIGTERM, _interrupt)
+    # Gradio's own wait (launch without prevent_thread_lock) closes the server only when the interrupt
+    # arrives inside it: one that comes while launch() is still finishing would leave the server thread
+    # running and the process alive. Here the launch is inside the try as well.
+    try:
+        page.launch(**launch, quiet=False)
+        while True:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        print("stopping the page")
+    finally:
+        page.close()
 
 
 def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt  # Gradio's wait for Ctrl-C closes the server on it
+    raise KeyboardInterrupt  # Ctrl-C and SIGTERM end the page alike
