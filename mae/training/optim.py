@@ -133,7 +133,8 @@ class RunLengthCosine(CosineLRScheduler):
         if changed:
             rank_zero_warn(
                 "resuming with another schedule than the checkpoint's run (" + "; ".join(changed) + "): the lr "
-                "follows this run's warmup + cosine from the resumed step on"
+                "follows this run's warmup + cosine from the resumed step on (to keep the checkpoint's, resume with "
+                "its trainer.max_epochs / max_steps, batch size, devices and model lr settings)"
             )
 
 
