@@ -10,7 +10,7 @@ from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
 from mae.convert.backbone import build_vit, load_backbone
 from mae.dense.pyramid import FEATURE_NAMES, SimpleFeaturePyramid, feature_pyramid
 from mae.models import create_model
-from tests.helpers import TINY_KWARGS, tiny_pretraining_checkpoint
+from tests.helpers import TINY_KWARGS, LabelledImages, finetune_module, make_trainer, tiny_pretraining_checkpoint
 
 
 def _vit(depth: int = 1):
@@ -78,6 +78,19 @@ def test_pyramid__from_a_pretraining_checkpoint_holds_its_encoder(tmp_path):
     for name, value in kept.items():
         torch.testing.assert_close(value, reference.state_dict()[name], rtol=0, atol=0)
     assert pyramid(torch.randn(1, 3, 64, 80))["pool"].shape == (1, 16, 4, 5)  # 4x the 16 px pretraining size
+
+
+def test_pyramid__from_a_classifier_finetuned_with_average_pooling(tmp_path):
+    # such a checkpoint has an fc_norm and no final norm; the pyramid keeps neither, so it loads all the blocks
+    module = finetune_module(checkpoint=str(tiny_pretraining_checkpoint(tmp_path)), global_pool="avg")
+    trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=0)
+    trainer.fit(module, datamodule=LabelledImages())
+    trainer.save_checkpoint(tmp_path / "finetuned.ckpt")
+    pyramid = feature_pyramid(tmp_path / "finetuned.ckpt", out_channels=16)
+    finetuned = module.vit.state_dict()
+    for name, value in pyramid.vit.state_dict().items():
+        torch.testing.assert_close(value, finetuned[name], rtol=0, atol=0)
+    assert not hasattr(pyramid.vit.norm, "weight") and not hasattr(pyramid.vit.fc_norm, "weight")
 
 
 def _scenes(count: int, size: int = 64) -> tuple[list[torch.Tensor], list[dict]]:

@@ -86,6 +86,14 @@ def adapt_patch_embed(state: dict[str, torch.Tensor], in_chans: int, report: Loa
     return state
 
 
+def pooling_of(ckpt: MAECheckpoint) -> str:
+    """The ``global_pool`` that loads every norm ``ckpt`` holds: "avg" for an encoder fine-tuned with
+    global average pooling (an ``fc_norm`` and no final ``norm``), else "token". Feature users that keep
+    neither norm (the dense pyramid) load either kind of checkpoint this way."""
+    state = ckpt.encoder_state_dict()
+    return "avg" if "fc_norm.weight" in state and "norm.weight" not in state else "token"
+
+
 def load_backbone(
     source: str | Path | MAECheckpoint,
     img_size: int | tuple[int, int] | None = None,

@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.optim import param_groups_layer_decay
 from torch import nn
 
-from mae.convert.backbone import build_vit, load_backbone
+from mae.convert.backbone import build_vit, load_backbone, pooling_of
 from mae.convert.sources import read_checkpoint
 from mae.data.views.normalize import normalization
 from mae.dense.pyramid import SCALES, SimpleFeaturePyramid
@@ -51,7 +51,9 @@ def build_pyramid(
             f"to train from a random initialisation"
         )
     ckpt = read_checkpoint(checkpoint, checkpoint_format)
-    vit = load_backbone(ckpt, img_size, in_chans=in_chans, dynamic_img_size=True, drop_path_rate=drop_path_rate)
+    vit = load_backbone(
+        ckpt, img_size, pooling_of(ckpt), in_chans=in_chans, dynamic_img_size=True, drop_path_rate=drop_path_rate
+    )
     rank_zero_info(str(vit.load_report))
     return SimpleFeaturePyramid(vit, **pyramid), ckpt.data
 

@@ -26,7 +26,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from mae.convert.backbone import load_backbone
+from mae.convert.backbone import load_backbone, pooling_of
+from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.dense.windows import block_in_windows, default_global_blocks, window_position_bias
 
 # The pyramid's scales relative to the ViT's stride-p map (ViTDet: strides 4, 8, 16, 32 for p = 16), and
@@ -217,7 +218,7 @@ class SimpleFeaturePyramid(nn.Module):
 
 
 def feature_pyramid(
-    source: "str | Path",
+    source: "str | Path | MAECheckpoint",
     out_channels: int = 256,
     block: int | Sequence[int] | None = None,
     window_size: int | None = None,
@@ -228,8 +229,12 @@ def feature_pyramid(
     **backbone_kwargs: Any,
 ) -> SimpleFeaturePyramid:
     """A ``SimpleFeaturePyramid`` over the pretrained encoder of ``source`` (any checkpoint format
-    ``mae.load_backbone`` reads; ``backbone_kwargs`` go to it: ``in_chans``, ``drop_path_rate``, ...)."""
-    vit = load_backbone(source, dynamic_img_size=True, **backbone_kwargs)
+    ``mae.load_backbone`` reads, fine-tuned classifiers included; ``backbone_kwargs`` go to it: ``in_chans``,
+    ``drop_path_rate``, ...)."""
+    if not isinstance(source, MAECheckpoint):
+        source = read_checkpoint(source, backbone_kwargs.pop("format", "auto"))
+    ckpt = source
+    vit = load_backbone(ckpt, global_pool=pooling_of(ckpt), dynamic_img_size=True, **backbone_kwargs)
     return SimpleFeaturePyramid(
         vit, out_channels, block, window_size, global_blocks, activation_checkpointing, scales, relative_position
     )
