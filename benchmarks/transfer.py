@@ -5,16 +5,26 @@ For each seed: ``detect.py`` (Mask R-CNN over the feature pyramid; COCO box and 
 ``segment.py`` (UperNet; mIoU, pixel accuracy) with the recipes ``configs/detect/default.yaml`` and
 ``configs/segment/default.yaml``, once from each pretrained encoder and once from a random encoder
 (``--model.checkpoint null``), same settings, same budget. Prints a markdown table (mean +- std over
-seeds, wall time) and keeps each run's metrics and its last prediction figure.
+seeds, wall time) and keeps each run's metrics and its last prediction figure. A finished run is recorded
+(``OUT/runs/NAME.json``) and reused when the same command line runs again with the same recipe file and
+checkpoint bytes, so an interrupted benchmark continues where it stopped and another encoder can join a
+finished comparison without rerunning it (a change of this code is not detected: delete ``OUT/runs``).
 
     python train.py --config configs/pretrain/digit_scenes.yaml   # the scenes encoder, once (~10 min)
     python train.py --config configs/pretrain/default.yaml        # the single-digit encoder, once (~3 min)
     python benchmarks/transfer.py                                 # both encoders and random, 3 seeds, both tasks
     python benchmarks/transfer.py --seeds 0 --tasks detect --encoders scenes=path/to/last.ckpt   # one of them
+
+Any checkpoint the pyramid loads can be a row, e.g. the default encoder fine-tuned for classification
+(``python finetune.py --config configs/finetune/default.yaml``, then
+``--encoders digits=runs/pretrain_default/version_0/checkpoints/last.ckpt
+finetuned=runs/finetune_default/version_0/checkpoints/last.ckpt``): it tells whether an encoder that knows
+the digits helps the detector at all.
 """
 
 import argparse
 import csv
+import hashlib
 import json
 import shutil
 import statistics
@@ -23,6 +33,7 @@ from pathlib import Path
 
 from mae.cli.dense import detect_main, segment_main
 from mae.convert.sources import read_checkpoint
+from mae.io.atomic import atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = {
@@ -46,13 +57,20 @@ def last_values(metrics_csv: Path, names: tuple[str, ...]) -> dict[str, float]:
     return found
 
 
+def sha256_of(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, float]:
     """One training run through the task's command line; its final validation metrics and wall time (s)."""
     main, config, names = TASKS[task]
     name = f"{task}_{init}_seed{seed}"
     checkpoint = "null" if init == RANDOM else str(args.encoders[init])
     out = args.out / "runs"
-    shutil.rmtree(out / name, ignore_errors=True)
     encoder = {key: args.encoder[key] for key in ENCODER_ARGS}
     argv = ["--config", str(REPO / config), "--seed_everything", str(seed),
             "--model.checkpoint", checkpoint,
@@ -63,6 +81,12 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
             "--data.init_args.num_val", str(args.num_val),
             "--trainer.max_epochs", str(args.epochs[task]), "--figures.every_n_epochs", str(args.epochs[task]),
     ]  # fmt: skip
+    record = out / f"{name}.json"  # written after the run: a rerun with the same inputs reuses it
+    inputs = {"argv": argv, "config": sha256_of(REPO / config), "checkpoint": init != RANDOM and sha256_of(checkpoint)}
+    if record.exists() and (done := json.loads(record.read_text()))["inputs"] == inputs:
+        print(f"{name}: reusing the finished run recorded in {record}", flush=True)
+        return done["result"]
+    shutil.rmtree(out / name, ignore_errors=True)
     start = time.perf_counter()
     cli = main(argv)
     seconds = time.perf_counter() - start
@@ -70,7 +94,10 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
     figure = log_dir / "predictions" / f"epoch_{args.epochs[task]:04d}.png"
     if figure.exists():
         shutil.copy(figure, args.out / f"{name}.png")
-    return {**last_values(log_dir / "metrics.csv", names), "seconds": seconds}
+    result = {**last_values(log_dir / "metrics.csv", names), "seconds": seconds}
+    text = json.dumps({"inputs": inputs, "result": result}, indent=2)
+    atomic_write(record, lambda tmp: tmp.write_text(text))
+    return result
 
 
 def summarise(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> str:

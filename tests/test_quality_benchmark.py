@@ -70,3 +70,15 @@ def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tm
     assert all(0 <= run[m] <= 1 for task in results.values() for runs in task.values() for run in runs
                for m in run if m != "seconds")  # fmt: skip
     assert (tmp_path / "out" / "detect_tiny_seed0.png").exists()
+
+    # the same command line again reuses the finished runs; another seed is trained
+    trained = []
+    transfer.TASKS["detect"] = (lambda argv, f=transfer.TASKS["detect"][0]: trained.append(argv) or f(argv),
+                                *transfer.TASKS["detect"][1:])  # fmt: skip
+    again = transfer.main([
+        "--encoders", f"tiny={checkpoint}", "--seeds", "0", "1", "--tasks", "detect", "--num-train", "32",
+        "--num-val", "8", "--detect-epochs", "2", "--scenes", str(tmp_path / "scenes"), "--out", str(tmp_path / "out"),
+    ])  # fmt: skip
+    assert [argv[argv.index("--seed_everything") + 1] for argv in trained] == ["1", "1"]  # tiny and random
+    first = [line for line in table.splitlines() if line.startswith("| detect | tiny | val/map |")][0]
+    assert f"| {first.split('|')[5].strip()}, " in again  # seed 0's value, reused, then seed 1's
