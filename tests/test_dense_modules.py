@@ -96,6 +96,15 @@ def _module(cls, **kwargs):
 
 
 @pytest.mark.parametrize("cls", [MAEDetectionModule, MAESegmentationModule])
+def test_dense_modules__a_checkpoint_of_another_network_is_refused_naming_the_setting(cls):
+    trained = _module(cls, window_size=4, global_blocks=[2], relative_position=True)
+    checkpoint = {"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams)}
+    _module(cls, window_size=4, global_blocks=[2], relative_position=True, lr=0.5).on_load_checkpoint(checkpoint)
+    with pytest.raises(ValueError, match=r"window_position_bias.*model\.relative_position: True there, False here"):
+        _module(cls, window_size=4, global_blocks=[2]).on_load_checkpoint(checkpoint)
+
+
+@pytest.mark.parametrize("cls", [MAEDetectionModule, MAESegmentationModule])
 def test_dense_modules__layer_decay_on_the_encoder_heads_at_full_lr_no_decay_on_norms(cls):
     module = _module(cls, layer_decay=0.5, weight_decay=0.05)
     groups = module.param_groups.groups(module.network)

@@ -124,6 +124,31 @@ class DenseTrainingModule(MAETrainingModule):
                                            hp.img_size, hp.in_chans, hp.drop_path_rate, pyramid)  # fmt: skip
         self.mean, self.std = input_normalization(data, hp.in_chans, hp.mean, hp.std)
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of a network built otherwise (``--ckpt_path`` under another config) before
+        Lightning's strict load would, naming the settings that differ rather than only tensor names.
+
+        Raises:
+            ValueError: the checkpoint's tensors do not fit this network: the first mismatched names and
+                every ``model.*`` setting whose value differs from the checkpoint's.
+        """
+        super().on_load_checkpoint(checkpoint)
+        ours = {name: tuple(t.shape) for name, t in self.state_dict().items()}
+        theirs = {name: tuple(t.shape) for name, t in checkpoint.get("state_dict", {}).items()}
+        if ours == theirs:
+            return
+        reshaped = sorted(name for name in set(ours) & set(theirs) if ours[name] != theirs[name])
+        mismatched = sorted(set(ours) ^ set(theirs)) + reshaped
+        saved = checkpoint.get("hyper_parameters", {})
+        differ = [f"model.{k}: {saved[k]!r} there, {v!r} here" for k, v in self.hparams.items()
+                  if k in saved and saved[k] != v]  # fmt: skip
+        raise ValueError(
+            f"the checkpoint's network does not fit this config's ({len(mismatched)} tensors missing, extra or "
+            f"of another shape, e.g. {', '.join(mismatched[:3])}); settings that differ from the checkpoint's: "
+            f"{'; '.join(differ) or 'none recorded'}. Use the checkpoint's values for the settings that shape the "
+            f"network (relative_position, window_size, block, scales, out_channels, head_channels, detector, model)"
+        )
+
     def plan_param_groups(self) -> None:
         """The parameter groups, fixed by name now (a strategy may wrap the parameters later)."""
         hp = self.hparams
