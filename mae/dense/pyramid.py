@@ -231,9 +231,9 @@ def feature_pyramid(
     """A ``SimpleFeaturePyramid`` over the pretrained encoder of ``source`` (any checkpoint format
     ``mae.load_backbone`` reads, fine-tuned classifiers included; ``backbone_kwargs`` go to it: ``in_chans``,
     ``drop_path_rate``, ...)."""
-    if not isinstance(source, MAECheckpoint):
-        source = read_checkpoint(source, backbone_kwargs.pop("format", "auto"))
     ckpt = source
+    if not isinstance(ckpt, MAECheckpoint):
+        ckpt = read_checkpoint(ckpt, backbone_kwargs.pop("format", "auto"))
     vit = load_backbone(ckpt, global_pool=pooling_of(ckpt), dynamic_img_size=True, **backbone_kwargs)
     return SimpleFeaturePyramid(
         vit, out_channels, block, window_size, global_blocks, activation_checkpointing, scales, relative_position
