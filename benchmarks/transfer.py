@@ -148,7 +148,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     p.add_argument("--num-train", type=int, default=400, help="training scenes")
     p.add_argument("--num-val", type=int, default=200, help="validation scenes")
-    p.add_argument("--detect-epochs", type=int, default=6)
+    p.add_argument("--detect-epochs", type=int, default=5)
     p.add_argument("--segment-epochs", type=int, default=10)
     p.add_argument("--scenes", type=Path, default=REPO / "data" / "digit_scenes_transfer")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "transfer_digits")
