@@ -162,9 +162,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _demo(*args: str, env: dict | None = None) -> subprocess.Popen:
+def _demo(*args: str, env: dict | None = None, sigint_ignored: bool = False) -> subprocess.Popen:
+    """The page's process; ``sigint_ignored``: started as a script's background job is (SIGINT ignored)."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return subprocess.Popen([sys.executable, "-m", "mae.demo", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore)  # fmt: skip
 
 
 def test_demo__a_busy_port_is_named_with_how_to_choose_another(checkpoint):
@@ -195,7 +197,10 @@ def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     port = _free_port()
-    process = _demo("--checkpoint", str(checkpoint), "--port", str(port), env={**os.environ, "TMPDIR": str(tmpdir)})
+    # started as a script's background job (`cmd &` in a script, some schedulers' wrappers): SIGINT comes
+    # in ignored, and Ctrl-C / kill -INT must still stop the page
+    environment = {**os.environ, "TMPDIR": str(tmpdir)}
+    process = _demo("--checkpoint", str(checkpoint), "--port", str(port), env=environment, sigint_ignored=True)
     try:
         deadline = time.time() + 180
         while time.time() < deadline and process.poll() is None:
@@ -229,14 +234,13 @@ def test_serve__an_interrupt_that_comes_while_launching_still_closes_the_server(
         def close(self):
             self.closed = True
 
-    page, handler = Page(), signal.getsignal(signal.SIGTERM)
+    page, handlers = Page(), (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     try:
         serve(page, "127.0.0.1", 1234)
     except KeyboardInterrupt:
         pytest.fail("the interrupt escaped serve() without closing the server")
-    finally:
-        signal.signal(signal.SIGTERM, handler)
     assert page.closed and page.options["share"] is False and page.options["server_port"] == 1234
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # restored
 
 
 # ---------------------------------------------------------------------------------------------------

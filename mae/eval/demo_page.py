@@ -423,7 +423,9 @@ def serve(page, host: str, port: int, max_upload_mb: float = DEFAULT_MAX_UPLOAD_
     if not block:
         page.launch(**launch, quiet=True)
         return
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Both handlers set here: a process started in the background by a script inherits SIGINT ignored
+    # (POSIX, for shells without job control), and Ctrl-C / kill -INT would then not stop the page.
+    previous = {number: signal.signal(number, _interrupt) for number in (signal.SIGINT, signal.SIGTERM)}
     # Gradio's own wait (launch without prevent_thread_lock) closes the server only when the interrupt
     # arrives inside it: one that comes while launch() is still finishing would leave the server thread
     # running and the process alive. Here the launch is inside the try as well.
@@ -435,6 +437,8 @@ def serve(page, host: str, port: int, max_upload_mb: float = DEFAULT_MAX_UPLOAD_
         print("stopping the page")
     finally:
         page.close()
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _interrupt(signum, frame) -> None:
