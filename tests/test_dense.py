@@ -85,12 +85,17 @@ def test_pyramid__from_a_classifier_finetuned_with_average_pooling(tmp_path):
     module = finetune_module(checkpoint=str(tiny_pretraining_checkpoint(tmp_path)), global_pool="avg")
     trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=0)
     trainer.fit(module, datamodule=LabelledImages())
-    trainer.save_checkpoint(tmp_path / "finetuned.ckpt")
-    pyramid = feature_pyramid(tmp_path / "finetuned.ckpt", out_channels=16)
+    checkpoint = tmp_path / "finetuned.ckpt"
+    trainer.save_checkpoint(checkpoint)
+    pyramid = feature_pyramid(checkpoint, out_channels=16)
     finetuned = module.vit.state_dict()
     for name, value in pyramid.vit.state_dict().items():
         torch.testing.assert_close(value, finetuned[name], rtol=0, atol=0)
     assert not hasattr(pyramid.vit.norm, "weight") and not hasattr(pyramid.vit.fc_norm, "weight")
+    # token features need the final norm it lacks: refused with the pooling that fits, which loads
+    with pytest.raises(ValueError, match=r"finetuned.ckpt is an encoder fine-tuned with global average.*'avg'"):
+        load_backbone(checkpoint)
+    torch.testing.assert_close(load_backbone(checkpoint, global_pool="avg").fc_norm.weight, module.vit.fc_norm.weight)
 
 
 def _scenes(count: int, size: int = 64) -> tuple[list[torch.Tensor], list[dict]]:

@@ -125,6 +125,12 @@ def load_backbone(
         per-block feature maps. The load report is logged and kept as ``model.load_report``.
     """
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
+    if global_pool == "token" and pooling_of(ckpt) == "avg":
+        raise ValueError(
+            f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final norm), so "
+            f"its cls token has no trained norm to pass through: load it with global_pool='avg' (the mean of the "
+            f"patch tokens through its fc_norm; --model.global_pool avg for finetune.py)"
+        )
     config = dict(ckpt.config)
     if num_heads is not None:
         config["num_heads"] = num_heads
