@@ -24,6 +24,7 @@ the digits helps the detector at all.
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
 import shutil
@@ -57,6 +58,7 @@ def last_values(metrics_csv: Path, names: tuple[str, ...]) -> dict[str, float]:
     return found
 
 
+@functools.cache  # an encoder's checkpoint (up to GBs) is read once for all its runs
 def sha256_of(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
     ]  # fmt: skip
     record = out / f"{name}.json"  # written after the run: a rerun with the same inputs reuses it
     inputs = {"argv": argv, "config": sha256_of(REPO / config), "checkpoint": init != RANDOM and sha256_of(checkpoint)}
-    if record.exists() and (done := json.loads(record.read_text()))["inputs"] == inputs:
+    if record.exists() and (done := json.loads(record.read_text())).get("inputs") == inputs:
         print(f"{name}: reusing the finished run recorded in {record}", flush=True)
         return done["result"]
     shutil.rmtree(out / name, ignore_errors=True)
