@@ -102,6 +102,9 @@ def test_dense_modules__a_checkpoint_of_another_network_is_refused_naming_the_se
     _module(cls, window_size=4, global_blocks=[2], relative_position=True, lr=0.5).on_load_checkpoint(checkpoint)
     with pytest.raises(ValueError, match=r"window_position_bias.*model\.relative_position: True there, False here"):
         _module(cls, window_size=4, global_blocks=[2]).on_load_checkpoint(checkpoint)
+    loose = _module(cls, window_size=4, global_blocks=[2])
+    loose.strict_loading = False
+    loose.on_load_checkpoint(checkpoint)  # a loose load (Lightning's strict_loading off) is left alone
 
 
 @pytest.mark.parametrize("cls", [MAEDetectionModule, MAESegmentationModule])
