@@ -129,7 +129,8 @@ def load_backbone(
         raise ValueError(
             f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final norm), so "
             f"its cls token has no trained norm to pass through: load it with global_pool='avg' (the mean of the "
-            f"patch tokens through its fc_norm; --model.global_pool avg for finetune.py)"
+            f"patch tokens through its fc_norm; --model.global_pool avg for finetune.py). Embedding, kNN / probe "
+            f"features and the ONNX export read the final norm: give them the pretraining checkpoint it came from"
         )
     config = dict(ckpt.config)
     if num_heads is not None:
