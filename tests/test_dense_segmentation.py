@@ -212,6 +212,36 @@ def test_data_module__training_views_crop_pad_and_flip_image_and_mask_together(t
     assert {True, False} <= flipped and padded > 0  # both orientations seen, and crops of small rescales padded
 
 
+def test_data_module__flip_off_keeps_every_view_in_its_orientation(tmp_path):
+    for i in range(4):
+        _write_pair(tmp_path, f"t{i}", _blocks(32, 32, 16))
+    _write_pair(tmp_path, "v0", _blocks(32, 32, 16), split="val")
+    data = _module(tmp_path, flip=False, scale_range=(1.0, 1.0))
+    data.setup("fit")
+    torch.manual_seed(0)
+    for _ in range(8):
+        for image, mask in zip(*next(iter(data.train_dataloader())), strict=True):
+            assert torch.equal(mask, torch.as_tensor(_blocks(32, 32, 16)).long())  # 16 draws: unflipped every time
+            assert _aligned(image, mask) > 0  # the image unflipped with its mask
+
+
+def test_digit_scenes__training_views_are_the_written_scenes_unflipped(tmp_path):
+    from mae.dense.segmentation_data import DigitScenesSegmentation
+
+    data = DigitScenesSegmentation(tmp_path / "scenes", num_train=6, num_val=2, batch_size=6)
+    data.setup("fit")
+    assert not data.flip  # a mirrored digit is no digit
+    torch.manual_seed(0)
+    for _ in range(4):
+        for index in range(len(data.train_set)):
+            image, mask = data.train_set[index]
+            name = f"{index:06d}.png"
+            written_mask = np.asarray(Image.open(tmp_path / "scenes" / "masks" / "train" / name))
+            written_image = np.asarray(Image.open(tmp_path / "scenes" / "images" / "train" / name))
+            assert torch.equal(mask, torch.as_tensor(written_mask).long())
+            assert torch.equal((image * 255).round().byte(), torch.as_tensor(written_image).permute(2, 0, 1))
+
+
 def test_data_module__validation_batches_are_resized_and_padded_with_ignore_index(tmp_path):
     _write_pair(tmp_path, "t0", _blocks(32, 32, 16))
     _write_pair(tmp_path, "a", _blocks(48, 64, 16), split="val")  # short side 48 -> 32: 32 x 42

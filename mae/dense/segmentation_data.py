@@ -251,7 +251,7 @@ class SegmentationDataModule(pl.LightningDataModule):
     crop's cap on one class's share: the short side rescaled to ``img_size`` times a ratio drawn from
     ``scale_range`` (mmseg's ``RandomResize`` relative to its scale; the long side is not capped), a random
     ``img_size`` crop (padded with 0 in the image and ``ignore_index`` in the mask where the rescaled image
-    is smaller), a horizontal flip. Validation images are resized to short side ``img_size`` (masks by
+    is smaller), a horizontal flip (``flip``). Validation images are resized to short side ``img_size`` (masks by
     nearest neighbour) and padded per batch to a common size, masks with ``ignore_index``: the mIoU is
     computed at that resolution, where mmseg computes it at each image's original one.
 
@@ -267,6 +267,8 @@ class SegmentationDataModule(pl.LightningDataModule):
         class_names: the classes' names, for per-class metrics.
         img_size: training crop side and validation short side, in pixels (ADE20K: 512).
         scale_range: (low, high) ratio of the training rescale's short side to ``img_size``.
+        flip: the training views' random horizontal flip (mmseg's, on by default); off where a mirrored
+            object is another class or none (digits, text, left / right classes).
         batch_size: images per device per step.
         num_workers: loader worker processes per device.
         pin_memory: page-locked host memory for faster host-to-GPU copies.
@@ -286,6 +288,7 @@ class SegmentationDataModule(pl.LightningDataModule):
         class_names: list[str] | None = None,
         img_size: int = 512,
         scale_range: tuple[float, float] = (0.5, 2.0),
+        flip: bool = True,
         batch_size: int = 16,
         num_workers: int = 8,
         pin_memory: bool = True,
@@ -308,7 +311,7 @@ class SegmentationDataModule(pl.LightningDataModule):
         self._num_classes, self._ignore_index = num_classes, ignore_index
         self.reduce_zero_label = reduce_zero_label
         self._class_names = class_names
-        self.img_size, self.scale_range = img_size, (low, high)
+        self.img_size, self.scale_range, self.flip = img_size, (low, high), flip
         self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
         self.check_labels = check_labels
         self.train_set: SegmentationFolder | None = None
@@ -331,11 +334,11 @@ class SegmentationDataModule(pl.LightningDataModule):
     def train_transform(self) -> v2.Transform:
         low, high = self.scale_range
         fill = {tv_tensors.Image: 0, tv_tensors.Mask: self.ignore_index}
-        return v2.Compose([
+        views = [
             v2.RandomResize(round(low * self.img_size), round(high * self.img_size) + 1),  # short side, max exclusive
             v2.RandomCrop(self.img_size, pad_if_needed=True, fill=fill),
-            v2.RandomHorizontalFlip(),
-        ])  # fmt: skip
+        ]
+        return v2.Compose(views + [v2.RandomHorizontalFlip()] if self.flip else views)
 
     def val_transform(self) -> v2.Transform:
         return v2.Resize(self.img_size)
@@ -385,6 +388,8 @@ class DigitScenesSegmentation(SegmentationDataModule):
         img_size: the training crop; 64 keeps whole scenes.
         scale_range: the training rescale (default (1, 1): the scenes as they are; the digits were
             pretrained at one scale).
+        flip: off by default, as in ``DigitScenesDataModule``: a mirrored digit is no digit (and trained
+            with its digit's label, it teaches the segmenter a second, false shape of each class).
         batch_size, num_workers: the loaders'.
     """
 
@@ -397,13 +402,14 @@ class DigitScenesSegmentation(SegmentationDataModule):
         seed: int = 0,
         img_size: int = 64,
         scale_range: tuple[float, float] = (1.0, 1.0),
+        flip: bool = False,
         batch_size: int = 16,
         num_workers: int = 0,
     ) -> None:
         super().__init__(
             root, num_classes=len(CATEGORIES) + 1, images="images/{split}", masks="masks/{split}", train_split="train",
             val_split="val", class_names=["background", *(c["name"] for c in CATEGORIES)], img_size=img_size,
-            scale_range=scale_range, batch_size=batch_size, num_workers=num_workers, pin_memory=False,
+            scale_range=scale_range, flip=flip, batch_size=batch_size, num_workers=num_workers, pin_memory=False,
             check_labels=None,
         )  # fmt: skip
         self.scene_kwargs = dict(num_train=num_train, num_val=num_val, canvas=canvas, seed=seed)
