@@ -11,7 +11,12 @@ from torch.nn import functional as F
 
 from mae.convert.backbone import build_vit
 from mae.dense.pyramid import SimpleFeaturePyramid
-from mae.dense.segmentation_data import SegmentationDataModule, SegmentationFolder, collate_padded
+from mae.dense.segmentation_data import (
+    DigitScenesSegmentation,
+    SegmentationDataModule,
+    SegmentationFolder,
+    collate_padded,
+)
 from mae.dense.segmentation_metrics import SegmentationMetrics
 from mae.dense.upernet import UperNetHead, upsample_logits
 from mae.models import create_model
@@ -226,8 +231,6 @@ def test_data_module__flip_off_keeps_every_view_in_its_orientation(tmp_path):
 
 
 def test_digit_scenes__training_views_are_the_written_scenes_unflipped(tmp_path):
-    from mae.dense.segmentation_data import DigitScenesSegmentation
-
     data = DigitScenesSegmentation(tmp_path / "scenes", num_train=6, num_val=2, batch_size=6)
     data.setup("fit")
     assert not data.flip  # a mirrored digit is no digit

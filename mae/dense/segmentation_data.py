@@ -338,7 +338,7 @@ class SegmentationDataModule(pl.LightningDataModule):
             v2.RandomResize(round(low * self.img_size), round(high * self.img_size) + 1),  # short side, max exclusive
             v2.RandomCrop(self.img_size, pad_if_needed=True, fill=fill),
         ]
-        return v2.Compose(views + [v2.RandomHorizontalFlip()] if self.flip else views)
+        return v2.Compose((views + [v2.RandomHorizontalFlip()]) if self.flip else views)
 
     def val_transform(self) -> v2.Transform:
         return v2.Resize(self.img_size)
