@@ -128,23 +128,49 @@ def write_config(tmp: Path, config: dict, name: str) -> Path:
     return path
 
 
-def run_script(script: str, *args: str, config: dict | None = None, tmp: Path | None = None, timeout: int = 300,
-               check: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
-    """Run ``python <script> [--config <config as YAML in tmp>] *args`` in the repository.
+def _command(script: str) -> list[str]:
+    return script.split() if script.startswith("-m ") else [str(REPO / script)]
 
-    ``script`` is a file (``train.py``) or ``-m module``; with ``check`` a non-zero exit fails the
-    test, showing the output's tail.
-    """
-    command = script.split() if script.startswith("-m ") else [str(REPO / script)]
-    if config is not None:
-        path = write_config(tmp, config, f"{Path(command[-1]).stem}-{len(list(tmp.glob('*.yaml')))}")
-        args = ("--config", str(path), *args)
-    result = subprocess.run(
-        [sys.executable, *command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
+
+def _with_config(args: tuple[str, ...], command: list[str], config: dict | None, tmp: Path | None) -> tuple[str, ...]:
+    if config is None:
+        return args
+    path = write_config(tmp, config, f"{Path(command[-1]).stem}-{len(list(tmp.glob('*.yaml')))}")
+    return ("--config", str(path), *args)
+
+
+def _checked(result: subprocess.CompletedProcess, check: bool) -> subprocess.CompletedProcess:
     if check:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+def run_script(script: str, *args: str, config: dict | None = None, tmp: Path | None = None, timeout: int = 300,
+               check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run ``python <script> [--config <config as YAML in tmp>] *args`` in the repository, as a forked
+    child of an interpreter that has imported the project (``tests.forked_commands``: a second, not
+    the import's 6).
+
+    ``script`` is a file (``train.py``) or ``-m module``; ``env`` replaces the environment; with
+    ``check`` a non-zero exit fails the test, showing the output's tail. A test about the process
+    itself (signals, DDP, the interpreter's start-up) uses ``run_process``.
+    """
+    from tests.forked_commands import run_forked
+
+    command = _command(script)
+    args = _with_config(args, command, config, tmp)
+    return _checked(run_forked([*command, *args], REPO, timeout, env), check)
+
+
+def run_process(script: str, *args: str, config: dict | None = None, tmp: Path | None = None, timeout: int = 300,
+                check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """``run_script`` in a fresh interpreter (``subprocess.run``): what a user's shell starts."""
+    command = _command(script)
+    args = _with_config(args, command, config, tmp)
+    result = subprocess.run(
+        [sys.executable, *command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+    )
+    return _checked(result, check)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

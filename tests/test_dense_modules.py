@@ -11,7 +11,15 @@ from mae.cli.dense import detect_main, segment_main
 from mae.dense.detection import MAEDetectionModule
 from mae.dense.scenes import write_digit_scenes
 from mae.dense.segmentation import MAESegmentationModule
-from tests.helpers import REPO, TINY_KWARGS, csv_logger, read_metrics, run_script, tiny_pretraining_checkpoint
+from tests.helpers import (
+    REPO,
+    TINY_KWARGS,
+    csv_logger,
+    read_metrics,
+    run_process,
+    run_script,
+    tiny_pretraining_checkpoint,
+)
 
 SCENES = dict(num_train=8, num_val=4, canvas=64, seed=0)
 TINY_HEADS = {"out_channels": 16, "scales": [2, 1, 0.5, 0.25], "warmup_epochs": 0, "base_lr": 1e-2}
@@ -43,6 +51,7 @@ def _detect_config(tmp: Path, checkpoint: Path, name: str) -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_detect__trains_mask_rcnn_logs_coco_map_draws_predictions_then_evaluates_only(setup):
     tmp, checkpoint = setup
     config = _detect_config(tmp, checkpoint, "detect")
@@ -163,7 +172,7 @@ def _scenes_as_recipe_data(scenes: Path, segmentation: bool) -> list[str]:
 
 @pytest.mark.parametrize(
     "main, recipe",
-    [(detect_main, "configs/detect/coco_vitdet_base_mask_rcnn.yaml"),
+    [pytest.param(detect_main, "configs/detect/coco_vitdet_base_mask_rcnn.yaml", marks=pytest.mark.slow),
      (segment_main, "configs/segment/ade20k_upernet_vit_base.yaml")],
 )  # fmt: skip
 def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_input(setup, main, recipe, monkeypatch):
@@ -195,6 +204,8 @@ def test_default_configs__parse(main, config, capsys):
     assert "class_path: mae.dense." in capsys.readouterr().out
 
 
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("script", ["segment.py", "detect.py"])
 def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, script):
     tmp, checkpoint = setup
@@ -210,7 +221,7 @@ def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, s
         metric = "val/miou"
     config["data"]["init_args"].update(root=str(tmp / "scenes_ddp"), **scenes, batch_size=2)
     config["trainer"] = {**_trainer(tmp, name, epochs=1), "devices": 2, "strategy": "ddp"}
-    run_script(script, config=config, tmp=tmp, timeout=400)
+    run_process(script, config=config, tmp=tmp, timeout=400)
     logged = [float(r[metric]) for r in read_metrics(tmp / "runs" / name / "version_0") if r.get(metric)][-1]
     single = {**config, "trainer": _trainer(tmp, f"{name}_single", epochs=1)}
     last = str(tmp / name / "ckpts" / "last.ckpt")

@@ -9,7 +9,9 @@ import torch
 import yaml
 
 from mae.convert.backbone import load_backbone
-from tests.helpers import TINY_MODEL, csv_logger, run_script, write_config, write_image_folder
+from tests.helpers import TINY_MODEL, csv_logger, run_process, run_script, write_config, write_image_folder
+
+pytestmark = [pytest.mark.ddp, pytest.mark.timeout(900)]  # the module fixture runs two 400 s-limited commands
 
 
 def _run(script: str, config: dict, tmp: Path, name: str, devices: int, *extra: str) -> str:
@@ -22,7 +24,8 @@ def _run(script: str, config: dict, tmp: Path, name: str, devices: int, *extra: 
     config["trainer"]["logger"]["init_args"]["name"] = name
     config["checkpoint"] = {"dirpath": str(tmp / name / "ckpts"), "every_n_epochs": 1, "save_top_k": -1,
                             "monitor": None}  # fmt: skip
-    result = run_script(script, "--config", str(write_config(tmp, config, name)), *extra, timeout=400)
+    run = run_process if devices > 1 else run_script  # only DDP needs a fresh interpreter (its launcher re-runs it)
+    result = run(script, "--config", str(write_config(tmp, config, name)), *extra, timeout=400)
     return result.stdout + result.stderr
 
 

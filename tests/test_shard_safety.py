@@ -6,7 +6,6 @@ is refused; each conversion has its own litdata cache; file names (newlines, not
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import boto3
@@ -16,7 +15,7 @@ from PIL import Image
 
 from mae.data.sources.shard_format import read_metadata
 from mae.data.tools.shard import main as shard_main
-from tests.helpers import REPO, TINY_MODEL, run_script, write_config, write_image_folder
+from tests.helpers import TINY_MODEL, run_script, write_config, write_image_folder
 from tests.test_streaming import s3  # noqa: F401  (the moto S3 server fixture)
 
 FAST = ("--workers", "1", "--start-method", "fork")  # fork: no re-import per worker
@@ -24,8 +23,7 @@ FAST = ("--workers", "1", "--start-method", "fork")  # fork: no re-import per wo
 
 def shard_cli(src: Path, out: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m mae.data.shard SRC OUT`` as a user runs it (not raising on failure)."""
-    command = [sys.executable, "-m", "mae.data.shard", str(src), out, *FAST, *extra]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    return run_script("-m mae.data.shard", str(src), out, *FAST, *extra, check=False, env=env)
 
 
 def shard_here(src: Path, out: str, *extra: str) -> dict:

@@ -7,8 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -36,6 +34,7 @@ from tests.helpers import (
     image_ids,
     make_trainer,
     pretrain_module,
+    run_process,
     run_script,
     write_id_images,
     write_image_folder,
@@ -347,13 +346,13 @@ record = {{"train": module.seen, "val": module.val_seen, "features": features}}
 """
 
 
+@pytest.mark.ddp
 def test_streaming__ddp_ranks_see_disjoint_parts_that_cover_each_epoch(id_shards, tmp_path):
     """Training: each rank half of every epoch, disjoint, together all. Validation: every image exactly
     once across the ranks (7 images: uneven). kNN / probe feature sets: the whole split on each rank."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(repo=str(REPO), tmp=str(tmp_path), root=str(id_shards)))
-    result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_process(str(script))
     ranks = [json.loads((tmp_path / f"ids_{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
         parts = [[i for e, i in rank["train"] if e == epoch] for rank in ranks]
@@ -494,6 +493,7 @@ def test_gpu_decode__encoded_batches_decode_in_the_batch_hook(id_shards, tmp_pat
 # ---------------------------------------------------------------- the entry points on shards
 
 
+@pytest.mark.slow
 def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_path):
     data = {"class_path": "mae.data.StreamingDataModule",
             "init_args": {"root": str(local_shards), "img_size": 16, "batch_size": 4, "num_workers": 1,
