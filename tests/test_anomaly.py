@@ -299,6 +299,7 @@ def test_anomaly_command__unlabelled_folder_raw_errors_no_figures(smooth_checkpo
     assert "give --normal, a folder of defect-free images" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_anomaly_command__bad_input_named_with_the_fix(smooth_checkpoint, tmp_path):
     tree = write_tree(tmp_path / "part")
     out = str(tmp_path / "out")

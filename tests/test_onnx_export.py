@@ -68,6 +68,7 @@ def _metadata(path) -> dict[str, str]:
     return {p.key: p.value for p in onnx.load(str(path)).metadata_props}
 
 
+@pytest.mark.slow
 def test_onnx_export__command_line_one_channel_pooled_dynamic_batch_into_a_missing_folder(model, checkpoint, tmp_path):
     out = tmp_path / "new" / "deeper" / "encoder.onnx"  # folders that do not exist yet
     result = run_script("-m mae.export", str(checkpoint), str(out), "--dynamic-batch", "--pool", "avg")

@@ -20,6 +20,7 @@ def _load(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_throughput_benchmark__interleaved_table_against_hugging_face(tmp_path, capsys):
     throughput = _load("throughput")
     rows = throughput.main([
@@ -36,6 +37,7 @@ def test_throughput_benchmark__interleaved_table_against_hugging_face(tmp_path, 
     assert (tmp_path / "rows.json").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_throughput_benchmark__contenders_and_memory_probe():
     throughput = _load("throughput")
     default = [c for c in throughput.contenders(torch.device("cpu"), ["default", "ablations"])]
@@ -47,6 +49,7 @@ def test_throughput_benchmark__contenders_and_memory_probe():
     assert 10 < mib < 2000  # activations of 32 images, gradients and AdamW state of a 6M-parameter model
 
 
+@pytest.mark.slow
 def test_throughput_benchmark__shipped_allocators_time_each_block_in_its_own_process(tmp_path):
     """``--allocator shipped``: ours keeps freed memory (as train.py), Hugging Face runs with glibc's
     defaults, each timed block in a fresh process with that setting."""

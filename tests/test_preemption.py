@@ -107,6 +107,8 @@ def test_group_sigterm__streaming_workers(tmp_path):
     assert paused_at <= _last(tmp_path, "stream")["global_step"] <= paused_at + 1
 
 
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
 def test_group_sigterm__ddp_two_processes_with_workers(tmp_path):
     config = _config(tmp_path, "ddp", "step", _folder_data(tmp_path), devices=2, strategy="ddp")
     proc = _start(config)

@@ -25,7 +25,7 @@ def _problem(separation: float, seed: int) -> tuple[FeatureStore, FeatureStore, 
     return FeatureStore(x[:3000], y[:3000]), FeatureStore(x[3000:], y[3000:]), x
 
 
-@pytest.mark.parametrize("separation, seed", [(1.0, 0), (1.5, 1)])
+@pytest.mark.parametrize("separation, seed", [(1.0, 0), pytest.param(1.5, 1, marks=pytest.mark.slow)])
 def test_probe__reaches_logistic_regression_within_one_point(separation, seed):
     train, val, _ = _problem(separation, seed)
     ours = train_probe(train, val, 10)
@@ -34,6 +34,7 @@ def test_probe__reaches_logistic_regression_within_one_point(separation, seed):
     assert ours.epochs < 100 and len(ours.grid) == 18  # converged (early stop), 6 lrs x 3 weight decays
 
 
+@pytest.mark.slow
 def test_probe__selection_never_looks_at_the_validation_split_and_is_deterministic():
     train, val, _ = _problem(1.0, 0)
     first = train_probe(train, val, 10)
@@ -45,6 +46,7 @@ def test_probe__selection_never_looks_at_the_validation_split_and_is_determinist
     assert blind.val_acc1 < first.val_acc1 - 20  # only the score changed
 
 
+@pytest.mark.slow
 def test_probe__features_on_disk_read_in_chunks_give_the_same_result(tmp_path):
     train, val, x = _problem(1.0, 0)
     images = torch.utils.data.TensorDataset(torch.from_numpy(x[:3000]), torch.from_numpy(train.labels))

@@ -4,9 +4,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # each trains tiny models through a whole benchmark (13-29 s)
 
 
 def test_quality_benchmark__tiny_run_writes_table_and_plots(tmp_path):

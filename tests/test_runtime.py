@@ -72,6 +72,7 @@ def test_pretrain_module__resolves_settings_for_device_precision_and_length(tmp_
         pretrain_module(attention="flash")
 
 
+@pytest.mark.slow
 def test_pretrain_module__compiled_model_trains_and_saves_plain_names(tmp_path):
     torch.manual_seed(0)
     eager, _ = _fit(tmp_path, "32-true", compile=False)

@@ -1,0 +1,114 @@
+"""The suite's own machinery: the tiers' markers are applied from what a test runs, an unmarked test
+that starts an interpreter fails naming the fix, a hung test fails alone, and a forked command
+behaves as the same command in a fresh interpreter."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, run_process, run_script
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = (Path(__file__).parent / "conftest.py").read_text()
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A scratch suite with this suite's conftest and pyproject settings (markers, strict markers,
+    per-test timeout)."""
+    pytester.makeconftest(CONFTEST)
+    settings = (REPO / "pyproject.toml").read_text().split("[tool.pytest.ini_options]")[1].split("\n[")[0]
+    pytester.makepyprojecttoml("[tool.pytest.ini_options]" + settings.replace('testpaths = ["tests"]', ""))
+    pytester.makepyfile(
+        test_scratch=textwrap.dedent(
+            """
+            import subprocess, sys, time
+            import pytest
+            from tests.helpers import run_process, run_script
+
+            def _start_python():
+                subprocess.Popen([sys.executable, "-c", "pass"]).wait()
+
+            def test_plain():
+                assert 1 + 1 == 2
+
+            def test_through_a_helper_that_starts_python():
+                _start_python()
+
+            def test_with_run_process(tmp_path):
+                if False:
+                    run_process("train.py")
+
+            def test_with_run_script():
+                if False:
+                    run_script("train.py")
+
+            def test_an_unseen_interpreter():
+                subprocess.run([sys.executable, "-c", "pass"])
+
+            @pytest.fixture
+            def browser():
+                yield None
+
+            def test_in_the_browser(browser):
+                pass
+
+            @pytest.mark.ddp
+            def test_two_processes():
+                pass
+
+            @pytest.mark.timeout(1)
+            def test_hangs():
+                time.sleep(30)
+            """
+        )
+    )
+    return pytester
+
+
+def test_tiers__markers_follow_what_the_test_runs(suite):
+    fast = suite.runpytest_inprocess("-m", "not slow", "--collect-only", "-q", "-p", "no:cacheprovider")
+    collected = {line.split("::")[1] for line in fast.outlines if "::" in line}
+    assert collected == {"test_plain", "test_with_run_script", "test_an_unseen_interpreter", "test_hangs"}
+    browser = suite.runpytest_inprocess("-m", "browser", "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert [line.split("::")[1] for line in browser.outlines if "::" in line] == ["test_in_the_browser"]
+
+
+def test_tiers__an_unmarked_interpreter_fails_naming_the_fix_and_a_hang_fails_alone(suite):
+    result = suite.runpytest_inprocess("-m", "not slow", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=2)
+    output = result.stdout.str()
+    assert "test_an_unseen_interpreter starts a fresh Python interpreter" in output and "run_script" in output
+    assert "Timeout" in output and "test_hangs" in output
+
+
+def test_tiers__an_unregistered_marker_is_refused(suite):
+    suite.makepyfile(test_typo="import pytest\n\n@pytest.mark.slwo\ndef test_x():\n    pass\n")
+    result = suite.runpytest_inprocess("test_typo.py", "-p", "no:cacheprovider")
+    assert "'slwo' not found in `markers` configuration option" in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m mae.data.stats", "/nonexistent/folder"],  # a project error: exit 2, the message alone
+        ["-m mae.knn", "--no-such-flag"],  # the parser's error
+        ["train.py", "--help"],  # a success, LightningCLI's help on stdout
+    ],
+    ids=["project-error", "parser-error", "help"],
+)
+def test_forked_command__same_exit_status_and_output_as_a_fresh_interpreter(command):
+    forked, fresh = run_script(*command, check=False), run_process(*command, check=False)
+    assert forked.returncode == fresh.returncode
+    assert forked.stdout == fresh.stdout
+    assert forked.stderr.strip().splitlines()[-1:] == fresh.stderr.strip().splitlines()[-1:]
+
+
+def test_forked_command__an_uncaught_exception_prints_its_traceback_and_exits_1(tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text("import sys\nprint('before', sys.argv[1:])\nraise KeyError('boom')\n")
+    result = run_script(str(script), "a", check=False)
+    assert result.returncode == 1 and result.stdout == "before ['a']\n"
+    assert "Traceback" in result.stderr and result.stderr.strip().endswith("KeyError: 'boom'")
