@@ -89,6 +89,18 @@ def run_command(main: Callable[[], Any]) -> Any:
             raise
         print(f"error: {project_error}", file=sys.stderr, flush=True)
         sys.exit(USAGE_ERROR_EXIT_CODE)
+    finally:
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Destroy the DDP process group a run left open (Lightning leaves it to the caller). At interpreter
+    exit, an open gloo group's threads could be torn down joinable, aborting a finished run with
+    "terminate called without an active exception" (seen once in 2-process CPU DDP), so the scheduler
+    saw a failure; PyTorch asks for ``destroy_process_group()`` before exit."""
+    distributed = sys.modules.get("torch.distributed")  # a command that never imported torch has none
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
 
 
 def own_error(err: BaseException) -> BaseException | None:

@@ -118,3 +118,23 @@ def test_every_entry_point_runs_through_run_command(entry_point):
     tree = ast.parse((REPO / entry_point).read_text())
     main_block = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
     assert main_block and "run_command(" in ast.unparse(main_block[0]), entry_point
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+def test_run_command__closes_the_process_group_a_run_left_open(ends, tmp_path, monkeypatch):
+    """Lightning leaves DDP's group open; a command closes it whether it ends well or not."""
+    import torch.distributed as dist
+
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+    def run():
+        assert dist.is_initialized()
+        if ends == "raises":
+            raise ValueError("the run's own failure")
+
+    try:
+        run_command(run)
+    except ValueError:
+        assert ends == "raises"
+    assert not dist.is_initialized()
