@@ -252,6 +252,12 @@ def _start(config: Path, *extra: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
+def _finish(config: Path, *extra: str) -> tuple[int, str]:
+    """``train.py`` run to its end with no signal (a resume): a forked command; (exit status, output)."""
+    result = run_script("train.py", "--config", str(config), *extra, timeout=300, check=False)
+    return result.returncode, result.stdout + result.stderr
+
+
 def _wait_for_training(proc: subprocess.Popen) -> None:
     for line in proc.stdout:  # the schedule line is printed just before the first step
         if "effective batch" in line:
@@ -272,9 +278,8 @@ def test_faults__sigkill_at_random_moments_then_resume_completes(tmp_path):
         for ckpt in (tmp_path / "ckpts").glob("*.ckpt"):  # whatever is on disk loads
             torch.load(ckpt, map_location="cpu", weights_only=True)
     last = tmp_path / "ckpts" / "last.ckpt"
-    proc = _start(config, *(["--ckpt_path", str(last)] if last.exists() else []))
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
+    code, out = _finish(config, *(["--ckpt_path", str(last)] if last.exists() else []))
+    assert code == 0, out[-3000:]
     final = torch.load(last, map_location="cpu", weights_only=True)
     assert final["epoch"] == 5 and final["global_step"] == 6 * 8
 
@@ -323,9 +328,8 @@ def test_faults__sigterm_saves_a_resumable_checkpoint(tmp_path):
     assert saved["global_step"] > 0
     check_resume_checkpoint(last, pretrain_module(img_size=16))
     epochs = saved["epoch"] + 2  # finish the interrupted epoch and one more
-    proc = _start(config, "--ckpt_path", str(last), "--trainer.max_epochs", str(epochs))
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
+    code, out = _finish(config, "--ckpt_path", str(last), "--trainer.max_epochs", str(epochs))
+    assert code == 0, out[-3000:]
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == epochs * 8
 
 
@@ -351,9 +355,8 @@ def test_faults__sigterm_twice_with_the_same_command_line_completes_in_one_run_f
         stopped_at.append(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"])
     orphan = run / "checkpoints" / ".last.ckpt.tmp-999999999"  # a kill during a save left this
     orphan.write_bytes(b"partial")
-    proc = _start(config, "--ckpt_path", "last")
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
+    code, out = _finish(config, "--ckpt_path", "last")
+    assert code == 0, out[-3000:]
     assert 0 < stopped_at[0] < stopped_at[1] < 96
     assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # one run folder
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 96
@@ -365,12 +368,18 @@ def test_faults__sigterm_twice_with_the_same_command_line_completes_in_one_run_f
 
 
 def test_determinism__same_seed_same_losses_step_by_step(tmp_path):
+    """Two processes, one a fresh interpreter and one forked from the test's preloaded server (another
+    hash seed, other import order): the same losses."""
     losses = []
     for name in ("one", "two"):
         config = _config(tmp_path, name, max_epochs=2)
-        proc = _start(config)
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out[-3000:]
+        if name == "one":
+            proc = _start(config)
+            out, _ = proc.communicate(timeout=300)
+            code = proc.returncode
+        else:
+            code, out = _finish(config)
+        assert code == 0, out[-3000:]
         with open(tmp_path / "runs" / name / "version_0" / "metrics.csv") as f:
             losses.append([r["train/loss_step"] for r in csv.DictReader(f) if r.get("train/loss_step")])
     assert len(losses[0]) == 16 and losses[0] == losses[1]
