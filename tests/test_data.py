@@ -235,3 +235,14 @@ def test_labelled_fraction__class_balanced_and_seeded():
     assert labelled_fraction(dm.train_set.dataset, 0.1, seed=4).indices != dm.train_set.indices
     with pytest.raises(ValueError, match="fraction"):
         labelled_fraction(dm.train_set.dataset, 0.0)
+
+
+def test_labelled_fraction__keeps_round_fraction_times_each_class_and_at_least_one():
+    """5 images of class 0, 15 of class 1, 1 of class 2: half keeps round(2.5) = 2, round(7.5) = 8 and
+    the lone image (never none of a class)."""
+    from mae.data.sources.subsets import labelled_fraction
+
+    dataset = torch.utils.data.TensorDataset(torch.zeros(21))
+    dataset.targets = [0] * 5 + [1] * 15 + [2]
+    kept = [dataset.targets[i] for i in labelled_fraction(dataset, 0.5, seed=0).indices]
+    assert [kept.count(c) for c in (0, 1, 2)] == [round(2.5), round(7.5), 1] == [2, 8, 1]

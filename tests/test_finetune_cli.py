@@ -105,3 +105,22 @@ def test_finetuned_checkpoint__loads_back_as_a_backbone(finetuned):
     assert model.load_report.format == "lightning" and model.load_report.missing == []
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
     torch.testing.assert_close(model.head.weight, state["vit.head.weight"])
+
+
+def test_knn__command_line_evaluates_with_the_given_k_and_temperature(pretrained, monkeypatch, capsys):
+    """The printed numbers are those of ``knn_evaluate`` with the command line's k and temperature."""
+    import mae.cli.knn as knn_command
+
+    calls = []
+    evaluate = knn_command.knn_evaluate
+
+    def recorded(encoder, data, k, temperature, device):
+        calls.append((k, temperature))
+        return evaluate(encoder, data, k, temperature, device)
+
+    monkeypatch.setattr(knn_command, "knn_evaluate", recorded)
+    tmp, ckpt = pretrained
+    knn_command.main(["--checkpoint", str(ckpt), "--k", "5", "--temperature", "0.5", "--data.class_path",
+                      "mae.data.ImageFolderDataModule", "--data.root", str(tmp / "data"), "--data.img_size", "16",
+                      "--data.num_workers", "0"])  # fmt: skip
+    assert calls == [(5, 0.5)] and "kNN (k=5, T=0.5)" in capsys.readouterr().out

@@ -39,6 +39,12 @@ def test_16bit_png__scaled_by_its_range_not_saturated(tmp_path):
     torch.testing.assert_close(evaluated[0], torch.full((8, 8), expected), atol=1e-5, rtol=0)
 
 
+def test_16bit_levels__black_white_and_every_257th_level_map_to_exact_8_bit_levels():
+    """65535 / 257 = 255: 16-bit level 257 * v is 8-bit v, white stays white (no wrap past 255)."""
+    levels = np.array([[0, 257, 128 * 257, 200 * 257 + 128, 65534, 65535]], np.uint16)
+    assert np.asarray(to_rgb(Image.fromarray(levels)))[0, :, 0].tolist() == [0, 1, 128, 200, 255, 255]
+
+
 def test_16bit_gradient__keeps_its_contrast_through_the_data_module(tmp_path):
     folder = tmp_path / "train" / "a"
     folder.mkdir(parents=True)
