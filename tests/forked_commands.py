@@ -43,11 +43,16 @@ def run_forked(
         environment = dict(os.environ if env is None else env)
         child = _context.Process(target=_child_main, args=(command, str(cwd), environment, str(out), str(err)))
         child.start()
-        child.join(timeout)
-        if child.exitcode is None:
-            child.kill()
-            child.join()
-            raise subprocess.TimeoutExpired([sys.executable, *command], timeout, out.read_text(), err.read_text())
+        timed_out = True
+        try:
+            child.join(timeout)
+            timed_out = child.exitcode is None
+        finally:  # also when the test itself is interrupted (pytest-timeout, Ctrl-C): no orphan keeps running
+            if child.exitcode is None:
+                child.kill()
+                child.join()
+        if timed_out:
+            raise subprocess.TimeoutExpired([sys.executable, *command], timeout, _read(out), _read(err))
         return subprocess.CompletedProcess(
             [sys.executable, *command], child.exitcode, _read(out), _read(err)
         )  # fmt: skip

@@ -2,6 +2,7 @@
 that starts an interpreter fails naming the fix, a hung test fails alone, and a forked command
 behaves as the same command in a fresh interpreter."""
 
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -111,3 +112,11 @@ def test_forked_command__an_uncaught_exception_prints_its_traceback_and_exits_1(
     result = run_script(str(script), "a", check=False)
     assert result.returncode == 1 and result.stdout == "before ['a']\n"
     assert "Traceback" in result.stderr and result.stderr.strip().endswith("KeyError: 'boom'")
+
+
+def test_forked_command__past_its_time_limit_is_killed_and_raises_as_subprocess_does(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired) as info:
+        run_script(str(script), timeout=1)
+    assert info.value.output == "started\n"
