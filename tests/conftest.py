@@ -1,8 +1,9 @@
 """The suite's tiers and shared fixtures.
 
 Tiers (markers registered in pyproject.toml): a test that starts a fresh Python interpreter
-(``subprocess.Popen`` / ``helpers.run_process``: signals, DDP, launchers) is marked ``slow`` here, as
-is one that uses the ``browser`` fixture (marked ``browser``) or the ``s3`` fixture (``s3``); ``ddp``
+(``subprocess.Popen`` / ``helpers.run_process``: DDP, launchers, the interpreter's start-up) or starts a
+command to signal it (``helpers.start_script``: SIGKILL, SIGTERM to one process or its group) is marked
+``slow`` here, as is one that uses the ``browser`` fixture (marked ``browser``) or the ``s3`` fixture (``s3``); ``ddp``
 is marked by hand and implies ``slow``. Whatever calls lead there (the test, its helpers, its
 fixtures) is read from the code, so a new test cannot forget. The fast tier is ``-m "not slow"``;
 a test outside ``slow`` that starts an interpreter anyway (say through a library) fails, saying so.
@@ -26,8 +27,9 @@ from tests.helpers import TINY  # noqa: E402
 FIXTURE_MARKERS = {"browser": "browser", "s3": "s3"}
 # These markers leave a test out of the fast tier too.
 SLOW_MARKERS = ("ddp", "browser", "s3")
-# Names whose use starts a fresh interpreter: subprocess.Popen, or our helper around subprocess.run.
-PROCESS_STARTERS = frozenset({"Popen", "run_process"})
+# Names whose use starts a process the test waits on and signals: a fresh interpreter (subprocess.Popen, our
+# helper around subprocess.run), or a forked command started in the background (start_script).
+PROCESS_STARTERS = frozenset({"Popen", "run_process", "start_script"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

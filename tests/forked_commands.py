@@ -13,12 +13,15 @@ hash seed. A test about the process itself (signals to the group, DDP launchers 
 """
 
 import atexit
+import contextlib
+import io
 import multiprocessing
 import os
 import runpy
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -29,45 +32,125 @@ _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
 
 
+class ForkedProcess:
+    """``subprocess.Popen([sys.executable, *command], cwd=cwd, env=env)``, started as a forked child of the
+    preloaded server, with stdout and stderr in files: what the tests use of ``Popen`` (``pid``,
+    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``communicate``), and ``wait_for_output``.
+
+    ``command`` is ``[script path, *args]`` or ``["-m", module, *args]``. ``new_session``: the child leads a
+    session and process group of its own (``Popen(start_new_session=True)``, as a scheduler starts a job),
+    so ``os.killpg(pid, ...)`` signals it and the processes it starts. Closing it (or leaving its ``with``
+    block, also when the test is interrupted) kills a child still running: no orphan is left.
+    """
+
+    def __init__(
+        self, command: list[str], cwd: Path, env: dict[str, str] | None = None, new_session: bool = False
+    ) -> None:
+        self.args = [sys.executable, *command]
+        self._folder = tempfile.TemporaryDirectory(prefix="forked-command-")
+        self._out, self._err = Path(self._folder.name) / "stdout", Path(self._folder.name) / "stderr"
+        environment = dict(os.environ if env is None else env)
+        child_args = (command, str(cwd), environment, str(self._out), str(self._err), new_session)
+        self._child = _context.Process(target=_child_main, args=child_args)
+        self._child.start()
+        self.pid = self._child.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status; minus the signal's number when a signal ended it, as ``Popen``'s."""
+        return self._child.exitcode
+
+    def poll(self) -> int | None:
+        return self._child.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status. Raises ``subprocess.TimeoutExpired`` when the child still runs after ``timeout``."""
+        self._child.join(timeout)
+        if self._child.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout, self.stdout(), self.stderr())
+        return self._child.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        """Signal the child; nothing when it has already ended (as ``Popen``)."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it ended since
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self._child.kill()
+
+    def stdout(self) -> str:
+        return _read(self._out)
+
+    def stderr(self) -> str:
+        return _read(self._err)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """(stdout, stderr) once the child has ended (``wait``)."""
+        self.wait(timeout)
+        return self.stdout(), self.stderr()
+
+    def wait_for_output(self, text: str, timeout: float) -> str:
+        """The first whole line of the child's stdout or stderr that holds ``text``, once it is written.
+
+        Raises:
+            AssertionError: the child ended, or ``timeout`` seconds passed, before it printed ``text``.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            for stream in (self.stdout(), self.stderr()):
+                found = next((line for line in stream.splitlines(keepends=True) if text in line), None)
+                if found is not None and found.endswith("\n"):
+                    return found.rstrip("\n")
+            if self.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{' '.join(self.args)} did not print {text!r} (exit status {self.poll()}):\n"
+                                     f"{(self.stdout() + self.stderr())[-3000:]}")  # fmt: skip
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        if self._child.exitcode is None:
+            self._child.kill()
+        self._child.join()
+        self._folder.cleanup()
+
+    def __enter__(self) -> "ForkedProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def run_forked(
     command: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *command], cwd=cwd, capture_output=True, text=True,
-    timeout=timeout, env=env)``, run in a forked child of the preloaded server.
+    timeout=timeout, env=env)``, run in a forked child of the preloaded server (``ForkedProcess``).
 
     ``command`` is ``[script path, *args]`` or ``["-m", module, *args]``. Raises
     ``subprocess.TimeoutExpired`` (after killing the child) as ``subprocess.run`` does.
     """
-    with tempfile.TemporaryDirectory(prefix="forked-command-") as folder:
-        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
-        environment = dict(os.environ if env is None else env)
-        child = _context.Process(target=_child_main, args=(command, str(cwd), environment, str(out), str(err)))
-        child.start()
-        timed_out = True
-        try:
-            child.join(timeout)
-            timed_out = child.exitcode is None
-        finally:  # also when the test itself is interrupted (pytest-timeout, Ctrl-C): no orphan keeps running
-            if child.exitcode is None:
-                child.kill()
-                child.join()
-        if timed_out:
-            raise subprocess.TimeoutExpired([sys.executable, *command], timeout, _read(out), _read(err))
-        return subprocess.CompletedProcess(
-            [sys.executable, *command], child.exitcode, _read(out), _read(err)
-        )  # fmt: skip
+    with ForkedProcess(command, cwd, env) as child:  # killed on the way out, also when the test is interrupted
+        code = child.wait(timeout)
+        return subprocess.CompletedProcess(child.args, code, child.stdout(), child.stderr())
 
 
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _child_main(command: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+def _child_main(command: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool) -> None:
     """The child: the interpreter state a fresh ``python <command>`` would have, then the command."""
+    if new_session:
+        os.setsid()
+    # A forkserver's child inherits "forkserver" as its start method; a fresh interpreter has none set (Linux:
+    # fork). Without this, the command's loader workers would start through a new forkserver of their own:
+    # ~9 s, and unlike a user's run.
+    multiprocessing.set_start_method(None, force=True)
     _redirect(1, out)
     _redirect(2, err)
-    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))  # as the interpreter reads its environment at start-up
+    sys.stdout = _text_stream(1, unbuffered, line_buffering=False)
+    sys.stderr = _text_stream(2, unbuffered, line_buffering=not unbuffered)  # Python 3.9+: stderr line-buffered
     sys.stdin = open(os.devnull)  # noqa: SIM115
     os.chdir(cwd)
     os.environ.clear()
@@ -91,6 +174,14 @@ def _child_main(command: list[str], cwd: str, env: dict[str, str], out: str, err
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _text_stream(fd: int, unbuffered: bool, line_buffering: bool) -> io.TextIOWrapper:
+    """A standard stream over ``fd`` as the interpreter makes it: unbuffered and written through with
+    ``PYTHONUNBUFFERED``, else buffered (stdout) or line-buffered (stderr)."""
+    binary = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+    return io.TextIOWrapper(binary, encoding="utf-8", errors="backslashreplace", line_buffering=line_buffering,
+                            write_through=unbuffered)  # fmt: skip
 
 
 def _exit_status(code) -> int:

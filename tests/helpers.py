@@ -162,6 +162,16 @@ def run_script(script: str, *args: str, config: dict | None = None, tmp: Path | 
     return _checked(run_forked([*command, *args], REPO, timeout, env), check)
 
 
+def start_script(script: str, *args: str, env: dict | None = None, new_session: bool = False):
+    """``run_script`` started, not waited for: a ``tests.forked_commands.ForkedProcess`` (``Popen``'s
+    ``wait``, ``send_signal``, ``communicate``, and ``wait_for_output``), to signal it; with
+    ``new_session``, the leader of a process group of its own, as a scheduler starts a job. Use it in a
+    ``with`` block: a child still running when the test ends is killed."""
+    from tests.forked_commands import ForkedProcess
+
+    return ForkedProcess([*_command(script), *args], REPO, env, new_session)
+
+
 def run_process(script: str, *args: str, config: dict | None = None, tmp: Path | None = None, timeout: int = 300,
                 check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     """``run_script`` in a fresh interpreter (``subprocess.run``): what a user's shell starts."""

@@ -33,7 +33,7 @@ from mae.eval.demo_page import (
     readable_error,
     serve,
 )
-from tests.helpers import REPO, TINY, tiny_pretraining_checkpoint
+from tests.helpers import REPO, TINY, run_script, tiny_pretraining_checkpoint
 
 
 def _skip_unless_ci(reason: str) -> None:
@@ -174,8 +174,9 @@ def test_demo__a_busy_port_is_named_with_how_to_choose_another(checkpoint):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        process = _demo("--checkpoint", str(checkpoint), "--port", str(port))
-        out, err = process.communicate(timeout=180)
+        process = run_script("-m mae.demo", "--checkpoint", str(checkpoint), "--port", str(port), timeout=180,
+                             check=False)  # fmt: skip
+        err = process.stderr
     assert process.returncode != 0
     assert f"port {port} on 127.0.0.1 is busy" in err and "--port N" in err, err[-2000:]
     assert "Traceback" not in err and "GRADIO_SERVER_PORT" not in err

@@ -173,7 +173,7 @@ def _scenes_as_recipe_data(scenes: Path, segmentation: bool) -> list[str]:
 @pytest.mark.parametrize(
     "main, recipe",
     [pytest.param(detect_main, "configs/detect/coco_vitdet_base_mask_rcnn.yaml", marks=pytest.mark.slow),
-     (segment_main, "configs/segment/ade20k_upernet_vit_base.yaml")],
+     pytest.param(segment_main, "configs/segment/ade20k_upernet_vit_base.yaml", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_input(setup, main, recipe, monkeypatch):
     tmp, _ = setup

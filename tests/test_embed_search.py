@@ -5,8 +5,6 @@ import importlib.util
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -24,7 +22,7 @@ from mae.eval import embed_run, own_images
 from mae.eval.embedding_index import EmbeddingIndex
 from mae.eval.search_page import SearchSession
 from mae.eval.similarity import cosine_top_k
-from tests.helpers import REPO, TINY_KWARGS, run_script, tiny_pretraining_checkpoint
+from tests.helpers import REPO, TINY_KWARGS, run_script, start_script, tiny_pretraining_checkpoint
 
 MEAN, STD = [0.2, 0.3, 0.4], [0.5, 0.6, 0.7]  # recorded in the checkpoint: not ImageNet's, so a default would show
 
@@ -148,15 +146,14 @@ def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(c
             "--batch-size", "1", "--workers", "0", "--no-progress"]  # fmt: skip
     out = tmp_path / "resumed.parquet"
     parts = tmp_path / "resumed.parquet.parts"
-    proc = subprocess.Popen([sys.executable, "-m", "mae.embed", *args, "--out", str(out)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while len(list(parts.glob("part-*.npz"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with start_script("-m mae.embed", *args, "--out", str(out)) as proc:  # a forked command, to SIGKILL
+        deadline = time.monotonic() + 120
+        while len(list(parts.glob("part-*.npz"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     done = sorted(p.name for p in parts.glob("part-*.npz"))
-    assert 2 <= len(done) < 6 and not out.exists(), (done, proc.stdout.read()[-2000:])
+    assert 2 <= len(done) < 6 and not out.exists(), (done, proc.stderr()[-2000:])
 
     loaded = []
 

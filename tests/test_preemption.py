@@ -5,14 +5,22 @@ and the same command line resumes to the end."""
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from mae.training.callbacks import PREEMPTED_EXIT_CODE
-from tests.helpers import REPO, TINY_MODEL, csv_logger, run_script, write_config, write_id_images, write_image_folder
+from tests.forked_commands import ForkedProcess
+from tests.helpers import (
+    TINY_MODEL,
+    csv_logger,
+    run_script,
+    start_script,
+    write_config,
+    write_id_images,
+    write_image_folder,
+)
 
 STEPS_PER_EPOCH = 6  # 24 training images, batch 4
 
@@ -41,34 +49,24 @@ def _folder_data(tmp: Path, workers: int = 2) -> dict:
             "init_args": {"root": str(root), "img_size": 16, "batch_size": 4, "num_workers": workers}}  # fmt: skip
 
 
-def _start(config: Path, *extra: str) -> subprocess.Popen:
-    """``train.py`` as a scheduler starts a job: the leader of a process group of its own."""
-    return subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), "--config", str(config), *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+def _start(config: Path, *extra: str) -> ForkedProcess:
+    """``train.py`` as a scheduler starts a job: the leader of a process group of its own (a forked
+    command in a new session; its loader workers and DDP processes join its group)."""
+    return start_script("train.py", "--config", str(config), *extra, new_session=True)
 
 
-def _signal_group_at_pause(proc: subprocess.Popen, moment: str) -> tuple[str, int]:
+def _signal_group_at_pause(proc: ForkedProcess, moment: str) -> tuple[str, int]:
     """Wait for ``PAUSE <moment>``, SIGTERM the whole process group; returns (output, paused step)."""
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith(f"PAUSE {moment}"):
-            os.killpg(proc.pid, signal.SIGTERM)
-            step = int(line.split()[-1])
-            break
-    else:
-        raise AssertionError("train.py ended before the pause:\n" + "".join(lines)[-3000:])
-    out, _ = proc.communicate(timeout=180)
-    return "".join(lines) + out, step
+    line = proc.wait_for_output(f"PAUSE {moment}", timeout=180)
+    os.killpg(proc.pid, signal.SIGTERM)
+    return "".join(proc.communicate(timeout=180)), int(line.split()[-1])
 
 
 def _last(tmp: Path, name: str) -> dict:
     return torch.load(tmp / name / "ckpts" / "last.ckpt", map_location="cpu", weights_only=True)
 
 
-def _preempted(out: str, proc: subprocess.Popen) -> None:
+def _preempted(out: str, proc: ForkedProcess) -> None:
     assert "killed by signal" not in out, out[-3000:]
     assert "SIGTERM: saved" in out, out[-3000:]
     assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
@@ -77,8 +75,8 @@ def _preempted(out: str, proc: subprocess.Popen) -> None:
 @pytest.mark.parametrize("moment", ["step", "validation", "save", "loader"])
 def test_group_sigterm__folder_workers__checkpoint_at_the_current_step_and_exit_143(tmp_path, moment):
     config = _config(tmp_path, moment, moment, _folder_data(tmp_path))
-    proc = _start(config)
-    out, paused_at = _signal_group_at_pause(proc, moment)
+    with _start(config) as proc:
+        out, paused_at = _signal_group_at_pause(proc, moment)
     _preempted(out, proc)
     saved = _last(tmp_path, moment)
     # the running step finishes (and a validation or save in progress ends) before the checkpoint
@@ -100,8 +98,8 @@ def test_group_sigterm__streaming_workers(tmp_path):
             "init_args": {"root": str(shards), "img_size": 16, "batch_size": 4, "num_workers": 2,
                           "cache_dir": str(tmp_path / "cache")}}  # fmt: skip
     config = _config(tmp_path, "stream", "step", data)
-    proc = _start(config)
-    out, paused_at = _signal_group_at_pause(proc, "step")
+    with _start(config) as proc:
+        out, paused_at = _signal_group_at_pause(proc, "step")
     _preempted(out, proc)
     assert paused_at <= _last(tmp_path, "stream")["global_step"] <= paused_at + 1
 
@@ -110,13 +108,13 @@ def test_group_sigterm__streaming_workers(tmp_path):
 @pytest.mark.timeout(600)
 def test_group_sigterm__ddp_two_processes_with_workers(tmp_path):
     config = _config(tmp_path, "ddp", "step", _folder_data(tmp_path), devices=2, strategy="ddp")
-    proc = _start(config)
-    out, paused_at = _signal_group_at_pause(proc, "step")
+    with _start(config) as proc:  # rank 0 forked; Lightning starts rank 1 as a fresh `python train.py ...`
+        out, paused_at = _signal_group_at_pause(proc, "step")
     _preempted(out, proc)
     saved = _last(tmp_path, "ddp")["global_step"]
     assert paused_at <= saved <= paused_at + 1
-    proc = _start(config, "--ckpt_path", "last", "--trainer.callbacks", "[]")
-    out, _ = proc.communicate(timeout=300)
+    with _start(config, "--ckpt_path", "last", "--trainer.callbacks", "[]") as proc:
+        out = "".join(proc.communicate(timeout=300))
     assert proc.returncode == 0, out[-3000:]
     assert _last(tmp_path, "ddp")["global_step"] == 3 * STEPS_PER_EPOCH // 2
 
@@ -138,9 +136,10 @@ def small_device(tmp_path):
 
 def test_disk_full__the_save_names_the_bytes_keeps_the_previous_checkpoint_and_no_temporary(tmp_path, small_device):
     config = _config(tmp_path, "full", "none", _folder_data(tmp_path, workers=0), max_epochs=6)
-    proc = _start(config, "--checkpoint.dirpath", str(small_device), "--checkpoint.save_top_k", "-1")
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode != 0, out[-3000:]
+    result = run_script("train.py", "--config", str(config), "--checkpoint.dirpath", str(small_device),
+                        "--checkpoint.save_top_k", "-1", check=False)  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out[-3000:]
     assert "no space left on device" in out and "unexpected pos" not in out.splitlines()[-1], out[-3000:]
     last_line = out.strip().splitlines()[-1]
     assert str(small_device) in last_line and "bytes free" in last_line and "needs about" in last_line, last_line

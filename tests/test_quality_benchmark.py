@@ -62,8 +62,8 @@ def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tm
     spec.loader.exec_module(transfer)
     checkpoint = tiny_pretraining_checkpoint(tmp_path / "pretrain")
     table = transfer.main([
-        "--encoders", f"tiny={checkpoint}", "--seeds", "0", "--tasks", "segment", "detect", "--num-train", "32",
-        "--num-val", "8", "--segment-epochs", "2", "--detect-epochs", "2", "--scenes", str(tmp_path / "scenes"),
+        "--encoders", f"tiny={checkpoint}", "--seeds", "0", "--tasks", "segment", "detect", "--num-train", "16",
+        "--num-val", "4", "--segment-epochs", "2", "--detect-epochs", "2", "--scenes", str(tmp_path / "scenes"),
         "--out", str(tmp_path / "out"),
     ])  # fmt: skip
     for row in ("| segment | tiny | val/miou |", "| segment | random | val/miou |",
@@ -79,8 +79,8 @@ def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tm
     transfer.TASKS["detect"] = (lambda argv, f=transfer.TASKS["detect"][0]: trained.append(argv) or f(argv),
                                 *transfer.TASKS["detect"][1:])  # fmt: skip
     again = transfer.main([
-        "--encoders", f"tiny={checkpoint}", "--seeds", "0", "1", "--tasks", "detect", "--num-train", "32",
-        "--num-val", "8", "--detect-epochs", "2", "--scenes", str(tmp_path / "scenes"), "--out", str(tmp_path / "out"),
+        "--encoders", f"tiny={checkpoint}", "--seeds", "0", "1", "--tasks", "detect", "--num-train", "16",
+        "--num-val", "4", "--detect-epochs", "2", "--scenes", str(tmp_path / "scenes"), "--out", str(tmp_path / "out"),
     ])  # fmt: skip
     assert [argv[argv.index("--seed_everything") + 1] for argv in trained] == ["1", "1"]  # tiny and random
     first = [line for line in table.splitlines() if line.startswith("| detect | tiny | val/map |")][0]

@@ -4,7 +4,6 @@ import csv
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from PIL import Image
 from mae.data import ImageFolderDataModule
 from mae.training.callbacks import PREEMPTED_EXIT_CODE, SigtermCheckpoint
 from mae.training.checkpointing import check_resume_checkpoint
+from tests.forked_commands import ForkedProcess
 from tests.helpers import (
-    REPO,
     TINY_MODEL,
     RandomImages,
     RecordLR,
@@ -29,7 +28,9 @@ from tests.helpers import (
     make_trainer,
     pretrain_module,
     read_metrics,
+    run_process,
     run_script,
+    start_script,
     write_config,
     write_image_folder,
 )
@@ -245,11 +246,10 @@ def _config(tmp: Path, name: str, max_epochs: int = 6) -> Path:
     return write_config(tmp, config, name)
 
 
-def _start(config: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), "--config", str(config), *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+def _start(config: Path, *extra: str) -> ForkedProcess:
+    """``train.py`` started as a forked command, to signal it (a signal to one process: SIGKILL, a
+    scheduler's SIGTERM); the signals to a whole process group are in ``test_preemption.py``."""
+    return start_script("train.py", "--config", str(config), *extra)
 
 
 def _finish(config: Path, *extra: str) -> tuple[int, str]:
@@ -258,30 +258,27 @@ def _finish(config: Path, *extra: str) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
-def _wait_for_training(proc: subprocess.Popen) -> None:
-    for line in proc.stdout:  # the schedule line is printed just before the first step
-        if "effective batch" in line:
-            return
-    raise AssertionError("train.py ended before training started")
+def _wait_for_training(proc: ForkedProcess) -> None:
+    proc.wait_for_output("effective batch", timeout=120)  # the schedule line, printed just before the first step
 
 
 def test_faults__sigkill_at_random_moments_then_resume_completes(tmp_path):
-    config = _config(tmp_path, "kill")
+    config = _config(tmp_path, "kill", max_epochs=40)  # long enough that every kill lands in the run
     rng = random.Random(0)
     for _ in range(3):
         last = tmp_path / "ckpts" / "last.ckpt"
-        proc = _start(config, *(["--ckpt_path", str(last)] if last.exists() else []))
-        _wait_for_training(proc)
-        time.sleep(rng.uniform(0.2, 2.5))  # anywhere in a step, a validation or a checkpoint save
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        with _start(config, *(["--ckpt_path", str(last)] if last.exists() else [])) as proc:
+            _wait_for_training(proc)
+            time.sleep(rng.uniform(0.2, 2.5))  # anywhere in a step, a validation or a checkpoint save
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(timeout=60) == -signal.SIGKILL  # killed, not finished
         for ckpt in (tmp_path / "ckpts").glob("*.ckpt"):  # whatever is on disk loads
             torch.load(ckpt, map_location="cpu", weights_only=True)
     last = tmp_path / "ckpts" / "last.ckpt"
     code, out = _finish(config, *(["--ckpt_path", str(last)] if last.exists() else []))
     assert code == 0, out[-3000:]
     final = torch.load(last, map_location="cpu", weights_only=True)
-    assert final["epoch"] == 5 and final["global_step"] == 6 * 8
+    assert final["epoch"] == 39 and final["global_step"] == 40 * 8
 
 
 class _SigtermAt(pl.Callback):
@@ -316,11 +313,11 @@ def test_faults__sigterm_in_the_first_epoch_then_resume_keeps_one_last_ckpt(tmp_
 
 def test_faults__sigterm_saves_a_resumable_checkpoint(tmp_path):
     config = _config(tmp_path, "term", max_epochs=50)
-    proc = _start(config)
-    _wait_for_training(proc)
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+    with _start(config) as proc:
+        _wait_for_training(proc)
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGTERM)
+        out = "".join(proc.communicate(timeout=120))
     assert "SIGTERM: saved" in out, out[-3000:]
     assert proc.returncode == PREEMPTED_EXIT_CODE == 143  # a preempted run is not a finished one
     last = tmp_path / "ckpts" / "last.ckpt"
@@ -344,13 +341,13 @@ def test_faults__sigterm_twice_with_the_same_command_line_completes_in_one_run_f
     stopped_at = []
     for _ in range(2):
         done = len(list((run / "checkpoints").glob("epoch_*.ckpt")))
-        proc = _start(config, "--ckpt_path", "last")
-        _wait_for_training(proc)
-        deadline = time.time() + 120  # preempt as soon as this attempt has finished an epoch
-        while len(list((run / "checkpoints").glob("epoch_*.ckpt"))) <= done and time.time() < deadline:
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
+        with _start(config, "--ckpt_path", "last") as proc:
+            _wait_for_training(proc)
+            deadline = time.time() + 120  # preempt as soon as this attempt has finished an epoch
+            while len(list((run / "checkpoints").glob("epoch_*.ckpt"))) <= done and time.time() < deadline:
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            out = "".join(proc.communicate(timeout=120))
         assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
         stopped_at.append(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"])
     orphan = run / "checkpoints" / ".last.ckpt.tmp-999999999"  # a kill during a save left this
@@ -374,9 +371,8 @@ def test_determinism__same_seed_same_losses_step_by_step(tmp_path):
     for name in ("one", "two"):
         config = _config(tmp_path, name, max_epochs=2)
         if name == "one":
-            proc = _start(config)
-            out, _ = proc.communicate(timeout=300)
-            code = proc.returncode
+            result = run_process("train.py", "--config", str(config), timeout=300, check=False)
+            code, out = result.returncode, result.stdout + result.stderr
         else:
             code, out = _finish(config)
         assert code == 0, out[-3000:]

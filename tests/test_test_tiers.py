@@ -106,6 +106,20 @@ def test_forked_command__same_exit_status_and_output_as_a_fresh_interpreter(comm
     assert forked.stderr.strip().splitlines()[-1:] == fresh.stderr.strip().splitlines()[-1:]
 
 
+def test_forked_command__the_interpreter_state_of_a_fresh_one(tmp_path):
+    """What a command inherits that is not its own code: the start method of its processes (a loader's
+    workers started through a forkserver would take seconds each, unlike a user's run), its streams'
+    buffering (a test watching stderr sees each line), its arguments and working directory."""
+    script = tmp_path / "state.py"
+    script.write_text(
+        "import multiprocessing, os, sys\n"
+        "print(multiprocessing.get_start_method(allow_none=True), sys.stdout.line_buffering,\n"
+        "      sys.stderr.line_buffering, sys.argv[1:], os.getcwd())\n"
+    )
+    forked, fresh = run_script(str(script), "a", "b"), run_process(str(script), "a", "b")
+    assert forked.stdout == fresh.stdout
+
+
 def test_forked_command__an_uncaught_exception_prints_its_traceback_and_exits_1(tmp_path):
     script = tmp_path / "boom.py"
     script.write_text("import sys\nprint('before', sys.argv[1:])\nraise KeyError('boom')\n")
