@@ -1,9 +1,9 @@
 """Does an MAE's reconstruction error find defects? The default pretraining run's MAE vs a pixel kNN
-baseline on the built-in digit anomaly task (``mae.eval.anomaly.digits``), over several seeds.
+baseline on the built-in digit anomaly task (``mae.apps.anomaly.digits``), over several seeds.
 
 For each seed: the task is written with that seed (which validation digits get which defect, and where),
 ``python -m mae.anomaly`` scores it with masks of that seed (standardised by the training digits' errors,
-and again with ``--raw-errors``), and the pixel kNN baseline (``mae.eval.anomaly.baseline``) scores the
+and again with ``--raw-errors``), and the pixel kNN baseline (``mae.apps.anomaly.baseline``) scores the
 same images at the same size through the same scoring and metrics. Prints a markdown table (mean +- std
 over seeds) and writes it, the per-seed metrics, a bar chart and the heat maps of the first seed.
 
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
+from mae.apps.anomaly.baseline import nearest_normal_errors
+from mae.apps.anomaly.digits import write_digit_anomalies
+from mae.apps.anomaly.evaluation import load_images, relative_name, score_test_set
+from mae.apps.anomaly.figures import color_range, heat_map_figure
+from mae.apps.anomaly.layout import normal_images, read_test_set
 from mae.cli.anomaly import main as anomaly_main
-from mae.eval.anomaly.baseline import nearest_normal_errors
-from mae.eval.anomaly.digits import write_digit_anomalies
-from mae.eval.anomaly.evaluation import load_images, relative_name, score_test_set
-from mae.eval.anomaly.figures import color_range, heat_map_figure
-from mae.eval.anomaly.layout import normal_images, read_test_set
-from mae.eval.own_images import load_reconstructor
+from mae.inference.reconstruction import load_reconstructor
 
 REPO = Path(__file__).resolve().parents[1]
 MAE = "MAE reconstruction error, standardised"

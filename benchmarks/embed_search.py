@@ -4,7 +4,7 @@
    writes them) through ``embed_images`` with the given checkpoint: images/s of the whole run (reading,
    encoding, the parts, the assembled Parquet), the model's loading excluded.
 2. Search: a Parquet index of ``--rows`` random ``--dim``-long vectors, written in chunks, then
-   ``--queries`` queries against it in chunks of ``--chunk-rows`` (``mae.eval.similarity.cosine_top_k``,
+   ``--queries`` queries against it in chunks of ``--chunk-rows`` (``mae.apps.embeddings.similarity.cosine_top_k``,
    as ``python -m mae.search`` runs it): seconds, and the process's peak memory.
 
     python benchmarks/embed_search.py --checkpoint runs/pretrain_default/version_0/checkpoints/last.ckpt
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mae.eval.embed_run import embed_images, listed_images
-from mae.eval.embedder import load_embedder
-from mae.eval.embedding_index import EmbeddingIndex, IndexMeta, Rows, write_index
-from mae.eval.similarity import cosine_top_k
+from mae.apps.embeddings.embed_run import embed_images, listed_images
+from mae.apps.embeddings.embedder import load_embedder
+from mae.apps.embeddings.embedding_index import EmbeddingIndex, IndexMeta, Rows, write_index
+from mae.apps.embeddings.similarity import cosine_top_k
 
 
 def write_digits(root: Path, count: int) -> Path:

@@ -8,9 +8,12 @@ modules, optimisation, per-device settings, callbacks, checkpoint writing), ``cl
 command-line entry point, one module each); ``command`` is how every command is parsed and ends.
 """
 
+from mae import moved
 from mae.convert.backbone import load_backbone, load_mae
 from mae.convert.export import export_encoder
 from mae.models import MaskedAutoencoderViT, create_model
+
+moved.install()  # old module paths (users' configs and scripts) keep working
 
 __version__ = "0.1.0"
 __all__ = ["MaskedAutoencoderViT", "create_model", "export_encoder", "load_backbone", "load_mae"]

@@ -1,4 +1,4 @@
-"""Anomaly maps from reconstruction error (``mae.eval.anomaly``, ``python -m mae.anomaly``): complementary
+"""Anomaly maps from reconstruction error (``mae.apps.anomaly``, ``python -m mae.anomaly``): complementary
 masks, the per-patch error against an independent computation, a planted defect lit up by a trained tiny
 MAE, the metrics against scikit-learn and the definition of AUPRO, the command line end to end on a tiny
 MVTec-layout tree, its bad-input errors, the built-in digit task and the benchmark at tiny size."""
@@ -15,9 +15,7 @@ from PIL import Image
 from scipy import ndimage
 from sklearn.metrics import roc_auc_score
 
-from mae.cli import anomaly_main
-from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
-from mae.eval.anomaly import (
+from mae.apps.anomaly import (
     NormalStatistics,
     aupro,
     complementary_masks,
@@ -26,9 +24,11 @@ from mae.eval.anomaly import (
     pixel_auroc,
     reconstruction_errors,
 )
-from mae.eval.anomaly.baseline import nearest_normal_errors
-from mae.eval.anomaly.digits import CHANGED, DEFECTS, write_digit_anomalies
-from mae.eval.anomaly.layout import read_test_set
+from mae.apps.anomaly.baseline import nearest_normal_errors
+from mae.apps.anomaly.digits import CHANGED, DEFECTS, write_digit_anomalies
+from mae.apps.anomaly.layout import read_test_set
+from mae.cli import anomaly_main
+from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
 from mae.models import create_model
 from mae.models.masking import random_masking
 from tests.helpers import REPO, TINY_KWARGS, RandomImages, make_trainer, pretrain_module, run_script

@@ -1,4 +1,4 @@
-"""Attention maps (``mae.eval.attention``): the last block's cls attention, against a plain softmax(q k^T)
+"""Attention maps (``mae.inference.attention``): the last block's cls attention, against a plain softmax(q k^T)
 written here from the weights, in the ``python -m mae.reconstruct --attention`` figure and on the page."""
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 import torch
 from PIL import Image
 
+from mae.apps.page.demo import ReconstructionSession, page_outputs
 from mae.cli import reconstruct_main
 from mae.convert.backbone import build_vit
-from mae.eval.attention import attention_weights, cls_attention_maps, last_block_attention
-from mae.eval.demo_page import ReconstructionSession, page_outputs
+from mae.inference.attention import attention_weights, cls_attention_maps, last_block_attention
 from mae.models import MaskedAutoencoderViT
 from tests.helpers import TINY, tiny_pretraining_checkpoint
 
@@ -100,7 +100,8 @@ def photo(tmp_path):
 
 def test_reconstruct__attention_adds_two_panels_to_the_figure(checkpoint, photo, tmp_path, capsys):
     from mae import load_mae
-    from mae.eval.own_images import Normalization, load_image
+    from mae.inference.images import load_image
+    from mae.inference.normalization import Normalization
 
     args = ["--checkpoint", str(checkpoint), str(photo), "--seed", "1"]
     plain = reconstruct_main([*args, "--out", str(tmp_path / "plain.png")])

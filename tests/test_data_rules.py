@@ -7,8 +7,9 @@ import torch
 from PIL import Image
 
 from mae.data import ImageFolderDataModule
-from mae.data.decoding.arrays import pixel_format, read_pixels
-from mae.data.decoding.formats import READERS, PixelFormat, dataset_extensions, reader_of, reads_as_rgb
+from mae.data.decoding.formats import READERS, dataset_extensions, reader_of
+from mae.data.decoding.image import pixel_format, read_pixels
+from mae.data.decoding.route import PixelFormat, reads_as_rgb
 from mae.data.sources.layout import sample_pixels
 from mae.data.views.arrays import ArrayView
 from mae.data.views.crop import CROP_RATIO, CROP_SCALE, PretrainCrop

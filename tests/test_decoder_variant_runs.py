@@ -10,7 +10,7 @@ from mae import load_backbone, load_mae
 from mae.convert.architecture import ARCHITECTURE_KEY
 from mae.convert.export import export_encoder
 from mae.convert.sources import read_checkpoint
-from mae.eval.visualize import reconstruct
+from mae.inference.reconstruction import reconstruct
 from mae.training.checkpointing import check_resume_checkpoint
 from tests.helpers import RandomImages, make_trainer, pretrain_module
 
@@ -134,8 +134,8 @@ def test_module__flops_per_batch_follow_the_switches(checkpoints):
 
 
 def test_anomaly_errors__run_on_the_cross_decoder_reading_several_layers(checkpoints):
-    from mae.eval.anomaly.masks import complementary_masks
-    from mae.eval.anomaly.scoring import reconstruction_errors
+    from mae.apps.anomaly.masks import complementary_masks
+    from mae.apps.anomaly.scoring import reconstruction_errors
 
     model = load_mae(checkpoints["cross_partial_layers"][1])[0].eval()
     masks = complementary_masks(model.grid_size, 0.75, generator=torch.Generator().manual_seed(0))

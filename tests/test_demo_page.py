@@ -20,8 +20,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mae.eval import demo_page
-from mae.eval.demo_page import (
+from mae.apps.page import demo as demo_page
+from mae.apps.page.demo import (
     MAX_SEED,
     PageSettings,
     ReconstructionSession,

@@ -8,7 +8,7 @@ import torch
 from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
 
 from mae.convert.backbone import build_vit, load_backbone
-from mae.dense.pyramid import FEATURE_NAMES, SimpleFeaturePyramid, feature_pyramid
+from mae.dense.models.pyramid import FEATURE_NAMES, SimpleFeaturePyramid, feature_pyramid
 from mae.models import create_model
 from tests.helpers import TINY_KWARGS, LabelledImages, finetune_module, make_trainer, tiny_pretraining_checkpoint
 
@@ -161,7 +161,7 @@ def test_window_attention__each_window_attends_only_to_itself():
         torch.testing.assert_close(features[:, :, rows, cols].permute(0, 2, 3, 1), alone)
     # The default global blocks are ViTDet's: the last of each quarter.
     assert SimpleFeaturePyramid(_vit(depth=2), window_size=4).global_blocks == (0, 1)
-    from mae.dense.windows import default_global_blocks
+    from mae.dense.models.windows import default_global_blocks
 
     assert default_global_blocks(12) == (2, 5, 8, 11) and default_global_blocks(24) == (5, 11, 17, 23)
 
@@ -213,7 +213,7 @@ def test_window_relative_position__zero_at_start_then_an_offset_bias_inside_each
 
 
 def test_window_relative_position__needs_windows_and_decays_with_its_block():
-    from mae.dense.module import layer_decay_groups
+    from mae.dense.tasks.base import layer_decay_groups
 
     with pytest.raises(ValueError, match="relative_position is a bias inside attention windows: set window_size"):
         SimpleFeaturePyramid(_vit(), relative_position=True)

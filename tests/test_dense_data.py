@@ -22,13 +22,13 @@ from torchvision.models.detection import MaskRCNN
 from torchvision.transforms import v2
 
 from mae.convert.backbone import build_vit
-from mae.dense import coco as coco_module
-from mae.dense import scenes as scenes_module
-from mae.dense.coco import CocoDetection
-from mae.dense.detection_data import DetectionDataModule, DigitScenesDataModule
-from mae.dense.detection_metrics import DetectionMetrics
-from mae.dense.pyramid import SimpleFeaturePyramid
-from mae.dense.scenes import THRESHOLD, write_digit_scenes
+from mae.data.sources import digit_scenes as scenes_module
+from mae.data.sources.digit_scenes import THRESHOLD, write_digit_scenes
+from mae.dense.data import coco as coco_module
+from mae.dense.data.coco import CocoDetection
+from mae.dense.data.detection import DetectionDataModule, DigitScenesDataModule
+from mae.dense.metrics.detection import DetectionMetrics
+from mae.dense.models.pyramid import SimpleFeaturePyramid
 from mae.models import create_model
 from tests.helpers import TINY_KWARGS
 
@@ -431,7 +431,7 @@ def test_metrics__need_pycocotools_and_say_how_to_install_it(monkeypatch):
 
 
 def test_digit_scene_images__pretraining_crops_of_the_training_scenes_only(scenes):
-    from mae.dense.scene_images import DigitSceneImagesDataModule
+    from mae.data.sources.scene_images import DigitSceneImagesDataModule
 
     data = DigitSceneImagesDataModule(root=str(scenes), **SCENES, img_size=32, batch_size=4)
     data.setup("fit")
@@ -449,7 +449,7 @@ def test_digit_scene_images__pretraining_crops_of_the_training_scenes_only(scene
 
 
 def test_digit_scene_images__refuses_other_channel_counts_and_different_scenes(scenes):
-    from mae.dense.scene_images import DigitSceneImagesDataModule
+    from mae.data.sources.scene_images import DigitSceneImagesDataModule
 
     with pytest.raises(ValueError, match="in_chans must be 3"):
         DigitSceneImagesDataModule(root=str(scenes), **SCENES, in_chans=1, mean=[0.5], std=[0.5]).setup("fit")

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mae.cli.dense import detect_main, segment_main
-from mae.dense.detection import MAEDetectionModule
-from mae.dense.scenes import write_digit_scenes
-from mae.dense.segmentation import MAESegmentationModule
+from mae.data.sources.digit_scenes import write_digit_scenes
+from mae.dense.tasks.detection import MAEDetectionModule
+from mae.dense.tasks.segmentation import MAESegmentationModule
 from tests.helpers import (
     REPO,
     TINY_KWARGS,
@@ -43,7 +43,7 @@ def _detect_config(tmp: Path, checkpoint: Path, name: str) -> dict:
         "seed_everything": 0,
         "model": {"checkpoint": str(checkpoint), "detector": "mask_rcnn", "head_channels": 16, "rois_per_image": 16,
                   **TINY_HEADS},
-        "data": {"class_path": "mae.dense.detection_data.DigitScenesDataModule",
+        "data": {"class_path": "mae.dense.DigitScenesDataModule",
                  "init_args": {"root": str(tmp / "scenes"), **SCENES, "masks": True, "batch_size": 4}},
         "trainer": _trainer(tmp, name),
         "checkpoint": {"dirpath": str(tmp / name / "ckpts")},
@@ -82,7 +82,7 @@ def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
     config = {
         "seed_everything": 0,
         "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
-        "data": {"class_path": "mae.dense.segmentation_data.DigitScenesSegmentation",
+        "data": {"class_path": "mae.dense.DigitScenesSegmentation",
                  "init_args": {"root": str(tmp / "scenes"), **SCENES, "batch_size": 4}},
         "trainer": _trainer(tmp, "segment", epochs=3),
         "figures": {"every_n_epochs": 3, "num_images": 2},
@@ -216,7 +216,7 @@ def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, s
         metric = "val/map"
     else:
         config = {"seed_everything": 0, "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
-                  "data": {"class_path": "mae.dense.segmentation_data.DigitScenesSegmentation", "init_args": {}},
+                  "data": {"class_path": "mae.dense.DigitScenesSegmentation", "init_args": {}},
                   "checkpoint": {"dirpath": str(tmp / name / "ckpts")}, "figures": {"every_n_epochs": 1}}  # fmt: skip
         metric = "val/miou"
     config["data"]["init_args"].update(root=str(tmp / "scenes_ddp"), **scenes, batch_size=2)

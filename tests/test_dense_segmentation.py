@@ -10,15 +10,15 @@ from PIL import Image
 from torch.nn import functional as F
 
 from mae.convert.backbone import build_vit
-from mae.dense.pyramid import SimpleFeaturePyramid
-from mae.dense.segmentation_data import (
+from mae.dense.data.segmentation import (
     DigitScenesSegmentation,
     SegmentationDataModule,
     SegmentationFolder,
     collate_padded,
 )
-from mae.dense.segmentation_metrics import SegmentationMetrics
-from mae.dense.upernet import UperNetHead, upsample_logits
+from mae.dense.metrics.segmentation import SegmentationMetrics
+from mae.dense.models.pyramid import SimpleFeaturePyramid
+from mae.dense.models.upernet import UperNetHead, upsample_logits
 from mae.models import create_model
 from tests.helpers import TINY_KWARGS
 

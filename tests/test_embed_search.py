@@ -14,14 +14,15 @@ import torch
 from PIL import Image
 
 from mae import create_model, load_mae
+from mae.apps.embeddings import embed_run
+from mae.apps.embeddings.embedding_index import EmbeddingIndex
+from mae.apps.embeddings.similarity import cosine_top_k
+from mae.apps.page.search import SearchSession
 from mae.cli import embed_main, search_main
 from mae.convert.architecture import DATA_KEY
 from mae.convert.export import export_encoder
 from mae.convert.huggingface import save_hf_pretrained
-from mae.eval import embed_run, own_images
-from mae.eval.embedding_index import EmbeddingIndex
-from mae.eval.search_page import SearchSession
-from mae.eval.similarity import cosine_top_k
+from mae.inference import images
 from tests.helpers import REPO, TINY_KWARGS, run_script, start_script, tiny_pretraining_checkpoint
 
 MEAN, STD = [0.2, 0.3, 0.4], [0.5, 0.6, 0.7]  # recorded in the checkpoint: not ImageNet's, so a default would show
@@ -159,7 +160,7 @@ def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(c
 
     def counted(path, *args):
         loaded.append(path)
-        return own_images.load_image(path, *args)
+        return images.load_image(path, *args)
 
     monkeypatch.setattr(embed_run, "load_image", counted)
     embed_main([*args, "--out", str(out)])

@@ -255,14 +255,14 @@ def test_short_config_flag__stacked_configs_expand_too(tmp_path):
 
 
 def test_two_channel_figures__drawn_in_three_colours():
-    from mae.eval.visualize import reconstruction_grid
+    from mae.inference.reconstruction import reconstruction_grid
 
     views = {k: torch.rand(1, 2, 8, 8) for k in ("original", "masked", "reconstruction", "reconstruction_visible")}
     assert reconstruction_grid(views, mean=(0.0, 0.0), std=(1.0, 1.0)).shape[0] == 3
 
 
 def test_float_images__drawn_from_their_minimum_to_their_maximum(tmp_path):
-    from mae.eval.own_images import display_range
+    from mae.inference.images import display_range
 
     np.save(tmp_path / "reflectance.npy", np.full((4, 4, 2), 1500.0, np.float32))
     Image.fromarray(np.zeros((4, 4), np.uint16)).save(tmp_path / "scan.png")
@@ -271,8 +271,8 @@ def test_float_images__drawn_from_their_minimum_to_their_maximum(tmp_path):
 
 
 def test_readers__an_npz_archive_named_npy_is_unreadable_by_name(tmp_path):
-    from mae.data.decoding.arrays import pixel_format
     from mae.data.decoding.formats import EncodedImage
+    from mae.data.decoding.image import pixel_format
 
     path = tmp_path / "x.npy"
     with open(path, "wb") as f:

@@ -15,9 +15,9 @@ from mae import create_model, load_backbone
 from mae.cli import finetune_main, pretrain_main
 from mae.convert.export import export_encoder
 from mae.data import ImageFolderDataModule
-from mae.data.decoding.arrays import pixel_format, read_array
+from mae.data.decoding.image import pixel_format, read_array
 from mae.data.tools.stats import main as stats_main
-from mae.eval.visualize import reconstruction_grid
+from mae.inference.reconstruction import reconstruction_grid
 from tests.helpers import TINY_KWARGS, RandomImages, csv_logger, make_trainer, pretrain_module, write_config
 
 KINDS = {  # name: (channels, writer of one (H, W, C) image)

@@ -11,7 +11,8 @@ from PIL import Image
 
 from mae.cli import pretrain_main, reconstruct_main
 from mae.data import ImageFolderDataModule
-from mae.data.decoding.arrays import read_array, read_header, to_unit_range
+from mae.data.decoding.image import read_array, read_header
+from mae.data.decoding.units import to_unit_range
 from mae.data.tools.shard import main as shard_main
 from mae.data.tools.stats import main as stats_main
 from tests.helpers import TINY_KWARGS, csv_logger, read_metrics, tiny_pretraining_checkpoint, write_config

@@ -6,10 +6,13 @@ import torch
 from PIL import Image
 
 from mae import create_model
+from mae.apps.reconstruction_figure import reconstruction_figure
 from mae.cli import reconstruct_main
 from mae.convert.export import export_encoder
 from mae.convert.huggingface import save_hf_pretrained
-from mae.eval.own_images import Normalization, load_image, mask_noise, reconstruction_figure
+from mae.inference.images import load_image
+from mae.inference.normalization import Normalization
+from mae.inference.reconstruction import mask_noise
 from tests.helpers import TINY_KWARGS, run_script, tiny_pretraining_checkpoint
 
 

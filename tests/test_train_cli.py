@@ -117,7 +117,7 @@ def test_train__print_config_shows_the_resolved_recipe():
 
 def test_train__on_the_digit_scenes_images_without_their_labels(tmp_path):
     data = {
-        "class_path": "mae.dense.scene_images.DigitSceneImagesDataModule",
+        "class_path": "mae.data.DigitSceneImagesDataModule",
         "init_args": {"root": str(tmp_path / "scenes"), "num_train": 8, "num_val": 4, "img_size": 16, "batch_size": 4},
     }
     result = _train("--config", str(_config(tmp_path, data, max_epochs=2)))

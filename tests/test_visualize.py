@@ -1,6 +1,6 @@
 import torch
 
-from mae.eval.visualize import denormalize, reconstruct, reconstruction_grid
+from mae.inference.reconstruction import denormalize, reconstruct, reconstruction_grid
 from mae.models import MaskedAutoencoderViT
 from mae.training.callbacks import ReconstructionCallback
 from tests.helpers import TINY

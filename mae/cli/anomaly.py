@@ -10,10 +10,7 @@ from pathlib import Path
 import torch
 from jsonargparse import ArgumentParser
 
-from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
-from mae.convert.sources import FORMATS
-from mae.data import DEFAULT_MAX_PIXELS
-from mae.eval.anomaly.evaluation import (
+from mae.apps.anomaly.evaluation import (
     AnomalyResult,
     file_errors,
     load_images,
@@ -21,10 +18,14 @@ from mae.eval.anomaly.evaluation import (
     relative_name,
     score_test_set,
 )
-from mae.eval.anomaly.figures import color_range, heat_map_figure
-from mae.eval.anomaly.layout import GOOD, TestSet, normal_images, read_test_set
-from mae.eval.anomaly.masks import complementary_masks
-from mae.eval.own_images import display_range, load_reconstructor
+from mae.apps.anomaly.figures import color_range, heat_map_figure
+from mae.apps.anomaly.layout import GOOD, TestSet, normal_images, read_test_set
+from mae.apps.anomaly.masks import complementary_masks
+from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
+from mae.convert.sources import FORMATS
+from mae.data import DEFAULT_MAX_PIXELS
+from mae.inference.images import display_range
+from mae.inference.reconstruction import load_reconstructor
 from mae.io.atomic import atomic_write
 
 FIGURES = ("all", "overview", "none")

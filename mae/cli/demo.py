@@ -29,7 +29,7 @@ def build_parser() -> ArgumentParser:
 
 def run(args: Namespace) -> None:
     """Load the model and serve the page until it is stopped."""
-    from mae.eval.demo_page import ReconstructionSession, build_page, choose_port, example_images, serve
+    from mae.apps.page.demo import ReconstructionSession, build_page, choose_port, example_images, serve
 
     try:
         port = choose_port(args.host, args.port)
@@ -44,11 +44,11 @@ def run(args: Namespace) -> None:
     session = ReconstructionSession(args.checkpoint, args.format, args.max_image_pixels)
     search = None
     if args.index is not None:
-        from mae.eval.search_page import SearchSession
+        from mae.apps.page.search import SearchSession, search_tabs
 
         search = SearchSession(args.index, max_pixels=args.max_image_pixels)
     with example_images(args.examples) as examples:  # built-in examples are removed when the page stops
-        page = build_page(session, examples, search)
+        page = build_page(session, examples, search_tabs(search, examples) if search else None)
         try:
             serve(page, args.host, port, args.max_upload_mb)
         except OSError:  # Gradio's own port check: the port was taken after ours

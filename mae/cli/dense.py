@@ -4,8 +4,8 @@ segmentation and semantic segmentation from a pretrained encoder (LightningCLI, 
 import lightning.pytorch as pl
 
 from mae.cli.lightning import DenseCLI, SegmentCLI, build, fit, print_metrics, run
-from mae.dense.detection import MAEDetectionModule
-from mae.dense.segmentation import MAESegmentationModule
+from mae.dense.tasks.detection import MAEDetectionModule
+from mae.dense.tasks.segmentation import MAESegmentationModule
 
 
 def _main(cli_class: type[DenseCLI], module: type, run_name: str, args: list[str] | None) -> DenseCLI:

@@ -6,14 +6,14 @@ from pathlib import Path
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
+from mae.apps.embeddings.embed_run import embed_images, listed_images
+from mae.apps.embeddings.embedder import load_embedder
+from mae.apps.embeddings.embedding_index import IndexMeta, check_suffix
 from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
-from mae.eval.embed_run import embed_images, listed_images
-from mae.eval.embedder import load_embedder
-from mae.eval.embedding_index import IndexMeta, check_suffix
 from mae.eval.features import POOLS
-from mae.eval.own_images import Normalization
+from mae.inference.normalization import Normalization
 
 
 def build_parser() -> ArgumentParser:

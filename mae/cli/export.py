@@ -91,8 +91,8 @@ def run_onnx(args: Namespace):
         raise UsageError("give --mean and --std together")
     if args.img_size is not None and args.img_size < 1:
         raise UsageError(f"--img-size must be a positive number of pixels, got {args.img_size}")
+    from mae.apps.onnx_encoder import describe, export_onnx
     from mae.convert.onnx import DEFAULT_ATOL
-    from mae.eval.onnx_encoder import describe, export_onnx
 
     for package in ("onnx", "onnxscript", "onnxruntime"):
         try:

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from mae.data import ImageDataModule
-from mae.dense.figures import PredictionFigures
+from mae.dense.tasks.figures import PredictionFigures
 from mae.training.callbacks import (
     PREEMPTED_EXIT_CODE,
     ImageThroughputMonitor,

@@ -7,17 +7,12 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
+from mae.apps.reconstruction_figure import Figure, reconstruction_figure
 from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
-from mae.eval.own_images import (
-    Figure,
-    display_range,
-    image_paths,
-    load_image,
-    load_reconstructor,
-    reconstruction_figure,
-)
+from mae.inference.images import display_range, image_paths, load_image
+from mae.inference.reconstruction import load_reconstructor
 from mae.io.atomic import atomic_write
 from mae.models.masking import MASK_STRATEGIES
 

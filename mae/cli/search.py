@@ -6,13 +6,13 @@ from pathlib import Path
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
+from mae.apps.embeddings.embed_run import listed_images
+from mae.apps.embeddings.embedding_index import EmbeddingIndex
+from mae.apps.embeddings.image_search import CHUNK_ROWS, Match, index_embedder, search_images
+from mae.apps.embeddings.neighbours_figure import neighbours_figure
 from mae.command import UsageError, argparse_int, command_parser, parse_and_run
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
-from mae.eval.embed_run import listed_images
-from mae.eval.embedding_index import EmbeddingIndex
-from mae.eval.image_search import CHUNK_ROWS, Match, index_embedder, search_images
-from mae.eval.neighbours_figure import neighbours_figure
 from mae.io.atomic import atomic_write
 
 

@@ -6,7 +6,7 @@ torch's default exporter since 2.9 (it needs ``onnxscript``): the older TorchScr
 timm's Python-number shape arithmetic, where a batch size can be baked in silently; the dynamo
 exporter records the batch dimension as a symbol and fails when the model would specialise it. The
 file is then run by onnxruntime on seeded random inputs beside the module (``check_with_onnxruntime``)
-and renamed into place only when the two agree. What the file holds for the encoder: ``mae.eval.onnx_encoder``.
+and renamed into place only when the two agree. What the file holds for the encoder: ``mae.apps.onnx_encoder``.
 """
 
 from collections.abc import Callable

@@ -146,6 +146,26 @@ def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: s
         ValueError: naming ``path``: an argument ``MaskedAutoencoderViT`` does not take, a value of the
             wrong type, or an argument that disagrees with the tensors' shapes (both values given).
     """
+    _check_record_types(config, path)
+    measured, _ = infer_config(state, {"img_size": config.get("img_size"), "num_heads": 1, "decoder_num_heads": 1},
+                               path)  # fmt: skip
+    _check_record_shapes(config, measured, state, path)
+    _check_record_grid(config.get("img_size"), measured["patch_size"], state["pos_embed"].shape[1] - 1, path)
+    for heads, width_key in (("num_heads", "embed_dim"), ("decoder_num_heads", "decoder_embed_dim")):
+        if heads in config and width_key in config and config[width_key] % config[heads]:
+            raise ValueError(
+                f"{path}: its {ARCHITECTURE_KEY} record has {heads}={config[heads]}, which does not divide "
+                f"{width_key}={config[width_key]}"
+            )
+
+
+def _image_sizes(size: Any) -> list:
+    """A record's ``img_size`` as a list of one (H) or two (H, W) entries, unchecked."""
+    return list(size) if isinstance(size, list | tuple) else [size]
+
+
+def _check_record_types(config: dict[str, Any], path: str | Path) -> None:
+    """Every argument one ``MaskedAutoencoderViT`` takes; sizes and counts positive integers."""
     known = set(inspect.signature(MaskedAutoencoderViT.__init__).parameters) - {"self"}
     unknown = sorted(set(config) - known)
     if unknown:
@@ -159,10 +179,15 @@ def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: s
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record has {key}={value!r}; expected a positive integer")
     size = config.get("img_size")
-    sizes = list(size) if isinstance(size, list | tuple) else [size]
+    sizes = _image_sizes(size)
     if len(sizes) not in (1, 2) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes):
         raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record has img_size={size!r}; expected H or [H, W] pixels")
-    measured, _ = infer_config(state, {"img_size": size, "num_heads": 1, "decoder_num_heads": 1}, path)
+
+
+def _check_record_shapes(
+    config: dict[str, Any], measured: dict[str, Any], state: dict[str, torch.Tensor], path: str | Path
+) -> None:
+    """The record's widths, depths and decoder kind against those ``measured`` on the tensors."""
     keys = _SHAPE_ARGS + (_DECODER_SHAPE_ARGS if "decoder_embed.weight" in state else ())
     for key in keys:
         if key in config and not math.isclose(float(config[key]), float(measured[key])):
@@ -175,20 +200,17 @@ def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: s
             f"{path}: its {ARCHITECTURE_KEY} record says decoder_type={config.get('decoder_type', 'self')!r}, but its "
             f"tensors are a {measured['decoder_type']!r} decoder's; the record is damaged or was edited"
         )
+
+
+def _check_record_grid(size: Any, patch: int, positions: int, path: str | Path) -> None:
+    """The record's ``img_size`` cut into ``patch`` px patches gives the ``positions`` of ``pos_embed``."""
+    sizes = _image_sizes(size)
     height, width = sizes * 2 if len(sizes) == 1 else sizes
-    patch = measured["patch_size"]
-    positions = state["pos_embed"].shape[1] - 1
     if height % patch or width % patch or (height // patch) * (width // patch) != positions:
         raise ValueError(
             f"{path}: its {ARCHITECTURE_KEY} record says img_size={size!r}, but pos_embed holds {positions} patch "
             f"positions of {patch}x{patch} pixels; the record is damaged or was edited"
         )
-    for heads, width_key in (("num_heads", "embed_dim"), ("decoder_num_heads", "decoder_embed_dim")):
-        if heads in config and width_key in config and config[width_key] % config[heads]:
-            raise ValueError(
-                f"{path}: its {ARCHITECTURE_KEY} record has {heads}={config[heads]}, which does not divide "
-                f"{width_key}={config[width_key]}"
-            )
 
 
 # The pretraining module's own arguments that version 0.1 kept out of ``model_kwargs``.

@@ -9,7 +9,8 @@ the tools that prepare them. Each sub-package is one part, and each rule is writ
   normalisation (``normalize``).
 - ``sources``: the Lightning data modules on one base (``base``): built-in digits and CIFAR
   (``builtin``), image folders (``folder``, with the layout rules in ``layout``), streamed shards
-  (``streaming``, ``shard_format``), and the loaders' workers.
+  (``streaming``, ``shard_format``), the built-in digit scenes (``digit_scenes``: written once, read
+  by the dense tasks and, as pretraining images, by ``scene_images``), and the loaders' workers.
 - ``tools``: the shard converter and the statistics command (``python -m mae.data.shard`` /
   ``mae.data.stats``).
 """
@@ -19,6 +20,7 @@ from mae.data.sources.base import ImageDataModule
 from mae.data.sources.builtin import CIFARDataModule, DigitsDataModule
 from mae.data.sources.folder import ImageFolderDataModule
 from mae.data.sources.loader_workers import Loader
+from mae.data.sources.scene_images import DigitSceneImagesDataModule
 from mae.data.sources.subsets import fixed_subset
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD, normalize_batch
 from mae.data.views.recipes import (
@@ -32,6 +34,7 @@ from mae.data.views.recipes import (
 __all__ = [
     "CIFARDataModule",
     "DEFAULT_MAX_PIXELS",
+    "DigitSceneImagesDataModule",
     "DigitsDataModule",
     "IMAGENET_MEAN",
     "IMAGENET_STD",

@@ -5,7 +5,6 @@ label smoothing, AdamW); linear probing its frozen-encoder protocol (cls token, 
 affine before the linear head, LARS, no weight decay).
 """
 
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -19,102 +18,51 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from mae.convert.architecture import vit_record
-from mae.convert.backbone import build_vit, load_backbone, vit_args
-from mae.models import create_model
-from mae.training.base import MAETrainingModule, check_kernel_settings
-from mae.training.optim import ParamGroupPlan, check_schedule_settings
+from mae.convert.backbone import vit_args
+from mae.training.optim import ParamGroupPlan
+from mae.training.transfer import TransferModule
 
 
-class MAEFinetuneModule(MAETrainingModule):
+class MAEFinetuneModule(TransferModule):
     """A ViT classifier initialised from a pretrained MAE encoder.
 
     Args:
-        checkpoint: pretrained weights (ours, an export, official MAE, timm or Hugging Face; see
-            ``mae.load_backbone``). None trains the same architecture from scratch.
-        checkpoint_format: "auto" or a format name of ``mae.convert.sources.FORMATS``.
-        model: MAE size whose encoder is built when ``checkpoint`` is None (e.g. "mae_vit_base_patch16").
-        model_kwargs: ``MaskedAutoencoderViT`` overrides for that size (e.g. depth).
-        img_size: input size; linked from ``data.img_size`` (position embeddings are resampled when
-            it differs from the pretraining size).
-        num_classes: linked from the data module.
         mode: "finetune" (all weights) or "linprobe" (frozen encoder, BatchNorm + linear head).
         global_pool: "avg" (mean of patch tokens + fc_norm, the paper's fine-tuning) or "token" (cls).
-        drop_path_rate: stochastic depth (paper: 0.1 B, 0.2 L, 0.3 H).
-        layer_decay: layer-wise lr decay (paper: 0.65 B, 0.75 L/H); 1 disables it.
-        base_lr: lr per 256 images (paper: 5e-4 B, 1e-3 L/H; linear probe 0.1).
-        lr: absolute lr, overriding the scaling rule when set.
-        min_lr: lr at the end of the cosine (paper: 1e-6; linear probe 0).
-        weight_decay: AdamW weight decay (paper 0.05; linear probe 0).
-        warmup_epochs: linear warmup (paper: 5; linear probe 10).
         mixup: mixup alpha (paper 0.8); 0 disables.
         cutmix: cutmix alpha (paper 1.0); 0 disables.
         label_smoothing: (paper 0.1).
         head_init_std: std of the new head's trunc-normal init (paper: 2e-5; linear probe 0.01).
-        attention: attention kernel, "sdpa" or "explicit"; "auto" as ``mae.training.runtime`` measured.
-        compile: ``torch.compile`` the classifier (off by default; "auto" as for pretraining).
-        fused_adamw: the single-kernel AdamW ("auto": where the device has it).
-        in_chans: image channels; linked from ``data.in_chans`` (the patch embedding of a checkpoint
-            with another count is adapted, ``mae.convert.backbone.adapt_patch_embed``).
+        **kwargs: the encoder, optimiser and kernel settings every transfer shares, with the paper's
+            fine-tuning defaults (``mae.training.transfer.TransferModule``: checkpoint, model, img_size,
+            num_classes, drop_path_rate, layer_decay, base_lr (paper: 5e-4 B, 1e-3 L/H; linear probe 0.1),
+            min_lr (1e-6; linear probe 0), weight_decay (0.05; linear probe 0), warmup_epochs (5; linear
+            probe 10), ...).
     """
 
     network_attribute = "vit"
 
     def __init__(
         self,
-        checkpoint: str | None = None,
-        checkpoint_format: str = "auto",
-        model: str = "mae_vit_base_patch16",
-        model_kwargs: dict[str, Any] | None = None,
-        img_size: int | tuple[int, int] = 224,
-        num_classes: int = 1000,
         mode: Literal["finetune", "linprobe"] = "finetune",
         global_pool: Literal["avg", "token"] = "avg",
-        drop_path_rate: float = 0.1,
-        layer_decay: float = 0.65,
-        base_lr: float = 5e-4,
-        lr: float | None = None,
-        min_lr: float = 1e-6,
-        weight_decay: float = 0.05,
-        warmup_epochs: float = 5.0,
         mixup: float = 0.8,
         cutmix: float = 1.0,
         label_smoothing: float = 0.1,
         head_init_std: float = 2e-5,
-        attention: Literal["auto", "sdpa", "explicit"] = "auto",
-        compile: bool | Literal["auto"] = False,
-        fused_adamw: bool | Literal["auto"] = "auto",
-        in_chans: int = 3,
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        check_kernel_settings(attention, compile, fused_adamw)
-        check_schedule_settings(base_lr, lr, min_lr, warmup_epochs)
+        super().__init__(**kwargs)
+        hp = self.hparams
         if mode not in ("finetune", "linprobe"):
             raise ValueError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
-        if not 0 < layer_decay <= 1:
-            raise ValueError(f"model.layer_decay must be in (0, 1], got {layer_decay}")
-        if num_classes < 2:
-            raise ValueError(f"model.num_classes must be >= 2 (a classifier), got {num_classes}")
-        if mode == "linprobe" and (mixup > 0 or cutmix > 0 or drop_path_rate > 0):
+        if mode == "linprobe" and (mixup > 0 or cutmix > 0 or hp.drop_path_rate > 0):
             raise ValueError("linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0")
 
-        if checkpoint is not None and not Path(checkpoint).exists():
-            raise FileNotFoundError(
-                f"model.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
-                f"config, run `python train.py --config configs/pretrain/default.yaml` first) or set it to null "
-                f"to train from scratch"
-            )
-        vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=drop_path_rate)
-        if checkpoint is not None:
-            self.vit = load_backbone(checkpoint, img_size, format=checkpoint_format, in_chans=in_chans, **vit_kwargs)
-            rank_zero_info(str(self.vit.load_report))
-            new_head = "head.weight" in self.vit.load_report.missing
-            config = self.vit.load_report.config
-        else:
-            with torch.device("meta"):
-                config = create_model(model, img_size=img_size, in_chans=in_chans, **(model_kwargs or {})).config
-            self.vit = build_vit(config, img_size, **vit_kwargs)
-            new_head = True
+        num_classes = hp.num_classes
+        vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=hp.drop_path_rate)
+        self.vit, config, ckpt = self.pretrained_vit(**vit_kwargs)
+        new_head = ckpt is None or "head.weight" in self.vit.load_report.missing
         # The classifier's timm arguments, recorded in checkpoints so mae.load_backbone rebuilds it exactly.
         self.vit_args = {**vit_args({**config, "img_size": tuple(self.vit.patch_embed.img_size)}), **vit_kwargs}
         self.layer_norm_eps = config["layer_norm_eps"]

@@ -1,19 +1,15 @@
-"""What an image file is, decided once for every consumer (folder data, shards, statistics,
-reconstructions): which file endings are images and which library decodes each (``READERS``), a
-file's bytes held in memory (``EncodedImage``), what its pixels are (``PixelFormat``), and the one
-rule that sends data down the 8-bit RGB path or the array path (``reads_as_rgb``).
+"""What an image file is by its name, decided once for every consumer (folder data, shards, statistics,
+reconstructions): which file endings are images and which library decodes each (``READERS``), and a
+file's bytes held in memory (``EncodedImage``). The first stop of every file's reading: its header
+next (``headers``), then its path (``route``), the limits, the pixels (``rgb`` / ``arrays``) and their
+units (``units``); ``image`` goes through them in that order.
 """
 
-import contextlib
 import io
-import os
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Literal
 
 import torch
-from PIL import Image, UnidentifiedImageError
 
 Reader = Literal["pil", "tiff", "npy"]
 # Every file ending read as an image (torchvision ImageFolder's, in its order, then ours), and the library that
@@ -28,7 +24,6 @@ ARRAY_EXTENSIONS = tuple(ending for ending, reader in READERS.items() if reader 
 # Not listed in dataset folders (torchvision's ImageFolder lists none either): a GIF is an animation
 # or a palette icon more often than a photograph. Given by name (a reconstruction), it is read.
 NOT_IN_DATASETS = (".gif",)
-RGB_DTYPE = "uint8"  # the only pixel type the RGB path reads without losing values
 
 
 def dataset_extensions(arrays: bool) -> tuple[str, ...]:
@@ -77,58 +72,3 @@ def reader_of(source: Source) -> Reader:
 def is_array_file(source: Source) -> bool:
     """Whether only the array path reads ``source`` (TIFF, ``.npy``)."""
     return reader_of(source) != "pil"
-
-
-def opened(source: Source) -> "str | os.PathLike | BinaryIO":
-    """What a reader library opens: the path, or a file object over the bytes."""
-    return source.file() if isinstance(source, EncodedImage) else source
-
-
-def open_pil(source: Source) -> Image.Image:
-    """``Image.open`` of a file or a sample's bytes; an unidentifiable one names the file or sample."""
-    try:
-        return Image.open(opened(source))
-    except UnidentifiedImageError as err:
-        raise UnidentifiedImageError(f"cannot identify image file {source}") from err
-
-
-@contextlib.contextmanager
-def unlimited_pil() -> Iterator[None]:
-    """PIL's own decompression-bomb check off: the callers check ``max_pixels`` themselves
-    (``mae.data.decoding.limits``), before decoding and with messages that name the option."""
-    previous = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = previous
-
-
-@dataclass(frozen=True)
-class PixelFormat:
-    """What a file's pixels are, from its header (``mae.data.decoding.arrays.pixel_format``): the
-    channels and stored dtype the array path returns, and whether the file is one only the array
-    path reads."""
-
-    channels: int
-    dtype: str
-    array_file: bool = False
-
-    @property
-    def kind(self) -> tuple[int, str]:
-        """(channels, dtype name): what every file of array-path data must share (recorded in shards)."""
-        return self.channels, self.dtype
-
-    @property
-    def rgb_readable(self) -> bool:
-        """8-bit pixels in a file PIL reads: the RGB path converts them without loss."""
-        return self.dtype == RGB_DTYPE and not self.array_file
-
-
-def reads_as_rgb(in_chans: int, rgb_readable: bool) -> bool:
-    """The one rule for how data is read: 8-bit files PIL reads (RGB, grayscale, palette, RGBA,
-    CMYK: converted to RGB) take the 8-bit RGB path for a 3-channel model; any other channel count,
-    16-bit, float, TIFF and ``.npy`` data the array path, which keeps bit depth and bands.
-
-    ``rgb_readable``: whether every file of the data is ``PixelFormat.rgb_readable``."""
-    return in_chans == 3 and rgb_readable

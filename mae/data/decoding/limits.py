@@ -9,7 +9,7 @@ from PIL import Image
 from mae.data.decoding.formats import Source
 
 if TYPE_CHECKING:
-    from mae.data.decoding.arrays import ImageHeader
+    from mae.data.decoding.headers import ImageHeader
 
 # PIL's own default limit (about 89.5 megapixels), above which an image is treated as a decompression bomb.
 DEFAULT_MAX_PIXELS = 89_478_485

@@ -9,7 +9,8 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from mae.data.decoding.formats import EncodedImage, Source, open_pil, unlimited_pil
+from mae.data.decoding.formats import EncodedImage, Source
+from mae.data.decoding.headers import ImageFileError, open_pil, unlimited_pil
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_pixel_count
 
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
@@ -37,7 +38,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
         low, high = (float(pixels.min()), float(pixels.max())) if pixels.size else (0.0, 0.0)
         scale, top = (255.0, 1.0) if img.mode == "F" else (1 / 257, 65535.0)
         if not (np.isfinite(low) and np.isfinite(high) and 0 <= low and high <= top):
-            raise ValueError(
+            raise ImageFileError(
                 f"cannot convert image {image_name(img)} of mode {img.mode}: values {low:g}..{high:g} are outside "
                 f"the 0..{top:g} range its type is scaled from"
             )
@@ -46,7 +47,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
     try:
         return img.convert("RGB")
     except (ValueError, OSError) as err:
-        raise ValueError(f"cannot convert image {image_name(img)} of mode {img.mode} to RGB: {err}") from err
+        raise ImageFileError(f"cannot convert image {image_name(img)} of mode {img.mode} to RGB: {err}") from err
 
 
 def open_image(path: Source, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:

@@ -15,11 +15,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
-from mae.data.sources.loader_workers import split_loader
+from mae.data.sources.loader_workers import SplitLoaders
 from mae.data.sources.subsets import labelled_fraction
 from mae.data.views.arrays import ArrayView
 from mae.data.views.normalize import normalization, normalize_batch
@@ -40,7 +40,7 @@ def _collate_tensors(batch: list[torch.Tensor], **kwargs: Any) -> torch.Tensor:
     return collate_tensor_fn(batch, **kwargs)
 
 
-class ImageDataModule(pl.LightningDataModule, ABC):
+class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
     """Shared loader settings; subclasses build ``self.train_set`` / ``self.val_set`` in ``setup``.
 
     Args:
@@ -175,21 +175,8 @@ class ImageDataModule(pl.LightningDataModule, ABC):
         """Training images in all processes together (for the start-up summary)."""
         return len(self.train_set)
 
-    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
-        return split_loader(
-            dataset, train, self.batch_size, collate_images, self.num_workers, self.pin_memory, self.persistent_workers
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        if len(self.train_set) < self.batch_size:
-            raise ValueError(
-                f"{type(self).__name__}: {len(self.train_set)} training images is fewer than "
-                f"data.batch_size={self.batch_size}; lower the batch size"
-            )
-        return self._loader(self.train_set, train=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        return self._loader(self.val_set, train=False) if self.val_set is not None else []
+    def collate_fn(self) -> Callable:
+        return collate_images
 
 
 class SplitDataModule(ImageDataModule, ABC):

@@ -15,8 +15,10 @@ from typing import Literal
 
 import numpy as np
 
-from mae.data.decoding.arrays import check_channels, pixel_format
-from mae.data.decoding.formats import dataset_extensions, is_array_file, reads_as_rgb
+from mae.data.decoding.formats import dataset_extensions, is_array_file
+from mae.data.decoding.image import pixel_format
+from mae.data.decoding.route import reads_as_rgb
+from mae.data.decoding.units import check_channels
 
 log = logging.getLogger(__name__)
 

@@ -87,3 +87,48 @@ def split_loader(
         pin_memory=pin_memory and torch.cuda.is_available(),
         persistent_workers=persistent_workers and num_workers > 0,
     )
+
+
+class SplitLoaders:
+    """The loaders of a data module with a ``train_set`` and a ``val_set`` (None: no validation), for
+    every data module (images, detection, segmentation): ``split_loader`` with its ``collate_fn()``, and
+    the check that the training split holds one batch at least.
+
+    A data module sets ``batch_size``, ``num_workers``, ``pin_memory`` and ``persistent_workers``;
+    it may override ``collate_fn``, ``training_set`` (built lazily) and ``training_set_name``.
+    """
+
+    batch_size: int
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    train_set: Dataset | None
+    val_set: Dataset | None
+
+    def collate_fn(self) -> Callable:
+        """How a batch is put together from its items."""
+        return torch.utils.data.default_collate
+
+    def training_set(self) -> Dataset:
+        return self.train_set
+
+    def training_set_name(self) -> str:
+        """What the error names when the training split is too small."""
+        return type(self).__name__
+
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        return split_loader(dataset, train, self.batch_size, self.collate_fn(), self.num_workers, self.pin_memory,
+                            self.persistent_workers)  # fmt: skip
+
+    def train_dataloader(self) -> DataLoader:
+        """Raises ValueError naming the split and ``data.batch_size`` when the split holds fewer images."""
+        train = self.training_set()
+        if len(train) < self.batch_size:
+            raise ValueError(
+                f"{self.training_set_name()}: {len(train)} training images is fewer than "
+                f"data.batch_size={self.batch_size}; lower the batch size"
+            )
+        return self._loader(train, train=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        return self._loader(self.val_set, train=False) if self.val_set is not None else []

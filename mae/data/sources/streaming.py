@@ -15,10 +15,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader, Dataset
 
-from mae.data.decoding.arrays import check_channels
-from mae.data.decoding.formats import EncodedImage, reads_as_rgb
+from mae.data.decoding.formats import EncodedImage
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.decoding.rgb import open_image, to_rgb
+from mae.data.decoding.route import reads_as_rgb
+from mae.data.decoding.units import check_channels
 from mae.data.sources.base import SplitDataModule, collate_images
 from mae.data.sources.layout import missing_train_split
 from mae.data.sources.loader_workers import SigtermSafeLoader, worker_init

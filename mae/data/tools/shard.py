@@ -32,8 +32,8 @@ from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
 from mae.command import UsageError, argparse_int, command_parser, parse_and_run
-from mae.data.decoding.arrays import pixel_format, read_pixels
 from mae.data.decoding.formats import EncodedImage, dataset_extensions
+from mae.data.decoding.image import pixel_format, read_pixels
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.decoding.rgb import read_rgb
 from mae.data.sources.folder import ImageFolderSubset

@@ -18,8 +18,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from mae.command import argparse_int, command_parser, parse_and_run
-from mae.data.decoding.arrays import read_pixels
 from mae.data.decoding.formats import dataset_extensions
+from mae.data.decoding.image import read_pixels
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.sources.layout import has_extension, walk_once
 

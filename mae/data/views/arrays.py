@@ -15,8 +15,9 @@ from timm.data.random_erasing import RandomErasing
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from mae.data.decoding.arrays import chw_tensor, read_pixels
-from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_view_size
+from mae.data.decoding.image import read_pixels
+from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
+from mae.data.decoding.units import chw_tensor
 from mae.data.views.crop import CROP_SCALE, random_crop
 
 View = Literal["pretrain", "finetune", "linprobe", "eval"]
@@ -66,20 +67,27 @@ class ArrayView:
         self.max_pixels = max_pixels
         self.erase = RandomErasing(re_prob, mode="pixel", device="cpu") if view == "finetune" and re_prob else None
 
+    @property
+    def eval_short_side(self) -> int | None:
+        """The short side the evaluation view resizes an image to (then centre-crops); None for the
+        training views (their crops are at most the output size)."""
+        return int(max(self.size) / self.crop_ratio) if self.kind == "eval" else None
+
     def read(self, path: str | os.PathLike) -> torch.Tensor:
-        """(in_chans, H, W) float pixels of ``path``, unnormalised (``read_pixels``)."""
-        return chw_tensor(read_pixels(path, self.in_chans, self.expected, self.max_pixels))
+        """(in_chans, H, W) float pixels of ``path``, unnormalised (``read_pixels``); the file, and its
+        evaluation view, checked against ``max_pixels`` before it is decoded."""
+        return chw_tensor(read_pixels(path, self.in_chans, self.expected, self.max_pixels, self.eval_short_side))
 
     def __call__(self, path: str | os.PathLike) -> torch.Tensor:
-        return self.view(self.read(path), path)
+        return self.view(self.read(path))
 
-    def view(self, pixels: torch.Tensor, name: "str | os.PathLike" = "an image") -> torch.Tensor:
-        """This recipe's view of (in_chans, H, W) unnormalised pixels, normalised. The evaluation view's
-        resized image is checked against ``max_pixels`` first (``check_view_size``), naming ``name``."""
+    def view(self, pixels: torch.Tensor) -> torch.Tensor:
+        """This recipe's view of (in_chans, H, W) unnormalised pixels, normalised. Pixels read otherwise
+        than by ``read`` have had their evaluation view checked against the limit too (``read_image``'s
+        ``view_short_side``)."""
         bicubic = T.InterpolationMode.BICUBIC
         if self.kind == "eval":
-            short = int(max(self.size) / self.crop_ratio)
-            check_view_size(name, pixels.shape[-2], pixels.shape[-1], pixels.shape[0], short, self.max_pixels)
+            short = self.eval_short_side
             pixels = TF.center_crop(TF.resize(pixels, short, interpolation=bicubic, antialias=True), list(self.size))
         else:
             (top, left, h, w), flip = random_crop(pixels, CROP_SCALE[self.kind])

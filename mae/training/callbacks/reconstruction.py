@@ -8,7 +8,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import save_image
 
 from mae.data import ImageDataModule
-from mae.eval.visualize import reconstruct, reconstruction_grid
+from mae.inference.reconstruction import reconstruct, reconstruction_grid
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
 from mae.training.pretrain import MAEPretrainModule
 

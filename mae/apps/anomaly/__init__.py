@@ -1,0 +1,20 @@
+"""Anomaly detection from an MAE's reconstruction error: complementary masks (``masks``), per-patch errors,
+standardisation, image scores and heat maps (``scoring``), the pixel-kNN baseline (``baseline``), the
+metrics (``metrics``), the MVTec AD layout (``layout``), the run on image files (``evaluation``), figures
+(``figures``) and the built-in digit task (``digits``)."""
+
+from mae.apps.anomaly.masks import ComplementaryMasks, complementary_masks
+from mae.apps.anomaly.metrics import aupro, image_auroc, pixel_auroc
+from mae.apps.anomaly.scoring import NormalStatistics, heat_maps, image_scores, reconstruction_errors
+
+__all__ = [
+    "ComplementaryMasks",
+    "NormalStatistics",
+    "aupro",
+    "complementary_masks",
+    "heat_maps",
+    "image_auroc",
+    "image_scores",
+    "pixel_auroc",
+    "reconstruction_errors",
+]

@@ -1,0 +1,126 @@
+"""Anomaly detection on image files, end to end: the images read as the model's training read its data,
+each patch's reconstruction error under complementary masks, standardised by the normal images' errors,
+image scores, heat maps and, with labels, the metrics. The command (``mae.cli.anomaly``) and the benchmark
+(``benchmarks/anomaly.py``) both run it.
+"""
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from mae.apps.anomaly.layout import TestSet, mask_view, read_mask
+from mae.apps.anomaly.masks import ComplementaryMasks
+from mae.apps.anomaly.metrics import aupro, image_auroc, pixel_auroc
+from mae.apps.anomaly.scoring import NormalStatistics, heat_maps, image_scores, reconstruction_errors
+from mae.data import DEFAULT_MAX_PIXELS
+from mae.inference.images import load_image
+from mae.inference.normalization import Normalization
+from mae.models.mae import MaskedAutoencoderViT
+
+
+def load_images(
+    paths: Sequence[Path], size: tuple[int, int], norm: Normalization, max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> torch.Tensor:
+    """(N, C, H, W) model input of image files (``load_image``: resized, centre-cropped, normalised).
+
+    Raises:
+        ValueError: a file that cannot be read, naming it and the fix (every image is scored, none skipped:
+            a skipped test image would change the metrics unseen).
+    """
+    images = []
+    for path in paths:
+        try:
+            images.append(load_image(path, size, norm, max_pixels))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            raise ValueError(f"cannot read {path}: {err}; remove the file from its folder or replace it") from err
+    return torch.stack(images)
+
+
+def file_errors(
+    errors: Callable[[torch.Tensor], torch.Tensor],
+    paths: Sequence[Path],
+    size: tuple[int, int],
+    norm: Normalization,
+    batch_size: int = 32,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+) -> torch.Tensor:
+    """(N, L) ``errors`` of image files, read ``batch_size`` at a time (only the errors are kept)."""
+    return torch.cat([
+        errors(load_images(paths[start : start + batch_size], size, norm, max_pixels)).cpu()
+        for start in range(0, len(paths), batch_size)
+    ])  # fmt: skip
+
+
+def mae_errors(
+    model: MaskedAutoencoderViT, masks: ComplementaryMasks, device: torch.device | str = "cpu"
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """(N, C, H, W) -> (N, L): the MAE's per-patch reconstruction errors under ``masks`` (``scoring``)."""
+    return lambda imgs: reconstruction_errors(model, imgs.to(device), masks)
+
+
+def ground_truth(test_set: TestSet, size: tuple[int, int]) -> torch.Tensor:
+    """(N, H, W) bool masks at the model's input size, all False for good images (``read_mask``: each checked
+    against its image's size)."""
+    blank = torch.zeros(size, dtype=torch.bool)
+    return torch.stack([mask_view(read_mask(i.mask, i.path), size) if i.mask else blank for i in test_set.images])
+
+
+@dataclass
+class AnomalyResult:
+    """Scores of the test images, in ``TestSet.images`` order: ``patch_scores`` (N, L), ``scores`` (N,),
+    ``maps`` (N, H, W) at the model's input size; ``truth`` (N, H, W) bool ground truth at that size when
+    the test set has it; ``metrics`` when it is labelled."""
+
+    patch_scores: torch.Tensor
+    scores: torch.Tensor
+    maps: torch.Tensor
+    truth: torch.Tensor | None
+    metrics: dict | None
+
+
+def score_test_set(
+    test_errors: torch.Tensor,
+    test_set: TestSet,
+    grid_size: tuple[int, int],
+    size: tuple[int, int],
+    top_k: int,
+    normal_errors: torch.Tensor | None = None,
+) -> AnomalyResult:
+    """Image scores, heat maps and metrics from (N, L) ``test_errors``: standardised per patch position by
+    (M, L) ``normal_errors`` when given (``NormalStatistics``), the image score the mean of the ``top_k``
+    highest patch scores, the maps the patch scores upsampled to ``size``."""
+    patch_scores = test_errors if normal_errors is None else NormalStatistics.of(normal_errors).standardise(test_errors)
+    scores = image_scores(patch_scores, top_k)
+    maps = heat_maps(patch_scores, grid_size, size)
+    truth = ground_truth(test_set, size) if test_set.has_masks else None
+    metrics = anomaly_metrics(scores, maps, test_set, truth) if test_set.labelled else None
+    return AnomalyResult(patch_scores, scores, maps, truth, metrics)
+
+
+def anomaly_metrics(scores: torch.Tensor, maps: torch.Tensor, test_set: TestSet, truth: torch.Tensor | None) -> dict:
+    """Image AUROC (overall and good vs each defect kind) when there are good and defective images; pixel
+    AUROC and AUPRO against (N, H, W) ``truth`` when given. Counts of images per kind."""
+    labels = torch.tensor([i.label for i in test_set.images])
+    kinds = [i.kind for i in test_set.images]
+    metrics: dict = {"images": {k: kinds.count(k) for k in test_set.kinds}}
+    if labels.min() == labels.max():
+        metrics["note"] = "only one class of test image: no AUROC"
+        return metrics
+    metrics["image_auroc"] = image_auroc(scores, labels)
+    metrics["image_auroc_per_kind"] = {}
+    for kind in test_set.kinds[1:]:
+        pick = torch.tensor([k in ("good", kind) for k in kinds])
+        metrics["image_auroc_per_kind"][kind] = image_auroc(scores[pick], labels[pick])
+    if truth is not None:
+        metrics["pixel_auroc"] = pixel_auroc(maps, truth)
+        metrics["aupro"] = aupro(maps, truth)
+    return metrics
+
+
+def relative_name(path: Path, root: str | os.PathLike) -> str:
+    """``path`` relative to ``root`` (as given), POSIX-style."""
+    return Path(path).relative_to(root).as_posix()

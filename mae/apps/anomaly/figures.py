@@ -1,0 +1,85 @@
+"""Heat-map figures: one row per test image, image | heat map | heat map over the image | ground truth,
+the image's name and score beside it; one colour scale for every image, so that colours compare."""
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+from torchvision.utils import make_grid
+
+from mae.inference.normalization import Normalization
+from mae.inference.reconstruction import denormalize, to_display
+
+HEADERS = ("image", "heat map", "overlay", "ground truth")
+OVERLAY_OPACITY = 0.6  # of the hottest colour over the image
+
+
+def hot(values: torch.Tensor) -> torch.Tensor:
+    """(...,) in [0, 1] -> (..., 3) RGB in [0, 1]: black, red, yellow, white (the "hot" colour map)."""
+    return torch.stack([(3 * values - k).clamp(0, 1) for k in range(3)], dim=-1)
+
+
+def color_range(maps: torch.Tensor) -> tuple[float, float]:
+    """(low, high) of the colour scale: 0 to the 99.5th percentile of every map's values (drawn white),
+    so that one bright outlier does not turn every other defect black."""
+    high = torch.quantile(maps.flatten().float()[:: max(1, maps.numel() // 1_000_000)], 0.995).item()
+    return 0.0, max(high, 1e-12)
+
+
+def heat_map_figure(
+    imgs: torch.Tensor,
+    maps: torch.Tensor,
+    names: list[str],
+    scores: list[float],
+    norm: Normalization,
+    colors: tuple[float, float],
+    truth: torch.Tensor | None = None,
+    value_range: tuple[float, float] | None = (0.0, 1.0),
+    min_panel: int = 96,
+) -> Image.Image:
+    """The figure of N test images.
+
+    Args:
+        imgs: (N, C, H, W) normalised model input.
+        maps: (N, H, W) heat maps.
+        names, scores: each image's name and score, written beside its row.
+        norm: the model's normalisation (to draw the images in their own units).
+        colors: (low, high) map values drawn black and white (``color_range``).
+        truth: (N, H, W) bool ground truth: a fourth panel when given.
+        value_range: image values drawn black and white (``mae.inference.images.display_range``).
+        min_panel: panels are enlarged (nearest neighbour) to at least this many pixels.
+    """
+    shown = to_display(denormalize(imgs.float().cpu(), norm.mean, norm.std), value_range=value_range or
+                       _own_range(imgs, norm))  # fmt: skip
+    low, high = colors
+    heat = ((maps.float().cpu() - low) / (high - low)).clamp(0, 1)
+    colour = hot(heat).permute(0, 3, 1, 2)  # (N, 3, H, W)
+    opacity = OVERLAY_OPACITY * heat[:, None]
+    panels = [shown, colour, shown * (1 - opacity) + colour * opacity]
+    if truth is not None:
+        panels.append(truth[:, None].float().cpu().expand(-1, 3, -1, -1))
+    rows = torch.stack(panels, dim=1).flatten(0, 1)
+    grid = make_grid(rows, nrow=len(panels), padding=2, pad_value=1.0)
+    height, width = imgs.shape[-2:]
+    scale = max(1, -(-min_panel // min(height, width)))
+    picture = Image.fromarray((grid.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
+    picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
+
+    label_width, line = 200, 16
+    caption = f"colour scale: {low:.3g} (black) to {high:.3g} (white), the same for every row"
+    canvas = Image.new("RGB", (label_width + picture.width, 2 * line + picture.height + line), "white")
+    canvas.paste(picture, (label_width, line))
+    draw = ImageDraw.Draw(canvas)
+    panel = picture.width / len(panels)
+    for i, header in enumerate(HEADERS[: len(panels)]):
+        draw.text((label_width + i * panel + 4, 2), header, fill="black")
+    row = picture.height / len(imgs)
+    for i, (name, score) in enumerate(zip(names, scores, strict=True)):
+        draw.text((4, line + i * row + row / 2 - line), name[-32:], fill="black")
+        draw.text((4, line + i * row + row / 2), f"score {score:.4g}", fill="black")
+    draw.text((4, line + picture.height + 4), caption, fill="black")
+    return canvas
+
+
+def _own_range(imgs: torch.Tensor, norm: Normalization) -> tuple[float, float]:
+    data = denormalize(imgs.float().cpu(), norm.mean, norm.std)
+    return data.min().item(), data.max().item()

@@ -1,0 +1,106 @@
+"""An encoder that turns image files into embedding vectors: any checkpoint ``mae.load_backbone`` reads,
+its images read and normalised as its training data was (``mae.inference.images``), pooled as every
+evaluation pools (``mae.eval.features.pooled``), and a fingerprint of its weights, so that an index and
+its queries can be checked to come from the same encoder."""
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mae.convert.backbone import load_backbone
+from mae.convert.sources import MAECheckpoint, read_checkpoint
+from mae.data import DEFAULT_MAX_PIXELS
+from mae.eval.features import POOLS, Pool, pooled
+from mae.inference.images import load_image
+from mae.inference.normalization import Normalization
+
+
+def weights_fingerprint(ckpt: MAECheckpoint) -> str:
+    """SHA-256 (hex) of the encoder's weights: every tensor's name, dtype, shape and bytes, in name order.
+    The same weights give the same fingerprint in every format the readers map to the official names (our
+    checkpoint, its export, an official or Hugging Face file); a retrained ``last.ckpt`` gives another."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(ckpt.encoder_state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Embedder:
+    """A frozen encoder and how its inputs are made.
+
+    Attributes:
+        encoder: a timm ``VisionTransformer`` in evaluation mode on its device.
+        norm: the normalisation of its inputs (``in_chans`` channels).
+        pool: "cls", "avg" or "both" (``mae.eval.features.pooled``).
+        img_size: (H, W) input size in pixels.
+        checkpoint: the checkpoint's path, absolute.
+        fingerprint: ``weights_fingerprint`` of the checkpoint.
+    """
+
+    encoder: torch.nn.Module
+    norm: Normalization
+    pool: Pool
+    img_size: tuple[int, int]
+    checkpoint: str
+    fingerprint: str
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+
+    @property
+    def dim(self) -> int:
+        """The length of one vector: the encoder's width, twice it for "both"."""
+        return self.encoder.embed_dim * (2 if self.pool == "both" else 1)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.encoder.parameters()).device
+
+    def load(self, path: str | os.PathLike) -> torch.Tensor:
+        """(C, H, W) normalised input of one image file (``mae.inference.images.load_image``).
+
+        Raises:
+            OSError, ValueError, PIL.Image.DecompressionBombError: naming the file.
+        """
+        return load_image(path, self.img_size, self.norm, self.max_pixels)
+
+    @torch.no_grad()
+    def __call__(self, imgs: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) normalised input -> (N, D) float32 vectors on the CPU."""
+        return pooled(self.encoder, self.pool)(imgs.to(self.device)).cpu()
+
+
+def load_embedder(
+    checkpoint: str | os.PathLike | MAECheckpoint,
+    pool: Pool = "cls",
+    format: str = "auto",
+    img_size: int | tuple[int, int] | None = None,
+    norm: Normalization | None = None,
+    device: str | torch.device = "cpu",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    fingerprint: str | None = None,
+) -> Embedder:
+    """The encoder of ``checkpoint`` (a path or a read checkpoint; at ``img_size``, default the
+    checkpoint's) and its inputs' normalisation: ``norm`` when given, else the one the checkpoint records
+    (``Normalization.of``). ``fingerprint``: its ``weights_fingerprint`` when already computed.
+
+    Raises:
+        FileNotFoundError, ValueError: an unreadable checkpoint, an unknown pool, or a file of another
+            channel count than 3 that records no mean / std.
+    """
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    ckpt = checkpoint if isinstance(checkpoint, MAECheckpoint) else read_checkpoint(checkpoint, format)
+    in_chans = ckpt.config["in_chans"]
+    norm = norm or Normalization.of(ckpt.data, in_chans, ckpt.source)
+    if norm.in_chans != in_chans or len(norm.mean) != in_chans:
+        raise ValueError(f"{ckpt.source} reads {in_chans}-channel images but the mean / std given have "
+                         f"{len(norm.mean)} values: give one per channel")  # fmt: skip
+    encoder = load_backbone(ckpt, img_size=img_size).to(device).eval()
+    size = tuple(encoder.patch_embed.img_size)
+    return Embedder(encoder, norm, pool, size, str(Path(ckpt.source).absolute()),
+                    fingerprint or weights_fingerprint(ckpt), max_pixels)  # fmt: skip

@@ -1,0 +1,250 @@
+"""The files of an embedding index (``python -m mae.embed``), written whole and read in chunks.
+
+Two layouts hold the same rows (one image each: its path, its label or none, its vector) and the same
+record of how they were made (``IndexMeta``):
+
+- ``FILE.parquet``: columns ``path`` (string), ``label`` (string, null outside a class folder) and
+  ``vector`` (fixed-size list of float32); the record is the file's key-value metadata under
+  ``mae_embeddings`` (JSON). Needs pyarrow (the ``embed`` extra).
+- ``FILE.npy``: the (N, D) float32 vectors, with ``FILE.csv`` (``path,label`` per row, in the same order;
+  empty label outside a class folder) and ``FILE.json`` (the record) beside it. Needs numpy only.
+"""
+
+import csv
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mae.inference.normalization import Normalization
+from mae.io.atomic import atomic_write
+
+INDEX_VERSION = 1
+METADATA_KEY = b"mae_embeddings"
+SUFFIXES = (".parquet", ".npy")
+# What makes two runs' vectors comparable (and a stopped run resumable): everything but the outcome.
+RUN_FIELDS = ("fingerprint", "pool", "dim", "img_size", "in_chans", "mean", "std", "inputs")
+
+
+@dataclass
+class IndexMeta:
+    """How an index was made, and what it holds.
+
+    Attributes:
+        checkpoint: the encoder's checkpoint (absolute path when written).
+        fingerprint: ``mae.apps.embeddings.embedder.weights_fingerprint`` of its weights.
+        pool: "cls", "avg" or "both".
+        dim: D, the length of each vector.
+        img_size: [H, W], the encoder's input size in pixels.
+        in_chans, mean, std: how the images were normalised.
+        inputs: SHA-256 of the listed images (paths and labels, in order): the run's inputs.
+        count: N, the rows written.
+        skipped: {"path", "error"} of each image that could not be read.
+    """
+
+    checkpoint: str
+    fingerprint: str
+    pool: str
+    dim: int
+    img_size: list[int]
+    in_chans: int
+    mean: list[float]
+    std: list[float]
+    inputs: str = ""
+    count: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    version: int = INDEX_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes, source: str | Path) -> "IndexMeta":
+        """Raises:
+        ValueError: not this record, or a version this code does not read, naming ``source``.
+        """
+        try:
+            record = json.loads(text)
+            version = record.get("version")
+            if version != INDEX_VERSION:
+                raise ValueError(f"{source} is an index of version {version!r}; this code reads version "
+                                 f"{INDEX_VERSION}: rebuild it with python -m mae.embed")  # fmt: skip
+            return cls(**{f.name: record[f.name] for f in fields(cls)})
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(
+                f"{source} has a damaged index record ({err}): rebuild it with python -m mae.embed"
+            ) from err
+
+    def run(self) -> dict:
+        """The fields that say how the vectors were made (``RUN_FIELDS``)."""
+        return {name: getattr(self, name) for name in RUN_FIELDS}
+
+    def norm(self) -> Normalization:
+        return Normalization(self.in_chans, tuple(self.mean), tuple(self.std))
+
+
+@dataclass
+class Rows:
+    """Consecutive rows of an index: ``paths`` and ``labels`` (None outside a class folder), and their
+    ``vectors`` (n, D) float32."""
+
+    paths: list[str]
+    labels: list[str | None]
+    vectors: np.ndarray
+
+
+def check_suffix(path: str | Path) -> Path:
+    """Raises:
+    ValueError: ``path`` does not end in .parquet or .npy.
+    """
+    path = Path(path)
+    if path.suffix not in SUFFIXES:
+        raise ValueError(f"an index file must end in .parquet (Parquet) or .npy (numpy + CSV), got {path}")
+    return path
+
+
+def companions(path: Path) -> tuple[Path, Path]:
+    """The CSV of paths and the JSON record beside ``FILE.npy``."""
+    return path.with_suffix(".csv"), path.with_suffix(".json")
+
+
+def write_index(path: str | Path, meta: IndexMeta, rows: Iterable[Rows]) -> Path:
+    """Write ``rows`` (in order; ``meta.count`` rows in all) as the index ``path`` (.parquet or .npy), each
+    file atomically; for .npy the CSV and JSON first, the vectors last. ``rows`` may be iterated more than
+    once (e.g. parts read from disk on each pass); memory: one ``Rows`` at a time."""
+    path = check_suffix(path)
+    if path.suffix == ".parquet":
+        return atomic_write(path, lambda tmp: _write_parquet(tmp, meta, rows))
+    csv_path, json_path = companions(path)
+
+    def write_csv(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["path", "label"])
+            for part in rows:
+                writer.writerows(
+                    (p, "" if label is None else label) for p, label in zip(part.paths, part.labels, strict=True)
+                )
+
+    def write_vectors(tmp: Path) -> None:
+        vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(meta.count, meta.dim))
+        start = 0
+        for part in rows:
+            vectors[start : start + len(part.paths)] = part.vectors
+            start += len(part.paths)
+        vectors.flush()
+        del vectors
+
+    atomic_write(csv_path, write_csv)
+    atomic_write(json_path, lambda tmp: tmp.write_text(meta.to_json()))
+    return atomic_write(path, write_vectors, size=meta.count * meta.dim * 4)
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as err:
+        raise ValueError(
+            f'Parquet files need pyarrow: pip install -e ".[embed]", or use an .npy index ({err})'
+        ) from None
+    return pyarrow
+
+
+def _write_parquet(tmp: Path, meta: IndexMeta, rows: Iterable[Rows]) -> None:
+    pa = _pyarrow()
+    schema = pa.schema(
+        [("path", pa.string()), ("label", pa.string()), ("vector", pa.list_(pa.float32(), meta.dim))],
+        metadata={METADATA_KEY: meta.to_json()},
+    )
+    with pa.parquet.ParquetWriter(tmp, schema) as writer:
+        for part in rows:
+            if not part.paths:
+                continue
+            vectors = pa.FixedSizeListArray.from_arrays(pa.array(part.vectors.reshape(-1), pa.float32()), meta.dim)
+            writer.write_table(pa.table([pa.array(part.paths, pa.string()), pa.array(part.labels, pa.string()),
+                                         vectors], schema=schema))  # fmt: skip
+
+
+class EmbeddingIndex:
+    """An index on disk (.parquet or .npy), read in chunks: ``meta``, ``len(index)``, ``vector_chunks``,
+    ``rows_at``.
+
+    Raises (on opening):
+        FileNotFoundError: a missing file (for .npy: or its CSV / JSON).
+        ValueError: a file that is not an index of ``python -m mae.embed``, or whose vectors disagree with
+            its record.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = check_suffix(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"index {self.path} does not exist: build it with python -m mae.embed")
+        if self.path.suffix == ".parquet":
+            self._open_parquet()
+        else:
+            self._open_npy()
+
+    def __len__(self) -> int:
+        return self.meta.count
+
+    def _open_parquet(self) -> None:
+        pa = _pyarrow()
+        try:
+            # pre_buffer would read every row group ahead: memory growing with the index, not the chunk
+            self._file = pa.parquet.ParquetFile(self.path, pre_buffer=False, buffer_size=1 << 20)
+        except pa.ArrowException as err:
+            raise ValueError(f"{self.path} is not a readable Parquet file ({err})") from None
+        record = (self._file.schema_arrow.metadata or {}).get(METADATA_KEY)
+        if record is None:
+            raise ValueError(f"{self.path} is a Parquet file without an embedding record (no {METADATA_KEY.decode()} "
+                             "metadata): it was not written by python -m mae.embed")  # fmt: skip
+        self.meta = IndexMeta.from_json(record, self.path)
+        vector = self._file.schema_arrow.field("vector").type
+        if self._file.metadata.num_rows != self.meta.count or getattr(vector, "list_size", None) != self.meta.dim:
+            raise ValueError(f"{self.path} holds {self._file.metadata.num_rows} rows of {vector} but its record says "
+                             f"{self.meta.count} of {self.meta.dim}: rebuild it with python -m mae.embed")  # fmt: skip
+
+    def _open_npy(self) -> None:
+        csv_path, json_path = companions(self.path)
+        for needed in (csv_path, json_path):
+            if not needed.is_file():
+                raise FileNotFoundError(f"{needed} is missing: an .npy index is {self.path.name} with "
+                                        f"{csv_path.name} and {json_path.name} beside it")  # fmt: skip
+        self.meta = IndexMeta.from_json(json_path.read_text(), json_path)
+        self._vectors = np.load(self.path, mmap_mode="r")
+        if self._vectors.shape != (self.meta.count, self.meta.dim) or self._vectors.dtype != np.float32:
+            raise ValueError(f"{self.path} holds {self._vectors.dtype} {self._vectors.shape} but {json_path.name} says "
+                             f"float32 ({self.meta.count}, {self.meta.dim}): rebuild it")  # fmt: skip
+
+    def vector_chunks(self, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, (n, D) float32 vectors) of ``rows`` rows at a time, in order."""
+        if self.path.suffix == ".npy":
+            for start in range(0, len(self), rows):
+                yield start, torch.from_numpy(np.array(self._vectors[start : start + rows]))
+            return
+        start = 0
+        for batch in self._file.iter_batches(batch_size=rows, columns=["vector"]):
+            values = batch.column(0).flatten().to_numpy(zero_copy_only=False).reshape(-1, self.meta.dim)
+            yield start, torch.from_numpy(np.array(values))
+            start += len(values)
+
+    def rows_at(self, indices: Iterable[int]) -> dict[int, tuple[str, str | None]]:
+        """{row: (path, label)} of the rows ``indices``, read in one pass."""
+        wanted = set(indices)
+        found = {}
+        if self.path.suffix == ".npy":
+            with open(companions(self.path)[0], newline="") as f:
+                for row, (path, label) in enumerate(csv.reader(f), start=-1):  # -1: the header
+                    if row in wanted:
+                        found[row] = (path, label or None)
+            return found
+        start = 0
+        for batch in self._file.iter_batches(batch_size=65536, columns=["path", "label"]):
+            for row in sorted(i - start for i in wanted if start <= i < start + batch.num_rows):
+                found[start + row] = (batch.column(0)[row].as_py(), batch.column(1)[row].as_py())
+            start += batch.num_rows
+        return found

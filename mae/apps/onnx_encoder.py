@@ -1,0 +1,167 @@
+"""The encoder as an ONNX file (``python -m mae.export CHECKPOINT OUT.onnx``; written and checked by
+``mae.convert.onnx``).
+
+The file computes the encoder's ``forward_features`` on every patch (no masking): ``pixels``
+(N, C, H, W) float32 -> ``tokens`` (N, 1 + L, D), the cls token then the patch tokens in raster
+order, after the final LayerNorm; or, with ``pool``, ``embedding`` (N, D) (2D for "both"), pooled
+as ``mae.eval.features.pooled`` pools for kNN and the linear probe. How to prepare ``pixels`` (the
+scaling, resize and crop, and the mean / std of the model's training data) is written into the
+file's ``metadata_props`` (keys ``mae.*``) and ``doc_string``, so a runtime without Python knows how
+to feed it.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mae.convert.backbone import load_backbone
+from mae.convert.onnx import DEFAULT_ATOL, check_opset, write_onnx
+from mae.convert.sources import read_checkpoint
+from mae.eval.features import POOLS, Pool, pooled
+from mae.inference.normalization import Normalization
+
+INPUT_NAME = "pixels"
+
+
+class OnnxEncoder(nn.Module):
+    """What the ONNX file computes: (N, C, H, W) normalised pixels -> (N, 1 + L, D) tokens, or the
+    (N, D) embedding of ``pool`` (``mae.eval.features.pooled``)."""
+
+    def __init__(self, backbone: nn.Module, pool: Pool | None = None) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.pool = pool
+        self._encode = pooled(backbone, pool) if pool else backbone.forward_features
+
+    @property
+    def output_name(self) -> str:
+        return "embedding" if self.pool else "tokens"
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self._encode(pixels)
+
+
+@dataclass
+class OnnxExport:
+    path: Path
+    opset: int
+    input_shape: list  # ints; "batch" for a dynamic batch
+    output_shape: list
+    differences: dict[int, float]  # batch size -> max abs difference of onnxruntime to torch
+    metadata: dict[str, str]  # the file's metadata_props
+
+
+def input_metadata(norm: Normalization, size: tuple[int, int], how: str) -> dict[str, str]:
+    """The file's ``metadata_props`` on its input: what ``pixels`` must hold, in words and as JSON
+    values. ``how``: where the mean / std come from (recorded in the checkpoint, ImageNet's, given)."""
+    height, width = size
+    mean = ", ".join(f"{v:g}" for v in norm.mean)
+    std = ", ".join(f"{v:g}" for v in norm.std)
+    text = (
+        f"{INPUT_NAME}: float32 (N, {norm.in_chans}, {height}, {width}). From an image: take {norm.in_chans} "
+        f"channel(s) (8-bit RGB for a 3-channel model); scale 8-bit values by 1/255 and 16-bit values by 1/65535 "
+        f"(float data stays in its own units); resize so the short side is {max(size)} pixels (bicubic, "
+        f"antialiased) and centre-crop {height}x{width}; then per channel c: (x - mean[c]) / std[c] with "
+        f"mean = [{mean}], std = [{std}] ({how})."
+    )
+    return {
+        "mae.input": text,
+        "mae.in_chans": str(norm.in_chans),
+        "mae.img_size": json.dumps([height, width]),
+        "mae.mean": json.dumps(list(norm.mean)),
+        "mae.std": json.dumps(list(norm.std)),
+        "mae.normalization_source": how,
+    }
+
+
+def output_text(model: OnnxEncoder, dims: torch.Size, grid: tuple[int, int]) -> str:
+    """The file's ``mae.output``: what its output holds, ``dims`` its shape without the batch."""
+    if model.pool is None:
+        return (
+            f"{model.output_name}: float32 (N, {dims[0]}, {dims[1]}): the cls token, then the {grid[0]}x{grid[1]} "
+            f"patch tokens in raster order, after the encoder's final LayerNorm (every patch, no masking)."
+        )
+    what = {"cls": "the cls token", "avg": "the mean of the patch tokens",
+            "both": "the cls token and the mean of the patch tokens, side by side"}[model.pool]  # fmt: skip
+    return f"{model.output_name}: float32 (N, {dims[0]}): {what}, after the encoder's final LayerNorm."
+
+
+def export_onnx(
+    source: str | Path,
+    out: str | Path,
+    format: str = "auto",
+    pool: Pool | None = None,
+    dynamic_batch: bool = False,
+    img_size: int | None = None,
+    opset: int | None = None,
+    atol: float = DEFAULT_ATOL,
+    num_heads: int | None = None,
+    mean: list[float] | None = None,
+    std: list[float] | None = None,
+) -> OnnxExport:
+    """Write the encoder of ``source`` (any format ``load_backbone`` reads) to ``out`` (.onnx), checked
+    with onnxruntime against torch on random inputs of batch 1 (and 3 with ``dynamic_batch``) first.
+
+    Args:
+        pool: None for every token (N, 1 + L, D); "cls", "avg" or "both" for the pooled embedding.
+        dynamic_batch: a symbolic batch dimension; else the file takes batch 1 only.
+        img_size: input size; the position embeddings are resampled as ``load_backbone`` does.
+        opset: ONNX opset (``mae.convert.onnx.supported_opsets``); None: the exporter's default.
+        atol: the largest max abs difference to torch accepted (fp32).
+        mean, std: the input statistics to record; default: the checkpoint's record
+            (``Normalization.of``: ImageNet's for 3-channel files without one).
+
+    Raises:
+        ValueError: a bad suffix, pool or opset, missing statistics, or a file that onnxruntime cannot
+            load or that differs from torch by more than ``atol`` (``mae.convert.onnx.write_onnx``);
+            nothing is then written at ``out``.
+    """
+    if Path(out).suffix != ".onnx":
+        raise ValueError(f"ONNX export target {out} must end in .onnx")
+    if pool is not None and pool not in POOLS:
+        raise ValueError(f"--pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    check_opset(opset)  # before the checkpoint is read
+    ckpt = read_checkpoint(source, format)
+    backbone = load_backbone(ckpt, img_size=img_size, num_heads=num_heads).eval()
+    in_chans, size = backbone.patch_embed.proj.in_channels, tuple(backbone.patch_embed.img_size)
+    if mean:
+        norm, how = Normalization(in_chans, tuple(mean), tuple(std)), "given at export"
+    else:
+        norm = Normalization.of(ckpt.data, in_chans, str(source))
+        how = "recorded in the checkpoint" if ckpt.data else "ImageNet's: the checkpoint records none"
+    if len(norm.mean) != in_chans or len(norm.std) != in_chans:
+        raise ValueError(f"--mean and --std need {in_chans} values, one per input channel; got {len(norm.mean)}")
+    model = OnnxEncoder(backbone, pool).eval()
+    example = torch.randn(2 if dynamic_batch else 1, in_chans, *size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        dims = model(example[:1]).shape[1:]
+    metadata = {
+        **input_metadata(norm, size, how),
+        "mae.output": output_text(model, dims, backbone.patch_embed.grid_size),
+        "mae.pool": pool or "none",
+        "mae.source": Path(source).name,
+        "mae.source_format": ckpt.format,
+    }
+    doc = f"MAE encoder from {Path(source).name}. {metadata['mae.input']} {metadata['mae.output']}"
+    written = write_onnx(model, out, example, INPUT_NAME, model.output_name, metadata, doc, dynamic_batch, opset, atol)
+    batch = "batch" if dynamic_batch else 1
+    return OnnxExport(written.path, written.opset, [batch, in_chans, *size], [batch, *dims], written.differences,
+                      metadata)  # fmt: skip
+
+
+def describe(export: OnnxExport) -> list[str]:
+    """Lines for the user: what was written, how well it agrees with torch, how to feed it."""
+    output_name = export.metadata["mae.output"].split(":")[0]
+    lines = [f"wrote {export.path} (opset {export.opset}): {INPUT_NAME} {export.input_shape} -> {output_name} "
+             f"{export.output_shape}"]  # fmt: skip
+    for batch, diff in export.differences.items():
+        lines.append(f"onnxruntime vs torch, batch {batch}: max abs difference {diff:.2e}")
+    lines += [f"input: {export.metadata['mae.input']}", f"output: {export.metadata['mae.output']}"]
+    lines.append("(both are in the file's metadata_props, keys mae.*)")
+    return lines
+
+
+__all__ = ["OnnxEncoder", "OnnxExport", "describe", "export_onnx", "input_metadata"]

@@ -1,0 +1,221 @@
+"""Detection data modules: COCO-format data from a folder, and the built-in digit scenes through the same
+path. Batches are ``(images, targets)``, two lists of N (torchvision's detectors take lists of images of
+any size): images (3, H, W) float32 in [0, 1], not normalised (the detector's transform normalises and
+resizes them); targets as ``mae.dense.data.coco.CocoDetection`` makes them.
+
+The training split gets ``augmentation``: "flip" (horizontal, p = 0.5), "lsj" (ViTDet's large-scale
+jitter: flip, rescale to ``img_size`` x a factor drawn from [0.1, 2.0], then a random ``img_size`` square
+crop, padded at the right and bottom where the image is smaller; objects cut to nothing are dropped), or
+"none". The validation split is served as it is: the detector's own resize maps its predictions back to
+the original pixels, where the mAP is measured.
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from mae.data.sources.digit_scenes import CATEGORIES, DigitScenesOnDisk
+from mae.data.sources.loader_workers import SplitLoaders
+from mae.dense.data.coco import CocoDetection
+
+DetectionAugmentation = Literal["flip", "lsj", "none"]
+LSJ_SCALE = (0.1, 2.0)  # ViTDet's large-scale-jitter range
+
+
+class FixedSizeCrop(v2.Transform):
+    """A random crop of at most ``size`` (height, width), then zero padding at the right and bottom to
+    exactly ``size``: ViTDet's LSJ crop. (``v2.RandomCrop(pad_if_needed=True)`` pads both sides and then
+    crops at random, which cuts off part of an image smaller than the crop half of the time.)"""
+
+    def __init__(self, size: int | tuple[int, int]) -> None:
+        super().__init__()
+        self.size = (size, size) if isinstance(size, int) else tuple(size)
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = F.get_size(next(x for x in flat_inputs if isinstance(x, tv_tensors.Image)))
+        crop_h, crop_w = min(height, self.size[0]), min(width, self.size[1])
+        top = int(torch.randint(height - crop_h + 1, ()))
+        left = int(torch.randint(width - crop_w + 1, ()))
+        return dict(top=top, left=left, height=crop_h, width=crop_w, padding=[0, 0, self.size[1] - crop_w,
+                                                                                  self.size[0] - crop_h])  # fmt: skip
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        cropped = F.crop(inpt, params["top"], params["left"], params["height"], params["width"])
+        return F.pad(cropped, params["padding"], fill=0)
+
+    # torchvision < 0.21 calls these names
+    _get_params = make_params
+    _transform = transform
+
+
+def labels_and_crowds(sample: tuple[Any, dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``SanitizeBoundingBoxes`` drops along with the boxes (masks it finds itself)."""
+    return sample[1]["labels"], sample[1]["iscrowd"]
+
+
+def detection_transform(augmentation: DetectionAugmentation, img_size: int) -> v2.Transform | None:
+    """The training transform of ``augmentation`` (module docstring) at ``img_size`` pixels."""
+    if augmentation == "none":
+        return None
+    if augmentation == "flip":
+        return v2.RandomHorizontalFlip()
+    if augmentation == "lsj":
+        return v2.Compose([
+            v2.RandomHorizontalFlip(),
+            v2.ScaleJitter((img_size, img_size), scale_range=LSJ_SCALE),
+            FixedSizeCrop(img_size),
+            v2.SanitizeBoundingBoxes(labels_getter=labels_and_crowds),
+        ])  # fmt: skip
+    raise ValueError(f"data.augmentation must be one of 'flip', 'lsj', 'none', got {augmentation!r}")
+
+
+def collate_detection(batch: list[tuple[torch.Tensor, dict]]) -> tuple[list[torch.Tensor], list[dict]]:
+    """(images, targets) as two lists: the detectors' input, images of different sizes left unstacked."""
+    return [image for image, _ in batch], [target for _, target in batch]
+
+
+class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
+    """COCO-format detection data: an instances JSON and an image folder per split, under ``root``.
+
+    Args:
+        root: the dataset folder; the other paths are relative to it (or absolute).
+        train_annotations, val_annotations: the splits' COCO instances JSON; ``val_annotations`` None: no
+            validation split.
+        train_images, val_images: the folders the JSONs' ``file_name`` entries are relative to.
+        masks: read instance masks (Mask R-CNN).
+        img_size: the LSJ crop side in pixels (only "lsj" uses it; the detector's own resize sets the
+            size it sees).
+        augmentation: the training split's augmentation: "flip", "lsj" or "none" (module docstring).
+        batch_size: images per device per step.
+        num_workers: loader worker processes per device.
+        pin_memory: page-locked host memory for faster host-to-GPU copies.
+        persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
+
+    The data is read and checked when first needed (``num_classes``, ``category_names`` or ``setup``), so a
+    problem in it stops the run at start-up, naming the file and the entries.
+    """
+
+    in_chans = 3  # images are read as RGB (torchvision's detectors take RGB)
+
+    def __init__(
+        self,
+        root: str,
+        train_annotations: str = "annotations/instances_train.json",
+        val_annotations: str | None = "annotations/instances_val.json",
+        train_images: str = "images/train",
+        val_images: str = "images/val",
+        masks: bool = False,
+        img_size: int = 1024,
+        augmentation: DetectionAugmentation = "lsj",
+        batch_size: int = 2,
+        num_workers: int = 4,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+    ) -> None:
+        super().__init__()
+        self.train_transform = detection_transform(augmentation, img_size)  # a bad name fails here
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
+        self.root = Path(root)
+        self.train_annotations, self.val_annotations = train_annotations, val_annotations
+        self.train_images, self.val_images = train_images, val_images
+        self.masks = masks
+        self.img_size = img_size
+        self.augmentation = augmentation
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.train_set: CocoDetection | None = None
+        self.val_set: CocoDetection | None = None
+
+    @property
+    def num_classes(self) -> int:
+        """The detectors' ``num_classes``: the categories and the background."""
+        return len(self.category_names) + 1
+
+    @property
+    def category_names(self) -> tuple[str, ...]:
+        """The categories' names in label order (label 1 first)."""
+        return self._train_set().category_names
+
+    def _train_set(self) -> CocoDetection:
+        if self.train_set is None:
+            self.train_set = CocoDetection(
+                self.root / self.train_annotations, self.root / self.train_images, self.masks, self.train_transform,
+                train=True,
+            )  # fmt: skip
+        return self.train_set
+
+    def setup(self, stage: str | None = None) -> None:
+        train = self._train_set()
+        if self.val_set is None and self.val_annotations is not None:
+            self.val_set = CocoDetection(self.root / self.val_annotations, self.root / self.val_images, self.masks)
+            if self.val_set.category_ids != train.category_ids or self.val_set.category_names != train.category_names:
+                raise ValueError(
+                    f"{self.val_set.annotation_file} and {train.annotation_file} list different categories "
+                    f"(validation {_listing(self.val_set)}, training {_listing(train)}): the labels would mean "
+                    "different things; both splits need the same 'categories'"
+                )
+
+    def collate_fn(self) -> Callable:
+        return collate_detection
+
+    def training_set(self) -> CocoDetection:
+        return self._train_set()
+
+    def training_set_name(self) -> str:
+        return str(self._train_set().annotation_file)
+
+
+def _listing(dataset: CocoDetection) -> str:
+    return ", ".join(
+        f"{cid}: {name!r}" for cid, name in zip(dataset.category_ids.values(), dataset.category_names, strict=True)
+    )
+
+
+class DigitScenesDataModule(DigitScenesOnDisk, DetectionDataModule):
+    """The built-in offline detection task (``mae.data.sources.digit_scenes``): digit scenes written to
+    ``root`` on first use (reused after), then read through the COCO path like any other data.
+
+    Args:
+        root: where the scenes are written, or found.
+        num_train, num_val, canvas, seed: the scenes' parameters (``write_digit_scenes``).
+        augmentation: "none" by default: a flip turns digits into mirror images that are no digits, and
+            LSJ's smallest scales shrink them below a patch.
+        **kwargs: the other settings of ``DetectionDataModule`` (masks, batch_size, ...).
+    """
+
+    def __init__(
+        self,
+        root: str = "data/digit_scenes",
+        num_train: int = 1000,
+        num_val: int = 200,
+        canvas: int = 64,
+        seed: int = 0,
+        masks: bool = False,
+        img_size: int = 64,
+        augmentation: DetectionAugmentation = "none",
+        batch_size: int = 16,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        super().__init__(
+            root, masks=masks, img_size=img_size, augmentation=augmentation, batch_size=batch_size,
+            num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
+        )  # fmt: skip
+        self.keep_scenes(root, num_train, num_val, canvas, seed)
+
+    @property
+    def category_names(self) -> tuple[str, ...]:
+        # known without writing the scenes: a config can link num_classes before anything is on disk
+        return tuple(c["name"] for c in CATEGORIES)

@@ -1,0 +1,6 @@
+"""Dense-prediction networks on the encoder: the feature pyramid, window attention, heads, detectors."""
+
+from mae.dense.models.pyramid import SimpleFeaturePyramid, feature_pyramid
+from mae.dense.models.upernet import UperNetHead
+
+__all__ = ["SimpleFeaturePyramid", "UperNetHead", "feature_pyramid"]
