@@ -23,6 +23,7 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.io.atomic import NoSpaceError
+from mae.io.storage import StorageError
 
 USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
 DEBUG_FLAG = "--debug"
@@ -74,9 +75,9 @@ def parse_and_run(
 
 
 def run_command(main: Callable[[], Any]) -> Any:
-    """Run an entry point's ``main()``; a project error (``ValueError``, ``FileNotFoundError`` or a
-    full-device ``OSError`` raised by code in ``mae/``) ends it with its message on stderr and exit
-    status 2. ``--debug`` is taken out of ``sys.argv`` and passed on as ``MAE_DEBUG=1`` (which the
+    """Run an entry point's ``main()``; a project error (``ValueError``, ``FileNotFoundError``, a
+    full-device ``OSError`` or a ``StorageError``, raised by code in ``mae/``) ends it with its message
+    on stderr and exit status 2. ``--debug`` is taken out of ``sys.argv`` and passed on as ``MAE_DEBUG=1`` (which the
     other processes of a multi-GPU run inherit)."""
     if DEBUG_FLAG in sys.argv[1:]:
         sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
@@ -117,7 +118,7 @@ def own_error(err: BaseException) -> BaseException | None:
 
 
 def _is_project_check(err: BaseException) -> bool:
-    if not isinstance(err, ValueError | FileNotFoundError | NoSpaceError):
+    if not isinstance(err, ValueError | FileNotFoundError | NoSpaceError | StorageError):
         return False
     frames = traceback.extract_tb(err.__traceback__)
     origin = Path(frames[-1].filename).resolve() if frames else None

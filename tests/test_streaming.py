@@ -34,6 +34,7 @@ from tests.helpers import (
     image_ids,
     make_trainer,
     pretrain_module,
+    read_metrics,
     run_process,
     run_script,
     write_id_images,
@@ -401,6 +402,36 @@ def test_s3__shard_stream_and_resume_from_a_bucket(s3, tmp_path):
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="shards", Prefix="ids/")["Contents"]}
     assert {"ids/mae_shards.json", "ids/train/index.json"} <= keys and any(k.endswith(".bin") for k in keys)
     check_resume("s3://shards/ids", tmp_path, workers=1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_path, workers):
+    """What a user runs: the shard command writes to the bucket, then ``train.py`` pretrains from it with
+    validation and the kNN monitor on (both read the validation split by index, which litdata's ranged
+    reads got wrong: its Arrow-batched chunks gave empty samples)."""
+    images = write_id_images(tmp_path / "images", 24)
+    write_id_images(images, 7, split="val", first=100)
+    root = f"s3://shards/train_py_{workers}"
+    run_script("-m mae.data.shard", str(images), root, "--workers", "1", "--start-method", "fork")
+    run_script("train.py", "--config", "configs/pretrain/default.yaml", "--data", "mae.data.StreamingDataModule",
+               "--data.root", root, "--data.img_size", "16", "--data.batch_size", "8",
+               "--data.num_workers", str(workers), "--data.cache_dir", str(tmp_path / "cache"),
+               "--trainer.max_epochs", "2", "--model.warmup_epochs", "0", "--trainer.logger.init_args.save_dir",
+               str(tmp_path / "runs"))  # fmt: skip
+    rows = read_metrics(tmp_path / "runs" / "pretrain_default" / "version_0")
+    val_losses = [float(r["val/loss"]) for r in rows if r["val/loss"]]
+    assert len(val_losses) == 2 and np.isfinite(val_losses).all()
+    knn = [float(r["val/knn_acc1"]) for r in rows if r["val/knn_acc1"]]
+    assert knn and all(abs(a * 7 / 100 - round(a * 7 / 100)) < 1e-4 for a in knn)  # over the 7 validation images
+
+
+def test_s3__a_missing_bucket_ends_the_command_with_its_error_alone(s3, tmp_path):
+    result = run_script("train.py", "--config", "configs/pretrain/default.yaml", "--data",
+                        "mae.data.StreamingDataModule", "--data.root", "s3://nobucket/ids", "--trainer.logger",
+                        "false", check=False)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: bucket 'nobucket'")
 
 
 def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monkeypatch):

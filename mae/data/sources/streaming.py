@@ -64,8 +64,28 @@ class ShardedImages(StreamingDataset):
 
     def __init__(self, url: str, classes: list[str], decode: DecodeSample, **kwargs: Any) -> None:
         super().__init__(url, transform=decode, **kwargs)
+        self._on_demand_bytes = False  # the reader litdata builds on first use takes this (see below)
         self.url = url
         self.classes = classes
+
+    @property
+    def on_demand_bytes(self) -> bool:
+        """Always False: a sample read by index comes from its whole chunk, downloaded to the cache.
+
+        litdata (0.2.76) otherwise reads a remote sample by byte range, assuming the plain chunk layout
+        (item count, offsets, items). With pyarrow installed its writer stores Arrow-batched chunks
+        whose offset table is a placeholder, so every ranged read came back empty and training from a
+        bucket stopped at its first validation batch ("unpack_from requires a buffer of at least 16
+        bytes"). The whole-chunk path reads every layout the writer makes; iteration (the training
+        stream) already used it, and litdata turns ranged reads back on after each epoch through this
+        setter."""
+        return False
+
+    @on_demand_bytes.setter
+    def on_demand_bytes(self, value: bool) -> None:
+        self._on_demand_bytes = False
+        if self.cache is not None:
+            self.cache._reader.on_demand_bytes = False
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A loader worker started by spawn (not fork) has a fresh litdata: allow http endpoints there too.
