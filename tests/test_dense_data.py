@@ -250,6 +250,48 @@ def test_coco__bad_input_refused_at_construction_naming_the_file_and_entry(tmp_p
         assert fragment in message, message
 
 
+ESCAPES = {  # how an entry's file_name leads out of the image folder -> (file_name, why it is named)
+    "dot-dot": ("../../../outside_the_root/private.png", "'..' leads to"),
+    "absolute": ("{outside}", "is an absolute path"),
+    "symlink": ("link.png", "a symlink leads to"),
+}
+
+
+@pytest.mark.parametrize("case", ESCAPES)
+def test_coco__file_names_that_leave_the_image_folder_are_refused_before_any_image_is_read(tmp_path, case):
+    outside = tmp_path / "outside_the_root" / "private.png"
+    outside.parent.mkdir()
+    Image.new("RGB", (20, 16)).save(outside)  # a readable image of the right size: only where it lies is wrong
+    file_name, why = ESCAPES[case]
+    root = tmp_path / "a" / "b"  # the image folder is tmp_path/a/b/images: three levels below tmp_path
+    path, folder = _coco(root, _set("images.2.file_name", file_name.format(outside=outside)))
+    (folder / "link.png").symlink_to(outside)
+    for load in (
+        lambda: CocoDetection(path, folder),
+        lambda: DetectionDataModule(str(root), str(path), None, str(folder)).setup("fit"),
+    ):
+        with pytest.raises(ValueError) as raised:
+            load()
+        message = str(raised.value)
+        assert message.startswith(f"{path}: image file_name entries that leave the image folder {folder}"), message
+        assert f"image id 3 file_name {file_name.format(outside=outside)!r}" in message and why in message, message
+        assert "relative path" in message, message
+
+
+def test_coco__nested_file_names_and_links_within_the_image_folder_are_read(tmp_path):
+    def edit(data):
+        data["images"][1]["file_name"] = "same.png"  # a symlink to 2.png beside it
+        data["images"][2]["file_name"] = "sub/deeper/../3.png"
+
+    path, folder = _coco(tmp_path / "real", edit)
+    (folder / "sub" / "deeper").mkdir(parents=True)
+    (folder / "3.png").rename(folder / "sub" / "3.png")
+    (folder / "same.png").symlink_to("2.png")
+    (tmp_path / "images").symlink_to(folder)  # the image folder itself may be a link
+    data = CocoDetection(path, tmp_path / "images")
+    assert [data[i][0].shape for i in range(3)] == [(3, 16, 20), (3, 18, 24), (3, 16, 20)]
+
+
 def test_coco__a_file_that_is_not_json_is_named(tmp_path):
     path = tmp_path / "instances.json"
     path.write_text("{'images': []")

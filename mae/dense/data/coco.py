@@ -7,7 +7,9 @@ a crash or a silently wrong target hours into training. What COCO practice leave
 in one logged line: crowd annotations (``iscrowd=1``) and images without annotations in the training
 split (the validation split keeps both: crowd regions are ignored by the mAP, empty images still count
 false positives), boxes of zero width or height (COCO train2017 has two: annotation ids 918 and
-2206849), and polygon parts of fewer than 3 points.
+2206849), and polygon parts of fewer than 3 points. A ``file_name`` that leads out of the image folder
+(absolute, or out through ``..`` or a symlink) stops the run before any image is read: a dataset file must
+not make a run read, and train on, any file the user can read.
 
 Labels are contiguous: the sorted COCO category ids (1..90 with gaps for COCO itself) become 1..K, 0
 being torchvision's background. pycocotools (the ``dense`` extra) decodes masks; it is imported when
@@ -16,6 +18,7 @@ masks are asked for.
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,7 +84,8 @@ class CocoDetection(Dataset):
 
     Raises:
         FileNotFoundError: the JSON, or images it names, missing (named).
-        ValueError: any other problem in the JSON or the images, naming the file and the entries.
+        ValueError: any other problem in the JSON or the images, naming the file and the entries; among
+            them ``file_name`` entries that lead out of ``image_folder``.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class CocoDetection(Dataset):
         self.category_ids = {label: cid for label, (cid, _) in enumerate(categories, start=1)}
         self.category_names = tuple(name for _, name in categories)
         self.images, left_out = _index(data, self.annotation_file, categories, masks, train)
+        _check_inside(data["images"], self.image_folder, self.annotation_file)  # all listed, served or not
         _check_image_files(self.images, self.image_folder, self.annotation_file)
         kept = sum(len(image.labels) for image in self.images)
         rank_zero_info(
@@ -344,6 +349,33 @@ def _usable(segmentation: list | dict) -> list | dict:
     """A segmentation without polygon parts of fewer than 3 points (no area; pycocotools would read a
     4-number part as a box)."""
     return [p for p in segmentation if len(p) >= 6] if isinstance(segmentation, list) else segmentation
+
+
+def _check_inside(images: list[dict], folder: Path, path: Path) -> None:
+    """Refuse ``images`` entries (checked ones, every one listed) whose ``file_name`` leads out of ``folder``:
+    absolute ones, and those whose real path (``..`` and symlinks resolved, so a link inside the folder to
+    elsewhere counts too) is not in the folder's real path. Checked before any image is opened: the JSON must
+    not choose which of the user's files are read."""
+    real_folder = Path(os.path.realpath(folder))
+    leaving = []
+    for image in images:
+        name = image["file_name"]
+        entry = f"image id {image['id']} file_name {name!r}"
+        if os.path.isabs(name):
+            leaving.append(f"{entry} is an absolute path")
+            continue
+        real = Path(os.path.realpath(folder / name))
+        if not real.is_relative_to(real_folder):
+            lexical = Path(os.path.normpath(real_folder / name))  # where it would be without links
+            how = "a symlink" if lexical.is_relative_to(real_folder) else "'..'"
+            leaving.append(f"{entry}: {how} leads to {real}")
+    _refuse(
+        path,
+        f"image file_name entries that leave the image folder {folder}",
+        leaving,
+        f"every file_name is a relative path to a file inside the image folder ({real_folder}, symlinks followed); "
+        "copy those images into it, or set the image folder to one that holds them all",
+    )
 
 
 def _check_image_files(images: list[CocoImage], folder: Path, path: Path) -> None:
