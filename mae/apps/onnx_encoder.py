@@ -54,6 +54,17 @@ class OnnxExport:
     metadata: dict[str, str]  # the file's metadata_props
 
 
+def is_onnx_encoder(path: Path) -> bool:
+    """Whether ``path`` is an ONNX file ``export_onnx`` wrote (its ``mae.*`` metadata_props)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # onnx raises its own DecodeError (and others) for a file that is not ONNX
+        return False
+    return any(prop.key == "mae.input" for prop in model.metadata_props)
+
+
 def input_metadata(norm: Normalization, size: tuple[int, int], how: str) -> dict[str, str]:
     """The file's ``metadata_props`` on its input: what ``pixels`` must hold, in words and as JSON
     values. ``how``: where the mean / std come from (recorded in the checkpoint, ImageNet's, given)."""

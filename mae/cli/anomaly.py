@@ -27,14 +27,16 @@ from mae.data import DEFAULT_MAX_PIXELS
 from mae.inference.images import display_range
 from mae.inference.reconstruction import load_reconstructor
 from mae.io.atomic import atomic_write
+from mae.io.outputs import Output, check_outputs, claim_folder
 
+COMMAND = "mae.anomaly"
 FIGURES = ("all", "overview", "none")
 OVERVIEW_PER_KIND = 4  # images of each class folder in overview.png
 
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        "python -m mae.anomaly",
+        f"python -m {COMMAND}",
         "Score test images for anomalies by an MAE's reconstruction error: every patch hidden by complementary "
         "masks and rebuilt from its context, its error standardised by the errors of normal images; write "
         "scores, heat maps and, for a labelled test folder (MVTec AD layout), image AUROC, pixel AUROC and AUPRO.",
@@ -78,6 +80,9 @@ def run(args: Namespace) -> AnomalyResult:
             --mean without --std, or statistics of another channel count than the model's.
     """
     _check(args)
+    inputs = [args.test, args.test.parent / "ground_truth", args.checkpoint]
+    inputs += [p for p in (args.normal, args.ground_truth) if p is not None]
+    check_outputs(COMMAND, [Output(args.out, "--out", kind="folder")], inputs)
     test_set = read_test_set(args.test, args.ground_truth)  # the folders first: no model loaded in vain
     normal = [] if args.raw_errors else normal_images(args.normal)
     if len(normal) == 1:
@@ -103,6 +108,7 @@ def run(args: Namespace) -> AnomalyResult:
     test_errors = file_errors(errors, paths, size, norm, args.batch_size, args.max_image_pixels)
     result = score_test_set(test_errors, test_set, model.grid_size, size, args.top_k, normal_errors)
 
+    claim_folder(args.out, COMMAND)
     if args.figures != "none":
         _write_figures(args, test_set, result, size, norm)
     atomic_write(args.out / "scores.csv", lambda tmp: tmp.write_text(_scores_csv(test_set, result)))

@@ -6,19 +6,22 @@ from pathlib import Path
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.apps.embeddings.embed_run import embed_images, listed_images
+from mae.apps.embeddings.embed_run import PartsFolder, embed_images, listed_images
 from mae.apps.embeddings.embedder import load_embedder
-from mae.apps.embeddings.embedding_index import IndexMeta, check_suffix
+from mae.apps.embeddings.embedding_index import IndexMeta, index_outputs
 from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.eval.features import POOLS
 from mae.inference.normalization import Normalization
+from mae.io.outputs import check_outputs
+
+COMMAND = "mae.embed"
 
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        "python -m mae.embed",
+        f"python -m {COMMAND}",
         "Embed every image of folders and files with a pretrained encoder into an index (Parquet, or .npy + "
         "CSV), for python -m mae.search. A stopped run continues where it stopped when started again.",
     )
@@ -59,7 +62,7 @@ def run(args: Namespace) -> IndexMeta:
             raise UsageError(f"{flag} must be at least {low}, got {value}")
     if (args.mean is None) != (args.std is None):
         raise UsageError("give --mean and --std together")
-    check_suffix(args.out)
+    check_outputs(COMMAND, [*index_outputs(args.out), PartsFolder(args.out).output()], args.images)
     items = listed_images(args.images)  # before loading the model: a mistyped folder fails at once
     norm = None
     if args.mean is not None:

@@ -4,14 +4,18 @@ suffix chooses the kind; ``--format`` names the checkpoint's format."""
 
 import importlib
 import json
+import math
 from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
-from mae.convert.export import export_encoder
+from mae.convert.export import export_encoder, is_exported_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
 from mae.eval.features import POOLS
+from mae.io.outputs import Output, check_outputs
+
+COMMAND = "mae.export"
 
 # Options of the ONNX output only, with their defaults (a .safetensors export refuses them).
 ONNX_OPTIONS = {"pool": None, "dynamic_batch": False, "img_size": None, "opset": None, "atol": None, "mean": None,
@@ -20,7 +24,7 @@ ONNX_OPTIONS = {"pool": None, "dynamic_batch": False, "img_size": None, "opset":
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        "python -m mae.export",
+        f"python -m {COMMAND}",
         "Export a pretrained encoder: OUT.safetensors writes a plain timm ViT (safetensors + a JSON of its timm "
         "arguments); OUT.onnx writes an ONNX file of the encoder, checked with onnxruntime against torch.",
     )
@@ -74,6 +78,12 @@ def run(args: Namespace):
     given = [f"--{name.replace('_', '-')}" for name, default in ONNX_OPTIONS.items() if args[name] != default]
     if given:
         raise UsageError(f"{', '.join(given)} apply to ONNX output only: name an OUT ending in .onnx")
+    if Path(args.out).suffix != ".safetensors":
+        raise UsageError(f"OUT must end in .safetensors (a timm ViT) or .onnx (an ONNX file), got {args.out}")
+    out = Path(args.out)
+    check_outputs(COMMAND, [Output(out, "OUT", ours=is_exported_encoder),
+                            Output(out.with_suffix(".json"), "the JSON beside OUT", ours=is_exported_encoder)],
+                  [args.checkpoint])  # fmt: skip
     weights, sidecar = export_encoder(args.checkpoint, args.out, args.format, args.num_heads)
     for note in read_checkpoint(args.checkpoint, args.format).notes:
         print(f"note: {note}")
@@ -91,14 +101,17 @@ def run_onnx(args: Namespace):
         raise UsageError("give --mean and --std together")
     if args.img_size is not None and args.img_size < 1:
         raise UsageError(f"--img-size must be a positive number of pixels, got {args.img_size}")
-    from mae.apps.onnx_encoder import describe, export_onnx
-    from mae.convert.onnx import DEFAULT_ATOL
-
+    if args.atol is not None and not (math.isfinite(args.atol) and args.atol >= 0):
+        raise UsageError(f"--atol must be a finite difference >= 0 (default 1e-4), got {args.atol}")
     for package in ("onnx", "onnxscript", "onnxruntime"):
         try:
             importlib.import_module(package)
         except ImportError as err:
             raise SystemExit(f'ONNX export needs the onnx extra: pip install -e ".[onnx]" ({err})') from None
+    from mae.apps.onnx_encoder import describe, export_onnx, is_onnx_encoder
+    from mae.convert.onnx import DEFAULT_ATOL
+
+    check_outputs(COMMAND, [Output(Path(args.out), "OUT", ours=is_onnx_encoder)], [args.checkpoint])
     export = export_onnx(
         args.checkpoint, args.out, args.format, args.pool, args.dynamic_batch, args.img_size, args.opset,
         DEFAULT_ATOL if args.atol is None else args.atol, args.num_heads, args.mean, args.std,

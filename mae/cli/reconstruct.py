@@ -14,12 +14,15 @@ from mae.data import DEFAULT_MAX_PIXELS
 from mae.inference.images import display_range, image_paths, load_image
 from mae.inference.reconstruction import load_reconstructor
 from mae.io.atomic import atomic_write
+from mae.io.outputs import Output, check_outputs, png_info, png_is_from
 from mae.models.masking import MASK_STRATEGIES
+
+COMMAND = "mae.reconstruct"
 
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        "python -m mae.reconstruct",
+        f"python -m {COMMAND}",
         "Mask your own images, reconstruct them with a pretrained MAE, and draw one row per image: "
         "original | masked | reconstruction | reconstruction with the visible patches pasted back.",
     )
@@ -74,6 +77,7 @@ def run(args: Namespace) -> Figure:
         raise UsageError(f"--img-size must be a positive number of pixels, got {args.img_size}")
     if (args.mean is None) != (args.std is None):
         raise UsageError("give --mean and --std together")
+    check_outputs(COMMAND, [Output(args.out, "--out", ours=png_is_from(COMMAND))], [*args.images, args.checkpoint])
     model, norm = load_reconstructor(args.checkpoint, args.format, args.img_size, args.mean, args.std)
     in_chans = model.config["in_chans"]
     if len(norm.mean) != in_chans or len(norm.std) != in_chans:
@@ -91,7 +95,7 @@ def run(args: Namespace) -> Figure:
         model, torch.stack(images), names, norm, args.mask_ratio, args.seed, args.same_mask, args.unnormalize,
         args.bands, strategy=args.mask_strategy, value_range=display_range(names), attention=args.attention,
     )  # fmt: skip
-    atomic_write(args.out, lambda tmp: figure.image.save(tmp, format="PNG"))
+    atomic_write(args.out, lambda tmp: figure.image.save(tmp, format="PNG", pnginfo=png_info(COMMAND)))
     for name, loss in zip(names, figure.losses, strict=True):
         print(f"{name}: masked-patch loss {loss:.4f}")
     print(f"note: {figure.caption}")

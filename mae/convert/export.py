@@ -33,6 +33,16 @@ def timm_architecture(config: dict) -> str:
     return name if name in timm.list_models(name) else "vit_base_patch16_224"
 
 
+def is_exported_encoder(path: Path) -> bool:
+    """Whether ``path`` (``X.safetensors`` or its ``X.json``) is an encoder this module exported: the JSON
+    beside the weights holds its record (architecture, timm arguments, the MAE configuration)."""
+    try:
+        meta = json.loads(Path(path).with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and {"architecture", "model_args", "mae", "source"} <= meta.keys()
+
+
 def export_encoder(
     source: str | Path, out: str | Path, format: str = "auto", num_heads: int | None = None
 ) -> tuple[Path, Path]:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,9 +30,12 @@ from mae.data.decoding.formats import READERS
 from mae.inference.images import IMAGE_ERRORS, image_paths, load_image
 from mae.inference.normalization import Normalization
 from mae.io.atomic import atomic_write
+from mae.io.outputs import Output
 
-# What reading one image file raises for a bad file (``load_image``): the file is skipped and named.
+# The record of the run a parts folder belongs to.
 MANIFEST = "manifest.json"
+# A part, or the temporary file of one (or of the manifest) whose write a kill interrupted.
+PART_FILE = re.compile(r"part-\d{6}\.npz|\.(part-\d{6}\.npz|manifest\.json)\.tmp-\d+")
 
 
 @dataclass(frozen=True)
@@ -117,8 +121,8 @@ class PartsFolder:
         return self.folder / f"part-{number:06d}.npz"
 
     def resume(self, manifest: dict) -> set[int]:
-        """The numbers of the parts already written for the run ``manifest`` describes; the folder is
-        emptied first (with a note) when it holds another run's parts."""
+        """The numbers of the parts already written for the run ``manifest`` describes; another run's
+        parts are removed first (with a note). The folder must hold only parts (``is_ours``)."""
         existing = self.folder / MANIFEST
         if self.folder.is_dir():
             for leftover in self.folder.glob(".*.tmp-*"):  # a write that a kill interrupted
@@ -132,6 +136,18 @@ class PartsFolder:
         self.folder.mkdir(parents=True)
         atomic_write(existing, lambda tmp: tmp.write_text(json.dumps(manifest)))
         return set()
+
+    @staticmethod
+    def is_ours(folder: Path) -> bool:
+        """Whether ``folder`` holds the parts of a run of this module and nothing else: its manifest,
+        part files, and temporary files of writes a kill interrupted."""
+        if not (folder / MANIFEST).is_file():
+            return False
+        return all(PART_FILE.fullmatch(p.name) or p.name == MANIFEST for p in folder.iterdir())
+
+    def output(self) -> Output:
+        """The parts folder as an output to check (``mae.io.outputs``)."""
+        return Output(self.folder, "beside --out", kind="folder", ours=self.is_ours)
 
     def write(self, number: int, part: Part) -> None:
         def save(tmp: Path) -> None:
@@ -160,9 +176,12 @@ class PartsFolder:
             return len(f["labelled"]), skipped
 
     def remove(self) -> None:
+        """Delete the parts and the manifest, then the folder if that left it empty."""
         for path in self.folder.iterdir():
-            path.unlink()
-        self.folder.rmdir()
+            if PART_FILE.fullmatch(path.name) or path.name == MANIFEST:
+                path.unlink()
+        if not any(self.folder.iterdir()):
+            self.folder.rmdir()
 
 
 class PartRows:

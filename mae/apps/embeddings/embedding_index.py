@@ -21,6 +21,7 @@ import torch
 
 from mae.inference.normalization import Normalization
 from mae.io.atomic import atomic_write
+from mae.io.outputs import Output
 
 INDEX_VERSION = 1
 METADATA_KEY = b"mae_embeddings"
@@ -141,6 +142,30 @@ def write_index(path: str | Path, meta: IndexMeta, rows: Iterable[Rows]) -> Path
     atomic_write(csv_path, write_csv)
     atomic_write(json_path, lambda tmp: tmp.write_text(meta.to_json()))
     return atomic_write(path, write_vectors, size=meta.count * meta.dim * 4)
+
+
+def is_index(path: Path) -> bool:
+    """Whether ``path`` (``FILE.parquet``, or ``FILE.npy`` / its CSV / its JSON) belongs to an index this
+    module wrote: the Parquet file's ``METADATA_KEY`` record, or the JSON record beside the .npy."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        try:
+            return METADATA_KEY in (_pyarrow().parquet.read_schema(path).metadata or {})
+        except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+            return False
+    try:
+        IndexMeta.from_json(companions(path.with_suffix(".npy"))[1].read_text(), path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def index_outputs(path: Path) -> list[Output]:
+    """The files of the index ``path`` as outputs to check (``mae.io.outputs``)."""
+    path = check_suffix(path)
+    if path.suffix == ".parquet":
+        return [Output(path, "--out", ours=is_index)]
+    return [Output(path, "--out", ours=is_index)] + [Output(p, "beside --out", ours=is_index) for p in companions(path)]
 
 
 def _pyarrow():

@@ -1,0 +1,165 @@
+"""Every command's outputs, checked before any work by one rule (``mae.io.outputs``): a command replaces
+only what a run of its own wrote; a user's file at an output path, an output inside an input, a folder
+where a file is meant (or the reverse) and a path below a file are refused with ``error: ...`` naming the
+path, exit status 2, and the user's files are left byte for byte. Run through the real command lines."""
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import run_script, tiny_pretraining_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture
+def images(tmp_path) -> Path:
+    """A folder of four 16x16 RGB PNGs (two classes)."""
+    rng = np.random.default_rng(0)
+    for name in ("a/0.png", "a/1.png", "b/0.png", "b/1.png"):
+        (tmp_path / "images" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "images" / name)
+    return tmp_path / "images"
+
+
+def refused(result, *fragments: str) -> None:
+    """The command ended with its own error (exit 2, no traceback) naming every fragment."""
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), last
+    for fragment in fragments:
+        assert fragment in last, (fragment, last)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def embed(checkpoint, *args):
+    return run_script("-m mae.embed", "--checkpoint", str(checkpoint), "--workers", "0", "--no-progress", *args,
+                      check=False)  # fmt: skip
+
+
+def test_embed__the_users_files_beside_an_index_are_refused_and_kept(checkpoint, images, tmp_path):
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "data.csv").write_text("the user's table\n")
+    (users / "data.json").write_text('{"the user": "settings"}\n')
+    (users / "table.parquet").write_bytes(b"PAR1 not an index PAR1")
+    (users / "index.parquet.parts").mkdir()
+    (users / "index.parquet.parts" / "notes.txt").write_text("my notes\n")
+    before = snapshot(users)
+    refused(embed(checkpoint, str(images), "--out", str(users / "data.npy")), str(users / "data.csv"), "mae.embed")
+    refused(embed(checkpoint, str(images), "--out", str(users / "table.parquet")), str(users / "table.parquet"))
+    refused(embed(checkpoint, str(images), "--out", str(users / "index.parquet")), "index.parquet.parts", "notes.txt")
+    assert snapshot(users) == before
+
+
+def test_embed__its_own_index_is_replaced_and_its_parts_folder_reused(checkpoint, images, tmp_path):
+    for out in (tmp_path / "out" / "index.npy", tmp_path / "out" / "index.parquet"):
+        for _ in range(2):  # the second run replaces the first's files
+            result = embed(checkpoint, str(images), "--out", str(out))
+            assert result.returncode == 0, result.stderr[-2000:]
+        assert not out.with_name(out.name + ".parts").exists()
+    # a kill leaves the parts folder: it is the command's own, so the next run goes on
+    parts = tmp_path / "out" / "again.npy.parts"
+    parts.mkdir()
+    (parts / "manifest.json").write_text("{}")
+    (parts / "part-000000.npz").write_bytes(b"")
+    result = embed(checkpoint, str(images), "--out", str(tmp_path / "out" / "again.npy"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not parts.exists()
+
+
+def test_outputs__inside_an_input_a_folder_for_a_file_or_below_a_file(checkpoint, images, tmp_path):
+    refused(embed(checkpoint, str(images), "--out", str(images / "index.npy")), "inside the input", str(images))
+    (tmp_path / "folder.npy").mkdir()
+    refused(embed(checkpoint, str(images), "--out", str(tmp_path / "folder.npy")), "is a folder")
+    (tmp_path / "a_file").write_text("x")
+    refused(embed(checkpoint, str(images), "--out", str(tmp_path / "a_file" / "index.npy")), "is not a folder")
+    (tmp_path / "figure.png").mkdir()
+    refused(run_script("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out",
+                       str(tmp_path / "figure.png"), check=False), "is a folder")  # fmt: skip
+    (tmp_path / "encoder.onnx").mkdir()
+    refused(run_script("-m mae.export", str(checkpoint), str(tmp_path / "encoder.onnx"), check=False), "is a folder")
+    refused(run_script("-m mae.export", str(checkpoint), str(checkpoint), check=False), "OUT must end in")
+    refused(run_script("-m mae.anomaly", "--checkpoint", "never_read.ckpt", "--test", str(images), "--raw-errors",
+                       "--out", str(tmp_path / "a_file"), check=False), "is a file")  # fmt: skip
+
+
+def test_reconstruct__replaces_its_own_figure_never_the_users_image(checkpoint, images, tmp_path):
+    out = tmp_path / "figure.png"
+    for _ in range(2):
+        result = run_script("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out",
+                            str(out), check=False)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+    photo = tmp_path / "photo.png"
+    shutil.copy(images / "b" / "0.png", photo)
+    before = photo.read_bytes()
+    refused(run_script("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out",
+                       str(photo), check=False), str(photo), "mae.reconstruct")  # fmt: skip
+    assert photo.read_bytes() == before
+
+
+def test_export__the_users_json_beside_the_weights_is_refused(checkpoint, tmp_path):
+    (tmp_path / "encoder.json").write_text('{"mine": true}\n')
+    refused(run_script("-m mae.export", str(checkpoint), str(tmp_path / "encoder.safetensors"), check=False),
+            str(tmp_path / "encoder.json"))  # fmt: skip
+    assert (tmp_path / "encoder.json").read_text() == '{"mine": true}\n'
+    assert not (tmp_path / "encoder.safetensors").exists()
+    for _ in range(2):  # its own export is replaced
+        result = run_script("-m mae.export", str(checkpoint), str(tmp_path / "own.safetensors"), check=False)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_anomaly__an_output_inside_the_test_folder_is_refused_before_the_model_loads(images, tmp_path):
+    """Run twice, the second run scored the first's heat maps as a defect class; the checkpoint named here
+    does not exist, so the refusal comes before anything is loaded or read."""
+    result = run_script("-m mae.anomaly", "--checkpoint", str(tmp_path / "missing.ckpt"), "--test", str(images),
+                        "--raw-errors", "--out", str(images / "results"), check=False)  # fmt: skip
+    refused(result, "--out", "inside the input")
+    assert not (images / "results").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "scores.csv").write_text("my scores\n")
+    result = run_script("-m mae.anomaly", "--checkpoint", str(tmp_path / "missing.ckpt"), "--test", str(images),
+                        "--raw-errors", "--out", str(tmp_path / "mine"), check=False)  # fmt: skip
+    refused(result, "scores.csv", "no run of mae.anomaly wrote")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops to user nobody in a forked child (needs root)")
+def test_outputs__a_folder_the_user_cannot_write_is_refused_up_front():
+    """Root writes anywhere, so the check runs in a forked child that became user nobody."""
+    import tempfile
+
+    from mae.io.outputs import Output, OutputError, check_outputs
+
+    with tempfile.TemporaryDirectory() as top:
+        os.chmod(top, 0o755)
+        locked = Path(top) / "locked"
+        locked.mkdir(mode=0o555)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: nobody, then the check
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            message = b"no error"
+            try:
+                check_outputs("mae.reconstruct", [Output(locked / "sub" / "figure.png", "--out")])
+            except OutputError as err:
+                message = str(err).encode()
+            os.write(write, message)
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            message = pipe.read().decode()
+        os.waitpid(pid, 0)
+    assert message.startswith(f"--out {locked}/sub/figure.png: {locked} is not writable"), message
