@@ -142,6 +142,15 @@ def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpo
     assert "--pool, --dynamic-batch apply to ONNX output only: name an OUT ending in .onnx" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("atol", ["nan", "inf", "-1"])
+def test_onnx_export__a_tolerance_that_is_not_a_finite_difference_is_refused(checkpoint, tmp_path, capsys, atol):
+    with pytest.raises(SystemExit) as exit_:
+        export_main([str(checkpoint), str(tmp_path / "enc.onnx"), "--atol", atol])
+    assert exit_.value.code == 2
+    assert f"--atol must be a finite difference >= 0 (default 1e-4), got {float(atol)}" in capsys.readouterr().err
+    assert not (tmp_path / "enc.onnx").exists()
+
+
 def test_write_onnx__a_file_that_fails_its_check_or_is_too_large_is_not_written(tmp_path, monkeypatch):
     from mae.convert import onnx as onnx_writer
     from mae.convert.onnx import write_onnx
