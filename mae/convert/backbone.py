@@ -6,15 +6,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timm.layers import resample_abs_pos_embed, to_2tuple
+from timm.layers import resample_abs_pos_embed
 from timm.models import adapt_input_conv
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from mae.convert.report import LoadReport, load_checked
-from mae.convert.sources import MAECheckpoint, read_checkpoint
+from mae.convert.sources import MAECheckpoint, check_finite, read_checkpoint
 from mae.models.decoder_switches import switch_differences
 from mae.models.mae import MaskedAutoencoderViT
+from mae.models.patch_grid import check_img_size
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,7 @@ def build_vit(
 ) -> VisionTransformer:
     """A freshly initialised timm ``VisionTransformer`` with the encoder architecture of an MAE ``config``."""
     args = vit_args(config)
-    if img_size is not None:
-        args["img_size"] = to_2tuple(img_size)
+    args["img_size"] = check_img_size(config["img_size"] if img_size is None else img_size, config["patch_size"])
     return VisionTransformer(
         **args,
         global_pool=global_pool,
@@ -137,6 +137,7 @@ def load_backbone(
         config["num_heads"] = num_heads
     report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes), config=config)
     state = ckpt.encoder_state_dict()
+    check_finite(state, ckpt.source)
     if in_chans is not None:
         state = adapt_patch_embed(state, in_chans, report)
         config["in_chans"] = in_chans
@@ -193,8 +194,9 @@ def load_mae(
             + "; leave these out of the overrides (mae.load_backbone reads the encoder of any variant)"
         )
     config = {**ckpt.config, **overrides}
-    model = MaskedAutoencoderViT(**config)
     state = dict(ckpt.state_dict)
+    check_finite(state, ckpt.source)
+    model = MaskedAutoencoderViT(**config)
     report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes), config=config)
     if model.pos_embed.shape != state["pos_embed"].shape:
         # Fixed sin-cos embeddings: the new grid's are exact, nothing to interpolate.
@@ -237,6 +239,7 @@ def init_mae_from(model: MaskedAutoencoderViT, source: str | Path, format: str =
             f"file's to continue from its decoder (a file without a decoder starts any decoder fresh)"
         )
     report = LoadReport(str(source), ckpt.format, notes=list(ckpt.notes), config=model.config)
+    check_finite(ckpt.state_dict, source)
     state = adapt_patch_embed(dict(ckpt.state_dict), model.config["in_chans"], report)
     state = {k: v for k, v in state.items() if k not in ("pos_embed", "decoder_pos_embed")}
     report.notes.append(f"fixed sin-cos position embeddings are those of the model's {model.grid_size} grid")

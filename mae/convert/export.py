@@ -18,7 +18,7 @@ import timm
 from safetensors.torch import save_file
 
 from mae.convert.backbone import vit_args
-from mae.convert.sources import read_checkpoint
+from mae.convert.sources import check_finite, read_checkpoint
 from mae.io.atomic import atomic_write
 
 # timm names of the standard widths/depths; any other shape is built from a base name plus model_args.
@@ -74,6 +74,7 @@ def export_encoder(
     }
     sidecar = out.with_suffix(".json")
     tensors = {k: v.detach().contiguous() for k, v in ckpt.encoder_state_dict().items()}
+    check_finite(tensors, ckpt.source)
     atomic_write(out, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     atomic_write(sidecar, lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     return out, sidecar

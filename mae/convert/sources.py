@@ -66,6 +66,24 @@ class MAECheckpoint:
         return {k: v for k, v in self.state_dict.items() if not (k.startswith("decoder") or k == "mask_token")}
 
 
+def check_finite(state: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Refuse weights that hold a NaN or an infinity (a diverged run's checkpoint): every output of the
+    model would be NaN without a word (NaN embeddings, a reconstruction figure of loss nan).
+
+    Raises:
+        ValueError: naming ``source``, the first bad tensor and how many of its values are bad.
+    """
+    for name, tensor in state.items():
+        if tensor.is_floating_point() or tensor.is_complex():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise ValueError(
+                    f"{source} holds non-finite weights: {name} has {bad:,} NaN or infinite value(s) of "
+                    f"{tensor.numel():,} (the first such tensor); the run that wrote it diverged: use an earlier "
+                    f"checkpoint of that run"
+                )
+
+
 def read_checkpoint(source: str | Path, format: str = "auto") -> MAECheckpoint:
     """Read ``source`` (file or Hugging Face folder) as untrusted input; see the module doc for formats.
 

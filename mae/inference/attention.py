@@ -19,14 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def attention_weights(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(N, T, D) input of a timm ``Attention`` -> (N, heads, T, T) float softmax weights, each row
-    summing to 1 over the T tokens: the steps of its unfused path up to the softmax, with its own
-    ``qkv``, ``q_norm``, ``k_norm`` and ``scale``."""
+def attention_weights(attn: nn.Module, x: torch.Tensor, queries: slice = slice(None)) -> torch.Tensor:
+    """(N, T, D) input of a timm ``Attention`` -> (N, heads, Q, T) float softmax weights of the ``queries``
+    rows (default all: Q = T), each row summing to 1 over the T tokens: the steps of its unfused path up
+    to the softmax, with its own ``qkv``, ``q_norm``, ``k_norm`` and ``scale``. Asking for the rows needed
+    keeps memory at Q x T per head (the cls row of 16,385 tokens: 64 KiB, where all rows take 1 GiB)."""
     N, T, _ = x.shape
     qkv = attn.qkv(x).reshape(N, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k, _ = qkv.unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = attn.q_norm(q[:, :, queries]), attn.k_norm(k)
     return ((q * attn.scale) @ k.transpose(-2, -1)).float().softmax(dim=-1)
 
 
@@ -42,22 +43,24 @@ def _last_attention(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def last_block_attention(model: nn.Module, imgs: torch.Tensor) -> torch.Tensor:
-    """(N, C, H, W) normalised images -> (N, heads, 1 + L, 1 + L) attention weights of the encoder's
-    last block (rows: queries, columns: keys, each row summing to 1), with every patch encoded
-    (``forward_features``: no masking). ``model``: an MAE or a timm ViT."""
+def last_block_attention(model: nn.Module, imgs: torch.Tensor, queries: slice = slice(None)) -> torch.Tensor:
+    """(N, C, H, W) normalised images -> (N, heads, Q, 1 + L) attention weights of the encoder's last
+    block (rows: the ``queries`` tokens, default all; columns: keys; each row summing to 1), with every
+    patch encoded (``forward_features``: no masking). ``model``: an MAE or a timm ViT."""
     attn = _last_attention(model)
     captured: list[torch.Tensor] = []
 
     def recompute(module, args, kwargs, output) -> None:
         if kwargs.get("attn_mask") is not None or kwargs.get("is_causal"):
             raise ValueError("attention maps of a masked attention are not supported")
-        captured.append(attention_weights(module, args[0] if args else kwargs["x"]))
+        captured.append(attention_weights(module, args[0] if args else kwargs["x"], queries))
 
     if attn.fused_attn:
         handle = attn.register_forward_hook(recompute, with_kwargs=True)
     else:  # timm's own weights, as they pass attn_drop
-        handle = attn.attn_drop.register_forward_hook(lambda module, args, output: captured.append(output.float()))
+        handle = attn.attn_drop.register_forward_hook(
+            lambda module, args, output: captured.append(output[:, :, queries].float())
+        )
     try:
         model.forward_features(imgs)
     finally:
@@ -73,7 +76,7 @@ def cls_attention_maps(model: nn.Module, imgs: torch.Tensor) -> torch.Tensor:
     The weights are not renormalised: they are the cls row of the softmax over all 1 + L tokens, so
     each head's map sums to 1 minus the cls token's attention to itself.
     """
-    weights = last_block_attention(model, imgs)
+    weights = last_block_attention(model, imgs, queries=slice(0, 1))  # the cls row only
     prefix = getattr(model, "num_prefix_tokens", 1)
     height, width = model.patch_embed.grid_size
     return weights[:, :, 0, prefix:].reshape(*weights.shape[:2], height, width)

@@ -36,6 +36,7 @@ from mae.models.masking import (
     random_masking,
     sample_noise,
 )
+from mae.models.patch_grid import check_img_size
 from mae.models.pos_embed import sincos_2d
 
 
@@ -96,11 +97,7 @@ class MaskedAutoencoderViT(nn.Module):
             mask_strategy=mask_strategy, layer_norm_eps=layer_norm_eps, decoder_type=decoder_type,
             decoder_keep_ratio=decoder_keep_ratio, decoder_encoder_layers=decoder_encoder_layers,
         )  # fmt: skip
-        if img_size[0] % patch_size or img_size[1] % patch_size:
-            raise ValueError(
-                f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {patch_size}; "
-                f"use a multiple of {patch_size} (e.g. {img_size[0] // patch_size * patch_size})"
-            )
+        check_img_size(img_size, patch_size)
         for name, dim, heads in (("", embed_dim, num_heads), ("decoder_", decoder_embed_dim, decoder_num_heads)):
             if dim % heads:
                 raise ValueError(f"{name}embed_dim {dim} is not divisible by {name}num_heads {heads}")
