@@ -265,3 +265,62 @@ def test_embed_search_benchmark__tiny_run(checkpoint):
                              "--dim", "16", "--chunk-rows", "1000"])  # fmt: skip
     assert result["embed"]["images"] == 12 and result["embed"]["img_s"] > 0 and result["embed"]["dim"] == 32
     assert result["search"]["rows"] == 3000 and result["search"]["seconds"] > 0
+
+
+def search_error(index, query, tmp_path) -> str:
+    result = run_script("-m mae.search", "--index", str(index), str(query), "--out", str(tmp_path / "grid.png"),
+                        "--device", "cpu", check=False)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_search__an_index_cut_short_or_lying_is_named_with_the_fix(checkpoint, folder, tmp_path):
+    good = tmp_path / "good"
+    embed_main(["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.npy"), "--workers", "0"])
+    embed_main(["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.parquet"), "--workers", "0"])
+    query = folder / "a" / "0.png"
+
+    def copy(name: str):
+        bad = tmp_path / name
+        shutil.copytree(good, bad)
+        return bad
+
+    half = copy("half")  # the vectors cut to half their bytes
+    data = (half / "i.npy").read_bytes()
+    (half / "i.npy").write_bytes(data[: len(data) // 2])
+    assert f"{half / 'i.npy'} is damaged or cut short" in search_error(half / "i.npy", query, tmp_path)
+
+    lying = copy("lying")  # a header that claims 1,000,000 rows
+    np.save(lying / "i.npy", np.zeros((4, 32), np.float32))
+    text = (lying / "i.npy").read_bytes().replace(b"(4, 32)", b"(1000000, 32)")
+    (lying / "i.npy").write_bytes(text)
+    assert f"{lying / 'i.npy'} is damaged or cut short" in search_error(lying / "i.npy", query, tmp_path)
+
+    short = copy("short")  # the CSV of paths shorter than the vectors
+    lines = (short / "i.csv").read_text().splitlines()
+    (short / "i.csv").write_text("\n".join(lines[:-2]) + "\n")
+    error = search_error(short / "i.npy", query, tmp_path)
+    assert f"{short / 'i.csv'} lists 3 image(s) but i.npy holds 5 vectors" in error and "python -m mae.embed" in error
+
+    damaged = copy("damaged")  # a Parquet data page overwritten, the footer intact
+    data = bytearray((damaged / "i.parquet").read_bytes())
+    data[4:200] = bytes(range(196))
+    (damaged / "i.parquet").write_bytes(bytes(data))
+    error = search_error(damaged / "i.parquet", query, tmp_path)
+    assert str(damaged / "i.parquet") in error and "python -m mae.embed" in error
+
+
+def test_embed__a_file_name_that_is_not_utf8_is_kept_with_escapes(checkpoint, tmp_path):
+    import os
+    from pathlib import Path
+
+    root = os.fsencode(tmp_path / "root")
+    for name in (b"cl\xe4ss/caf\xe9.png", b"cl\xe4ss/plain.png"):
+        write_png(Path(os.fsdecode(os.path.join(root, name))), seed=len(name))
+    for out in (tmp_path / "i.npy", tmp_path / "i.parquet"):
+        result = run_script("-m mae.embed", "--checkpoint", str(checkpoint), os.fsdecode(root), "--out", str(out),
+                            "--workers", "0", "--no-progress")  # fmt: skip
+        assert "2 vectors" in result.stdout
+        rows = EmbeddingIndex(out).rows_at([0, 1])
+        assert sorted(rows.values()) == [(str(tmp_path / "root" / "cl\\xe4ss" / "caf\\xe9.png"), "cl\\xe4ss"),
+                                         (str(tmp_path / "root" / "cl\\xe4ss" / "plain.png"), "cl\\xe4ss")]  # fmt: skip

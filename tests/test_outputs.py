@@ -109,6 +109,18 @@ def test_reconstruct__replaces_its_own_figure_never_the_users_image(checkpoint, 
     assert photo.read_bytes() == before
 
 
+def test_search__replaces_its_own_figure_never_the_users_image(checkpoint, images, tmp_path):
+    embed(checkpoint, str(images), "--out", str(tmp_path / "index.npy"))
+    search = ("-m mae.search", "--index", str(tmp_path / "index.npy"), str(images / "a" / "0.png"), "--device", "cpu")
+    for _ in range(2):
+        result = run_script(*search, "--out", str(tmp_path / "grid.png"), check=False)
+        assert result.returncode == 0, result.stderr[-2000:]
+    photo = tmp_path / "photo.png"
+    shutil.copy(images / "b" / "0.png", photo)
+    refused(run_script(*search, "--out", str(photo), check=False), str(photo), "mae.search")
+    assert photo.read_bytes() == (images / "b" / "0.png").read_bytes()
+
+
 def test_export__the_users_json_beside_the_weights_is_refused(checkpoint, tmp_path):
     (tmp_path / "encoder.json").write_text('{"mine": true}\n')
     refused(run_script("-m mae.export", str(checkpoint), str(tmp_path / "encoder.safetensors"), check=False),

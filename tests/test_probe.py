@@ -86,6 +86,20 @@ def test_probe_command__on_a_checkpoint_and_a_folder(checkpoint, pool, extra, tm
     assert np.load(tmp_path / "cache.train.feats.npy").shape == (24 * views, 32 * (2 if pool == "both" else 1))
 
 
+def test_probe_command__a_cache_prefix_over_the_users_files_is_refused_its_own_reused(checkpoint, tmp_path, capsys):
+    data = ["--data.class_path", "mae.data.ImageFolderDataModule", "--data.root", str(checkpoint / "data"),
+            "--data.img_size", "16", "--data.num_workers", "0", "--data.batch_size", "8"]  # fmt: skip
+    args = ["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--cache", str(tmp_path / "cache")]
+    probe_main(args)
+    probe_main(args)  # its own cache files are replaced
+    (tmp_path / "mine.val.labels.npy").write_text("my labels\n")
+    args[-1] = str(tmp_path / "mine")
+    with pytest.raises(ValueError, match=r"--cache .*mine.val.labels.npy holds a file that no run of mae.probe wrote"):
+        probe_main(args)
+    assert (tmp_path / "mine.val.labels.npy").read_text() == "my labels\n"
+    assert not (tmp_path / "mine.train.feats.npy").exists()
+
+
 def test_probe_command__needs_labels_an_encoder_and_a_positive_lr(checkpoint, tmp_path):
     one_class = tmp_path / "one"
     write_image_folder(one_class / "train", ["only"], per_class=4)

@@ -7,13 +7,16 @@ from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.encoder_evaluation import encoder_evaluation_parser
 from mae.command import parse_and_run
-from mae.eval.features import Pool, load_encoder
+from mae.eval.features import Pool, cache_files, is_cache_file, load_encoder
 from mae.eval.probe import ProbeResult, ProbeSettings, evaluate
+from mae.io.outputs import Output, check_outputs
+
+COMMAND = "mae.probe"
 
 
 def build_parser() -> ArgumentParser:
     parser = encoder_evaluation_parser(
-        "python -m mae.probe",
+        f"python -m {COMMAND}",
         "A converged linear probe of a pretrained encoder on cached features:",
         "a labelled data module (e.g. ``mae.data.DigitsDataModule``); its training "
         "split trains the heads (a held-out part of it chooses them), its validation split "
@@ -53,6 +56,9 @@ def run(args: Namespace) -> ProbeResult:
     """Print and return the probe's result on the validation split (``mae.eval.probe.evaluate``)."""
     settings = ProbeSettings(args.pool, args.views, args.lrs, args.weight_decays, args.max_epochs, args.patience,
                              args.holdout, args.seed)  # fmt: skip
+    if args.cache is not None:
+        files = [path for split in ("train", "val") for path in cache_files(f"{args.cache}.{split}")]
+        check_outputs(COMMAND, [Output(path, "--cache", ours=is_cache_file) for path in files], [args.checkpoint])
     encoder = load_encoder(args.checkpoint, args.data, args.checkpoint_format, args.device)
     result, val_images, train_views = evaluate(encoder, args.data, settings, args.device, args.cache)
     print(f"{result} on {val_images} validation images, {args.pool} features of {train_views} training views")

@@ -14,11 +14,14 @@ from mae.command import UsageError, argparse_int, command_parser, parse_and_run
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.io.atomic import atomic_write
+from mae.io.outputs import Output, check_outputs, png_info, png_is_from
+
+COMMAND = "mae.search"
 
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        "python -m mae.search",
+        f"python -m {COMMAND}",
         "The nearest images of an index (python -m mae.embed) to each query image, by cosine similarity of "
         "their embeddings (exact), drawn as one row per query.",
     )
@@ -46,6 +49,8 @@ def run(args: Namespace) -> list[Match]:
     """
     if args.k < 1 or args.chunk_rows < 1:
         raise UsageError(f"-k and --chunk-rows must be at least 1, got {args.k} and {args.chunk_rows}")
+    inputs = [*args.queries, args.index] + ([args.checkpoint] if args.checkpoint else [])
+    check_outputs(COMMAND, [Output(args.out, "--out", ours=png_is_from(COMMAND))], inputs)
     index = EmbeddingIndex(args.index)
     queries = [item.path for item in listed_images(args.queries)]
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -65,7 +70,7 @@ def run(args: Namespace) -> list[Match]:
                f"{Path(meta.checkpoint).name}, exact, over {len(index):,} images; images shown as the model saw "
                f"them ({meta.img_size[1]}x{meta.img_size[0]}).")  # fmt: skip
     figure = neighbours_figure(matches, embedder, caption)
-    atomic_write(args.out, lambda tmp: figure.save(tmp, format="PNG"))
+    atomic_write(args.out, lambda tmp: figure.save(tmp, format="PNG", pnginfo=png_info(COMMAND)))
     print(f"wrote {args.out}")
     return matches
 

@@ -105,6 +105,28 @@ class FeatureStore:
             yield torch.from_numpy(feats), torch.from_numpy(labels)
 
 
+# The files of a feature cache (``cache`` prefix + split): their suffix, dtype and number of dimensions.
+CACHE_FILES = {"feats": (np.float32, 2), "labels": (np.int64, 1)}
+
+
+def cache_files(prefix: str | Path) -> list[Path]:
+    """The files ``FeatureStore.extract`` writes for the cache ``prefix`` (e.g. ``cache.train``)."""
+    return [Path(f"{prefix}.{name}.npy") for name in CACHE_FILES]
+
+
+def is_cache_file(path: Path) -> bool:
+    """Whether ``path`` is a feature-cache array this module wrote: an .npy of its name's dtype and rank."""
+    name = Path(path).name.removesuffix(".npy").rsplit(".", 1)[-1]
+    if name not in CACHE_FILES:
+        return False
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError):
+        return False
+    dtype, ndim = CACHE_FILES[name]
+    return array.dtype == dtype and array.ndim == ndim
+
+
 def _array(cache: str | Path | None, name: str, shape: tuple, dtype) -> np.ndarray:
     if cache is None:
         return np.empty(shape, dtype)

@@ -30,6 +30,7 @@ from mae.data.decoding.formats import READERS
 from mae.inference.images import IMAGE_ERRORS, image_paths, load_image
 from mae.inference.normalization import Normalization
 from mae.io.atomic import atomic_write
+from mae.io.file_names import storable_name
 from mae.io.outputs import Output
 
 # The record of the run a parts folder belongs to.
@@ -76,7 +77,7 @@ def inputs_digest(items: list[ImageItem]) -> str:
     """SHA-256 of the listed images (paths and labels, in order)."""
     digest = hashlib.sha256()
     for item in items:
-        digest.update(f"{item.path}\t{item.label}\n".encode())
+        digest.update(os.fsencode(f"{item.path}\t{item.label}\n"))
     return digest.hexdigest()
 
 
@@ -244,9 +245,10 @@ def embed_images(
             if imgs is not None:
                 indices += good
                 vectors.append(embedder(imgs).numpy())
-            skipped += [{"path": items[i].path, "error": error} for i, error in errors]
+            skipped += [{"path": storable_name(items[i].path), "error": error} for i, error in errors]
             if position in ends:
-                rows = Rows([items[i].path for i in indices], [items[i].label for i in indices],
+                rows = Rows([storable_name(items[i].path) for i in indices],
+                            [None if items[i].label is None else storable_name(items[i].label) for i in indices],
                             np.concatenate(vectors) if vectors else np.zeros((0, meta.dim), np.float32))  # fmt: skip
                 parts.write(batches[position][0] // part_size, Part(rows, skipped))
                 indices, vectors, skipped = [], [], []

@@ -26,6 +26,7 @@ from mae.io.outputs import Output
 INDEX_VERSION = 1
 METADATA_KEY = b"mae_embeddings"
 SUFFIXES = (".parquet", ".npy")
+REBUILD = "rebuild the index with python -m mae.embed"
 # What makes two runs' vectors comparable (and a stopped run resumable): everything but the outcome.
 RUN_FIELDS = ("fingerprint", "pool", "dim", "img_size", "in_chans", "mean", "std", "inputs")
 
@@ -168,6 +169,22 @@ def index_outputs(path: Path) -> list[Output]:
     return [Output(path, "--out", ours=is_index)] + [Output(p, "beside --out", ours=is_index) for p in companions(path)]
 
 
+def _csv_rows(path: Path) -> int:
+    """The number of (path, label) rows of an index's CSV, under its header.
+
+    Raises:
+        ValueError: a row that is not two fields, naming the file and the line.
+    """
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        lines = 0
+        for row in reader:
+            if len(row) != 2:
+                raise ValueError(f"{path} line {reader.line_num} has {len(row)} field(s), not path,label: {REBUILD}")
+            lines += 1
+    return max(lines - 1, 0)  # the header is no row
+
+
 def _pyarrow():
     try:
         import pyarrow
@@ -240,22 +257,50 @@ class EmbeddingIndex:
                 raise FileNotFoundError(f"{needed} is missing: an .npy index is {self.path.name} with "
                                         f"{csv_path.name} and {json_path.name} beside it")  # fmt: skip
         self.meta = IndexMeta.from_json(json_path.read_text(), json_path)
-        self._vectors = np.load(self.path, mmap_mode="r")
+        try:  # a header that promises more rows than the file holds fails here, before any row is read
+            self._vectors = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            raise self._damaged(self.path, err) from None
         if self._vectors.shape != (self.meta.count, self.meta.dim) or self._vectors.dtype != np.float32:
             raise ValueError(f"{self.path} holds {self._vectors.dtype} {self._vectors.shape} but {json_path.name} says "
-                             f"float32 ({self.meta.count}, {self.meta.dim}): rebuild it")  # fmt: skip
+                             f"float32 ({self.meta.count}, {self.meta.dim}): {REBUILD}")  # fmt: skip
+        rows = _csv_rows(csv_path)
+        if rows != self.meta.count:
+            raise ValueError(f"{csv_path} lists {rows} image(s) but {self.path.name} holds {self.meta.count} vectors: "
+                             f"the files are of different runs or one was cut short; {REBUILD}")  # fmt: skip
+
+    @staticmethod
+    def _damaged(path: Path, err: BaseException) -> ValueError:
+        said = " ".join(str(err).split())  # pyarrow's messages run over several lines
+        return ValueError(f"{path} is damaged or cut short ({type(err).__name__}: {said}); {REBUILD}")
 
     def vector_chunks(self, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """(first row, (n, D) float32 vectors) of ``rows`` rows at a time, in order."""
+        """(first row, (n, D) float32 vectors) of ``rows`` rows at a time, in order.
+
+        Raises:
+            ValueError: a Parquet page that cannot be read (damaged), naming the file.
+        """
         if self.path.suffix == ".npy":
             for start in range(0, len(self), rows):
                 yield start, torch.from_numpy(np.array(self._vectors[start : start + rows]))
             return
         start = 0
-        for batch in self._file.iter_batches(batch_size=rows, columns=["vector"]):
+        for batch in self._batches(rows, ["vector"]):
             values = batch.column(0).flatten().to_numpy(zero_copy_only=False).reshape(-1, self.meta.dim)
             yield start, torch.from_numpy(np.array(values))
             start += len(values)
+
+    def _batches(self, rows: int, columns: list[str]):
+        """The Parquet file's record batches; a page that cannot be read is named as damage."""
+        batches = self._file.iter_batches(batch_size=rows, columns=columns)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except (OSError, ValueError) as err:  # pyarrow's errors are OSError / ValueError subclasses
+                raise self._damaged(self.path, err) from None
+            yield batch
 
     def rows_at(self, indices: Iterable[int]) -> dict[int, tuple[str, str | None]]:
         """{row: (path, label)} of the rows ``indices``, read in one pass."""
@@ -268,7 +313,7 @@ class EmbeddingIndex:
                         found[row] = (path, label or None)
             return found
         start = 0
-        for batch in self._file.iter_batches(batch_size=65536, columns=["path", "label"]):
+        for batch in self._batches(65536, ["path", "label"]):
             for row in sorted(i - start for i in wanted if start <= i < start + batch.num_rows):
                 found[start + row] = (batch.column(0)[row].as_py(), batch.column(1)[row].as_py())
             start += batch.num_rows
