@@ -3,9 +3,10 @@ baseline on the built-in digit anomaly task (``mae.apps.anomaly.digits``), over 
 
 For each seed: the task is written with that seed (which validation digits get which defect, and where),
 ``python -m mae.anomaly`` scores it with masks of that seed (standardised by the training digits' errors,
-and again with ``--raw-errors``), and the pixel kNN baseline (``mae.apps.anomaly.baseline``) scores the
-same images at the same size through the same scoring and metrics. Prints a markdown table (mean +- std
-over seeds) and writes it, the per-seed metrics, a bar chart and the heat maps of the first seed.
+and again with ``--raw-errors``), and its ``--method pixel-knn`` (the baseline, ``mae.apps.anomaly.baseline``)
+scores the same images at the MAE's size, patch size and normalisation through the same scoring and
+metrics. Prints a markdown table (mean +- std over seeds) and writes it, the per-seed metrics, a bar chart
+and the heat maps of the first seed.
 
     python train.py --config configs/pretrain/default.yaml   # the MAE, once (~2-4 min)
     python benchmarks/anomaly.py                             # 3 seeds, ~1.5 min each on 2 CPU cores
@@ -20,11 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mae.apps.anomaly.baseline import nearest_normal_errors
 from mae.apps.anomaly.digits import write_digit_anomalies
-from mae.apps.anomaly.evaluation import load_images, relative_name, score_test_set
-from mae.apps.anomaly.figures import color_range, heat_map_figure
-from mae.apps.anomaly.layout import normal_images, read_test_set
 from mae.cli.anomaly import main as anomaly_main
 from mae.inference.reconstruction import load_reconstructor
 
@@ -33,7 +30,6 @@ MAE = "MAE reconstruction error, standardised"
 MAE_RAW = "MAE reconstruction error, raw"
 KNN = "pixel kNN (baseline)"
 METRICS = {"image_auroc": "image AUROC", "pixel_auroc": "pixel AUROC", "aupro": "AUPRO (FPR <= 0.3)"}
-FIGURE_ROWS = 4  # images per class folder in the heat-map figures
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict]:
@@ -41,8 +37,9 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict]:
     root = write_digit_anomalies(args.tasks / f"seed{seed}", seed=seed, img_size=args.img_size,
                                  num_normal=args.num_normal, num_test=args.num_test)  # fmt: skip
     out = args.out / f"seed{seed}"
-    common = ["--checkpoint", str(args.checkpoint), "--normal", str(root / "train" / "good"), "--test",
-              str(root / "test"), "--seed", str(seed), "--top-k", str(args.top_k), "--batch-size", "128"]  # fmt: skip
+    data = ["--normal", str(root / "train" / "good"), "--test", str(root / "test"), "--top-k", str(args.top_k),
+            "--batch-size", "128"]  # fmt: skip
+    common = ["--checkpoint", str(args.checkpoint), "--seed", str(seed), *data]
     figures = "overview" if seed == args.seeds[0] else "none"
     results = {}
     start = time.perf_counter()
@@ -54,32 +51,21 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict]:
     ).metrics
     results[MAE_RAW]["seconds"] = time.perf_counter() - start
     start = time.perf_counter()
-    results[KNN] = pixel_knn(args, root, seed == args.seeds[0])
+    results[KNN] = anomaly_main([*pixel_knn_flags(args.checkpoint), *data, "--out", str(out / "knn"),
+                                 "--figures", figures]).metrics  # fmt: skip
     results[KNN]["seconds"] = time.perf_counter() - start
     if seed == args.seeds[0]:
         shutil.copy(out / "mae" / "overview.png", args.out / f"heatmaps_seed{seed}.png")
+        shutil.copy(out / "knn" / "overview.png", args.out / f"knn_heatmaps_seed{seed}.png")
     return results
 
 
-def pixel_knn(args: argparse.Namespace, root: Path, figure: bool) -> dict:
-    """The baseline's metrics, the images read at the MAE's size and normalisation (and, with ``figure``,
-    its heat maps as ``knn_heatmaps_seed<N>.png``)."""
-    model, norm = load_reconstructor(args.checkpoint)
-    size = tuple(model.config["img_size"])
-    test_set = read_test_set(root / "test")
-    normal = load_images(normal_images(root / "train" / "good"), size, norm)
-    test = load_images([i.path for i in test_set.images], size, norm)
-    errors = nearest_normal_errors(test, normal, model.patch_size)
-    result = score_test_set(errors, test_set, model.grid_size, size, args.top_k)
-    if figure:
-        picks = []
-        for kind in test_set.kinds:
-            picks += [j for j, i in enumerate(test_set.images) if i.kind == kind][:FIGURE_ROWS]
-        names = [relative_name(test_set.images[j].path, test_set.root) for j in picks]
-        image = heat_map_figure(test[picks], result.maps[picks], names, result.scores[picks].tolist(), norm,
-                                color_range(result.maps), result.truth[picks])  # fmt: skip
-        image.save(args.out / f"knn_heatmaps_seed{args.seeds[0]}.png")
-    return result.metrics
+def pixel_knn_flags(checkpoint: Path) -> list[str]:
+    """``--method pixel-knn`` at the MAE's input size, patch size and normalisation: the same images, the
+    same patches."""
+    model, norm = load_reconstructor(checkpoint)
+    return ["--method", "pixel-knn", "--img-size", str(model.config["img_size"][0]), "--patch-size",
+            str(model.patch_size), "--mean", *map(str, norm.mean), "--std", *map(str, norm.std)]  # fmt: skip
 
 
 def summarise(results: dict[str, list[dict]]) -> str:

@@ -6,6 +6,7 @@ MVTec-layout tree, its bad-input errors, the built-in digit task and the benchma
 import csv
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +27,21 @@ from mae.apps.anomaly import (
 )
 from mae.apps.anomaly.baseline import nearest_normal_errors
 from mae.apps.anomaly.digits import CHANGED, DEFECTS, write_digit_anomalies
+from mae.apps.anomaly.evaluation import score_test_set
 from mae.apps.anomaly.layout import read_test_set
 from mae.cli import anomaly_main
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
 from mae.models import create_model
 from mae.models.masking import random_masking
-from tests.helpers import REPO, TINY_KWARGS, RandomImages, make_trainer, pretrain_module, run_script
+from tests.helpers import (
+    REPO,
+    TINY_KWARGS,
+    RandomImages,
+    make_trainer,
+    pretrain_module,
+    run_script,
+    tiny_pretraining_checkpoint,
+)
 
 SIZE = 16  # the fixture model's input: a 4 x 4 grid of 4 x 4 patches
 DEFECT = (slice(1, 6), slice(9, 14))  # rows, columns of the planted defect: patches (0..1, 2..3)
@@ -80,6 +90,12 @@ def smooth_checkpoint(tmp_path_factory) -> Path:
         torch.set_num_threads(threads)
     trainer.save_checkpoint(folder / "last.ckpt")
     return folder / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A tiny MAE after 2 steps: for the command's handling of its inputs, not for the quality of its scores."""
+    return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("tiny_mae"))
 
 
 # ---------------------------------------------------------------- masks
@@ -137,6 +153,11 @@ def test_normal_statistics__standardise_per_position_with_a_floor():
                                torch.tensor([[0.0, 1.0 / floor, 0.0]]))  # fmt: skip
     with pytest.raises(ValueError, match="at least 2 normal images"):
         NormalStatistics.of(errors[:1])
+    assert stats.floored == 1  # position 1, floored (and counted, so the command can say so)
+    with pytest.raises(ValueError, match="standard deviation 0 at every patch position"):
+        NormalStatistics.of(torch.ones(3, 4))  # identical normal images: no scale to divide by
+    with pytest.raises(ValueError, match="not all finite"):
+        NormalStatistics.of(torch.tensor([[1.0, float("nan")], [2.0, 3.0]]))
     assert image_scores(torch.tensor([[1.0, 4.0, 2.0, 3.0]]), top_k=2).item() == 3.5
 
 
@@ -338,6 +359,87 @@ def test_anomaly_command__bad_input_named_with_the_fix(smooth_checkpoint, tmp_pa
     assert result.returncode == 2
     assert "has class folders ['checker_empty', 'ok'] but no 'good'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_anomaly_command__empty_masks_keep_the_scores_and_unused_masks_are_named(tiny_checkpoint, tmp_path):
+    tree = write_tree(tmp_path / "part")
+    gt = tree / "ground_truth"
+    for mask in (gt / "checker").iterdir():
+        save(np.zeros((SIZE, SIZE), np.uint8), mask)  # every mask empty: no pixel metric can be computed
+    orphans = [gt / "checker" / "007_mask.png", gt / "scratch" / "000_mask.png"]  # their images are gone
+    for orphan in orphans:
+        save(np.zeros((SIZE, SIZE), np.uint8), orphan)
+    out = tmp_path / "out"
+    result = run_script("-m mae.anomaly", "--checkpoint", str(tiny_checkpoint), "--normal",
+                        str(tree / "train" / "good"), "--test", str(tree / "test"), "--out", str(out), "--figures",
+                        "none")  # fmt: skip
+    assert (
+        f"note: 2 ground-truth masks match no test image and are not used: {orphans[0]}, {orphans[1]}" in result.stdout
+    )
+    assert len((out / "scores.csv").read_text().splitlines()) == 1 + 6  # the scoring is kept
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "image_auroc" in metrics and "pixel_auroc" not in metrics and "aupro" not in metrics
+    assert metrics["unused_masks"] == [str(p) for p in orphans]
+    reason = metrics["not_computed"]["aupro"]
+    assert metrics["not_computed"]["pixel_auroc"] == reason
+    assert f"no defect pixel in the ground truth ({gt}" in reason
+    assert f"note: pixel_auroc, aupro not computed: {reason}" in result.stdout
+
+
+def test_anomaly_command__identical_normal_images_refused_and_non_finite_scores_named(tiny_checkpoint, tmp_path):
+    tree = write_tree(tmp_path / "part")
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    for i in range(3):
+        shutil.copy(tree / "train" / "good" / "000.png", copies / f"{i}.png")
+    result = run_script("-m mae.anomaly", "--checkpoint", str(tiny_checkpoint), "--normal", str(copies), "--test",
+                        str(tree / "test"), "--out", str(tmp_path / "out"), check=False)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: --normal {copies}: " in result.stderr
+    assert "standard deviation 0 at every patch position" in result.stderr
+    assert "add varied defect-free images, or pass --raw-errors" in result.stderr
+    assert not (tmp_path / "out").exists()
+    # a score that is not a finite number never reaches the AUROC
+    errors = torch.rand(6, 16)
+    errors[4, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"1 of 6 test images have errors that are not finite .*checker/001.png"):
+        score_test_set(errors, read_test_set(tree / "test"), (4, 4), (SIZE, SIZE), top_k=2)
+
+
+def test_anomaly_command__pixel_knn_method_needs_no_checkpoint(tmp_path):
+    tree = write_tree(tmp_path / "part")
+    out = tmp_path / "out"
+    common = ["--normal", str(tree / "train" / "good"), "--test", str(tree / "test")]
+    result = run_script("-m mae.anomaly", "--method", "pixel-knn", *common, "--out", str(out), "--img-size",
+                        str(SIZE), "--patch-size", "4", "--top-k", "2")  # fmt: skip
+    with open(out / "scores.csv") as f:
+        rows = list(csv.DictReader(f))
+
+    # independently: each test image's per-patch difference to its nearest normal image (``nearest_normal_errors``
+    # is checked patch by patch above), the images normalised as a 3-channel input without statistics is
+    def pixels(paths):
+        return normalised(np.stack([np.asarray(Image.open(p)) for p in paths]))
+
+    normal = pixels(sorted((tree / "train" / "good").iterdir()))
+    test = pixels([tree / "test" / r["path"] for r in rows])
+    expected = image_scores(nearest_normal_errors(test, normal, patch_size=4), top_k=2)
+    assert [float(r["score"]) for r in rows] == pytest.approx(expected.tolist(), rel=1e-4)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"image_auroc", "image_auroc_per_kind", "pixel_auroc", "aupro", "images"} <= set(metrics)
+    assert metrics["settings"]["method"] == "pixel-knn" and metrics["settings"]["patch_size"] == 4
+    assert (out / "overview.png").is_file() and (out / "heatmaps" / "checker" / "000.png").is_file()
+    assert "normal images: 8" in result.stdout
+    # what each method needs, named
+    for args, message in (
+        (["--method", "pixel-knn", *common], "--method pixel-knn needs --img-size"),
+        (
+            ["--method", "pixel-knn", "--test", str(tree / "test"), "--img-size", "16"],
+            "--method pixel-knn needs --normal",
+        ),
+        (common, "--method mae needs --checkpoint"),
+    ):
+        result = run_script("-m mae.anomaly", *args, "--out", str(tmp_path / "out2"), check=False)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
 # ---------------------------------------------------------------- the digit task

@@ -88,12 +88,25 @@ def score_test_set(
     grid_size: tuple[int, int],
     size: tuple[int, int],
     top_k: int,
-    normal_errors: torch.Tensor | None = None,
+    normal: NormalStatistics | None = None,
 ) -> AnomalyResult:
     """Image scores, heat maps and metrics from (N, L) ``test_errors``: standardised per patch position by
-    (M, L) ``normal_errors`` when given (``NormalStatistics``), the image score the mean of the ``top_k``
-    highest patch scores, the maps the patch scores upsampled to ``size``."""
-    patch_scores = test_errors if normal_errors is None else NormalStatistics.of(normal_errors).standardise(test_errors)
+    the ``normal`` images' statistics when given, the image score the mean of the ``top_k`` highest patch
+    scores, the maps the patch scores upsampled to ``size``.
+
+    Raises:
+        ValueError: a patch score that is not a finite number, naming its images (an AUROC would rank a NaN
+            or an infinity somewhere without a word).
+    """
+    patch_scores = test_errors if normal is None else normal.standardise(test_errors)
+    bad = [i.path for i, finite in zip(test_set.images, torch.isfinite(patch_scores).all(dim=1), strict=True)
+           if not finite]  # fmt: skip
+    if bad:
+        raise ValueError(
+            f"{len(bad)} of {len(test_set.images)} test images have errors that are not finite numbers (NaN or "
+            f"inf): {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''}; an image holding NaN or inf "
+            f"pixels, or a checkpoint with NaN weights, gives them"
+        )
     scores = image_scores(patch_scores, top_k)
     maps = heat_maps(patch_scores, grid_size, size)
     truth = ground_truth(test_set, size) if test_set.has_masks else None
@@ -103,21 +116,37 @@ def score_test_set(
 
 def anomaly_metrics(scores: torch.Tensor, maps: torch.Tensor, test_set: TestSet, truth: torch.Tensor | None) -> dict:
     """Image AUROC (overall and good vs each defect kind) when there are good and defective images; pixel
-    AUROC and AUPRO against (N, H, W) ``truth`` when given. Counts of images per kind."""
+    AUROC and AUPRO against (N, H, W) ``truth`` when given and it holds defect and defect-free pixels; counts
+    of images per kind. A metric that cannot be computed is under ``not_computed`` with the reason (the
+    others are still computed); ``unused_masks`` lists the ground truth's masks of no test image."""
     labels = torch.tensor([i.label for i in test_set.images])
     kinds = [i.kind for i in test_set.images]
     metrics: dict = {"images": {k: kinds.count(k) for k in test_set.kinds}}
+    not_computed = {}
     if labels.min() == labels.max():
-        metrics["note"] = "only one class of test image: no AUROC"
-        return metrics
-    metrics["image_auroc"] = image_auroc(scores, labels)
-    metrics["image_auroc_per_kind"] = {}
-    for kind in test_set.kinds[1:]:
-        pick = torch.tensor([k in ("good", kind) for k in kinds])
-        metrics["image_auroc_per_kind"][kind] = image_auroc(scores[pick], labels[pick])
+        which = "good" if labels.max() == 0 else "defective"
+        not_computed["image_auroc"] = f"every test image is {which}: image AUROC needs good and defective images"
+    else:
+        metrics["image_auroc"] = image_auroc(scores, labels)
+        metrics["image_auroc_per_kind"] = {}
+        for kind in test_set.kinds[1:]:
+            pick = torch.tensor([k in ("good", kind) for k in kinds])
+            metrics["image_auroc_per_kind"][kind] = image_auroc(scores[pick], labels[pick])
     if truth is not None:
-        metrics["pixel_auroc"] = pixel_auroc(maps, truth)
-        metrics["aupro"] = aupro(maps, truth)
+        size = "x".join(map(str, truth.shape[:0:-1]))  # width x height
+        missing = "no defect pixel" if not truth.any() else "no defect-free pixel" if truth.all() else None
+        if missing is None:
+            metrics["pixel_auroc"] = pixel_auroc(maps, truth)
+            metrics["aupro"] = aupro(maps, truth)
+        else:
+            not_computed["pixel_auroc"] = not_computed["aupro"] = (
+                f"{missing} in the ground truth ({test_set.ground_truth}) at the metric size {size}: pixel AUROC and "
+                f"AUPRO need both; check the masks (non-zero = defect; a defect too small may vanish when resized)"
+            )
+    if not_computed:
+        metrics["not_computed"] = not_computed
+    if test_set.unused_masks:
+        metrics["unused_masks"] = [str(p) for p in test_set.unused_masks]
     return metrics
 
 

@@ -10,7 +10,7 @@ A test folder without class folders (images only) is scored without labels: no m
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,11 +44,15 @@ class TestImage:
 
 @dataclass
 class TestSet:
-    """The test images, sorted by class folder then path; ``has_masks``: ground truth for every defect."""
+    """The test images, sorted by class folder then path; ``has_masks``: ground truth for every defect;
+    ``ground_truth``: the masks' folder, if any; ``unused_masks``: its image files that are no test image's
+    mask (an image removed, a defect folder renamed), sorted, so a command can name them."""
 
     root: Path
     images: list[TestImage]
     has_masks: bool
+    ground_truth: Path | None = None
+    unused_masks: list[Path] = field(default_factory=list)
 
     @property
     def labelled(self) -> bool:
@@ -85,7 +89,8 @@ def read_test_set(root: str | os.PathLike, ground_truth: str | os.PathLike | Non
     Raises:
         FileNotFoundError: ``root``, or a ``ground_truth`` given, does not exist.
         ValueError: class folders without ``good``; images beside class folders; an empty folder; a defect
-            image without its mask (naming the file expected).
+            image without its mask (naming the file expected). A mask without its image is no error (the
+            images there are scored right): it is listed in ``unused_masks``.
     """
     root = Path(root)
     if not root.is_dir():
@@ -127,7 +132,9 @@ def read_test_set(root: str | os.PathLike, ground_truth: str | os.PathLike | Non
             images.append(TestImage(path, folder.name, mask))
     images.sort(key=lambda i: (i.kind != GOOD, i.kind, i.path))
     has_masks = gt_root is not None and any(i.label for i in images)
-    return TestSet(root, images, has_masks)
+    used = {i.mask for i in images}
+    unused = [p for p in image_paths([gt_root]) if p not in used] if gt_root is not None else []
+    return TestSet(root, images, has_masks, gt_root, unused)
 
 
 def _ground_truth_root(root: Path, ground_truth: str | os.PathLike | None) -> Path | None:

@@ -54,7 +54,8 @@ def reconstruction_errors(model: MaskedAutoencoderViT, imgs: torch.Tensor, masks
 class NormalStatistics:
     """Per-position error statistics of normal images: ``mean`` (L,) and ``scale`` (L,), the standard
     deviation floored at ``FLOOR`` times its mean over positions (a position where every normal image
-    reconstructs perfectly, such as an always-empty corner, would otherwise divide by zero).
+    reconstructs perfectly, such as an always-empty corner, would otherwise divide by zero); ``floored``:
+    how many positions the floor raised, so a command can say so.
 
     Why: how well a patch can be rebuilt from its context depends on where it is (the middle of an object
     is harder than an empty corner), so a raw error says as much about the position as about a defect.
@@ -63,16 +64,30 @@ class NormalStatistics:
 
     mean: torch.Tensor
     scale: torch.Tensor
+    floored: int = 0
 
     FLOOR = 0.1
 
     @classmethod
     def of(cls, errors: torch.Tensor) -> "NormalStatistics":
-        """From (N, L) errors of N >= 2 normal images."""
+        """From (N, L) errors of N >= 2 normal images.
+
+        Raises:
+            ValueError: fewer than 2 images; an error that is not a finite number; a standard deviation of 0
+                at every position (identical images: no floor to take, every score would be infinite).
+        """
         if errors.shape[0] < 2:
             raise ValueError(f"per-patch statistics need at least 2 normal images, got {errors.shape[0]}")
+        if not torch.isfinite(errors).all():
+            raise ValueError("the normal images' reconstruction errors are not all finite numbers (NaN or inf)")
         std = errors.std(dim=0)
-        return cls(errors.mean(dim=0), std.clamp(min=cls.FLOOR * std.mean().item()))
+        floor = cls.FLOOR * std.mean().item()
+        if floor == 0:
+            raise ValueError(
+                f"the {errors.shape[0]} normal images' errors have standard deviation 0 at every patch position "
+                f"(identical images?), so every standard score would be infinite"
+            )
+        return cls(errors.mean(dim=0), std.clamp(min=floor), int((std < floor).sum()))
 
     def standardise(self, errors: torch.Tensor) -> torch.Tensor:
         """(N, L) errors -> (N, L) standard scores: how unusual each patch's error is for its position."""
