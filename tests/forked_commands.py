@@ -155,6 +155,7 @@ def _child_main(command: list[str], cwd: str, env: dict[str, str], out: str, err
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # the parent's cached temporary folder: a fresh interpreter reads TMPDIR anew
     code = 0
     try:
         if command[0] == "-m":

@@ -1,11 +1,17 @@
 """Issue 24, items 2, 13 and 16, through the real commands: links that cannot be followed are skipped
 by name (folder module, shard tool, statistics); ``--overwrite`` deletes exactly what an earlier
 conversion wrote, locally and on S3, and refuses anything else; an output inside the dataset folder
-is refused; each conversion has its own litdata cache; file names (newlines, not UTF-8) are data."""
+is refused; each conversion has its own litdata cache; file names (newlines, not UTF-8) are data.
+A conversion SIGKILLed part-way (locally or on S3) is an unfinished conversion of the tool's own, which
+the same command with ``--overwrite`` replaces, as the data module and the tool both say."""
 
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import boto3
@@ -15,7 +21,8 @@ from PIL import Image
 
 from mae.data.sources.shard_format import read_metadata
 from mae.data.tools.shard import main as shard_main
-from tests.helpers import TINY_MODEL, run_script, write_config, write_image_folder
+from mae.io import storage
+from tests.helpers import TINY_MODEL, run_script, start_script, write_config, write_image_folder
 from tests.test_streaming import s3  # noqa: F401  (the moto S3 server fixture)
 
 FAST = ("--workers", "1", "--start-method", "fork")  # fork: no re-import per worker
@@ -172,6 +179,125 @@ def test_overwrite__clears_an_interrupted_conversion_but_not_files_it_did_not_wr
     (out / "val" / "photo.jpg").unlink()
     shard_here(images, str(out), "--overwrite")
     assert set(local_files(out)) == written_by(out)
+
+
+# ---------------------------------------------------------------- a conversion killed part-way
+
+# One shard per image, so that a kill lands while the chunks are being written or uploaded.
+SMALL_CHUNKS = ("--chunk-bytes", "2KB")
+
+
+@pytest.fixture(scope="module")
+def killable(tmp_path_factory) -> tuple[Path, list[str]]:
+    """(train: 2 classes x 8 JPEGs, val: 2 x 2; what a clean conversion of it in shards of one
+    image stores, relative to OUT)."""
+    root = tmp_path_factory.mktemp("killable")
+    write_image_folder(root / "train", ["cat", "dog"], per_class=8, size=(20, 20))
+    write_image_folder(root / "val", ["cat", "dog"], per_class=2, size=(20, 20), seed=1)
+    clean = tmp_path_factory.mktemp("clean") / "out"
+    shard_here(root, str(clean), *SMALL_CHUNKS)
+    return root, storage.list_files(str(clean))
+
+
+def kill_mid_conversion(src: Path, out: str, moment: str, tmp: Path) -> list[str]:
+    """Start ``python -m mae.data.shard SRC OUT`` as the leader of a process group (a forked command,
+    ``tests.forked_commands``), SIGKILL the whole group (litdata's workers too) as soon as a file matching
+    ``moment`` is stored under OUT, and return what the kill left there. Its TMPDIR, where the kill leaves
+    its workspace, is ``tmp``."""
+    tmp.mkdir()
+    command = ("-m mae.data.shard", str(src), out, *FAST, *SMALL_CHUNKS)
+    with start_script(*command, env={**os.environ, "TMPDIR": str(tmp)}, new_session=True) as proc:
+        deadline = time.monotonic() + 300
+        try:
+            while not any(re.fullmatch(moment, f) for f in storage.list_files(out)):
+                assert proc.poll() is None, f"the conversion ended before writing {moment}:\n{proc.stderr()[-3000:]}"
+                assert time.monotonic() < deadline, f"no {moment} under {out} after 300 s:\n{proc.stderr()[-3000:]}"
+                time.sleep(0.005)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # none left of the group
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(60)
+    assert proc.returncode == -signal.SIGKILL
+    left = storage.list_files(out)
+    assert left and "mae_shards.json" not in left  # killed part-way
+    return left
+
+
+def check_the_rerun_with_overwrite_completes(src: Path, out: str, clean: list[str]) -> None:
+    """After a kill: the data module and the tool both say "an unfinished conversion; rerun with
+    --overwrite", and that rerun replaces it, leaving exactly what a clean conversion stores."""
+    left = storage.list_files(out)
+    with pytest.raises(
+        FileNotFoundError, match=r"unfinished conversion of mae\.data\.shard.*IMAGE_FOLDER .* --overwrite"
+    ):
+        read_metadata(out)
+    refused = shard_cli(src, out, *SMALL_CHUNKS)
+    assert refused.returncode != 0
+    last = refused.stderr.strip().splitlines()[-1]
+    assert "unfinished conversion" in last and "pass --overwrite" in last, refused.stderr[-3000:]
+    assert storage.list_files(out) == left
+    rerun = shard_cli(src, out, *SMALL_CHUNKS, "--overwrite")
+    assert rerun.returncode == 0, f"left by the kill: {left}\n{rerun.stderr[-3000:]}"
+    assert storage.list_files(out) == clean  # no stray chunk, worker index or temporary file
+    assert read_metadata(out)["splits"]["train"]["images"] == 16
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        r".+",  # the first file: the conversion's record (or its temporary file)
+        r"train/chunk-\d+-\d+\.bin",  # while the first split's shards are written
+        r"train/\d+\.index\.json",  # a worker's index, before litdata merges it into index.json
+        r"val/chunk-\d+-\d+\.bin",  # while the second split's shards are written
+    ],
+)
+def test_killed_conversion__locally_the_rerun_with_overwrite_completes(killable, tmp_path, moment):
+    src, clean = killable
+    out = str(tmp_path / "out")
+    kill_mid_conversion(src, out, moment, tmp_path / "tmp")
+    check_the_rerun_with_overwrite_completes(src, out, clean)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "moment"),
+    [
+        ("first-split", r"train/chunk-\d+-\d+\.bin"),  # while the first split's shards are uploaded
+        ("between-splits", r"train/index\.json"),
+        ("second-split", r"val/chunk-\d+-\d+\.bin"),
+    ],
+)
+def test_killed_conversion__on_s3_the_rerun_with_overwrite_completes(s3, killable, tmp_path, prefix, moment):  # noqa: F811
+    src, clean = killable
+    out = f"s3://shards/killed-{prefix}"
+    kill_mid_conversion(src, out, moment, tmp_path / "tmp")
+    check_the_rerun_with_overwrite_completes(src, out, clean)
+
+
+@pytest.mark.parametrize("content", ["", "record"])
+def test_killed_conversion__before_its_record_was_renamed_the_rerun_with_overwrite_completes(
+    killable, tmp_path, content
+):
+    """A kill inside the first write (the record's temporary file created, empty or written, not
+    yet renamed) leaves only that temporary file: the conversion's own by its content."""
+    src, clean = killable
+    out = tmp_path / "out"
+    out.mkdir()
+    record = {"format": "mae-shards", "files": [], "splits": ["train", "val"]}
+    (out / ".mae_shards.partial.json.tmp-4242").write_text(json.dumps(record, indent=1) if content else "")
+    check_the_rerun_with_overwrite_completes(src, str(out), clean)
+
+
+def test_killed_conversion__a_users_file_named_like_a_records_temporary_is_still_refused(killable, tmp_path):
+    src, _ = killable
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".mae_shards.partial.json.tmp-7").write_text("my own notes")
+    with pytest.raises(FileExistsError, match=r"1 file\(s\) that no conversion of this tool wrote there"):
+        shard_here(src, str(out), "--overwrite")
+    assert storage.list_files(str(out)) == [".mae_shards.partial.json.tmp-7"]
+    with pytest.raises(FileNotFoundError, match=r"no record of an unfinished conversion") as refused:
+        read_metadata(str(out))
+    assert "--overwrite" not in str(refused.value)  # the tool would refuse it
 
 
 def test_output_inside_the_dataset_folder__refused(tmp_path):

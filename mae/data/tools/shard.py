@@ -15,7 +15,8 @@ over the pixel limit) are skipped by name, as the folder data module does. ``OUT
 (format, version, classes, per-split counts) is written last, so a folder without it is an
 unfinished conversion. ``--overwrite`` deletes exactly the files an earlier conversion wrote
 (named in its records: ``mae_shards.json``, the splits' ``index.json``, ``mae_shards.partial.json``
-of an interrupted one) and the tool refuses an OUT holding anything else, naming it.
+of an interrupted one, also one killed part-way, whose rerun with ``--overwrite`` completes it) and
+the tool refuses an OUT holding anything else, naming it.
 ``mae.data.StreamingDataModule`` reads the result.
 """
 
@@ -38,9 +39,10 @@ from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.decoding.rgb import read_rgb
 from mae.data.sources.folder import ImageFolderSubset
 from mae.data.sources.layout import sample_pixels, selected_classes, train_folder
-from mae.data.sources.shard_format import FORMAT, METADATA, VERSION
-from mae.data.tools.shard_destination import PARTIAL, check_destination, clear_destination, private_workspace
+from mae.data.sources.shard_format import FORMAT, METADATA, PARTIAL, VERSION
+from mae.data.tools.shard_destination import check_destination, clear_destination, private_workspace
 from mae.io import storage
+from mae.io.file_names import storable_name
 
 # Shard files (litdata "chunks") of about this size: large enough for few object-storage requests
 # per epoch, small enough that the local cache and a shuffle window hold many of them.
@@ -109,12 +111,6 @@ def list_split(
     with ``arrays`` also ``.npy`` files."""
     listing = ImageFolderSubset(folder, classes, max_per_class, extensions=dataset_extensions(arrays))
     return [(path, label, storable_name(os.path.relpath(path, folder))) for path, label in listing.samples]
-
-
-def storable_name(name: str) -> str:
-    """``name`` as valid UTF-8 text, as litdata stores strings: a file name that is not UTF-8 (on
-    Linux any bytes) keeps its other characters and shows the invalid bytes as ``\\xNN``."""
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def describe_pixels(folder: Path, classes: list[str]) -> dict[str, Any]:

@@ -11,24 +11,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mae.data.sources.shard_format import FORMAT, METADATA
+from mae.data.sources.shard_format import FORMAT, METADATA, PARTIAL, RECORD_TEMPORARY, is_record, is_record_temporary
 from mae.io import storage
 
-# A file or object name litdata's converter writes into a split folder: shards, the index, and the
-# per-worker indexes it merges (left behind by an interrupted conversion).
-LITDATA_FILE = re.compile(r"chunk-\d+-\d+\.bin|(\d+-)?index\.json")
-# Written before a conversion changes OUT, removed after METADATA: what it replaces and which split
-# folders it writes, so that --overwrite can also clear a conversion that was interrupted.
-PARTIAL = "mae_shards.partial.json"
-# atomic_write's temporary files of the two records, left by a kill during their write.
-RECORD_TEMPORARY = re.compile(r"\.mae_shards(\.partial)?\.json\.tmp-\d+")
+# A shard file (litdata "chunk") as an index.json lists it.
+CHUNK_FILE = re.compile(r"chunk-\d+-\d+\.bin")
+# Any file or object name litdata's converter writes into a split folder: shards; each worker's
+# ``{rank}.index.json`` (written into the output folder itself when it is local) and the per-node
+# ``{node}-index.json``, which it merges into ``index.json`` through ``index.json.tmp``. A kill
+# part-way leaves any of them.
+LITDATA_FILE = re.compile(r"chunk-\d+-\d+\.bin|(\d+[.-])?index\.json(\.tmp)?")
 
 
 def conversion_files(out: str, storage_options: dict | None) -> tuple[list[str], set[str]]:
     """What is stored at ``out`` and which of it earlier conversions of this tool wrote, by their
     records: ``METADATA`` and, for each split folder it names, ``index.json`` and the chunk files
     listed in it; an unfinished conversion's ``PARTIAL`` record, the files it was replacing and the
-    litdata files in the split folders it was writing.
+    litdata files (``LITDATA_FILE``) in the split folders it was writing; and the records' temporary
+    files, by their content (``is_record_temporary``).
 
     Returns:
         (every file or object under ``out``, relative to it; the subset this tool wrote).
@@ -38,13 +38,15 @@ def conversion_files(out: str, storage_options: dict | None) -> tuple[list[str],
     owned: set[str] = set()
     splits: set[str] = set()
     metadata = storage.read_json(storage.join(out, METADATA), storage_options) if METADATA in present else None
-    if isinstance(metadata, dict) and metadata.get("format") == FORMAT:
+    if is_record(metadata):
         owned.add(METADATA)
         splits |= {s for s in metadata.get("split_folders", metadata.get("splits", {})) if _plain_folder(s)}
+    # A record's temporary file is ours by its content: also the one a kill during the very first
+    # write leaves alone, before any record names it.
+    owned |= {f for f in present if is_record_temporary(f, _small_text(out, f, storage_options))}
     partial = storage.read_json(storage.join(out, PARTIAL), storage_options) if PARTIAL in present else None
-    if isinstance(partial, dict) and partial.get("format") == FORMAT:
+    if is_record(partial):
         owned |= {PARTIAL, METADATA} | {f for f in partial.get("files", []) if isinstance(f, str)}
-        owned |= {f for f in present if RECORD_TEMPORARY.fullmatch(f)}
         for split in filter(_plain_folder, partial.get("splits", [])):
             owned |= {f for f in present if f.startswith(split + "/") and LITDATA_FILE.fullmatch(f[len(split) + 1 :])}
     for split in splits:
@@ -52,8 +54,19 @@ def conversion_files(out: str, storage_options: dict | None) -> tuple[list[str],
         if isinstance(index, dict):
             owned.add(f"{split}/index.json")
             chunks = [c.get("filename") for c in index.get("chunks", []) if isinstance(c, dict)]
-            owned |= {f"{split}/{name}" for name in chunks if isinstance(name, str) and LITDATA_FILE.fullmatch(name)}
+            owned |= {f"{split}/{name}" for name in chunks if isinstance(name, str) and CHUNK_FILE.fullmatch(name)}
     return stored, owned & present
+
+
+def _small_text(out: str, name: str, storage_options: dict | None) -> str | None:
+    """The text of ``out/name`` when its name is a record's temporary (records are small), else None
+    (also for a file of that name that is not text: not a record)."""
+    if not RECORD_TEMPORARY.fullmatch(name):
+        return None
+    try:
+        return storage.read_text(storage.join(out, name), storage_options)
+    except UnicodeDecodeError:
+        return None
 
 
 def _plain_folder(name: Any) -> bool:
@@ -85,6 +98,11 @@ def check_destination(root: Path, out: str, overwrite: bool, storage_options: di
         raise FileExistsError(f"{out} is not empty: it holds {len(foreign)} file(s) that no conversion of this "
                               f"tool wrote there ({shown}); choose an empty folder or prefix, or move them "
                               "away")  # fmt: skip
+    if stored and not overwrite and METADATA not in stored:
+        raise FileExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an unfinished conversion of "
+                              f"this tool (by its records: killed or failed before it wrote {METADATA}, which it "
+                              "writes last); pass --overwrite to replace exactly them with a new conversion, or choose "
+                              "an empty folder or prefix")  # fmt: skip
     if stored and not overwrite:
         raise FileExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an earlier conversion "
                               f"(named in its {METADATA} and index.json files); pass --overwrite to replace them, or "
