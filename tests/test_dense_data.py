@@ -19,6 +19,7 @@ from pycocotools.cocoeval import COCOeval
 from sklearn.datasets import load_digits
 from torch.nn import functional as F
 from torchvision.models.detection import MaskRCNN
+from torchvision.models.detection.transform import resize_boxes
 from torchvision.transforms import v2
 
 from mae.convert.backbone import build_vit
@@ -144,7 +145,7 @@ def _coco(tmp_path: Path, edit=None, sizes=((20, 16), (24, 18), (20, 16))) -> tu
             {"id": 12, "image_id": 2, "category_id": 90, "bbox": [1.0, 1.0, 10.0, 8.0], "iscrowd": 0,
              "segmentation": [[1, 1, 11, 1, 11, 9, 1, 9]]},
             {"id": 13, "image_id": 2, "category_id": 2, "bbox": [12, 2, 5, 5], "iscrowd": 0,
-             "segmentation": {"size": [18, 24], "counts": [2 + 12 * 18, 5, 13, 5, 13, 5, 13, 5, 13, 5, 91]}},
+             "segmentation": {"size": [18, 24], "counts": [2 + 12 * 18, 5, 13, 5, 13, 5, 13, 5, 13, 5, 137]}},
         ],
         "categories": [{"id": 90, "name": "toaster"}, {"id": 2, "name": "bicycle"}, {"id": 5, "name": "airplane"}],
     }  # fmt: skip
@@ -195,11 +196,16 @@ def test_coco__crowds_empty_images_and_zero_size_boxes_left_out_by_name(tmp_path
     (report,) = messages
     assert str(tmp_path / "instances.json") in report and "2 images, 4 annotations in 3 categories" in report
     assert "1 crowd annotations (iscrowd=1) (ids 14)" in report
-    assert "1 annotations with a box of zero width or height (ids 15)" in report
+    assert "1 annotations with a box of zero width or height (or under 1e-05 of its image's) (ids 15)" in report
     assert "1 images without annotations (training split) (ids 3)" in report
     val = CocoDetection(*_coco(tmp_path, edit))
     assert len(val) == 3 and val[2][1]["iscrowd"].tolist() == [1]  # the crowd kept, marked, for the mAP
     assert "crowd annotations" not in messages[-1] and "zero width" in messages[-1]
+
+
+def _compressed(mask: np.ndarray) -> str:
+    """pycocotools' compressed RLE counts of a (H, W) mask."""
+    return mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"].decode()
 
 
 def _set(path: str, value):
@@ -235,6 +241,33 @@ BAD_INPUTS = {
     "no segmentation": (lambda d: d["annotations"][2].pop("segmentation"), ValueError,
                         ["without a 'segmentation'", "annotation id 13"]),
     "repeated image id": (_set("images.2.id", 1), ValueError, ["image ids listed twice: 1"]),
+    # RLE pycocotools would refuse mid-run ("Invalid RLE mask representation") or decode into an undefined mask
+    "RLE over the image": (_set("annotations.2.segmentation.counts", [218, 5, 13, 5, 13, 5, 13, 5, 13, 5, 191]),
+                           ValueError, ["RLE masks that cover", "id 13: counts sum to 486, not 18x24 = 432"]),
+    "RLE of 10 pixels": (_set("annotations.2.segmentation.counts", [10]), ValueError,
+                         ["annotation id 13: counts sum to 10, not 18x24 = 432"]),
+    "negative RLE count": (_set("annotations.2.segmentation.counts", [219, -1, 5, 13, 5, 13, 5, 13, 5, 13, 5, 137]),
+                           ValueError, ["annotation id 13: count -1 at position 1 is negative"]),
+    "RLE count not an integer": (_set("annotations.2.segmentation.counts", [218.0, 214]), ValueError,
+                                 ["annotation id 13: count 218.0 at position 0 is not an integer"]),
+    "RLE size not integers": (_set("annotations.2.segmentation.size", [18.0, 24.0]), ValueError,
+                              ["annotation id 13 RLE size [18.0, 24.0] in image id 2 of 18x24"]),
+    "compressed RLE of half the image": (_set("annotations.0.segmentation.counts", _compressed(np.zeros((8, 20)))),
+                                         ValueError, ["annotation id 11: counts sum to 160, not 16x20 = 320"]),
+    "compressed RLE cut within a count": (_set("annotations.0.segmentation.counts", "PP"), ValueError,
+                                          ["annotation id 11: compressed counts end within a count"]),
+    "compressed RLE bad character": (_set("annotations.0.segmentation.counts", "5 6"), ValueError,
+                                     ["id 11: compressed counts hold ' ' at position 1, not one of '0'..'o'"]),
+    "compressed RLE count too long": (_set("annotations.0.segmentation.counts", "PPPPPP0"), ValueError,  # 35 bits
+                                      ["id 11: compressed counts hold a count of more than 6 characters at"]),
+    # a polygon coordinate of 1e30 crashes pycocotools (signal 11): refused before it is ever decoded
+    "polygon far outside": (_set("annotations.1.segmentation", [[1, 1, 1e30, 1, 11, 9, 1, 9]]), ValueError,
+                            ["polygon coordinates", "annotation id 12 in image id 2 of 24x18 px: x=1e+30",
+                             "x in [-width, 2 width]"]),
+    "polygon NaN": (_set("annotations.1.segmentation", [[1, 1, 11, 1, 11, float("nan"), 1, 9]]), ValueError,
+                    ["annotation id 12 in image id 2 of 24x18 px: y=nan"]),
+    "polygon huge integer": (_set("annotations.1.segmentation", [[1, 1, 11, 1, 11, 9, 1, 10**400]]), ValueError,
+                             ["annotation id 12 in image id 2 of 24x18 px: y=1000"]),
 }  # fmt: skip
 
 
@@ -248,6 +281,83 @@ def test_coco__bad_input_refused_at_construction_naming_the_file_and_entry(tmp_p
     assert str(path) in message, message
     for fragment in fragments:
         assert fragment in message, message
+
+
+def test_coco__compressed_rle_counts_are_read_as_pycocotools_reads_them():
+    rng = np.random.default_rng(0)
+    masks = [
+        np.zeros((7, 5)),
+        np.ones((7, 5)),
+        rng.random((40, 30)) < 0.5,
+        np.pad(np.ones((3, 3)), ((600, 0), (0, 900))),
+    ]
+    for mask in masks:  # short and long runs, counts and differences of either sign, values of up to 5 characters
+        flat = mask.astype(np.uint8).flatten(order="F")  # column by column, from a run of 0s
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], flat, [1 - flat[-1]]])))  # where the value changes
+        assert coco_module.rle_counts(_compressed(mask)) == np.diff(np.concatenate([[0], edges])).tolist()
+
+
+def test_coco__boxes_zero_in_float32_are_left_out_and_the_kept_ones_stay_positive_through_flips_and_resizes(
+    tmp_path, monkeypatch
+):
+    def edit(data):
+        data["annotations"] += [
+            {"id": 15, "image_id": 1, "category_id": 2, "bbox": [4, 4, 1e-9, 3]},  # zero once in float32
+            {"id": 16, "image_id": 1, "category_id": 2, "bbox": [1, 2, 3, 1e-9]},
+            {"id": 17, "image_id": 1, "category_id": 2, "bbox": [19.9997, 15.9997, 2.5e-4, 2e-4]},  # just kept
+        ]
+
+    messages = []
+    monkeypatch.setattr(coco_module, "rank_zero_info", messages.append)
+    data = CocoDetection(*_coco(tmp_path, edit), transforms=v2.RandomHorizontalFlip(p=1.0))
+    assert (
+        "2 annotations with a box of zero width or height (or under 1e-05 of its image's) (ids 15, 16)" in messages[0]
+    )
+    boxes = data[0][1]["boxes"]
+    assert len(boxes) == 2 and (boxes[:, 2:] > boxes[:, :2]).all()  # torchvision's check, after the flip
+    for side in (1, 7, 1024, 100_000):  # the detector's resize of the longer side, down or up
+        resized = resize_boxes(boxes, (16, 20), (round(side * 16 / 20), side))
+        assert (resized[:, 2:] > resized[:, :2]).all(), side
+
+
+def test_coco__images_with_more_annotations_than_the_setting_are_refused_naming_them(tmp_path):
+    def edit(data):
+        data["annotations"] += [
+            {"id": 100 + i, "image_id": 2, "category_id": 2, "bbox": [1, 1, 2, 2], "iscrowd": i % 2} for i in range(6)
+        ]  # image 2: 8 annotations, 5 of them kept in training
+
+    path, folder = _coco(tmp_path, edit)
+    assert len(CocoDetection(path, folder, train=True, max_annotations_per_image=5)) == 2
+    for load, limit, count in (
+        (lambda: CocoDetection(path, folder, max_annotations_per_image=5), 5, 8),
+        (lambda: DetectionDataModule(str(tmp_path), str(path), None, str(folder), max_annotations_per_image=4).setup(),
+         4, 5),
+    ):  # fmt: skip
+        with pytest.raises(ValueError) as raised:
+            load()
+        message = str(raised.value)
+        assert message.startswith(f"{path}: images with more annotations than max_annotations_per_image={limit}: ")
+        assert f"image id 2 ({count} annotations)" in message and "data.max_annotations_per_image" in message, message
+    with pytest.raises(ValueError, match="max_annotations_per_image must be at least 1, got 0"):
+        CocoDetection(path, folder, max_annotations_per_image=0)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_coco__a_truncated_image_is_named_when_read(tmp_path, fmt):
+    path, folder = _coco(tmp_path)
+    image = folder / "2.png"  # its name says PNG; what it holds decides how it is read
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (18, 24, 3), np.uint8)).save(image, format=fmt)
+    encoded = image.read_bytes()
+    image.write_bytes(encoded[: len(encoded) * 8 // 10])  # the header intact, the pixels cut
+    data = CocoDetection(path, folder)  # only headers are read at start-up
+    with pytest.raises(ValueError) as raised:
+        data[1]
+    message = str(raised.value)
+    assert message.startswith(f"cannot read image {image} (image id 2 of {path}): "), message
+    assert "truncated" in message.lower() and "replace the file" in message, message
+    image.write_bytes(encoded[:20])  # the header cut: refused at start-up
+    with pytest.raises(ValueError, match=rf"^{path}: unreadable images: image id 2 file {image} \("):
+        CocoDetection(path, folder)
 
 
 ESCAPES = {  # how an entry's file_name leads out of the image folder -> (file_name, why it is named)

@@ -169,6 +169,29 @@ def test_folder__a_bad_mask_outside_the_startup_sample_fails_by_name_when_loaded
         _folder(tmp_path, check_labels=None)
 
 
+def _truncate(path: Path) -> None:
+    """Cut a file's pixel data, its header intact (PIL still opens it and reads its size)."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size * 6 // 10])
+
+
+def test_folder__a_truncated_mask_or_image_is_named(tmp_path):
+    labels = np.random.default_rng(0).integers(0, 12, (32, 32))  # noise: pixel data PNG cannot squeeze to nothing
+    for name in ("a", "b"):
+        _write_pair(tmp_path, name, labels)
+    mask = tmp_path / "masks" / "train" / "b.png"
+    _truncate(mask)
+    with pytest.raises(ValueError, match=rf"^cannot read mask {mask}: .*truncated.*; replace the file"):
+        _folder(tmp_path)  # a mask of the start-up sample
+    folder = _folder(tmp_path, check_labels=0)
+    with pytest.raises(ValueError, match=rf"^cannot read mask {mask}: .*truncated"):
+        folder[1]  # outside it: named when loaded
+    _write_mask(mask, labels)
+    image = tmp_path / "images" / "train" / "a.png"
+    _truncate(image)
+    with pytest.raises(ValueError, match=rf"^cannot read image {image}: .*truncated.*; replace the file"):
+        _folder(tmp_path)[0]
+
+
 def test_folder__ignore_index_that_is_a_class_is_refused():
     with pytest.raises(ValueError, match="ignore_index=3 is one of the 12 classes"):
         SegmentationFolder("images", "masks", num_classes=12, ignore_index=3)

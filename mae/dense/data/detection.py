@@ -16,13 +16,14 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from mae.data.sources.digit_scenes import CATEGORIES, DigitScenesOnDisk
 from mae.data.sources.loader_workers import SplitLoaders
-from mae.dense.data.coco import CocoDetection
+from mae.dense.data.coco import MAX_ANNOTATIONS_PER_IMAGE, CocoDetection
 
 DetectionAugmentation = Literal["flip", "lsj", "none"]
 LSJ_SCALE = (0.1, 2.0)  # ViTDet's large-scale-jitter range
@@ -57,6 +58,14 @@ class FixedSizeCrop(v2.Transform):
 def labels_and_crowds(sample: tuple[Any, dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """What ``SanitizeBoundingBoxes`` drops along with the boxes (masks it finds itself)."""
     return sample[1]["labels"], sample[1]["iscrowd"]
+
+
+# What each ``data.augmentation`` does, in words (printed when a run starts).
+AUGMENTATIONS = {
+    "none": "the images as they are",
+    "flip": "horizontal flips",
+    "lsj": "large-scale jitter: flip, rescale by 0.1-2.0, random crop",
+}
 
 
 def detection_transform(augmentation: DetectionAugmentation, img_size: int) -> v2.Transform | None:
@@ -96,6 +105,9 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
         num_workers: loader worker processes per device.
         pin_memory: page-locked host memory for faster host-to-GPU copies.
         persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
+        max_annotations_per_image: the most (kept) annotations an image may have, or the split is refused at
+            start-up naming the images: torchvision's box matching needs memory in proportion (2.2 GB per image
+            for 250 annotations at 1024 px), so an image of 100,000 boxes would run out of it mid-run.
 
     The data is read and checked when first needed (``num_classes``, ``category_names`` or ``setup``), so a
     problem in it stops the run at start-up, naming the file and the entries.
@@ -117,6 +129,7 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
         num_workers: int = 4,
         pin_memory: bool = True,
         persistent_workers: bool = True,
+        max_annotations_per_image: int = MAX_ANNOTATIONS_PER_IMAGE,
     ) -> None:
         super().__init__()
         self.train_transform = detection_transform(augmentation, img_size)  # a bad name fails here
@@ -134,6 +147,7 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
+        self.max_annotations_per_image = max_annotations_per_image
         self.train_set: CocoDetection | None = None
         self.val_set: CocoDetection | None = None
 
@@ -151,14 +165,21 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
         if self.train_set is None:
             self.train_set = CocoDetection(
                 self.root / self.train_annotations, self.root / self.train_images, self.masks, self.train_transform,
-                train=True,
+                train=True, max_annotations_per_image=self.max_annotations_per_image,
             )  # fmt: skip
         return self.train_set
 
     def setup(self, stage: str | None = None) -> None:
         train = self._train_set()
+        if stage in (None, "fit"):  # said where the run starts: the default differs between modules
+            rank_zero_info(
+                f"training augmentation: data.augmentation {self.augmentation} ({AUGMENTATIONS[self.augmentation]})"
+            )
         if self.val_set is None and self.val_annotations is not None:
-            self.val_set = CocoDetection(self.root / self.val_annotations, self.root / self.val_images, self.masks)
+            self.val_set = CocoDetection(
+                self.root / self.val_annotations, self.root / self.val_images, self.masks,
+                max_annotations_per_image=self.max_annotations_per_image,
+            )  # fmt: skip
             if self.val_set.category_ids != train.category_ids or self.val_set.category_names != train.category_names:
                 raise ValueError(
                     f"{self.val_set.annotation_file} and {train.annotation_file} list different categories "

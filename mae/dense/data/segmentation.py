@@ -8,8 +8,9 @@ unlabelled pixel. Batches are (N, 3, H, W) float32 images in [0, 1] (not normali
 that) and (N, H, W) int64 masks with ``ignore_index`` where a pixel is unlabelled or padding.
 """
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -53,7 +54,8 @@ class SegmentationFolder(Dataset):
     ``check_labels`` masks, evenly spaced by name, have their values checked (``None``: all, worth it once
     for new data). Every mask's values are checked again whenever it is loaded, by the table lookup that
     maps raw values to labels (under 1 ms for 512 x 683 px): a bad mask first seen during training stops
-    it with the file's name; it is never trained on with wrong labels.
+    it with the file's name; it is never trained on with wrong labels. A mask or image that cannot be decoded
+    (truncated, corrupt) stops the run the same way, naming the file, when it is first decoded.
 
     Args:
         images: folder of the images.
@@ -74,7 +76,7 @@ class SegmentationFolder(Dataset):
         FileNotFoundError: a missing folder, or an image without a mask (naming both paths).
         ValueError: naming the file(s): a folder without images or masks, masks without images, an image
             stem used twice, a mask of another size than its image or with several channels, mask values
-            that are no class.
+            that are no class, a mask or image that cannot be decoded.
     """
 
     def __init__(
@@ -184,10 +186,11 @@ class SegmentationFolder(Dataset):
         """(H, W) int64 labels of a mask file, ``ignore_index`` where unlabelled.
 
         Raises:
-            ValueError: naming the file, for values that are no class.
+            ValueError: naming the file, for values that are no class or a file that cannot be decoded.
         """
-        with open_image(path) as img:
-            raw = np.array(img)
+        with _named_errors("mask", path):
+            with open_image(path) as img:
+                raw = np.array(img)
         if raw.dtype == bool:
             raw = raw.astype(np.uint8)
         elif raw.dtype not in (np.uint8, np.uint16):  # mode I (or big-endian 16-bit): 0 .. 65535 fit a 16-bit PNG
@@ -221,7 +224,8 @@ class SegmentationFolder(Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        image = tv_tensors.Image(read_rgb(self.images[index]))
+        with _named_errors("image", self.images[index]):
+            image = tv_tensors.Image(read_rgb(self.images[index]))
         mask = tv_tensors.Mask(self.read_mask(self.masks[index]))
         if image.shape[-2:] != mask.shape:  # the file changed since the header check
             raise ValueError(f"mask {self.masks[index]} is not the size of its image {self.images[index]}")
@@ -229,6 +233,15 @@ class SegmentationFolder(Dataset):
             image, mask = self.transforms(image, mask)
         image = TF.to_dtype(image.as_subclass(torch.Tensor), torch.float32, scale=True)
         return image, mask.as_subclass(torch.Tensor)
+
+
+@contextlib.contextmanager
+def _named_errors(kind: str, path: Path) -> Iterator[None]:
+    """Decoding errors of ``path`` as a ValueError naming it (PIL's "image file is truncated" names no file)."""
+    try:
+        yield
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise ValueError(f"cannot read {kind} {path}: {err}; replace the file with a readable copy") from err
 
 
 def collate_padded(batch: list[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = 255) -> tuple:
