@@ -249,3 +249,20 @@ def test_pyramid__four_blocks_feed_four_scales_and_window_settings_are_checked()
         SimpleFeaturePyramid(vit, global_blocks=(1,))
     with pytest.raises(ValueError, match="window_size must be a positive"):
         SimpleFeaturePyramid(vit, window_size=0)
+
+
+def test_readme_detector__sized_for_the_encoder_and_torchvisions_800_px_refused_by_name(tmp_path):
+    """README's one-line use: torchvision's default resize (800 px) made a 64 px scene 40,000 tokens of a
+    4-px-patch encoder, and 23.6 GB in three steps. The pyramid refuses that input before encoding it;
+    ``detector_sizes()`` gives the detector the encoder's pretraining size, and it trains."""
+    backbone = feature_pyramid(tiny_pretraining_checkpoint(tmp_path), out_channels=16)
+    assert backbone.detector_sizes() == {"min_size": 16, "max_size": 16}
+    images = [torch.rand(3, 64, 64)]
+    targets = [{"boxes": torch.tensor([[8.0, 8.0, 40.0, 40.0]]), "labels": torch.tensor([3]),
+                "masks": torch.zeros(1, 64, 64, dtype=torch.uint8)}]  # fmt: skip
+    with pytest.raises(ValueError, match=r"images of 800x800 px make 40,000 patches, over this pyramid's max_tokens"):
+        MaskRCNN(backbone, num_classes=11)(images, targets)
+    detector = MaskRCNN(backbone, num_classes=11, **backbone.detector_sizes())
+    losses = detector(images, targets)
+    sum(losses.values()).backward()
+    assert all(torch.isfinite(v) for v in losses.values())

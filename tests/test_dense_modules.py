@@ -227,3 +227,60 @@ def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, s
     last = str(tmp / name / "ckpts" / "last.ckpt")
     again = run_script(script, "--validate_only", "true", "--ckpt_path", last, config=single, tmp=tmp)
     assert float(re.search(rf"{metric} ([\d.]+)", again.stdout).group(1)) == pytest.approx(logged, abs=1e-4)
+
+
+@pytest.mark.parametrize("module_class", [MAEDetectionModule, MAESegmentationModule])
+def test_trained_checkpoint__loads_anywhere_without_its_starting_checkpoint(setup, tmp_path, module_class):
+    """A trained checkpoint holds every weight: load_from_checkpoint rebuilds the network from the encoder
+    architecture it records, not from the pretraining file named in model.checkpoint (gone here)."""
+    import shutil
+
+    from mae.dense import DigitScenesDataModule, DigitScenesSegmentation
+    from tests.helpers import make_trainer
+
+    tmp, checkpoint = setup
+    start = tmp_path / "pretrained.ckpt"
+    shutil.copy(checkpoint, start)
+    detection = module_class is MAEDetectionModule
+    extra = {"detector": "faster_rcnn", "head_channels": 16, "rois_per_image": 16} if detection else {}
+    module = module_class(checkpoint=str(start), img_size=64, num_classes=11, **TINY_HEADS, **extra)
+    data_class = DigitScenesDataModule if detection else DigitScenesSegmentation
+    data = data_class(root=str(tmp / "scenes"), **SCENES, batch_size=4)
+    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(module, datamodule=data)
+    trainer.save_checkpoint(tmp_path / "trained.ckpt")
+    start.unlink()
+    loaded = module_class.load_from_checkpoint(tmp_path / "trained.ckpt")
+    theirs, ours = loaded.state_dict(), module.state_dict()
+    assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
+    assert list(loaded.mean) == list(module.mean) and list(loaded.std) == list(module.std)
+    module.eval(), loaded.eval()
+    images = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        if detection:
+            first, second = module.network(list(images)), loaded.network(list(images))
+            assert all(torch.equal(a["boxes"], b["boxes"]) for a, b in zip(first, second, strict=True))
+        else:
+            torch.testing.assert_close(module.network(images), loaded.network(images))
+
+
+def test_detection_run__says_its_augmentation_and_why_an_empty_validation_scores_map_0(setup, tmp_path, monkeypatch):
+    from mae.dense import DigitScenesDataModule
+    from mae.dense.data import detection as data_module
+    from mae.dense.tasks import detection as task_module
+    from tests.helpers import make_trainer
+
+    said = []
+    monkeypatch.setattr(data_module, "rank_zero_info", said.append)
+    monkeypatch.setattr(task_module, "rank_zero_info", said.append)
+
+    tmp, checkpoint = setup
+    module = MAEDetectionModule(checkpoint=str(checkpoint), img_size=64, num_classes=11, detector="faster_rcnn",
+                                head_channels=16, rois_per_image=16, **TINY_HEADS)  # fmt: skip
+    module.detector.roi_heads.score_thresh = 1.1  # no detection can pass
+    data = DigitScenesDataModule(root=str(tmp / "scenes"), **SCENES, batch_size=4)
+    trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=1)
+    trainer.fit(module, datamodule=data)
+    assert "training augmentation: data.augmentation none (the images as they are)" in said
+    assert sum("this validation found no object at all" in line for line in said) == 1  # two validations, once
+    assert trainer.callback_metrics["val/map"] == 0

@@ -160,3 +160,26 @@ def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
     assert cli.model.hparams.num_classes == cli.datamodule.num_labels
     assert cli.model.hparams.img_size == cli.datamodule.img_size
     assert cli.datamodule.augmentation in (cli.model.hparams.mode, "none")  # none: the digits probe (plain scans)
+
+
+@pytest.mark.parametrize("mode", ["finetune", "linprobe"])
+def test_trained_classifier__loads_without_its_pretraining_checkpoint(tmp_path, mode):
+    """The fine-tuned checkpoint records its encoder's architecture: load_from_checkpoint needs nothing else."""
+    import shutil
+
+    from tests.helpers import tiny_pretraining_checkpoint
+
+    start = tmp_path / "start.ckpt"
+    shutil.copy(tiny_pretraining_checkpoint(tmp_path / "pre"), start)
+    settings = dict(mixup=0.0, cutmix=0.0, drop_path_rate=0.0) if mode == "linprobe" else {}
+    module = MAEFinetuneModule(checkpoint=str(start), mode=mode, img_size=16, num_classes=3, warmup_epochs=0,
+                               **settings)  # fmt: skip
+    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(module, datamodule=LabelledImages(batch_size=8))
+    trainer.save_checkpoint(tmp_path / "trained.ckpt")
+    start.unlink()
+    loaded = MAEFinetuneModule.load_from_checkpoint(tmp_path / "trained.ckpt")
+    ours, theirs = module.state_dict(), loaded.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    images = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(module.eval()(images), loaded.eval()(images))

@@ -7,11 +7,13 @@ this signature), so a config keeps its keys (``model.base_lr``, ``model.layer_de
 shared option is added here alone. A subclass restates a setting only to give it its task's default.
 """
 
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from timm.layers import to_2tuple
 from timm.models import VisionTransformer
 
 from mae.convert.backbone import build_vit, load_backbone, pooling_of
@@ -19,6 +21,11 @@ from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.models import create_model
 from mae.training.base import MAETrainingModule, check_kernel_settings
 from mae.training.optim import check_schedule_settings
+
+# The encoder architecture a trained checkpoint records (its MAE config), so that it loads anywhere.
+ENCODER_KEY = "mae_encoder_config"
+# Set while ``load_from_checkpoint`` rebuilds a trained module: the encoder config it recorded.
+_RESTORING: ContextVar[dict[str, Any] | None] = ContextVar("restoring_encoder", default=None)
 
 
 def check_checkpoint_exists(checkpoint: str | None) -> None:
@@ -100,13 +107,49 @@ class TransferModule(MAETrainingModule):
             FileNotFoundError: ``checkpoint`` does not exist, naming ``model.checkpoint``.
         """
         hp = self.hparams
+        restoring = _RESTORING.get()
+        if restoring is not None:  # a trained checkpoint: every weight comes from its state dict
+            self.encoder_config = restoring
+            return build_vit(restoring, hp.img_size, global_pool or "token", **vit_kwargs), restoring, None
         check_checkpoint_exists(hp.checkpoint)
         if hp.checkpoint is None:
             with torch.device("meta"):
                 config = create_model(hp.model, img_size=hp.img_size, in_chans=hp.in_chans,
                                       **(hp.model_kwargs or {})).config  # fmt: skip
+            self.encoder_config = config
             return build_vit(config, hp.img_size, global_pool or "token", **vit_kwargs), config, None
         ckpt = read_checkpoint(hp.checkpoint, hp.checkpoint_format)
         vit = load_backbone(ckpt, hp.img_size, global_pool or pooling_of(ckpt), in_chans=hp.in_chans, **vit_kwargs)
         rank_zero_info(str(vit.load_report))
+        self.encoder_config = {**vit.load_report.config, "in_chans": hp.in_chans}
         return vit, vit.load_report.config, ckpt
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        config = dict(self.encoder_config)
+        config["img_size"] = list(to_2tuple(config["img_size"]))
+        checkpoint[ENCODER_KEY] = config
+
+    @classmethod
+    def restored_kwargs(cls, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """Settings ``load_from_checkpoint`` takes from the trained checkpoint beyond its hyperparameters
+        (what the starting checkpoint used to give: e.g. the dense tasks' input normalisation)."""
+        return {}
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any):
+        """Lightning's ``load_from_checkpoint``, without the starting checkpoint: a trained checkpoint
+        holds every weight and records its encoder's architecture, so it loads on any machine and in any
+        folder, also when ``model.checkpoint`` (the pretraining file it started from) is not there.
+        A checkpoint written before that record existed still needs its starting checkpoint."""
+        from lightning.fabric.utilities.cloud_io import _load as pl_load
+
+        saved = pl_load(checkpoint_path, map_location="cpu", weights_only=False)
+        record = saved.get(ENCODER_KEY)
+        if record is None:
+            return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        token = _RESTORING.set(record)
+        try:
+            return super().load_from_checkpoint(checkpoint_path, *args, **{**cls.restored_kwargs(saved), **kwargs})
+        finally:
+            _RESTORING.reset(token)

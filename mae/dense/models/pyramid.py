@@ -141,6 +141,11 @@ class SimpleFeaturePyramid(nn.Module):
             keeping them: far less memory at detection sizes (1024 px), about a third more compute.
         scales: the four maps' scales relative to the stride-p map, finest first (ViTDet: 4, 2, 1, 1/2;
             each of 4, 2, 1, 1/2, 1/4).
+        max_tokens: the most patches one input may have (default ``default_max_tokens``). An input past it
+            is refused naming its size: torchvision's detectors resize every image to ``min_size`` 800
+            unless told, which turned a 64 px scene into 40,000 tokens of a p = 4 encoder and 24 GB in
+            three steps. Give the detector ``**pyramid.detector_sizes()``, or raise this for inputs you
+            know fit.
 
     The pyramid owns ``vit`` and trims it: its classifier head and final norm are removed (ViTDet uses
     neither), and blocks after the last one used.
@@ -161,9 +166,12 @@ class SimpleFeaturePyramid(nn.Module):
         activation_checkpointing: bool = False,
         scales: Sequence[float] = SCALES,
         relative_position: bool = False,
+        max_tokens: int | None = None,
     ) -> None:
         super().__init__()
         depth = len(vit.blocks)
+        self.max_tokens = max_tokens or default_max_tokens(vit)
+        self.pretraining_size = tuple(vit.patch_embed.img_size)
         check_encoder(vit)
         self.scales = checked_scales(scales)
         self.blocks = checked_blocks(block, depth)
@@ -193,6 +201,12 @@ class SimpleFeaturePyramid(nn.Module):
                     LayerNorm2d(out_channels),
                 )  # fmt: skip
             )
+
+    def detector_sizes(self) -> dict[str, int]:
+        """``min_size`` / ``max_size`` for a torchvision detector on this pyramid: every image resized to the
+        encoder's pretraining size on its longer side (``MaskRCNN(pyramid, num_classes, **sizes)``)."""
+        side = max(self.pretraining_size)
+        return {"min_size": side, "max_size": side}
 
     @property
     def strides(self) -> tuple[float, ...]:
@@ -243,6 +257,15 @@ class SimpleFeaturePyramid(nn.Module):
                 f"needs {patches} patches of {ph}x{pw} px along each side (at least "
                 f"{(patches - 1) * ph + 1}x{(patches - 1) * pw + 1} px)"
             )
+        tokens = -(-images.shape[-2] // ph) * -(-images.shape[-1] // pw)
+        if tokens > self.max_tokens:
+            raise ValueError(
+                f"images of {images.shape[-2]}x{images.shape[-1]} px make {tokens:,} patches, over this pyramid's "
+                f"max_tokens {self.max_tokens:,} (its encoder was pretrained at {self.pretraining_size[0]}x"
+                f"{self.pretraining_size[1]}): torchvision's detectors resize images to min_size 800 unless told; "
+                f"pass min_size / max_size (pyramid.detector_sizes() gives the pretraining size), or raise "
+                f"max_tokens for inputs you know fit"
+            )
         features = self.encode(self.pad(images))
         maps = [
             project(rescale(features[block]))
@@ -250,6 +273,13 @@ class SimpleFeaturePyramid(nn.Module):
         ]
         maps.append(F.max_pool2d(maps[-1], kernel_size=1, stride=2))  # torchvision's LastLevelMaxPool
         return OrderedDict(zip(FEATURE_NAMES, maps, strict=True))
+
+
+def default_max_tokens(vit: VisionTransformer) -> int:
+    """The patches one input of the pyramid over ``vit`` may have by default: 64 times its pretraining grid's,
+    at least 4,096 (ViTDet's 1024 px at p = 16, from 224 px: 21 times)."""
+    height, width = vit.patch_embed.grid_size
+    return max(64 * height * width, 4096)
 
 
 def feature_pyramid(source: "str | Path | MAECheckpoint", *args: Any, **kwargs: Any) -> SimpleFeaturePyramid:

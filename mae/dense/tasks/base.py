@@ -5,11 +5,12 @@ encoder, the pyramid and heads at the full lr)."""
 from typing import Any
 
 import torch
+from timm.layers import to_2tuple
 from timm.optim import param_groups_layer_decay
 from torch import nn
 
 from mae.data.views.normalize import normalization
-from mae.dense.models.pyramid import SCALES, SimpleFeaturePyramid
+from mae.dense.models.pyramid import SCALES, SimpleFeaturePyramid, default_max_tokens
 from mae.training.optim import ParamGroupPlan
 from mae.training.transfer import TransferModule
 
@@ -94,8 +95,16 @@ class DenseTrainingModule(TransferModule):
                                             window_size=hp.window_size, global_blocks=hp.global_blocks,
                                             relative_position=hp.relative_position,
                                             activation_checkpointing=hp.activation_checkpointing,
-                                            scales=tuple(hp.scales or SCALES))  # fmt: skip
+                                            scales=tuple(hp.scales or SCALES),
+                                            max_tokens=self._largest_input(vit))  # fmt: skip
         self.mean, self.std = input_normalization(ckpt and ckpt.data, hp.in_chans, hp.mean, hp.std)
+
+    def _largest_input(self, vit: nn.Module) -> int:
+        """The pyramid's ``max_tokens``: its default, or the patches of the largest input this module feeds
+        it if more (``img_size`` on each side, padded to a multiple of 32 as torchvision batches images)."""
+        side = -(-max(to_2tuple(self.hparams.img_size)) // 32) * 32
+        patch = vit.patch_embed.patch_size[0]
+        return max(default_max_tokens(vit), (-(-side // patch)) ** 2)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of a network built otherwise (``--ckpt_path`` under another config) before
@@ -142,6 +151,11 @@ class DenseTrainingModule(TransferModule):
         args = {k: hp[k] for k in ("checkpoint", "model", "img_size", "in_chans", "num_classes")}
         return {"class": DENSE_CLASS, "args": {**args, "module": type(self).__name__},
                 "state_dict_prefix": f"{self.network_attribute}."}  # fmt: skip
+
+    @classmethod
+    def restored_kwargs(cls, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        data = checkpoint.get("mae_data") or {}
+        return {key: data[key] for key in ("mean", "std") if key in data}  # the normalisation it trained with
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -5,6 +5,7 @@ paper's section 5 COCO transfer)."""
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from mae.dense.metrics.detection import DetectionMetrics
 from mae.dense.models.detectors import Detector, Target, build_detector
@@ -68,6 +69,8 @@ class MAEDetectionModule(DenseTrainingModule):
         self.plan_param_groups()
         self.masks = detector == "mask_rcnn"
         self.val_metrics = DetectionMetrics(masks=self.masks)
+        self.val_detections = 0  # this validation's detections, to explain an mAP of 0
+        self.said_no_detections = False
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -93,11 +96,22 @@ class MAEDetectionModule(DenseTrainingModule):
 
     def validation_step(self, batch: tuple[list[torch.Tensor], list[Target]], batch_idx: int) -> None:
         images, targets = batch
-        self.val_metrics.update(self.detector(images), targets)
+        found = self.detector(images)
+        self.val_detections += sum(len(f["boxes"]) for f in found)
+        self.val_metrics.update(found, targets)
 
     def on_validation_epoch_end(self) -> None:
         self.log_dict(self.val_metrics.compute(), prog_bar=False)
         self.val_metrics.reset()
+        found = self.trainer.strategy.reduce(torch.tensor(float(self.val_detections), device=self.device), "sum")
+        self.val_detections = 0
+        if found == 0 and not self.said_no_detections and not self.trainer.sanity_checking:
+            self.said_no_detections = True
+            rank_zero_info(
+                "note: this validation found no object at all (no detection scored above the detector's "
+                "threshold), so its mAP is 0 for want of predictions, not for wrong ones; usual in the first "
+                "epochs. Said once."
+            )
 
     def figure_rows(self, images: list[torch.Tensor], targets: list[Target], score_threshold: float) -> list[list]:
         """For ``PredictionFigures``: per image, the ground truth and the detections, drawn."""
