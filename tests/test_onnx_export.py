@@ -93,6 +93,8 @@ def test_onnx_export__command_line_one_channel_pooled_dynamic_batch_into_a_missi
 def test_onnx_export__tokens_at_a_new_size_match_torch_and_take_batch_1(model, tokens_at_24, capsys):
     out, export = tokens_at_24
     assert export.input_shape == [1, 1, 24, 24] and export.output_shape == [1, 37, 32]
+    assert export.metadata["mae.output"].startswith("tokens: float32 (1, 37, 32)")  # batch 1 only: not (N, ...)
+    assert export.metadata["mae.input"].startswith("pixels: float32 (1, 1, 24, 24)")
     assert 0 < export.differences[1] <= 1e-4
     # independent: the MAE at 24 pixels, its position embeddings resampled bicubically by hand
     big = MaskedAutoencoderViT(**{**CONFIG, "img_size": 24}).eval()

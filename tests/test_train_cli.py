@@ -126,3 +126,25 @@ def test_train__on_the_digit_scenes_images_without_their_labels(tmp_path):
     assert (tmp_path / "scenes" / "scenes.json").exists()  # written on first use, reused after
     rows = read_metrics(tmp_path / "runs" / "test" / "version_0")
     assert any(r.get("val/loss") for r in rows) and any(r.get("train/loss_epoch") for r in rows)
+
+
+def test_train__prints_no_advertisement_warning_or_uncounted_flops_and_a_step_bounded_epoch(tmp_path):
+    """What users did not ask for: Lightning's litlogger / litmodels tips, the LeafSpec deprecation warning,
+    "Total FLOPs: 0" and "Epoch 0/-2" for a run bounded by steps. The summary and the bar themselves stay."""
+    data = {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 16, "batch_size": 16}}
+    config = _config(tmp_path, data, max_epochs=-1)
+    result = _train("--config", str(config), "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "true",
+                    "--model.warmup_epochs", "0",
+                    "--trainer.limit_val_batches", "0")  # fmt: skip
+    said = result.stdout + result.stderr
+    for noise in ("💡", "litlogger", "litmodels", "LeafSpec", "Total Flops", "Total FLOPs", "/-2"):
+        assert noise not in said, noise
+    assert "Trainable params" in said and "Epoch 0" in said
+
+
+def test_train__a_run_refused_before_its_first_step_leaves_no_run_folder(tmp_path):
+    data = {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 16, "batch_size": 16}}
+    config = _config(tmp_path, data, max_epochs=0)
+    result = _run("--config", str(config))
+    assert result.returncode == 2 and "this run has 0 optimizer steps" in result.stderr
+    assert not (tmp_path / "runs" / "test" / "version_0").exists()  # the next run is version_0, not version_1

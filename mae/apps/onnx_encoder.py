@@ -65,14 +65,15 @@ def is_onnx_encoder(path: Path) -> bool:
     return any(prop.key == "mae.input" for prop in model.metadata_props)
 
 
-def input_metadata(norm: Normalization, size: tuple[int, int], how: str) -> dict[str, str]:
+def input_metadata(norm: Normalization, size: tuple[int, int], how: str, batch: str = "N") -> dict[str, str]:
     """The file's ``metadata_props`` on its input: what ``pixels`` must hold, in words and as JSON
-    values. ``how``: where the mean / std come from (recorded in the checkpoint, ImageNet's, given)."""
+    values. ``how``: where the mean / std come from (recorded in the checkpoint, ImageNet's, given);
+    ``batch``: "N" for a file of any batch size, "1" for one that takes a single image."""
     height, width = size
     mean = ", ".join(f"{v:g}" for v in norm.mean)
     std = ", ".join(f"{v:g}" for v in norm.std)
     text = (
-        f"{INPUT_NAME}: float32 (N, {norm.in_chans}, {height}, {width}). From an image: take {norm.in_chans} "
+        f"{INPUT_NAME}: float32 ({batch}, {norm.in_chans}, {height}, {width}). From an image: take {norm.in_chans} "
         f"channel(s) (8-bit RGB for a 3-channel model); scale 8-bit values by 1/255 and 16-bit values by 1/65535 "
         f"(float data stays in its own units); resize so the short side is {max(size)} pixels (bicubic, "
         f"antialiased) and centre-crop {height}x{width}; then per channel c: (x - mean[c]) / std[c] with "
@@ -88,16 +89,17 @@ def input_metadata(norm: Normalization, size: tuple[int, int], how: str) -> dict
     }
 
 
-def output_text(model: OnnxEncoder, dims: torch.Size, grid: tuple[int, int]) -> str:
-    """The file's ``mae.output``: what its output holds, ``dims`` its shape without the batch."""
+def output_text(model: OnnxEncoder, dims: torch.Size, grid: tuple[int, int], batch: str = "N") -> str:
+    """The file's ``mae.output``: what its output holds, ``dims`` its shape without the ``batch``."""
     if model.pool is None:
         return (
-            f"{model.output_name}: float32 (N, {dims[0]}, {dims[1]}): the cls token, then the {grid[0]}x{grid[1]} "
-            f"patch tokens in raster order, after the encoder's final LayerNorm (every patch, no masking)."
+            f"{model.output_name}: float32 ({batch}, {dims[0]}, {dims[1]}): the cls token, then the "
+            f"{grid[0]}x{grid[1]} patch tokens in raster order, after the encoder's final LayerNorm (every patch, "
+            f"no masking)."
         )
     what = {"cls": "the cls token", "avg": "the mean of the patch tokens",
             "both": "the cls token and the mean of the patch tokens, side by side"}[model.pool]  # fmt: skip
-    return f"{model.output_name}: float32 (N, {dims[0]}): {what}, after the encoder's final LayerNorm."
+    return f"{model.output_name}: float32 ({batch}, {dims[0]}): {what}, after the encoder's final LayerNorm."
 
 
 def export_onnx(
@@ -149,9 +151,10 @@ def export_onnx(
     example = torch.randn(2 if dynamic_batch else 1, in_chans, *size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         dims = model(example[:1]).shape[1:]
+    batch = "N" if dynamic_batch else "1"  # a file exported for batch 1 takes nothing else
     metadata = {
-        **input_metadata(norm, size, how),
-        "mae.output": output_text(model, dims, backbone.patch_embed.grid_size),
+        **input_metadata(norm, size, how, batch),
+        "mae.output": output_text(model, dims, backbone.patch_embed.grid_size, batch),
         "mae.pool": pool or "none",
         "mae.source": Path(source).name,
         "mae.source_format": ckpt.format,

@@ -14,6 +14,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from mae.cli.quiet import quiet_libraries, quiet_trainer
 from mae.data import ImageDataModule
 from mae.dense.tasks.figures import PredictionFigures
 from mae.training.callbacks import (
@@ -199,6 +200,7 @@ def build(
     """Parse and instantiate (trainer defaults: ``trainer_defaults(run_name)``); then check
     ``--ckpt_path`` and harden the trainer, all before any work. Returns (cli, resolved ckpt_path)."""
     keep_freed_memory()  # no page faults re-mapping activations every step (mae.training.runtime)
+    quiet_libraries()
     cli = cli_class(
         module,
         datamodule_class,
@@ -210,17 +212,37 @@ def build(
         save_config_kwargs={"overwrite": True},
     )
     harden_trainer(cli.trainer)
+    quiet_trainer(cli.trainer)
     fitting = not cli.config.get("validate_only", False)
     return cli, prepare_resume(cli.trainer, cli.model, cli.config.ckpt_path, fitting)
 
 
+# What a run writes into its run folder before its first step (LightningCLI's config, the logger's files).
+BEFORE_FIRST_STEP = ("config.yaml", "hparams.yaml", "metrics.csv")
+
+
 def run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:
     """``trainer.fit`` or ``trainer.validate``; after a SIGTERM (and, when fitting, its checkpoint),
-    exit with ``PREEMPTED_EXIT_CODE``, not 0."""
+    exit with ``PREEMPTED_EXIT_CODE``, not 0. A run refused before its first step (e.g. 0 steps) removes
+    the run folder it had just created, so the next run does not become ``version_1``."""
+    folder = Path(cli.trainer.log_dir) if cli.trainer.log_dir else None
+    new_folder = folder is not None and not folder.exists()
     try:
         return getattr(cli.trainer, stage)(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     except SIGTERMException:
         sys.exit(PREEMPTED_EXIT_CODE)
+    except Exception:
+        if new_folder and cli.trainer.global_step == 0 and cli.trainer.is_global_zero:
+            _remove_unused_run_folder(folder)
+        raise
+
+
+def _remove_unused_run_folder(folder: Path) -> None:
+    """Remove ``folder`` if it holds only what a run writes before its first step (nothing else is touched)."""
+    if folder.is_dir() and all(p.is_file() and p.name in BEFORE_FIRST_STEP for p in folder.iterdir()):
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
 
 
 def fit(cli: LightningCLI, ckpt_path: str | None) -> None:
