@@ -229,6 +229,7 @@ def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, s
     assert float(re.search(rf"{metric} ([\d.]+)", again.stdout).group(1)) == pytest.approx(logged, abs=1e-4)
 
 
+@pytest.mark.slow  # trains a step of each network (about 8 s)
 @pytest.mark.parametrize("module_class", [MAEDetectionModule, MAESegmentationModule])
 def test_trained_checkpoint__loads_anywhere_without_its_starting_checkpoint(setup, tmp_path, module_class):
     """A trained checkpoint holds every weight: load_from_checkpoint rebuilds the network from the encoder

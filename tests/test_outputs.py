@@ -11,6 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import mae.cli.anomaly  # noqa: F401  imported here, the forked commands start with it (tests.forked_commands)
+import mae.cli.embed  # noqa: F401
+import mae.cli.export  # noqa: F401
+import mae.cli.reconstruct  # noqa: F401
+import mae.cli.search  # noqa: F401
 from tests.helpers import run_script, tiny_pretraining_checkpoint
 
 

@@ -140,25 +140,27 @@ def checkpoint(tmp_path_factory):
     return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("ckpt"))  # RGB, 16x16 inputs
 
 
-def test_reconstruct__bad_huge_and_narrow_files_skipped_by_name_and_the_rest_drawn(checkpoint, tmp_path, capsys):
+def test_reconstruct__bad_huge_and_narrow_files_skipped_by_name_and_the_rest_drawn(checkpoint, tmp_path, capsys,
+                                                                                  tmp_path_factory):  # fmt: skip
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(tmp_path / "ok.png")
     Image.new("RGB", (1_000_000, 1)).save(tmp_path / "narrow.png")  # 1 KB, its view 16 x 16,000,000 (12.3 GB)
     tifffile.imwrite(tmp_path / "bands.tif", shape=(64, 4096, 4096), dtype="uint16", photometric="minisblack",
                      planarconfig="separate")  # 4 GiB as float32, sparse on disk  # fmt: skip
     for name in ("zero_d.npy", "empty.npy", "claims_huge.npy", "negative.npy", "no_data.npy"):
         BAD_NPY[name](tmp_path / name)
-    figure = reconstruct_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "fig.png")])
+    out = tmp_path_factory.mktemp("figure") / "fig.png"  # outside the input folder
+    figure = reconstruct_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(out)])
     err = capsys.readouterr().err
     for name in ("narrow.png", "bands.tif", "zero_d.npy", "empty.npy", "claims_huge.npy", "negative.npy",
                  "no_data.npy"):  # fmt: skip
         assert f"skipped {tmp_path / name}: " in err, name
     assert "evaluation view" in err and "max_image_pixels" in err and "4.00 GiB" in err
-    assert len(figure.losses) == 1 and (tmp_path / "fig.png").exists()
+    assert len(figure.losses) == 1 and out.exists()
 
 
 @pytest.mark.parametrize("error", [MemoryError, RuntimeError, OverflowError])
 def test_reconstruct__anything_a_reader_raises_is_that_files_problem(checkpoint, tmp_path, capsys, monkeypatch,
-                                                                     error):  # fmt: skip
+                                                                     error, tmp_path_factory):  # fmt: skip
     Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(tmp_path / "ok.png")
     tifffile.imwrite(tmp_path / "odd.tif", np.zeros((20, 20, 3), np.uint8), photometric="rgb")
 
@@ -169,7 +171,8 @@ def test_reconstruct__anything_a_reader_raises_is_that_files_problem(checkpoint,
     odd = re.escape(str(tmp_path / "odd.tif"))
     with pytest.raises(ValueError, match=rf"cannot read {odd} as a TIFF: {error.__name__}: the reader library"):
         read_array(tmp_path / "odd.tif")
-    figure = reconstruct_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "fig.png")])
+    out = tmp_path_factory.mktemp("figure") / "fig.png"  # outside the input folder
+    figure = reconstruct_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(out)])
     assert f"skipped {tmp_path / 'odd.tif'}: cannot read" in capsys.readouterr().err and len(figure.losses) == 1
 
 

@@ -261,9 +261,9 @@ def test_killed_conversion__locally_the_rerun_with_overwrite_completes(killable,
 @pytest.mark.parametrize(
     ("prefix", "moment"),
     [
-        ("first-split", r"train/chunk-\d+-\d+\.bin"),  # while the first split's shards are uploaded
-        ("between-splits", r"train/index\.json"),
-        ("second-split", r"val/chunk-\d+-\d+\.bin"),
+        # while the first split's shards are uploaded (uploads are whole objects: no other moment differs on
+        # S3; the local moments above cover the rest of the conversion)
+        ("first-split", r"train/chunk-\d+-\d+\.bin"),
     ],
 )
 def test_killed_conversion__on_s3_the_rerun_with_overwrite_completes(s3, killable, tmp_path, prefix, moment):  # noqa: F811

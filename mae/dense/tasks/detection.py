@@ -103,7 +103,9 @@ class MAEDetectionModule(DenseTrainingModule):
     def on_validation_epoch_end(self) -> None:
         self.log_dict(self.val_metrics.compute(), prog_bar=False)
         self.val_metrics.reset()
-        found = self.trainer.strategy.reduce(torch.tensor(float(self.val_detections), device=self.device), "sum")
+        found = self.trainer.strategy.reduce(
+            torch.tensor(float(self.val_detections), device=self.device), reduce_op="sum"
+        )
         self.val_detections = 0
         if found == 0 and not self.said_no_detections and not self.trainer.sanity_checking:
             self.said_no_detections = True
