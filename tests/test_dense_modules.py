@@ -77,6 +77,7 @@ def test_detect__trains_mask_rcnn_logs_coco_map_draws_predictions_then_evaluates
     assert shown == pytest.approx(epoch_map[-1], abs=1e-4)
 
 
+@pytest.mark.slow  # two epochs of UperNet training (about 10 s)
 def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
     tmp, checkpoint = setup
     config = {

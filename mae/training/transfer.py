@@ -7,6 +7,7 @@ this signature), so a config keeps its keys (``model.base_lr``, ``model.layer_de
 shared option is added here alone. A subclass restates a setting only to give it its task's default.
 """
 
+import pickle
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -144,7 +145,10 @@ class TransferModule(MAETrainingModule):
         A checkpoint written before that record existed still needs its starting checkpoint."""
         from lightning.fabric.utilities.cloud_io import _load as pl_load
 
-        saved = pl_load(checkpoint_path, map_location="cpu", weights_only=False)
+        try:  # tensors and plain values only: a file whose unpickling would run code is left to Lightning's rules
+            saved = pl_load(checkpoint_path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            saved = {}
         record = saved.get(ENCODER_KEY)
         if record is None:
             return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
