@@ -74,6 +74,10 @@ def test_embed__its_own_index_is_replaced_and_its_parts_folder_reused(checkpoint
             result = embed(checkpoint, str(images), "--out", str(out))
             assert result.returncode == 0, result.stderr[-2000:]
         assert not out.with_name(out.name + ".parts").exists()
+    # a kill between the index's files leaves its record and CSV without the vectors: still its own
+    (tmp_path / "out" / "index.npy").unlink()
+    result = embed(checkpoint, str(images), "--out", str(tmp_path / "out" / "index.npy"))
+    assert result.returncode == 0, result.stderr[-2000:]
     # a kill leaves the parts folder: it is the command's own, so the next run goes on
     parts = tmp_path / "out" / "again.npy.parts"
     parts.mkdir()
@@ -159,24 +163,35 @@ def test_outputs__a_folder_the_user_cannot_write_is_refused_up_front():
     from mae.io.outputs import Output, OutputError, check_outputs
 
     with tempfile.TemporaryDirectory() as top:
-        os.chmod(top, 0o755)
+        os.chmod(top, 0o777)  # nobody may write here, not in the folders below
         locked = Path(top) / "locked"
         locked.mkdir(mode=0o555)
+        private = Path(top) / "private"
+        private.mkdir(mode=0o700)
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: nobody, then the check
             os.close(read)
             os.setgid(65534)
             os.setuid(65534)
-            message = b"no error"
-            try:
-                check_outputs("mae.reconstruct", [Output(locked / "sub" / "figure.png", "--out")])
-            except OutputError as err:
-                message = str(err).encode()
-            os.write(write, message)
+            messages = []
+            cases = [
+                Output(locked / "sub" / "figure.png", "--out"),  # below a read-only folder
+                Output(locked, "--out", kind="folder"),  # an existing read-only output folder
+                Output(private / "sub" / "figure.png", "--out"),
+            ]  # below a folder it may not look into
+            for case in cases:
+                try:
+                    check_outputs("mae.reconstruct", [case])
+                    messages.append("no error")
+                except OutputError as err:
+                    messages.append(str(err))
+            os.write(write, "\n".join(messages).encode())
             os._exit(0)
         os.close(write)
         with os.fdopen(read, "rb") as pipe:
-            message = pipe.read().decode()
+            messages = pipe.read().decode().split("\n")
         os.waitpid(pid, 0)
-    assert message.startswith(f"--out {locked}/sub/figure.png: {locked} is not writable"), message
+    assert messages[0].startswith(f"--out {locked}/sub/figure.png: {locked} is not writable"), messages
+    assert messages[1].startswith(f"--out {locked} is not writable by this user"), messages
+    assert messages[2].startswith(f"--out {private}/sub/figure.png: cannot look at"), messages

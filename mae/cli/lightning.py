@@ -226,7 +226,7 @@ def run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:
     exit with ``PREEMPTED_EXIT_CODE``, not 0. A run refused before its first step (e.g. 0 steps) removes
     the run folder it had just created, so the next run does not become ``version_1``."""
     folder = Path(cli.trainer.log_dir) if cli.trainer.log_dir else None
-    new_folder = folder is not None and not folder.exists()
+    new_folder = stage == "fit" and folder is not None and not folder.exists()
     try:
         return getattr(cli.trainer, stage)(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     except SIGTERMException:

@@ -70,4 +70,4 @@ def quiet_trainer(trainer: pl.Trainer) -> None:
         if type(callback) in (ModelSummary, RichModelSummary):
             trainer.callbacks[index] = ModelSummaryWithoutUncountedFlops(max_depth=callback._max_depth)
         elif type(callback) is RichProgressBar:
-            trainer.callbacks[index] = StepBoundedProgressBar()
+            callback.__class__ = StepBoundedProgressBar  # the same bar, its settings kept; one method differs

@@ -51,19 +51,28 @@ def check_outputs(command: str, outputs: Iterable[Output], inputs: Iterable[str 
     """
     resolved_inputs = [Path(os.path.realpath(p)) for p in inputs]
     for out in outputs:
-        path = Path(out.path)
-        _check_not_an_input(out, path, resolved_inputs)
-        _check_place(out, path)
-        if out.kind == "file" and path.is_dir():
-            raise OutputError(f"{out.option} {path} is a folder; give a file path (the folder is left as it is)")
-        if out.kind == "folder" and path.exists() and not path.is_dir():
-            raise OutputError(f"{out.option} {path} is a file; give a folder path (the file is left as it is)")
-        if _holds_something(path) and not (out.ours or _folder_is_ours(command))(path):
-            what = "a file" if out.kind == "file" else "files"
-            raise OutputError(
-                f"{out.option} {path} holds {what} that no run of {command} wrote{_listing(path)}; choose another "
-                f"path, or move it away: {command} replaces only its own outputs"
-            )
+        try:
+            _check_output(command, out, Path(out.path), resolved_inputs)
+        except PermissionError as err:  # a folder on the way that this user may not look into
+            raise OutputError(f"{out.option} {out.path}: cannot look at {err.filename or out.path} ({err.strerror}); "
+                              "choose a folder you can read and write") from None  # fmt: skip
+
+
+def _check_output(command: str, out: Output, path: Path, resolved_inputs: list[Path]) -> None:
+    _check_not_an_input(out, path, resolved_inputs)
+    _check_place(out, path)
+    if out.kind == "folder" and path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise OutputError(f"{out.option} {path} is not writable by this user; choose a folder you can write")
+    if out.kind == "file" and path.is_dir():
+        raise OutputError(f"{out.option} {path} is a folder; give a file path (the folder is left as it is)")
+    if out.kind == "folder" and path.exists() and not path.is_dir():
+        raise OutputError(f"{out.option} {path} is a file; give a folder path (the file is left as it is)")
+    if _holds_something(path) and not (out.ours or _folder_is_ours(command))(path):
+        what = "a file" if out.kind == "file" else "files"
+        raise OutputError(
+            f"{out.option} {path} holds {what} that no run of {command} wrote{_listing(path)}; choose another "
+            f"path, or move it away: {command} replaces only its own outputs"
+        )
 
 
 def _check_not_an_input(out: Output, path: Path, inputs: list[Path]) -> None:

@@ -20,7 +20,8 @@ def check_img_size(img_size: int | tuple[int, int], patch_size: int) -> tuple[in
     if height < 1 or width < 1:
         raise ValueError(f"img_size {height}x{width} must be a positive number of pixels")
     if height % patch_size or width % patch_size:
-        nearest = max(height // patch_size, 1) * patch_size
+        sides = [max(side // patch_size, 1) * patch_size for side in (height, width)]
+        nearest = str(sides[0]) if sides[0] == sides[1] else f"{sides[0]}x{sides[1]}"
         raise ValueError(
             f"img_size {height}x{width} is not divisible by patch_size {patch_size}; use a multiple of {patch_size} "
             f"(e.g. {nearest})"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from timm.layers import to_2tuple
 from timm.models import VisionTransformer
 
@@ -137,7 +138,7 @@ class TransferModule(MAETrainingModule):
         (what the starting checkpoint used to give: e.g. the dense tasks' input normalisation)."""
         return {}
 
-    @classmethod
+    @_restricted_classmethod  # as Lightning's: called on the class, not on an instance
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any):
         """Lightning's ``load_from_checkpoint``, without the starting checkpoint: a trained checkpoint
         holds every weight and records its encoder's architecture, so it loads on any machine and in any
@@ -149,11 +150,12 @@ class TransferModule(MAETrainingModule):
             saved = pl_load(checkpoint_path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
             saved = {}
-        record = saved.get(ENCODER_KEY)
+        record, restored = saved.get(ENCODER_KEY), cls.restored_kwargs(saved)
+        del saved  # Lightning reads the file again: not two copies of its weights at once
         if record is None:
             return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
         token = _RESTORING.set(record)
         try:
-            return super().load_from_checkpoint(checkpoint_path, *args, **{**cls.restored_kwargs(saved), **kwargs})
+            return super().load_from_checkpoint(checkpoint_path, *args, **{**restored, **kwargs})
         finally:
             _RESTORING.reset(token)

@@ -115,7 +115,7 @@ def companions(path: Path) -> tuple[Path, Path]:
 
 def write_index(path: str | Path, meta: IndexMeta, rows: Iterable[Rows]) -> Path:
     """Write ``rows`` (in order; ``meta.count`` rows in all) as the index ``path`` (.parquet or .npy), each
-    file atomically; for .npy the CSV and JSON first, the vectors last. ``rows`` may be iterated more than
+    file atomically; for .npy the JSON record first, then the CSV, the vectors last. ``rows`` may be iterated more than
     once (e.g. parts read from disk on each pass); memory: one ``Rows`` at a time."""
     path = check_suffix(path)
     if path.suffix == ".parquet":
@@ -140,8 +140,10 @@ def write_index(path: str | Path, meta: IndexMeta, rows: Iterable[Rows]) -> Path
         vectors.flush()
         del vectors
 
-    atomic_write(csv_path, write_csv)
+    # The record first: it is what marks the CSV and the vectors as this module's (``is_index``), also
+    # when a kill stops the write between the files.
     atomic_write(json_path, lambda tmp: tmp.write_text(meta.to_json()))
+    atomic_write(csv_path, write_csv)
     return atomic_write(path, write_vectors, size=meta.count * meta.dim * 4)
 
 
