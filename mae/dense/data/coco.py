@@ -459,7 +459,7 @@ def _far_coordinate(polygons: list[list], width: int, height: int) -> str | None
             ):  # fmt: skip
                 continue
         except OverflowError:
-            pass
+            pass  # an int past float's range: the exact per-value comparison below names it
         for axis, side, values in (("x", width, p[0::2]), ("y", height, p[1::2])):
             for v in values:
                 if not -side <= v <= 2 * side:  # False for NaN
