@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The GPU smoke check of issue 44, as one script of at most 8 minutes on one H200 (installs included): every
+# GPU-only path run once, briefly, each part under its own time limit (benchmarks/gpu_smoke.py: the parts,
+# their limits and what each checks). Parts: throughput (ViT-B/16 bf16 step, ours vs Hugging Face's best),
+# train_shards (300 steps of train.py from litdata shards, data.decode_on: gpu), decoders (every decoder
+# switch, 50 steps each), fsdp (save / load / resume under trainer.strategy: fsdp), detect (detect.py with the
+# COCO ViTDet recipe's model, bf16, 30 steps), onnx (a GPU-trained encoder exported and checked with
+# onnxruntime), sigterm (SIGTERM mid-step of train.py, then --ckpt_path last).
+#
+#     bash benchmarks/gpu_smoke.sh                          # on the GPU machine (OUT is relative to the current folder)
+#     bash benchmarks/gpu_smoke.sh --dry-run                # every part on the CPU with tiny sizes (~1 minute)
+#     bash benchmarks/gpu_smoke.sh --parts "fsdp sigterm"   # some parts only
+#
+# Results in $OUT (default ./gpu_smoke_results): <part>.json (status ok / failed / timeout / skipped, seconds,
+# results, notes, error) and <part>.log (plus <part>.<run>.log for each train.py / detect.py it ran),
+# summary.json (every part's status and seconds), machine.txt, install.log and run.log.
+# Environment: OUT, BUDGET (seconds for the parts' deadline from the script's start, default 455, so that
+# the last kill and the summary end within 8 minutes; dry run 600), DRY_RUN=1, PARTS,
+# GPU_SMOKE_LIMIT_<PART> / GPU_SMOKE_MIN_<PART> (a part's time limit / the least time left to start it),
+# GPU_SMOKE_FRESH=1 (fresh interpreters instead of forked ones for the parts and the entry points).
+# Exit status 0 when every part is ok.
+set -u -o pipefail
+START=$(date +%s)
+DRY_RUN=${DRY_RUN:-0}
+PARTS=${PARTS:-}
+OUT=${OUT:-gpu_smoke_results}
+while (($#)); do
+    case $1 in
+        --dry-run) DRY_RUN=1 ;;
+        --parts) PARTS=${2:?--parts needs a list}; shift ;;
+        --parts=*) PARTS=${1#--parts=} ;;
+        --out) OUT=${2:?--out needs a folder}; shift ;;
+        --out=*) OUT=${1#--out=} ;;
+        -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu_smoke.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+[[ $DRY_RUN == 1 ]] && BUDGET=${BUDGET:-600} || BUDGET=${BUDGET:-455}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTORCH_NVML_BASED_CUDA_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+: > "$OUT/run.log"
+log() { echo "$*" | tee -a "$OUT/run.log"; }
+
+# 1. Installs only when a package is missing (the check imports nothing), at most 150 s.
+missing=$(python3 - <<'EOF'
+import importlib.util
+names = ["mae", "lightning", "litdata", "transformers", "onnx", "onnxscript", "onnxruntime", "pycocotools"]
+print(" ".join(n for n in names if importlib.util.find_spec(n) is None))
+EOF
+)
+if [[ -z $missing ]]; then
+    echo "every package imports: no install" > "$OUT/install.log"
+elif [[ $DRY_RUN == 1 ]]; then
+    log "missing: $missing (the dry run installs nothing; the parts that need them fail)"
+else
+    log "missing: $missing; pip install -e .[dev,onnx,dense,embed] (at most 150 s)"
+    timeout 150 python3 -m pip install -e ".[dev,onnx,dense,embed]" > "$OUT/install.log" 2>&1 \
+        || log "pip install failed or ran out of time (exit $?): see install.log"
+fi
+
+# 2. The machine: GPU, driver, versions.
+{
+    echo "date: $(date -Is)   host: $(hostname)   dry run: $DRY_RUN"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || echo "no nvidia-smi"
+    python3 - <<'EOF'
+import importlib.metadata as metadata
+import platform
+print("python", platform.python_version(), platform.machine())
+for name in ["torch", "torchvision", "timm", "lightning", "transformers", "litdata", "onnx", "onnxscript",
+             "onnxruntime", "pycocotools", "mae-lightning"]:
+    try:
+        print(name, metadata.version(name))
+    except metadata.PackageNotFoundError:
+        print(name, "not installed")
+EOF
+    if [[ $DRY_RUN != 1 ]]; then
+        timeout 60 python3 -c "import torch; print('torch cuda', torch.version.cuda, 'cudnn',
+torch.backends.cudnn.version(), 'device', torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
+    fi
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt" >> "$OUT/run.log"
+
+# 3. The parts, each in a process group of its own under its time limit (killed with what it started when
+# the limit passes), skipped when too little of the budget is left; the outer timeout is a last resort.
+args=(run --out "$OUT" --deadline $((START + BUDGET)))
+[[ $DRY_RUN == 1 ]] && args+=(--dry-run)
+# shellcheck disable=SC2206  # PARTS is a space-separated list of names
+[[ -n $PARTS ]] && args+=(--parts $PARTS)
+left=$((START + BUDGET + 15 - $(date +%s)))
+timeout -k 5 "$left" python3 benchmarks/gpu_smoke.py "${args[@]}" 2>&1 | tee -a "$OUT/run.log"
+status=${PIPESTATUS[0]}
+[[ -f $OUT/summary.json ]] || log "no summary.json: the driver ended early (exit $status)"
+log "gpu_smoke.sh: exit $status after $(($(date +%s) - START)) s; results in $OUT (summary.json)"
+exit "$status"
