@@ -21,6 +21,7 @@ from mae.data.decoding.route import reads_as_rgb
 from mae.data.decoding.units import check_channels
 
 log = logging.getLogger(__name__)
+SHIPPED_LISTS = Path(__file__).resolve().parents[2] / "configs"  # mae/configs: the recipes and their class lists
 
 
 def missing_train_split(
@@ -144,6 +145,16 @@ def selected_classes(
     return sorted(selected) if selected is not None else available
 
 
+def shipped_class_list(path: Path) -> Path:
+    """``path``, or, when no such file exists from the current folder and ``path`` is a bare name or
+    ``configs/<name>`` (as the recipes write it), the list of that name the package ships
+    (``mae/configs/<name>``): so an installed package's recipes find it from any folder."""
+    if path.is_file() or path.is_absolute() or path.parent not in (Path("."), Path("configs")):
+        return path
+    shipped = SHIPPED_LISTS / path.name
+    return shipped if shipped.is_file() else path
+
+
 def select_classes(
     available: Sequence[str],
     class_list: str | Path | None = None,
@@ -154,12 +165,14 @@ def select_classes(
     """Class subset: names from a class-list file, or the first / a random ``num_classes``.
 
     A class-list file has one class folder name (e.g. an ImageNet wnid) per line; blank lines and
-    ``#`` comments are ignored. Returns None for "all classes".
+    ``#`` comments are ignored; a list the package ships is found by its name (``shipped_class_list``).
+    Returns None for "all classes".
     """
     if class_list is not None:
-        path = Path(class_list)
+        path = shipped_class_list(Path(class_list))
         if not path.is_file():
-            raise FileNotFoundError(f"class_list file {path} does not exist")
+            raise FileNotFoundError(f"class_list file {path} does not exist (the package ships "
+                                    f"{', '.join(p.name for p in sorted(SHIPPED_LISTS.glob('*.txt')))})")  # fmt: skip
         names = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
         names = [n for n in names if n]
         if not names:
