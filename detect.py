@@ -1,10 +1,5 @@
-"""Object detection / instance segmentation from a pretrained MAE encoder (ViTDet's simple feature
-pyramid under torchvision's Mask R-CNN, Faster R-CNN or RetinaNet).
-Example: python detect.py --config configs/detect/default.yaml
-
-Every key can be set in YAML or on the command line (``--help``, ``--print_config``); evaluate a
-trained checkpoint with ``--validate_only true --ckpt_path <run>/checkpoints/last.ckpt``.
-"""
+"""``python detect.py ...``: the same as ``mae detect ...`` (``mae detect --help``), kept for clones and scripts
+that call it."""
 
 from mae.cli.dense import detect_main
 from mae.command import run_command

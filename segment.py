@@ -1,9 +1,5 @@
-"""Semantic segmentation from a pretrained MAE encoder (UperNet over the feature pyramid).
-Example: python segment.py --config configs/segment/default.yaml
-
-Every key can be set in YAML or on the command line (``--help``, ``--print_config``); evaluate a
-trained checkpoint with ``--validate_only true --ckpt_path <run>/checkpoints/last.ckpt``.
-"""
+"""``python segment.py ...``: the same as ``mae segment ...`` (``mae segment --help``), kept for clones and scripts
+that call it."""
 
 from mae.cli.dense import segment_main
 from mae.command import run_command

@@ -1,8 +1,5 @@
-"""MAE pretraining. Example: python train.py --config configs/pretrain/default.yaml
-
-Every key can be set in YAML or on the command line (``--help``, ``--print_config``);
-resume with ``--ckpt_path <run>/checkpoints/last.ckpt``.
-"""
+"""``python train.py ...``: the same as ``mae pretrain ...`` (``mae pretrain --help``), kept for clones and scripts
+that call it."""
 
 from mae.cli import pretrain_main
 from mae.command import run_command

@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or write_photos(Path(tmp) / "images" / "train", 10, max(1, args.images // 10))
         shards = Path(tmp) / "shards"  # outside the image folder, as the shard tool requires
-        shard_main([str(root.parent), str(shards), "--train-split", root.name, "--val-split", "", "--workers", "1",
-                    "--start-method", "fork"])  # fmt: skip
+        shard_main([str(root.parent), "--out", str(shards), "--train-split", root.name, "--val-split", "",
+                    "--workers", "1", "--start-method", "fork"])  # fmt: skip
         print(f"images: {root}, per worker (num_workers=0, 1 thread), batch {args.batch_size}")
         print(
             "| crop | torchvision ImageFolder + PIL img/s | ours img/s (worker) | ours / torchvision "

@@ -581,7 +581,7 @@ def part_train_shards(ctx: Context) -> dict:
     ctx.fresh_work()
     images, count = make_jpeg_folder(ctx)
     shards = ctx.work / "shards"
-    code, out = ctx.entry("shard", "-m", "mae.data.shard", str(images), str(shards), "--val-split", "",
+    code, out = ctx.entry("shard", "-m", "mae.data.shard", str(images), "--out", str(shards), "--val-split", "",
                           "--workers", "1" if ctx.dry_run else "8", "--start-method", "fork")  # fmt: skip
     if code != 0:
         raise SmokeFailure(f"python -m mae.data.shard exited with {code}: {out[-1500:]}", {"images": count})

@@ -2,18 +2,42 @@
 
 Layers, each a folder, in import order: ``io`` (atomic writes, local-or-S3 storage), ``models`` (the
 MAE and its masking, no Lightning), ``data`` (decoding, views, sources and the shard / statistics
-tools), ``convert`` (checkpoint formats in and out, export), ``eval`` (frozen
-features, kNN, linear probe, reconstruction figures, the demo page), ``training`` (the Lightning
-modules, optimisation, per-device settings, callbacks, checkpoint writing), ``cli`` (every
-command-line entry point, one module each); ``command`` is how every command is parsed and ends.
+tools), ``convert`` (checkpoint formats in and out, export), ``eval`` (frozen features, kNN, linear
+probe), ``inference`` and ``apps`` (what the applications share, and the applications), ``training``
+(the Lightning modules, optimisation, per-device settings, callbacks, checkpoint writing), ``cli``
+(every command, one module each, and the ``mae`` command over them); ``command`` is how every command
+is parsed and ends. ``configs/`` holds the recipes (YAML), shipped with the package.
+
+The public names below are imported on first use, so ``import mae`` (and the ``mae`` command's
+``--help``) does not import torch.
 """
 
+import importlib
+
 from mae import moved
-from mae.convert.backbone import load_backbone, load_mae
-from mae.convert.export import export_encoder
-from mae.models import MaskedAutoencoderViT, create_model
 
 moved.install()  # old module paths (users' configs and scripts) keep working
 
 __version__ = "0.1.0"
-__all__ = ["MaskedAutoencoderViT", "create_model", "export_encoder", "load_backbone", "load_mae"]
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "MaskedAutoencoderViT": "mae.models",
+    "create_model": "mae.models",
+    "export_encoder": "mae.convert.export",
+    "load_backbone": "mae.convert.backbone",
+    "load_mae": "mae.convert.backbone",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'mae' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -1,4 +1,4 @@
-"""``python -m mae.anomaly --checkpoint C --normal ROOT --test ROOT --out DIR`` (see ``mae.cli.anomaly``)."""
+"""``python -m mae.anomaly``: the same as ``mae anomaly`` (``mae.cli.anomaly``), kept for scripts that call it."""
 
 from mae.cli import anomaly_main
 from mae.command import run_command

@@ -22,6 +22,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
+from mae.command_options import CommandHelpFormatter, finish_legacy, finish_shared, legacy_argv
 from mae.io.atomic import NoSpaceError
 from mae.io.storage import StorageError
 
@@ -39,24 +40,7 @@ class UsageError(Exception):
 def command_parser(prog: str, description: str) -> ArgumentParser:
     """The parser of a command: jsonargparse's (argparse's ``add_argument``, positionals, ``nargs``,
     ``choices``, flags and groups as in argparse, plus typed and class arguments and ``--config``)."""
-    return ArgumentParser(prog=prog, description=description)
-
-
-def argparse_float(text: str) -> float:
-    """The type of a float flag read as argparse reads it (``nan`` and ``inf`` too, so the command's own
-    check names them); jsonargparse's ``float`` reads YAML, which spells them ``.nan`` / ``.inf``."""
-    return float(text)
-
-
-def argparse_int(text: str) -> int:
-    """The type of a whole-number flag read as argparse reads it, and a bad value refused in argparse's
-    words ("argument --seed: invalid int value: 'x'"), not jsonargparse's."""
-    return int(text)
-
-
-# argparse names a bad value by its type's name: "invalid float value: 'x'", "invalid int value: 'x'"
-argparse_float.__name__ = "float"
-argparse_int.__name__ = "int"
+    return ArgumentParser(prog=prog, description=description, formatter_class=CommandHelpFormatter)
 
 
 def parse_and_run(
@@ -65,7 +49,8 @@ def parse_and_run(
     """Parse ``argv`` (None: ``sys.argv[1:]``), build the class arguments when ``instantiate`` (e.g. a
     ``--data.class_path`` data module), and return ``run(args)``; a ``UsageError`` it raises exits as
     a parser error."""
-    args = parser.parse_args(argv)
+    args = parser.parse_args(legacy_argv(parser, sys.argv[1:] if argv is None else list(argv)))
+    args = finish_shared(finish_legacy(parser, args))
     if instantiate:
         args = parser.instantiate_classes(args)
     try:

@@ -1,4 +1,4 @@
-"""``python -m mae.demo --checkpoint CKPT``: the local reconstruction page (see ``mae.cli.demo``)."""
+"""``python -m mae.demo``: the same as ``mae demo`` (``mae.cli.demo``), kept for scripts that call it."""
 
 from mae.cli import demo_main
 from mae.command import run_command

@@ -1,4 +1,4 @@
-"""``python -m mae.embed --checkpoint CKPT ROOT_OR_FILES... --out FILE`` (see ``mae.cli.embed``)."""
+"""``python -m mae.embed``: the same as ``mae embed`` (``mae.cli.embed``), kept for scripts that call it."""
 
 from mae.cli import embed_main
 from mae.command import run_command

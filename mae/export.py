@@ -1,4 +1,4 @@
-"""``python -m mae.export CHECKPOINT OUT.safetensors`` or ``OUT.onnx`` (see ``mae.cli.export``)."""
+"""``python -m mae.export``: the same as ``mae export`` (``mae.cli.export``), kept for scripts that call it."""
 
 from mae.cli import export_main
 from mae.command import run_command

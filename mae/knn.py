@@ -1,4 +1,4 @@
-"""``python -m mae.knn --checkpoint CKPT --data.class_path ...`` (see ``mae.cli.knn``)."""
+"""``python -m mae.knn``: the same as ``mae knn`` (``mae.cli.knn``), kept for scripts that call it."""
 
 from mae.cli import knn_main
 from mae.command import run_command

@@ -1,4 +1,4 @@
-"""``python -m mae.probe --checkpoint CKPT --data.class_path ...`` (see ``mae.cli.probe``)."""
+"""``python -m mae.probe``: the same as ``mae probe`` (``mae.cli.probe``), kept for scripts that call it."""
 
 from mae.cli import probe_main
 from mae.command import run_command

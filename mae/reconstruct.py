@@ -1,4 +1,5 @@
-"""``python -m mae.reconstruct --checkpoint CKPT IMAGE_OR_FOLDER...`` (see ``mae.cli.reconstruct``)."""
+"""``python -m mae.reconstruct``: the same as ``mae reconstruct`` (``mae.cli.reconstruct``), kept for scripts
+that call it."""
 
 from mae.cli import reconstruct_main
 from mae.command import run_command

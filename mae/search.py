@@ -1,4 +1,4 @@
-"""``python -m mae.search --index FILE QUERY_IMAGES... --out grid.png`` (see ``mae.cli.search``)."""
+"""``python -m mae.search``: the same as ``mae search`` (``mae.cli.search``), kept for scripts that call it."""
 
 from mae.cli import search_main
 from mae.command import run_command

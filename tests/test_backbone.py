@@ -68,7 +68,7 @@ def test_export__timm_alone_gives_our_encoder_features(mae_model, tmp_path):
 
 def test_export__command_line(mae_model, tmp_path, capsys):
     ckpt = _official_full(mae_model, tmp_path)
-    main([str(ckpt), str(tmp_path / "enc.safetensors")])
+    main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "enc.safetensors")])
     out = capsys.readouterr().out
     assert "timm.create_model" in out and (tmp_path / "enc.json").exists()
 

@@ -75,7 +75,8 @@ def test_python_m__a_command_prints_the_message_alone():
     [
         (finetune_main, ["--config", "configs/finetune/default.yaml", "--model.checkpoint", "/no/pretrained.ckpt"],
          "model.checkpoint /no/pretrained.ckpt does not exist"),
-        (export_main, ["/no/file.ckpt", "/tmp/never.safetensors"], "/no/file.ckpt does not exist"),
+        (export_main, ["--checkpoint", "/no/file.ckpt", "--out", "/tmp/never.safetensors"],
+         "/no/file.ckpt does not exist"),
         (knn_main, ["--checkpoint", "/no/file.ckpt", "--data.class_path", "mae.data.DigitsDataModule"],
          "/no/file.ckpt does not exist"),
         (probe_main, ["--checkpoint", "/no/file.ckpt", "--data.class_path", "mae.data.DigitsDataModule"],
@@ -88,7 +89,7 @@ def test_python_m__a_command_prints_the_message_alone():
         (anomaly_main, ["--checkpoint", "/no/file.ckpt", "--normal", "/no/normal", "--test", "/no/test", "--out",
                         "/tmp/never"], "test folder /no/test does not exist"),
         (stats_main, ["/no/images"], "/no/images"),
-        (shard_main, ["/no/images", "/tmp/never-shards"], "/no/images/train does not exist"),
+        (shard_main, ["/no/images", "--out", "/tmp/never-shards"], "/no/images/train does not exist"),
         (pretrain_main, ["--config", "configs/pretrain/default.yaml", "--data.batch_size", "0"],
          "data.batch_size must be >= 1, got 0"),
     ],

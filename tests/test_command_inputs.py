@@ -122,7 +122,7 @@ def test_probe__one_training_image_per_class_leaves_nothing_to_choose_the_head_o
 
 def test_probe__zero_epochs_is_refused_before_any_feature_is_extracted(checkpoint, tmp_path):
     with pytest.raises(ValueError, match=r"probe.max_epochs and probe.patience must be >= 1, got 0"):
-        _probe(checkpoint, tmp_path / "never_read", "--max_epochs", "0")
+        _probe(checkpoint, tmp_path / "never_read", "--max-epochs", "0")
 
 
 @pytest.mark.parametrize("std", [[0.0], [float("nan")], [float("inf")]])

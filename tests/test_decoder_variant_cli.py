@@ -75,7 +75,7 @@ def test_variant__reconstructs_and_exports_through_the_commands(variant_run, tmp
     Image.new("RGB", (20, 20), (200, 30, 30)).save(tmp_path / "red.png")
     figure = reconstruct_main(["--checkpoint", str(last), str(tmp_path / "red.png"), "--out", str(tmp_path / "r.png")])
     assert len(figure.losses) == 1 and (tmp_path / "r.png").stat().st_size > 0
-    export_main([str(last), str(tmp_path / "encoder.safetensors")])
+    export_main(["--checkpoint", str(last), "--out", str(tmp_path / "encoder.safetensors")])
     exported = yaml.safe_load((tmp_path / "encoder.json").read_text())  # JSON is YAML
     assert exported["model_args"]["depth"] == 2 and exported["mae"]["decoder_type"] == "cross"
 
@@ -85,7 +85,7 @@ def test_low_resolution_pretraining__probed_and_fine_tuned_at_the_full_size(vari
     last = run / "checkpoints" / "last.ckpt"  # pretrained at 16x16
     data = ["--data.class_path", "mae.data.ImageFolderDataModule", "--data.root", str(tmp / "data"),
             "--data.img_size", "32", "--data.num_workers", "0", "--data.batch_size", "8"]  # fmt: skip
-    result = probe_main(["--checkpoint", str(last), *data, "--max_epochs", "3"])
+    result = probe_main(["--checkpoint", str(last), *data, "--max-epochs", "3"])
     assert 0 <= result.val_acc1 <= 100 and "on 6 validation images" in capsys.readouterr().out
     config = {
         "seed_everything": 0,

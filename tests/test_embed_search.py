@@ -300,14 +300,14 @@ def test_search__an_index_cut_short_or_lying_is_named_with_the_fix(checkpoint, f
     lines = (short / "i.csv").read_text().splitlines()
     (short / "i.csv").write_text("\n".join(lines[:-2]) + "\n")
     error = search_error(short / "i.npy", query, tmp_path)
-    assert f"{short / 'i.csv'} lists 3 image(s) but i.npy holds 5 vectors" in error and "python -m mae.embed" in error
+    assert f"{short / 'i.csv'} lists 3 image(s) but i.npy holds 5 vectors" in error and "mae embed" in error
 
     damaged = copy("damaged")  # a Parquet data page overwritten, the footer intact
     data = bytearray((damaged / "i.parquet").read_bytes())
     data[4:200] = bytes(range(196))
     (damaged / "i.parquet").write_bytes(bytes(data))
     error = search_error(damaged / "i.parquet", query, tmp_path)
-    assert str(damaged / "i.parquet") in error and "python -m mae.embed" in error
+    assert str(damaged / "i.parquet") in error and "mae embed" in error
 
 
 def test_embed__a_file_name_that_is_not_utf8_is_kept_with_escapes(checkpoint, tmp_path):

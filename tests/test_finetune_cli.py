@@ -89,7 +89,7 @@ def test_linprobe__from_pretraining_checkpoint(pretrained):
 def test_knn__command_line(pretrained):
     tmp, ckpt = pretrained
     result = run_script(
-        "-m mae.knn", "--checkpoint", str(ckpt), "--k", "3", "--data.class_path", "mae.data.ImageFolderDataModule",
+        "-m mae.knn", "--checkpoint", str(ckpt), "-k", "3", "--data.class_path", "mae.data.ImageFolderDataModule",
         "--data.root", str(tmp / "data"), "--data.img_size", "16", "--data.num_workers", "0",
     )  # fmt: skip
     assert "kNN (k=3, T=0.07) on 6 validation images: top-1" in result.stdout
@@ -120,7 +120,7 @@ def test_knn__command_line_evaluates_with_the_given_k_and_temperature(pretrained
 
     monkeypatch.setattr(knn_command, "knn_evaluate", recorded)
     tmp, ckpt = pretrained
-    knn_command.main(["--checkpoint", str(ckpt), "--k", "5", "--temperature", "0.5", "--data.class_path",
+    knn_command.main(["--checkpoint", str(ckpt), "-k", "5", "--temperature", "0.5", "--data.class_path",
                       "mae.data.ImageFolderDataModule", "--data.root", str(tmp / "data"), "--data.img_size", "16",
                       "--data.num_workers", "0"])  # fmt: skip
     assert calls == [(5, 0.5)] and "kNN (k=5, T=0.5)" in capsys.readouterr().out

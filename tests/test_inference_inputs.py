@@ -51,7 +51,7 @@ def test_nan_weights__refused_by_name_in_every_inference_command(nan_checkpoint,
                   "--workers", "0", "--no-progress"),
         "reconstruct": ("-m mae.reconstruct", "--checkpoint", str(nan_checkpoint), str(image), "--out",
                         str(tmp_path / "r.png")),
-        "export": ("-m mae.export", str(nan_checkpoint), str(tmp_path / "e.safetensors")),
+        "export": ("-m mae.export", "--checkpoint", str(nan_checkpoint), "--out", str(tmp_path / "e.safetensors")),
     }  # fmt: skip
     for name, command in commands.items():
         error = last_error(run_script(*command, check=False))
@@ -78,7 +78,8 @@ def test_img_size_off_the_patch_grid__one_check_for_every_command(checkpoint, im
                   "--workers", "0", "--no-progress", "--img-size", "30"),
         "reconstruct": ("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(image), "--img-size", "30",
                         "--out", str(tmp_path / "r.png")),
-        "onnx": ("-m mae.export", str(checkpoint), str(tmp_path / "e.onnx"), "--img-size", "30"),
+        "onnx": ("-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx"), "--img-size",
+                 "30"),
     }  # fmt: skip
     for name, command in commands.items():
         assert message in last_error(run_script(*command, check=False)), name
@@ -86,8 +87,8 @@ def test_img_size_off_the_patch_grid__one_check_for_every_command(checkpoint, im
 
 
 def test_img_size_too_large__refused_before_allocating(checkpoint, tmp_path):
-    error = last_error(run_script("-m mae.export", str(checkpoint), str(tmp_path / "e.onnx"), "--img-size", "100000",
-                                  check=False, timeout=120))  # fmt: skip
+    error = last_error(run_script("-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx"),
+                                  "--img-size", "100000", check=False, timeout=120))  # fmt: skip
     assert "img_size 100000x100000 makes 625,000,000 patches of 4 pixels, over the 65,536 one input may have" in error
     with pytest.raises(ValueError, match="over the 65,536"):
         check_img_size(1028, 4)

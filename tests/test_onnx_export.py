@@ -55,7 +55,7 @@ def checkpoint(model, tmp_path_factory):
 def tokens_at_24(checkpoint):
     """Every token at a new input size (24: a 6x6 grid), batch 1, through ``main``."""
     out = checkpoint.parent / "tokens24.onnx"
-    export = export_main([str(checkpoint), str(out), "--img-size", "24"])
+    export = export_main(["--checkpoint", str(checkpoint), "--out", str(out), "--img-size", "24"])
     return out, export
 
 
@@ -71,7 +71,9 @@ def _metadata(path) -> dict[str, str]:
 @pytest.mark.slow
 def test_onnx_export__command_line_one_channel_pooled_dynamic_batch_into_a_missing_folder(model, checkpoint, tmp_path):
     out = tmp_path / "new" / "deeper" / "encoder.onnx"  # folders that do not exist yet
-    result = run_script("-m mae.export", str(checkpoint), str(out), "--dynamic-batch", "--pool", "avg")
+    result = run_script(
+        "-m mae.export", "--checkpoint", str(checkpoint), "--out", str(out), "--dynamic-batch", "--pool", "avg"
+    )
     assert "onnxruntime vs torch, batch 1: max abs difference" in result.stdout
     assert "batch 3: max abs difference" in result.stdout, result.stdout
     assert sorted(p.name for p in out.parent.iterdir()) == ["encoder.onnx"]  # no temporary file left
@@ -133,21 +135,31 @@ def test_onnx_export__an_opset_the_exporter_lacks_is_named_with_the_range(checkp
     assert lowest <= 18 <= highest
     for opset in (lowest - 1, highest + 1):
         with pytest.raises(ValueError, match=f"--opset {opset}: .* writes opsets {lowest} to {highest}; choose one"):
-            export_main([str(checkpoint), str(tmp_path / "x.onnx"), "--opset", str(opset)])
+            export_main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "x.onnx"), "--opset", str(opset)])
     assert not list(tmp_path.iterdir())
 
 
 def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        export_main([str(checkpoint), str(tmp_path / "enc.safetensors"), "--dynamic-batch", "--pool", "cls"])
+        export_main(
+            [
+                "--checkpoint",
+                str(checkpoint),
+                "--out",
+                str(tmp_path / "enc.safetensors"),
+                "--dynamic-batch",
+                "--pool",
+                "cls",
+            ]
+        )
     assert exit_.value.code == 2
-    assert "--pool, --dynamic-batch apply to ONNX output only: name an OUT ending in .onnx" in capsys.readouterr().err
+    assert "--pool, --dynamic-batch apply to ONNX output only: name an --out ending in .onnx" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("atol", ["nan", "inf", "-1"])
 def test_onnx_export__a_tolerance_that_is_not_a_finite_difference_is_refused(checkpoint, tmp_path, capsys, atol):
     with pytest.raises(SystemExit) as exit_:
-        export_main([str(checkpoint), str(tmp_path / "enc.onnx"), "--atol", atol])
+        export_main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "enc.onnx"), "--atol", atol])
     assert exit_.value.code == 2
     assert f"--atol must be a finite difference >= 0 (default 1e-4), got {float(atol)}" in capsys.readouterr().err
     assert not (tmp_path / "enc.onnx").exists()

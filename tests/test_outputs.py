@@ -98,8 +98,16 @@ def test_outputs__inside_an_input_a_folder_for_a_file_or_below_a_file(checkpoint
     refused(run_script("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out",
                        str(tmp_path / "figure.png"), check=False), "is a folder")  # fmt: skip
     (tmp_path / "encoder.onnx").mkdir()
-    refused(run_script("-m mae.export", str(checkpoint), str(tmp_path / "encoder.onnx"), check=False), "is a folder")
-    refused(run_script("-m mae.export", str(checkpoint), str(checkpoint), check=False), "OUT must end in")
+    refused(
+        run_script(
+            "-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.onnx"), check=False
+        ),
+        "is a folder",
+    )
+    refused(
+        run_script("-m mae.export", "--checkpoint", str(checkpoint), "--out", str(checkpoint), check=False),
+        "--out must end in",
+    )
     refused(run_script("-m mae.anomaly", "--checkpoint", "never_read.ckpt", "--test", str(images), "--raw-errors",
                        "--out", str(tmp_path / "a_file"), check=False), "is a file")  # fmt: skip
 
@@ -132,12 +140,14 @@ def test_search__replaces_its_own_figure_never_the_users_image(checkpoint, image
 
 def test_export__the_users_json_beside_the_weights_is_refused(checkpoint, tmp_path):
     (tmp_path / "encoder.json").write_text('{"mine": true}\n')
-    refused(run_script("-m mae.export", str(checkpoint), str(tmp_path / "encoder.safetensors"), check=False),
-            str(tmp_path / "encoder.json"))  # fmt: skip
+    refused(run_script("-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.safetensors"),
+                       check=False), str(tmp_path / "encoder.json"))  # fmt: skip
     assert (tmp_path / "encoder.json").read_text() == '{"mine": true}\n'
     assert not (tmp_path / "encoder.safetensors").exists()
     for _ in range(2):  # its own export is replaced
-        result = run_script("-m mae.export", str(checkpoint), str(tmp_path / "own.safetensors"), check=False)
+        result = run_script(
+            "-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "own.safetensors"), check=False
+        )
         assert result.returncode == 0, result.stderr[-2000:]
 
 

@@ -127,8 +127,8 @@ def test_stats__a_105_megapixel_zlib_tiff_is_skipped_not_averaged_in(tmp_path, c
 
 @pytest.mark.slow  # the shard tool's worker process and litdata's polling: about 12 s
 def test_shard__malformed_and_oversized_npy_files_are_skipped_not_stored(hostile_npy, tmp_path, capfd):
-    metadata = shard_main([str(hostile_npy), str(tmp_path / "shards"), "--workers", "1", "--chunk-bytes", "2KB",
-                           "--start-method", "fork", "--val-split", ""])  # fmt: skip
+    metadata = shard_main([str(hostile_npy), "--out", str(tmp_path / "shards"), "--workers", "1", "--chunk-bytes",
+                           "2KB", "--start-method", "fork", "--val-split", ""])  # fmt: skip
     err = capfd.readouterr().err
     for name in BAD_NPY:
         assert re.search(rf"skipping unreadable image {re.escape(str(hostile_npy))}\S*/{name} \(", err), name

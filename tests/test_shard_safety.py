@@ -30,12 +30,12 @@ FAST = ("--workers", "1", "--start-method", "fork")  # fork: no re-import per wo
 
 def shard_cli(src: Path, out: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m mae.data.shard SRC OUT`` as a user runs it (not raising on failure)."""
-    return run_script("-m mae.data.shard", str(src), out, *FAST, *extra, check=False, env=env)
+    return run_script("-m mae.data.shard", str(src), "--out", out, *FAST, *extra, check=False, env=env)
 
 
 def shard_here(src: Path, out: str, *extra: str) -> dict:
     """The same conversion in this process, for setting up a destination."""
-    return shard_main([str(src), out, *FAST, *extra])
+    return shard_main([str(src), "--out", out, *FAST, *extra])
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +205,7 @@ def kill_mid_conversion(src: Path, out: str, moment: str, tmp: Path) -> list[str
     ``moment`` is stored under OUT, and return what the kill left there. Its TMPDIR, where the kill leaves
     its workspace, is ``tmp``."""
     tmp.mkdir()
-    command = ("-m mae.data.shard", str(src), out, *FAST, *SMALL_CHUNKS)
+    command = ("-m mae.data.shard", str(src), "--out", out, *FAST, *SMALL_CHUNKS)
     with start_script(*command, env={**os.environ, "TMPDIR": str(tmp)}, new_session=True) as proc:
         deadline = time.monotonic() + 300
         try:

@@ -56,7 +56,9 @@ class StopAfter(pl.Callback):
 
 def shard(src: Path, out: str, *extra: str) -> dict:
     """``python -m mae.data.shard`` in this process (fork workers: no re-import per worker)."""
-    return shard_main([str(src), out, "--workers", "1", "--chunk-bytes", "2KB", "--start-method", "fork", *extra])
+    return shard_main(
+        [str(src), "--out", out, "--workers", "1", "--chunk-bytes", "2KB", "--start-method", "fork", *extra]
+    )
 
 
 def streaming_data(root: str, tmp: Path, **kwargs) -> StreamingDataModule:
@@ -225,7 +227,7 @@ def test_shard__16_bit_and_multi_band_data_streams_as_its_folder_reads(kind, tmp
 
 
 def test_streaming__bad_local_locations_are_named_at_start_up(local_shards, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no shard folder at data.root=.*missing.*python -m mae.data.shard"):
+    with pytest.raises(FileNotFoundError, match=r"no shard folder at data.root=.*missing.*mae shard"):
         read_metadata(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="missing or empty"):
@@ -412,7 +414,7 @@ def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_pa
     images = write_id_images(tmp_path / "images", 24)
     write_id_images(images, 7, split="val", first=100)
     root = f"s3://shards/train_py_{workers}"
-    run_script("-m mae.data.shard", str(images), root, "--workers", "1", "--start-method", "fork")
+    run_script("-m mae.data.shard", str(images), "--out", root, "--workers", "1", "--start-method", "fork")
     run_script("train.py", "--config", "configs/pretrain/default.yaml", "--data", "mae.data.StreamingDataModule",
                "--data.root", root, "--data.img_size", "16", "--data.batch_size", "8",
                "--data.num_workers", str(workers), "--data.cache_dir", str(tmp_path / "cache"),
@@ -435,7 +437,7 @@ def test_s3__a_missing_bucket_ends_the_command_with_its_error_alone(s3, tmp_path
 
 
 def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monkeypatch):
-    with pytest.raises(FileNotFoundError, match=r"nothing is stored at data.root=s3://shards/none.*mae.data.shard"):
+    with pytest.raises(FileNotFoundError, match=r"nothing is stored at data.root=s3://shards/none.*mae shard"):
         read_metadata("s3://shards/none")
     import boto3
 

@@ -1,4 +1,4 @@
-"""The encoder as an ONNX file (``python -m mae.export CHECKPOINT OUT.onnx``; written and checked by
+"""The encoder as an ONNX file (``mae export --checkpoint CKPT --out OUT.onnx``; written and checked by
 ``mae.convert.onnx``).
 
 The file computes the encoder's ``forward_features`` on every patch (no masking): ``pixels``

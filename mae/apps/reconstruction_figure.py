@@ -1,4 +1,4 @@
-"""Reconstructions of your own images as one captioned picture (``python -m mae.reconstruct``): each
+"""Reconstructions of your own images as one captioned picture (``mae reconstruct``): each
 image masked, rebuilt and drawn with its masked-patch loss, the attention maps when asked, and an honest
 caption."""
 

@@ -1,33 +1,42 @@
-"""Every command-line entry point, one module each: ``train``, ``finetune`` and ``dense`` (``train.py``,
-``finetune.py``, ``detect.py`` and ``segment.py``, LightningCLI, built in ``lightning``), and ``export``,
-``knn``, ``probe``, ``reconstruct``, ``demo``, ``embed``, ``search``, ``anomaly`` (``python -m mae.<command>``),
-each a ``build_parser()`` / ``run(args)`` / ``main(argv)`` as ``mae.command`` describes. The data layer's own
-commands (``python -m mae.data.shard``, ``mae.data.stats``) are written the same way, in ``mae.data.tools``."""
+"""Every command, one module each, and ``main`` (the ``mae`` command) over them; ``commands`` is the one
+table of subcommands. The LightningCLI commands (``pretrain``, ``finetune``, ``detect``, ``segment``) are
+built in ``lightning``; every other is a ``build_parser()`` / ``run(args)`` / ``main(argv)`` as
+``mae.command`` describes (the data layer's ``shard`` and ``stats`` live in ``mae.data.tools``).
 
-from mae.cli.anomaly import main as anomaly_main
-from mae.cli.demo import main as demo_main
-from mae.cli.embed import main as embed_main
-from mae.cli.export import main as export_main
-from mae.cli.finetune import main as finetune_main
-from mae.cli.knn import main as knn_main
-from mae.cli.lightning import FinetuneCLI, PretrainCLI, expand_stacked_configs
-from mae.cli.probe import main as probe_main
-from mae.cli.reconstruct import main as reconstruct_main
-from mae.cli.search import main as search_main
-from mae.cli.train import main as pretrain_main
+The names below (``pretrain_main``, ...: what the root launchers and ``python -m mae.<command>`` run)
+are imported on first use, so ``mae --help`` imports no command."""
 
-__all__ = [
-    "FinetuneCLI",
-    "PretrainCLI",
-    "anomaly_main",
-    "demo_main",
-    "embed_main",
-    "expand_stacked_configs",
-    "export_main",
-    "finetune_main",
-    "knn_main",
-    "pretrain_main",
-    "probe_main",
-    "reconstruct_main",
-    "search_main",
-]
+import importlib
+
+# name -> "module:attribute"
+_LAZY = {
+    "anomaly_main": "mae.cli.anomaly:main",
+    "demo_main": "mae.cli.demo:main",
+    "detect_main": "mae.cli.dense:detect_main",
+    "embed_main": "mae.cli.embed:main",
+    "export_main": "mae.cli.export:main",
+    "finetune_main": "mae.cli.finetune:main",
+    "knn_main": "mae.cli.knn:main",
+    "pretrain_main": "mae.cli.train:main",
+    "probe_main": "mae.cli.probe:main",
+    "reconstruct_main": "mae.cli.reconstruct:main",
+    "search_main": "mae.cli.search:main",
+    "segment_main": "mae.cli.dense:segment_main",
+    "FinetuneCLI": "mae.cli.lightning:FinetuneCLI",
+    "PretrainCLI": "mae.cli.lightning:PretrainCLI",
+    "expand_stacked_configs": "mae.cli.lightning:expand_stacked_configs",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mae.cli' has no attribute {name!r}")
+    module, attribute = _LAZY[name].split(":")
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -1,4 +1,4 @@
-"""``python -m mae.anomaly --checkpoint C --normal ROOT --test ROOT --out DIR``: anomaly scores and heat maps
+"""``mae anomaly --checkpoint C --normal ROOT --test ROOT --out DIR``: anomaly scores and heat maps
 from an MAE's reconstruction error, and AUROC / AUPRO when the test folder is labelled (MVTec AD layout).
 ``--method pixel-knn`` scores the same way by the difference to the nearest normal image instead (the
 baseline, no checkpoint), with the same outputs, so any folder can be compared with it."""
@@ -27,7 +27,8 @@ from mae.apps.anomaly.figures import color_range, heat_map_figure
 from mae.apps.anomaly.layout import GOOD, TestSet, normal_images, read_test_set
 from mae.apps.anomaly.masks import complementary_masks
 from mae.apps.anomaly.scoring import NormalStatistics
-from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
+from mae.command import UsageError, command_parser, parse_and_run
+from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.inference.images import display_range
@@ -45,7 +46,7 @@ OVERVIEW_PER_KIND = 4  # images of each class folder in overview.png
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        f"python -m {COMMAND}",
+        "mae anomaly",
         "Score test images for anomalies by an MAE's reconstruction error: every patch hidden by complementary "
         "masks and rebuilt from its context, its error standardised by the errors of normal images; write "
         "scores, heat maps and, for a labelled test folder (MVTec AD layout), image AUROC, pixel AUROC and AUPRO. "
@@ -54,9 +55,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--method", choices=(MAE, PIXEL_KNN), default=MAE,
                         help="mae: the MAE's reconstruction error; pixel-knn: the squared difference to the nearest "
                         "--normal image, per patch (no model; needs --img-size)")  # fmt: skip
-    parser.add_argument("--checkpoint", default=None, help="a checkpoint with a decoder: ours, official full, "
-                        "Hugging Face (--method mae)")  # fmt: skip
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    add_option(parser, "checkpoint", "--method mae: a checkpoint with a decoder (ours, official full, Hugging Face)",
+               default=None)  # fmt: skip
+    add_option(parser, "checkpoint_format", choices=FORMATS)
     parser.add_argument("--normal", type=Path, default=None,
                         help="defect-free images (e.g. <category>/train/good): their per-patch errors standardise "
                         "the test errors (required unless --raw-errors); pixel-knn: the images compared "
@@ -66,7 +67,7 @@ def build_parser() -> ArgumentParser:
                         "images (no labels, no metrics)")  # fmt: skip
     parser.add_argument("--ground-truth", type=Path, default=None,
                         help="masks <defect>/<name>_mask.png (default: <test>/../ground_truth if there)")  # fmt: skip
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    add_option(parser, "out", "output folder", required=True)
     parser.add_argument("--mask-ratio", type=argparse_float, default=0.75, help="fraction hidden by each mask")
     parser.add_argument("--repeats", type=argparse_int, default=1, help="sets of complementary masks averaged")
     parser.add_argument("--top-k", type=argparse_int, default=4, help="image score: mean of the k highest patches")
@@ -75,19 +76,17 @@ def build_parser() -> ArgumentParser:
                         help="score raw errors, not standardised by --normal (pixel-knn: always raw)")  # fmt: skip
     parser.add_argument("--figures", choices=FIGURES, default="all",
                         help="a heat-map figure per test image and overview.png (all), the overview, none")  # fmt: skip
-    parser.add_argument("--batch-size", type=argparse_int, default=32, help="images per forward pass")
-    parser.add_argument("--device", default="cpu", help="where to run the model (cpu, cuda, cuda:1, ...)")
-    parser.add_argument("--img-size", type=argparse_int, default=None,
-                        help="input size (default: the checkpoint's; pixel-knn: required)")  # fmt: skip
+    add_option(parser, "batch_size", default=32)
+    add_option(parser, "device", "where the model runs")
+    add_option(parser, "img_size", "default: the checkpoint's; pixel-knn: required")
     parser.add_argument("--patch-size", type=argparse_int, default=None,
                         help=f"pixel-knn: the side of a scored patch (default {KNN_PATCH_SIZE}; mae: the "
                         f"model's)")  # fmt: skip
-    parser.add_argument("--mean", type=argparse_float, nargs="+", default=None,
-                        help="per-channel mean (default: recorded; pixel-knn: ImageNet's, RGB)")  # fmt: skip
-    parser.add_argument("--std", type=argparse_float, nargs="+", default=None,
-                        help="per-channel std (default: recorded)")  # fmt: skip
-    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
-                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    add_option(parser, "mean", "default: the checkpoint's record; pixel-knn: ImageNet's, RGB")
+    add_option(parser, "std", "default: the checkpoint's record; pixel-knn: ImageNet's, RGB")
+    add_option(
+        parser, "max_image_pixels", "larger images are refused as decompression bombs", default=DEFAULT_MAX_PIXELS
+    )
     return parser
 
 
@@ -150,7 +149,7 @@ def _mae(args: Namespace) -> Method:
     if len(normal) == 1:
         raise ValueError(f"{args.normal} holds 1 image: per-patch statistics need at least 2 normal images (or "
                          f"pass --raw-errors)")  # fmt: skip
-    model, norm = load_reconstructor(args.checkpoint, args.format, args.img_size, args.mean, args.std)
+    model, norm = load_reconstructor(args.checkpoint, args.checkpoint_format, args.img_size, args.mean, args.std)
     in_chans = model.config["in_chans"]
     if len(norm.mean) != in_chans or len(norm.std) != in_chans:
         raise UsageError(f"--mean and --std need {in_chans} values, one per channel of the model")

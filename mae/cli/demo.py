@@ -1,26 +1,26 @@
-"""``python -m mae.demo --checkpoint CKPT``: the local reconstruction page (needs the demo extra)."""
+"""``mae demo --checkpoint CKPT``: the local reconstruction page (needs the demo extra)."""
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import argparse_float, argparse_int, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
+from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 
 
 def build_parser() -> ArgumentParser:
-    parser = command_parser(
-        "python -m mae.demo", "A local page that reconstructs your images with a pretrained MAE (Gradio)."
-    )
-    parser.add_argument("--checkpoint", required=True, help="with a decoder: ours, official full, Hugging Face")
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
-    parser.add_argument("--index", default=None, help="an index of python -m mae.embed: adds a \"Similar images\" "
+    parser = command_parser("mae demo", "A local page that reconstructs your images with a pretrained MAE (Gradio).")
+    add_option(parser, "checkpoint", "a checkpoint with a decoder (ours, official full, Hugging Face)", required=True)
+    add_option(parser, "checkpoint_format", choices=FORMATS)
+    parser.add_argument("--index", default=None, help="an index of mae embed: adds a \"Similar images\" "
                         "tab searching it with the checkpoint it records")  # fmt: skip
     parser.add_argument("--examples", default=None, help="a folder of images to pick from (default: a few digits)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
     parser.add_argument("--port", type=argparse_int, default=None, help="port to serve on (default: the first free one "
                         "from 7860)")  # fmt: skip
-    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
-                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    add_option(
+        parser, "max_image_pixels", "larger images are refused as decompression bombs", default=DEFAULT_MAX_PIXELS
+    )
     parser.add_argument(
         "--max-upload-mb", type=argparse_float, default=100, help="larger uploads are refused (default: 100)"
     )
@@ -34,14 +34,14 @@ def run(args: Namespace) -> None:
     try:
         port = choose_port(args.host, args.port)
     except OSError as err:
-        raise SystemExit(f"python -m mae.demo: {err}") from None
+        raise SystemExit(f"mae demo: {err}") from None
     try:
         import gradio  # noqa: F401
     except ImportError as err:
         raise SystemExit(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
     if args.port is None:
         print(f"serving on port {port} (choose another with --port N)")
-    session = ReconstructionSession(args.checkpoint, args.format, args.max_image_pixels)
+    session = ReconstructionSession(args.checkpoint, args.checkpoint_format, args.max_image_pixels)
     search = None
     if args.index is not None:
         from mae.apps.page.search import SearchSession, search_tabs
@@ -52,7 +52,7 @@ def run(args: Namespace) -> None:
         try:
             serve(page, args.host, port, args.max_upload_mb)
         except OSError:  # Gradio's own port check: the port was taken after ours
-            raise SystemExit(f"python -m mae.demo: port {port} on {args.host} was taken as the page started: "
+            raise SystemExit(f"mae demo: port {port} on {args.host} was taken as the page started: "
                              "start it again, or choose another with --port N") from None  # fmt: skip
 
 

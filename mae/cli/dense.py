@@ -1,9 +1,10 @@
-"""``python detect.py --config CONFIG`` and ``python segment.py --config CONFIG``: detection / instance
+"""``mae detect --config CONFIG`` and ``mae segment --config CONFIG``: detection / instance
 segmentation and semantic segmentation from a pretrained encoder (LightningCLI, ``mae.cli.lightning``)."""
 
 import lightning.pytorch as pl
+from lightning.pytorch.cli import LightningArgumentParser
 
-from mae.cli.lightning import DenseCLI, SegmentCLI, build, fit, print_metrics, run
+from mae.cli.lightning import DenseCLI, SegmentCLI, build, cli_parser, fit, print_metrics, run
 from mae.dense.tasks.detection import MAEDetectionModule
 from mae.dense.tasks.segmentation import MAESegmentationModule
 
@@ -27,3 +28,11 @@ def detect_main(args: list[str] | None = None) -> DenseCLI:
 def segment_main(args: list[str] | None = None) -> SegmentCLI:
     """Train a segmenter (or only evaluate one), then print the validation mIoU and where the outputs are."""
     return _main(SegmentCLI, MAESegmentationModule, "segment", args)
+
+
+def detect_parser() -> LightningArgumentParser:
+    return cli_parser(DenseCLI, MAEDetectionModule, "detect", pl.LightningDataModule)
+
+
+def segment_parser() -> LightningArgumentParser:
+    return cli_parser(SegmentCLI, MAESegmentationModule, "segment", pl.LightningDataModule)

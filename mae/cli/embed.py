@@ -1,15 +1,14 @@
-"""``python -m mae.embed --checkpoint CKPT ROOT_OR_FILES... --out FILE``: an embedding of every image."""
+"""``mae embed --checkpoint CKPT ROOT_OR_FILES... --out FILE``: an embedding of every image."""
 
 import sys
-from pathlib import Path
 
-import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.apps.embeddings.embed_run import PartsFolder, embed_images, listed_images
 from mae.apps.embeddings.embedder import load_embedder
 from mae.apps.embeddings.embedding_index import IndexMeta, index_outputs
-from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
+from mae.command import UsageError, command_parser, parse_and_run
+from mae.command_options import add_option, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.eval.features import POOLS
@@ -21,30 +20,29 @@ COMMAND = "mae.embed"
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        f"python -m {COMMAND}",
+        "mae embed",
         "Embed every image of folders and files with a pretrained encoder into an index (Parquet, or .npy + "
-        "CSV), for python -m mae.search. A stopped run continues where it stopped when started again.",
+        "CSV), for mae search. A stopped run continues where it stopped when started again.",
     )
     parser.add_argument("images", nargs="+", help="image files, or folders of them (an ImageFolder root: "
                         "<root>/<class>/... gives each image its class as label)")  # fmt: skip
-    parser.add_argument("--checkpoint", required=True, help="any checkpoint mae.load_backbone reads")
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
-    parser.add_argument("--out", type=Path, required=True, help="the index: FILE.parquet, or FILE.npy (with "
-                        "FILE.csv and FILE.json beside it)")  # fmt: skip
+    add_option(parser, "checkpoint", "the encoder", required=True)
+    add_option(parser, "checkpoint_format", choices=FORMATS)
+    add_option(parser, "out", "the index: FILE.parquet, or FILE.npy (with FILE.csv and FILE.json beside it)",
+               required=True)  # fmt: skip
     parser.add_argument("--pool", choices=POOLS, default="cls",
                         help="the normed cls token, the mean patch token, or both side by side")  # fmt: skip
-    parser.add_argument("--batch-size", type=argparse_int, default=256)
-    parser.add_argument("--workers", type=argparse_int, default=2, help="image-reading processes (0: none)")
-    parser.add_argument("--img-size", type=argparse_int, default=None, help="input size (default: the checkpoint's)")
-    parser.add_argument("--mean", type=argparse_float, nargs="+", default=None, help="per-channel mean (default: "
-                        "the checkpoint's record)")  # fmt: skip
-    parser.add_argument("--std", type=argparse_float, nargs="+", default=None, help="per-channel std (default: "
-                        "the checkpoint's record)")  # fmt: skip
+    add_option(parser, "batch_size", default=256)
+    add_option(parser, "workers", "image-reading processes", default=2)
+    add_option(parser, "img_size", "default: the checkpoint's")
+    add_option(parser, "mean", "default: the checkpoint's record")
+    add_option(parser, "std", "default: the checkpoint's record")
     parser.add_argument("--part-size", type=argparse_int, default=4096,
                         help="images per resumable part (a stopped run loses at most one part)")  # fmt: skip
-    parser.add_argument("--device", default=None, help="where the encoder runs (default: cuda when available)")
-    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
-                        help="larger images are skipped as decompression bombs (default: PIL's limit)")  # fmt: skip
+    add_option(parser, "device", "where the encoder runs")
+    add_option(
+        parser, "max_image_pixels", "larger images are skipped as decompression bombs", default=DEFAULT_MAX_PIXELS
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -69,8 +67,7 @@ def run(args: Namespace) -> IndexMeta:
         if len(args.mean) != len(args.std):
             raise UsageError("--mean and --std need the same number of values, one per channel")
         norm = Normalization(len(args.mean), tuple(args.mean), tuple(args.std))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    embedder = load_embedder(args.checkpoint, args.pool, args.format, args.img_size, norm, device,
+    embedder = load_embedder(args.checkpoint, args.pool, args.checkpoint_format, args.img_size, norm, args.device,
                              args.max_image_pixels)  # fmt: skip
     meta = embed_images(embedder, items, args.out, args.batch_size, args.workers, args.part_size,
                         progress=not args.no_progress)  # fmt: skip

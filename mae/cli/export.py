@@ -1,6 +1,6 @@
-"""``python -m mae.export CHECKPOINT OUT.safetensors`` (the encoder as a plain timm ViT + its arguments) or
-``python -m mae.export CHECKPOINT OUT.onnx`` (the encoder as ONNX, checked with onnxruntime): the output's
-suffix chooses the kind; ``--format`` names the checkpoint's format."""
+"""``mae export --checkpoint CKPT --out OUT.safetensors`` (the encoder as a plain timm ViT + its arguments)
+or ``mae export --checkpoint CKPT --out OUT.onnx`` (the encoder as ONNX, checked with onnxruntime): the
+output's suffix chooses the kind; ``--checkpoint-format`` names the checkpoint's format."""
 
 import importlib
 import json
@@ -9,7 +9,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
+from mae.command import UsageError, command_parser, parse_and_run
+from mae.command_options import add_option, argparse_float, argparse_int, legacy_positionals
 from mae.convert.export import export_encoder, is_exported_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
 from mae.eval.features import POOLS
@@ -24,45 +25,29 @@ ONNX_OPTIONS = {"pool": None, "dynamic_batch": False, "img_size": None, "opset":
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        f"python -m {COMMAND}",
-        "Export a pretrained encoder: OUT.safetensors writes a plain timm ViT (safetensors + a JSON of its timm "
-        "arguments); OUT.onnx writes an ONNX file of the encoder, checked with onnxruntime against torch.",
+        "mae export",
+        "Export a pretrained encoder: --out OUT.safetensors writes a plain timm ViT (safetensors + a JSON of its timm "
+        "arguments); --out OUT.onnx writes an ONNX file of the encoder, checked with onnxruntime against torch.",
     )
+    add_option(parser, "checkpoint", "the encoder (required)", required=False)
+    add_option(parser, "out", "OUT.safetensors (a .json with the timm arguments is written beside it) or OUT.onnx "
+               "(required)", type=str, required=False)  # fmt: skip
+    legacy_positionals(parser, ("checkpoint", "out"))
+    add_option(parser, "checkpoint_format", "--out's suffix sets the output's", choices=FORMATS)
     parser.add_argument(
-        "checkpoint", help="our .ckpt, an official MAE .pth, a timm state dict or a Hugging Face folder"
+        "--num-heads", type=argparse_int, default=None, help="attention heads, for files that do not say"
     )
-    parser.add_argument(
-        "out", help="OUT.safetensors (a .json with the timm arguments is written beside it) or OUT.onnx"
-    )
-    parser.add_argument("--format", default="auto", choices=FORMATS,
-                        help="the CHECKPOINT's format (default: detect); OUT's suffix sets the output's")  # fmt: skip
-    parser.add_argument(
-        "--num_heads", type=argparse_int, default=None, help="attention heads, for files that do not say"
-    )
-    onnx = parser.add_argument_group("ONNX output (OUT.onnx; needs the onnx extra)")
+    onnx = parser.add_argument_group("ONNX output (--out OUT.onnx; needs the onnx extra)")
     onnx.add_argument("--pool", choices=POOLS, default=None,
                       help="output the pooled embedding (N, D) as kNN / the probe pool it: cls token, mean of the "
                       "patch tokens, or both side by side (default: every token, (N, 1 + L, D))")  # fmt: skip
     onnx.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: batch 1)")
-    onnx.add_argument("--img-size", type=argparse_int, default=None,
-                      help="input size (default: the checkpoint's; position embeddings are resampled)")  # fmt: skip
+    add_option(onnx, "img_size", "default: the checkpoint's; position embeddings are resampled")
     onnx.add_argument("--opset", type=argparse_int, default=None, help="ONNX opset (default: the exporter's)")
     onnx.add_argument("--atol", type=argparse_float, default=None,
                       help="largest max abs difference of onnxruntime to torch accepted (default: 1e-4)")  # fmt: skip
-    onnx.add_argument(
-        "--mean",
-        type=argparse_float,
-        nargs="+",
-        default=None,
-        help="input mean per channel, recorded in the file (default: the checkpoint's record)",
-    )
-    onnx.add_argument(
-        "--std",
-        type=argparse_float,
-        nargs="+",
-        default=None,
-        help="input std per channel, recorded in the file (default: the checkpoint's record)",
-    )
+    add_option(onnx, "mean", "recorded in the file (default: the checkpoint's record)")
+    add_option(onnx, "std", "recorded in the file (default: the checkpoint's record)")
     return parser
 
 
@@ -77,15 +62,15 @@ def run(args: Namespace):
         return run_onnx(args)
     given = [f"--{name.replace('_', '-')}" for name, default in ONNX_OPTIONS.items() if args[name] != default]
     if given:
-        raise UsageError(f"{', '.join(given)} apply to ONNX output only: name an OUT ending in .onnx")
+        raise UsageError(f"{', '.join(given)} apply to ONNX output only: name an --out ending in .onnx")
     if Path(args.out).suffix != ".safetensors":
-        raise UsageError(f"OUT must end in .safetensors (a timm ViT) or .onnx (an ONNX file), got {args.out}")
+        raise UsageError(f"--out must end in .safetensors (a timm ViT) or .onnx (an ONNX file), got {args.out}")
     out = Path(args.out)
-    check_outputs(COMMAND, [Output(out, "OUT", ours=is_exported_encoder),
-                            Output(out.with_suffix(".json"), "the JSON beside OUT", ours=is_exported_encoder)],
+    check_outputs(COMMAND, [Output(out, "--out", ours=is_exported_encoder),
+                            Output(out.with_suffix(".json"), "the JSON beside --out", ours=is_exported_encoder)],
                   [args.checkpoint])  # fmt: skip
-    weights, sidecar = export_encoder(args.checkpoint, args.out, args.format, args.num_heads)
-    for note in read_checkpoint(args.checkpoint, args.format).notes:
+    weights, sidecar = export_encoder(args.checkpoint, args.out, args.checkpoint_format, args.num_heads)
+    for note in read_checkpoint(args.checkpoint, args.checkpoint_format).notes:
         print(f"note: {note}")
     meta = json.loads(Path(sidecar).read_text())
     print(f"wrote {weights} and {sidecar}")
@@ -111,9 +96,9 @@ def run_onnx(args: Namespace):
     from mae.apps.onnx_encoder import describe, export_onnx, is_onnx_encoder
     from mae.convert.onnx import DEFAULT_ATOL
 
-    check_outputs(COMMAND, [Output(Path(args.out), "OUT", ours=is_onnx_encoder)], [args.checkpoint])
+    check_outputs(COMMAND, [Output(Path(args.out), "--out", ours=is_onnx_encoder)], [args.checkpoint])
     export = export_onnx(
-        args.checkpoint, args.out, args.format, args.pool, args.dynamic_batch, args.img_size, args.opset,
+        args.checkpoint, args.out, args.checkpoint_format, args.pool, args.dynamic_batch, args.img_size, args.opset,
         DEFAULT_ATOL if args.atol is None else args.atol, args.num_heads, args.mean, args.std,
     )  # fmt: skip
     print("\n".join(describe(export)))

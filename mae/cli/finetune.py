@@ -1,7 +1,9 @@
-"""``python finetune.py --config CONFIG``: fine-tuning or linear probing with the paper's recipe, or
+"""``mae finetune --config CONFIG``: fine-tuning or linear probing with the paper's recipe, or
 only evaluating a fine-tuned checkpoint (LightningCLI, ``mae.cli.lightning``)."""
 
-from mae.cli.lightning import FinetuneCLI, build, fit, print_accuracy, run
+from lightning.pytorch.cli import LightningArgumentParser
+
+from mae.cli.lightning import FinetuneCLI, build, cli_parser, fit, print_accuracy, run
 from mae.training.finetune import MAEFinetuneModule
 
 
@@ -15,3 +17,7 @@ def main(args: list[str] | None = None) -> FinetuneCLI:
     fit(cli, ckpt_path)
     print_accuracy({k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/acc")})
     return cli
+
+
+def build_parser() -> LightningArgumentParser:
+    return cli_parser(FinetuneCLI, MAEFinetuneModule, "finetune")

@@ -1,23 +1,22 @@
-"""``python -m mae.knn --checkpoint CKPT --data.class_path ...``: kNN accuracy of a pretrained encoder."""
+"""``mae knn --checkpoint CKPT --data.class_path ...``: kNN accuracy of a pretrained encoder."""
 
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.encoder_evaluation import encoder_evaluation_parser
 from mae.command import parse_and_run
+from mae.command_options import add_option
 from mae.eval.features import load_encoder
 from mae.eval.knn import knn_evaluate
 
 
 def build_parser() -> ArgumentParser:
     parser = encoder_evaluation_parser(
-        "python -m mae.knn",
-        "kNN accuracy of a pretrained encoder: ``python -m mae.knn --checkpoint CKPT --data.class_path ...``.",
+        "mae knn",
+        "kNN accuracy of a pretrained encoder: mae knn --checkpoint CKPT --data.class_path ...",
         "a data module (e.g. ``mae.data.DigitsDataModule``); its train split is the memory bank.",
     )
-    parser.add_argument("--k", type=int, default=20, help="neighbours.")
+    add_option(parser, "k", "voters per validation image", default=20)
     parser.add_argument("--temperature", type=float, default=0.07, help="vote temperature.")
-    parser.add_argument("--checkpoint_format", type=str, default="auto", help='"auto" or a format name.')
-    parser.add_argument("--device", type=str, default="cpu", help="where to run the encoder.")
     return parser
 
 

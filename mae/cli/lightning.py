@@ -14,7 +14,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from mae.cli.commands import BY_NAME
 from mae.cli.quiet import quiet_libraries, quiet_trainer
+from mae.cli.recipes import RecipeNotFound, resolve_config
 from mae.data import ImageDataModule
 from mae.dense.tasks.figures import PredictionFigures
 from mae.training.callbacks import (
@@ -44,12 +46,18 @@ class _MAECLI(LightningCLI):
     and throughput logging are always on and configured under their own keys."""
 
     linked = {"img_size": "data.img_size", "in_chans": "data.in_chans"}  # model keys that come from the data module
+    command = "pretrain"  # its name in ``mae.cli.commands``: where ``--config NAME`` finds recipes
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if isinstance(args, dict):
             super().parse_arguments(parser, args)
             return
-        argv = expand_stacked_configs([str(a) for a in (args if args is not None else sys.argv[1:])])
+        argv = [str(a) for a in (args if args is not None else sys.argv[1:])]
+        try:
+            argv = resolve_recipes(argv, BY_NAME[self.command].recipes)
+        except RecipeNotFound as err:
+            parser.error(str(err))
+        argv = expand_stacked_configs(argv)
         for key, source in self.linked.items():
             on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
             # jsonargparse drops a linked key set in a YAML file without a word: refuse it here.
@@ -95,6 +103,7 @@ class FinetuneCLI(_MAECLI):
     """``finetune.py``: the class count comes from the data too; the best checkpoint by ``val/acc1``."""
 
     linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
+    command = "finetune"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
@@ -115,6 +124,7 @@ class DenseCLI(_MAECLI):
 
     linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
     best = "val/map"
+    command = "detect"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
@@ -136,6 +146,7 @@ class SegmentCLI(DenseCLI):
 
     linked = {**DenseCLI.linked, "ignore_index": "data.ignore_index"}
     best = "val/miou"
+    command = "segment"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
@@ -155,6 +166,16 @@ def _config_files(argv: list[str]) -> list[tuple[int, str]]:
         elif arg.startswith(("--config=", "-c=")):
             found.append((i, arg.split("=", 1)[1]))
     return found
+
+
+def resolve_recipes(argv: list[str], folders: tuple[str, ...]) -> list[str]:
+    """``argv`` with every ``--config NAME`` that names a recipe rather than a file replaced by the
+    recipe's path (``mae.cli.recipes.resolve_config``)."""
+    out = list(argv)
+    for position, value in _config_files(argv):
+        path = resolve_config(value, folders)
+        out[position] = f"{out[position].split('=', 1)[0]}={path}" if out[position] != value else path
+    return out
 
 
 def expand_stacked_configs(argv: list[str]) -> list[str]:
@@ -190,6 +211,18 @@ def _model_section_keys(argv: list[str]) -> set[str]:
     return keys
 
 
+def _cli_arguments(cli_class: type[_MAECLI], run_name: str) -> dict[str, Any]:
+    """What every command passes to its LightningCLI besides the model and data classes."""
+    return {
+        "subclass_mode_data": True,
+        "run": False,
+        "seed_everything_default": 0,
+        "trainer_defaults": trainer_defaults(run_name),
+        "save_config_kwargs": {"overwrite": True},
+        "parser_kwargs": {"prog": f"mae {cli_class.command}"},
+    }
+
+
 def build(
     cli_class: type[_MAECLI],
     module: type,
@@ -201,20 +234,37 @@ def build(
     ``--ckpt_path`` and harden the trainer, all before any work. Returns (cli, resolved ckpt_path)."""
     keep_freed_memory()  # no page faults re-mapping activations every step (mae.training.runtime)
     quiet_libraries()
-    cli = cli_class(
-        module,
-        datamodule_class,
-        subclass_mode_data=True,
-        run=False,
-        args=args,
-        seed_everything_default=0,
-        trainer_defaults=trainer_defaults(run_name),
-        save_config_kwargs={"overwrite": True},
-    )
+    cli = cli_class(module, datamodule_class, args=args, **_cli_arguments(cli_class, run_name))
     harden_trainer(cli.trainer)
     quiet_trainer(cli.trainer)
     fitting = not cli.config.get("validate_only", False)
     return cli, prepare_resume(cli.trainer, cli.model, cli.config.ckpt_path, fitting)
+
+
+class _ParserBuilt(Exception):
+    def __init__(self, parser: LightningArgumentParser):
+        super().__init__()
+        self.parser = parser
+
+
+def cli_parser(
+    cli_class: type[_MAECLI],
+    module: type,
+    run_name: str,
+    datamodule_class: type[pl.LightningDataModule] = ImageDataModule,
+) -> LightningArgumentParser:
+    """The parser ``build`` parses the command line with, built without parsing anything (for shell
+    completion and the option checks)."""
+
+    class ParserOnly(cli_class):
+        def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+            raise _ParserBuilt(parser)
+
+    try:
+        ParserOnly(module, datamodule_class, args=[], **_cli_arguments(cli_class, run_name))
+    except _ParserBuilt as built:
+        return built.parser
+    raise RuntimeError(f"{cli_class.__name__} parsed its arguments without calling parse_arguments")
 
 
 # What a run writes into its run folder before its first step (LightningCLI's config, the logger's files).

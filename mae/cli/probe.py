@@ -1,4 +1,4 @@
-"""``python -m mae.probe --checkpoint CKPT --data.class_path ...``: a converged linear probe of a
+"""``mae probe --checkpoint CKPT --data.class_path ...``: a converged linear probe of a
 pretrained encoder on cached features (``mae.eval.probe``)."""
 
 from pathlib import Path
@@ -16,7 +16,7 @@ COMMAND = "mae.probe"
 
 def build_parser() -> ArgumentParser:
     parser = encoder_evaluation_parser(
-        f"python -m {COMMAND}",
+        "mae probe",
         "A converged linear probe of a pretrained encoder on cached features:",
         "a labelled data module (e.g. ``mae.data.DigitsDataModule``); its training "
         "split trains the heads (a held-out part of it chooses them), its validation split "
@@ -33,9 +33,9 @@ def build_parser() -> ArgumentParser:
         default=None,
         help="the learning-rate grid (default ``mae.eval.probe.DEFAULT_LRS``, 1e-3 ... 3e-1).",
     )
-    parser.add_argument("--weight_decays", type=list[float] | None, default=None,
+    parser.add_argument("--weight-decays", type=list[float] | None, default=None,
                         help="the weight-decay grid (default 0, 1e-4, 1e-3).")  # fmt: skip
-    parser.add_argument("--max_epochs", type=int, default=100, help="cap on the heads' training.")
+    parser.add_argument("--max-epochs", type=int, default=100, help="cap on the heads' training.")
     parser.add_argument("--patience", type=int, default=10,
                         help="stop after this many epochs in which no head's held-out loss improved.")  # fmt: skip
     parser.add_argument("--holdout", type=float, default=0.1,
@@ -46,8 +46,6 @@ def build_parser() -> ArgumentParser:
         default=None,
         help="a file prefix to keep the features on disk (memory-mapped) instead of in memory.",
     )
-    parser.add_argument("--checkpoint_format", type=str, default="auto", help='"auto" or a format name.')
-    parser.add_argument("--device", type=str, default="cpu", help="where to run the encoder.")
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of the heads' training.")
     return parser
 

@@ -1,4 +1,4 @@
-"""``python -m mae.reconstruct --checkpoint CKPT IMAGE_OR_FOLDER...``: a reconstruction figure of your images."""
+"""``mae reconstruct --checkpoint CKPT IMAGE_OR_FOLDER...``: a reconstruction figure of your images."""
 
 import sys
 from pathlib import Path
@@ -8,7 +8,8 @@ from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
 from mae.apps.reconstruction_figure import Figure, reconstruction_figure
-from mae.command import UsageError, argparse_float, argparse_int, command_parser, parse_and_run
+from mae.command import UsageError, command_parser, parse_and_run
+from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.inference.images import display_range, image_paths, load_image
@@ -22,17 +23,15 @@ COMMAND = "mae.reconstruct"
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        f"python -m {COMMAND}",
+        "mae reconstruct",
         "Mask your own images, reconstruct them with a pretrained MAE, and draw one row per image: "
         "original | masked | reconstruction | reconstruction with the visible patches pasted back.",
     )
     parser.add_argument(
         "images", nargs="+", help="image files or folders (any format and channel count the data path reads)"
     )
-    parser.add_argument(
-        "--checkpoint", required=True, help="a checkpoint with a decoder: ours, official full, Hugging Face"
-    )
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    add_option(parser, "checkpoint", "a checkpoint with a decoder (ours, official full, Hugging Face)", required=True)
+    add_option(parser, "checkpoint_format", choices=FORMATS)
     parser.add_argument("--mask-ratio", type=argparse_float, default=0.75)
     parser.add_argument("--mask-strategy", choices=MASK_STRATEGIES, default=None,
                         help="default: the checkpoint's (random for other files)")  # fmt: skip
@@ -41,22 +40,19 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--unnormalize", choices=("patch", "none"), default="patch",
                         help="norm_pix_loss models: draw masked patches with the true patches' statistics (patch, "
                         "leaks them) or the raw normalised prediction (none)")  # fmt: skip
-    parser.add_argument("--img-size", type=argparse_int, default=None, help="input size (default: the checkpoint's)")
-    parser.add_argument(
-        "--mean", type=argparse_float, nargs="+", default=None, help="per-channel mean (default: recorded)"
-    )
-    parser.add_argument(
-        "--std", type=argparse_float, nargs="+", default=None, help="per-channel std (default: recorded)"
-    )
+    add_option(parser, "img_size", "default: the checkpoint's")
+    add_option(parser, "mean", "default: the checkpoint's record")
+    add_option(parser, "std", "default: the checkpoint's record")
     parser.add_argument(
         "--bands", type=argparse_int, nargs=3, default=None, help="channels drawn as RGB (multi-band data)"
     )
-    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
-                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
+    add_option(
+        parser, "max_image_pixels", "larger images are refused as decompression bombs", default=DEFAULT_MAX_PIXELS
+    )
     parser.add_argument("--attention", action="store_true",
                         help="add the last block's cls-token attention (mean of the heads, and each head; the "
                         "encoder on every patch, no masking) to each row")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=Path("reconstruction.png"), help="the figure (PNG)")
+    add_option(parser, "out", "the figure (PNG)", default=Path("reconstruction.png"))
     return parser
 
 
@@ -78,7 +74,7 @@ def run(args: Namespace) -> Figure:
     if (args.mean is None) != (args.std is None):
         raise UsageError("give --mean and --std together")
     check_outputs(COMMAND, [Output(args.out, "--out", ours=png_is_from(COMMAND))], [*args.images, args.checkpoint])
-    model, norm = load_reconstructor(args.checkpoint, args.format, args.img_size, args.mean, args.std)
+    model, norm = load_reconstructor(args.checkpoint, args.checkpoint_format, args.img_size, args.mean, args.std)
     in_chans = model.config["in_chans"]
     if len(norm.mean) != in_chans or len(norm.std) != in_chans:
         raise UsageError(f"--mean and --std need {in_chans} values, one per channel of the model")

@@ -1,16 +1,16 @@
-"""``python -m mae.search --index FILE QUERY_IMAGES... [-k 8] --out grid.png``: similar images in an index."""
+"""``mae search --index FILE QUERY_IMAGES... [-k 8] --out grid.png``: similar images in an index."""
 
 import sys
 from pathlib import Path
 
-import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.apps.embeddings.embed_run import listed_images
 from mae.apps.embeddings.embedding_index import EmbeddingIndex
 from mae.apps.embeddings.image_search import CHUNK_ROWS, Match, index_embedder, search_images
 from mae.apps.embeddings.neighbours_figure import neighbours_figure
-from mae.command import UsageError, argparse_int, command_parser, parse_and_run
+from mae.command import UsageError, command_parser, parse_and_run
+from mae.command_options import add_option, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.io.atomic import atomic_write
@@ -21,23 +21,23 @@ COMMAND = "mae.search"
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        f"python -m {COMMAND}",
-        "The nearest images of an index (python -m mae.embed) to each query image, by cosine similarity of "
+        "mae search",
+        "The nearest images of an index (mae embed) to each query image, by cosine similarity of "
         "their embeddings (exact), drawn as one row per query.",
     )
     parser.add_argument("queries", nargs="+", help="query image files or folders")
-    parser.add_argument("--index", type=Path, required=True, help="FILE.parquet or FILE.npy from python -m mae.embed")
-    parser.add_argument("-k", type=argparse_int, default=8, help="neighbours per query")
-    parser.add_argument("--checkpoint", default=None, help="the index's weights in another file or format "
-                        "(default: the checkpoint the index records)")  # fmt: skip
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="checkpoint format (default: detect)")
+    parser.add_argument("--index", type=Path, required=True, help="FILE.parquet or FILE.npy from mae embed")
+    add_option(parser, "k", "per query", default=8)
+    add_option(parser, "checkpoint", "the index's weights in another file or format (default: the checkpoint the "
+               "index records)", default=None)  # fmt: skip
+    add_option(parser, "checkpoint_format", choices=FORMATS)
     parser.add_argument("--chunk-rows", type=argparse_int, default=CHUNK_ROWS,
                         help="index rows compared at a time (bounds the memory)")  # fmt: skip
-    parser.add_argument("--device", default=None, help="where the encoder and the products run (default: cuda "
-                        "when available)")  # fmt: skip
-    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
-                        help="larger images are refused as decompression bombs (default: PIL's limit)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=Path("neighbours.png"), help="the figure (PNG)")
+    add_option(parser, "device", "where the encoder and the products run")
+    add_option(
+        parser, "max_image_pixels", "larger images are refused as decompression bombs", default=DEFAULT_MAX_PIXELS
+    )
+    add_option(parser, "out", "the figure (PNG)", default=Path("neighbours.png"))
     return parser
 
 
@@ -53,8 +53,7 @@ def run(args: Namespace) -> list[Match]:
     check_outputs(COMMAND, [Output(args.out, "--out", ours=png_is_from(COMMAND))], inputs)
     index = EmbeddingIndex(args.index)
     queries = [item.path for item in listed_images(args.queries)]
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    embedder = index_embedder(index, args.checkpoint, args.format, device, args.max_image_pixels)
+    embedder = index_embedder(index, args.checkpoint, args.checkpoint_format, args.device, args.max_image_pixels)
     matches, unreadable = search_images(index, embedder, queries, args.k, args.chunk_rows)
     for path, error in unreadable:
         print(f"skipped {path}: {error}", file=sys.stderr)

@@ -1,6 +1,8 @@
-"""``python train.py --config CONFIG``: MAE pretraining (LightningCLI, ``mae.cli.lightning``)."""
+"""``mae pretrain --config CONFIG``: MAE pretraining (LightningCLI, ``mae.cli.lightning``)."""
 
-from mae.cli.lightning import PretrainCLI, build, fit
+from lightning.pytorch.cli import LightningArgumentParser
+
+from mae.cli.lightning import PretrainCLI, build, cli_parser, fit
 from mae.training.pretrain import MAEPretrainModule
 
 
@@ -9,3 +11,7 @@ def main(args: list[str] | None = None) -> PretrainCLI:
     cli, ckpt_path = build(PretrainCLI, MAEPretrainModule, "pretrain", args)
     fit(cli, ckpt_path)
     return cli
+
+
+def build_parser() -> LightningArgumentParser:
+    return cli_parser(PretrainCLI, MAEPretrainModule, "pretrain")

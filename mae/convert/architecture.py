@@ -13,7 +13,7 @@ and, when the run's data module says how it normalises images (every one of ours
 
     checkpoint["mae_data"] = {"in_chans": 3, "img_size": [224, 224], "mean": [...], "std": [...]}
 
-so that tools given only the checkpoint (``python -m mae.reconstruct``, the demo page) prepare
+so that tools given only the checkpoint (``mae reconstruct``, the demo page) prepare
 images exactly as training did.
 
 ``MaskedAutoencoderViT`` args are its ``config``; ``VisionTransformer`` args are timm's (a linear-probe

@@ -1,4 +1,4 @@
-"""Export a pretrained encoder as a plain timm ViT (``python -m mae.export CHECKPOINT OUT.safetensors``).
+"""Export a pretrained encoder as a plain timm ViT (``mae export --checkpoint CKPT --out OUT.safetensors``).
 
 Writes ``OUT.safetensors`` (a timm ``VisionTransformer`` state dict) and ``OUT.json`` (its timm model
 arguments). Anyone with timm alone can then build the encoder::

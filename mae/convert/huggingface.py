@@ -115,7 +115,7 @@ def hf_config(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> dict[str
     if model.decoder_type != "self":
         raise ValueError(
             f"Hugging Face ViTMAE has only the paper's self-attention decoder, not decoder_type "
-            f"{model.decoder_type!r}; export the encoder instead (python -m mae.export), which every variant shares"
+            f"{model.decoder_type!r}; export the encoder instead (mae export), which every variant shares"
         )
     if grid_h != grid_w:
         raise ValueError(f"Hugging Face ViTMAE supports square inputs only, got a {grid_h}x{grid_w} patch grid")

@@ -1,5 +1,4 @@
-"""``python -m mae.data.shard ROOT OUT``: an image folder as streaming shards, local or on S3 (see
-``mae.data.tools.shard``)."""
+"""``python -m mae.data.shard``: the same as ``mae shard`` (``mae.data.tools.shard``), kept for scripts that call it."""
 
 from mae.command import run_command
 from mae.data.tools.shard import main

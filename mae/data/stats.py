@@ -1,5 +1,4 @@
-"""``python -m mae.data.stats ROOT``: per-channel mean and std of an image folder (see
-``mae.data.tools.stats``)."""
+"""``python -m mae.data.stats``: the same as ``mae stats`` (``mae.data.tools.stats``), kept for scripts that call it."""
 
 from mae.command import run_command
 from mae.data.tools.stats import main

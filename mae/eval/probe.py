@@ -185,7 +185,7 @@ def _train_heads(
         raise ValueError(
             f"the probe chooses its head on held-out training images, and {images} training images "
             f"({images / max(1, num_classes):.1f} per class) leave none to hold out at probe.holdout={holdout}: "
-            f"a class needs 2 or more images (use more labelled images, or the kNN evaluation, python -m mae.knn)"
+            f"a class needs 2 or more images (use more labelled images, or the kNN evaluation, mae knn)"
         )
     fit_rows = (fit_images[None] + images * np.arange(train.views)[:, None]).ravel()
     held_rows = held_images  # their first view: the evaluation view when the views are augmented

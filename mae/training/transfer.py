@@ -35,7 +35,7 @@ def check_checkpoint_exists(checkpoint: str | None) -> None:
     if checkpoint is not None and not Path(checkpoint).exists():
         raise FileNotFoundError(
             f"model.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
-            f"config, run `python train.py --config configs/pretrain/default.yaml` first) or set it to null "
+            f"config, run `mae pretrain --config default` first) or set it to null "
             f"to train from a random initialisation"
         )
 

@@ -2,7 +2,7 @@
 (k = 1, Euclidean distance between the normalised images), and each patch's error the mean squared
 difference to that neighbour's patch at the same place: "the defect is where the image differs from the
 closest normal image". No learning; it scores and maps exactly like the MAE's errors (``scoring``):
-``python -m mae.anomaly --method pixel-knn`` runs it on image files (``knn_errors``), and so does the
+``mae anomaly --method pixel-knn`` runs it on image files (``knn_errors``), and so does the
 benchmark.
 """
 

@@ -1,4 +1,4 @@
-"""The files of an embedding index (``python -m mae.embed``), written whole and read in chunks.
+"""The files of an embedding index (``mae embed``), written whole and read in chunks.
 
 Two layouts hold the same rows (one image each: its path, its label or none, its vector) and the same
 record of how they were made (``IndexMeta``):
@@ -26,7 +26,7 @@ from mae.io.outputs import Output
 INDEX_VERSION = 1
 METADATA_KEY = b"mae_embeddings"
 SUFFIXES = (".parquet", ".npy")
-REBUILD = "rebuild the index with python -m mae.embed"
+REBUILD = "rebuild the index with mae embed"
 # What makes two runs' vectors comparable (and a stopped run resumable): everything but the outcome.
 RUN_FIELDS = ("fingerprint", "pool", "dim", "img_size", "in_chans", "mean", "std", "inputs")
 
@@ -73,12 +73,10 @@ class IndexMeta:
             version = record.get("version")
             if version != INDEX_VERSION:
                 raise ValueError(f"{source} is an index of version {version!r}; this code reads version "
-                                 f"{INDEX_VERSION}: rebuild it with python -m mae.embed")  # fmt: skip
+                                 f"{INDEX_VERSION}: rebuild it with mae embed")  # fmt: skip
             return cls(**{f.name: record[f.name] for f in fields(cls)})
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(
-                f"{source} has a damaged index record ({err}): rebuild it with python -m mae.embed"
-            ) from err
+            raise ValueError(f"{source} has a damaged index record ({err}): rebuild it with mae embed") from err
 
     def run(self) -> dict:
         """The fields that say how the vectors were made (``RUN_FIELDS``)."""
@@ -219,14 +217,14 @@ class EmbeddingIndex:
 
     Raises (on opening):
         FileNotFoundError: a missing file (for .npy: or its CSV / JSON).
-        ValueError: a file that is not an index of ``python -m mae.embed``, or whose vectors disagree with
+        ValueError: a file that is not an index of ``mae embed``, or whose vectors disagree with
             its record.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = check_suffix(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"index {self.path} does not exist: build it with python -m mae.embed")
+            raise FileNotFoundError(f"index {self.path} does not exist: build it with mae embed")
         if self.path.suffix == ".parquet":
             self._open_parquet()
         else:
@@ -245,12 +243,12 @@ class EmbeddingIndex:
         record = (self._file.schema_arrow.metadata or {}).get(METADATA_KEY)
         if record is None:
             raise ValueError(f"{self.path} is a Parquet file without an embedding record (no {METADATA_KEY.decode()} "
-                             "metadata): it was not written by python -m mae.embed")  # fmt: skip
+                             "metadata): it was not written by mae embed")  # fmt: skip
         self.meta = IndexMeta.from_json(record, self.path)
         vector = self._file.schema_arrow.field("vector").type
         if self._file.metadata.num_rows != self.meta.count or getattr(vector, "list_size", None) != self.meta.dim:
             raise ValueError(f"{self.path} holds {self._file.metadata.num_rows} rows of {vector} but its record says "
-                             f"{self.meta.count} of {self.meta.dim}: rebuild it with python -m mae.embed")  # fmt: skip
+                             f"{self.meta.count} of {self.meta.dim}: rebuild it with mae embed")  # fmt: skip
 
     def _open_npy(self) -> None:
         csv_path, json_path = companions(self.path)

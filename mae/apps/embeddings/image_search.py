@@ -40,7 +40,7 @@ def index_embedder(
                                     "--checkpoint with the same weights (in any format)")  # fmt: skip
     ckpt = read_checkpoint(checkpoint, format)
     dim = ckpt.config["embed_dim"] * (2 if meta.pool == "both" else 1)
-    rebuild = f"python -m mae.embed --checkpoint {checkpoint} --pool {meta.pool} ... --out {index.path.name}"
+    rebuild = f"mae embed --checkpoint {checkpoint} --pool {meta.pool} ... --out {index.path.name}"
     if dim != meta.dim:
         raise ValueError(f"{index.path} holds vectors of length {meta.dim} ({meta.pool} pooling of "
                          f"{meta.checkpoint}) but {checkpoint} gives vectors of length {dim}: search with the "

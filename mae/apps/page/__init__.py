@@ -1,2 +1,2 @@
-"""The local page (``python -m mae.demo``, Gradio): the reconstruction tab and its server (``demo``), the
+"""The local page (``mae demo``, Gradio): the reconstruction tab and its server (``demo``), the
 "Similar images" tab (``search``)."""

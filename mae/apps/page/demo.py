@@ -1,4 +1,4 @@
-"""The local reconstruction page (``python -m mae.demo --checkpoint CKPT``): upload or pick an image,
+"""The local reconstruction page (``mae demo --checkpoint CKPT``): upload or pick an image,
 move the mask ratio, choose the masking strategy, resample the mask, and see four titled panels, the
 masked-patch loss beside that of a flat guess, and what fitting the image to the model's input did;
 a checkbox adds the last block's cls attention (``mae.inference.attention``).

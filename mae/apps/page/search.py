@@ -1,5 +1,5 @@
-"""The page's "Similar images" tab (``python -m mae.demo --checkpoint CKPT --index FILE``): upload or pick
-an image and see its nearest images in an index of ``python -m mae.embed``, with their cosine similarity.
+"""The page's "Similar images" tab (``mae demo --checkpoint CKPT --index FILE``): upload or pick
+an image and see its nearest images in an index of ``mae embed``, with their cosine similarity.
 
 As the rest of the page, it names files, never server paths, and every failure is a message on the page."""
 

@@ -62,7 +62,7 @@ class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
         in_chans: image channels, shared with the model (linked by the CLIs like ``img_size``).
         mean, std: per-channel normalisation in [0, 1] units (16-bit data: value / 65535; float data:
             its own units); ImageNet's for 3 channels when not set, required otherwise (compute them
-            with ``python -m mae.data.stats ROOT``).
+            with ``mae stats ROOT``).
     """
 
     default_eval_crop_ratio = 224 / 256

@@ -59,7 +59,7 @@ def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, A
         ValueError: another format or version.
         storage.StorageError: an unreachable endpoint, missing bucket, or refused credentials.
     """
-    make = f"write shards there with `python -m mae.data.shard IMAGE_FOLDER {root}`"
+    make = f"write shards there with `mae shard IMAGE_FOLDER --out {root}`"
     if not storage.is_remote(root) and not storage.exists_any(root):
         raise FileNotFoundError(f"no shard folder at data.root={root} (missing or empty); {make}")
     metadata = storage.read_json(storage.join(root, METADATA), storage_options)
@@ -74,18 +74,18 @@ def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, A
         if unfinished_conversion(root, storage_options):
             raise FileNotFoundError(
                 f"data.root={root} holds an unfinished conversion of mae.data.shard: it stopped (killed or failed) "
-                f"before writing {METADATA}, which it writes last; run it again with `python -m mae.data.shard "
+                f"before writing {METADATA}, which it writes last; run it again with `mae shard "
                 f"IMAGE_FOLDER {root} --overwrite`, which replaces exactly the files that conversion wrote"
             )
         raise FileNotFoundError(
             f"data.root={root} has no {METADATA} and no record of an unfinished conversion of mae.data.shard "
             f"({PARTIAL}): not a shard folder, and the shard tool does not write over files it did not write; "
-            f"write shards to an empty folder or prefix with `python -m mae.data.shard IMAGE_FOLDER OUT` and set "
+            f"write shards to an empty folder or prefix with `mae shard IMAGE_FOLDER --out OUT` and set "
             f"data.root to it"
         )
     if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
         raise ValueError(
             f"{storage.join(root, METADATA)} is format {metadata.get('format')!r} version {metadata.get('version')!r};"
-            f" this code reads {FORMAT!r} version {VERSION}: reshard with `python -m mae.data.shard ... --overwrite`"
+            f" this code reads {FORMAT!r} version {VERSION}: reshard with `mae shard ... --overwrite`"
         )
     return metadata

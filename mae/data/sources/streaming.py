@@ -1,4 +1,4 @@
-"""Training from shards (``python -m mae.data.shard``) on local disk or object storage, through litdata.
+"""Training from shards (``mae shard``) on local disk or object storage, through litdata.
 
 litdata is Lightning's own streaming engine: it downloads shards ahead of use into a bounded local
 cache, splits every epoch between processes and loader workers, shuffles shards and the samples in
@@ -155,7 +155,7 @@ class ResumableStreamingLoader(SigtermSafeLoader, StreamingDataLoader):
 
 
 class StreamingDataModule(SplitDataModule):
-    """Shards written by ``python -m mae.data.shard``, streamed from a folder or ``s3://`` URL.
+    """Shards written by ``mae shard``, streamed from a folder or ``s3://`` URL.
 
     The transforms, batch, worker, ``img_size``, augmentation and normalisation settings are those
     of ``ImageDataModule``; the classes are the ones the shards were written with.
@@ -194,7 +194,7 @@ class StreamingDataModule(SplitDataModule):
         if self.train_fraction != 1.0:
             raise ValueError(
                 "data.train_fraction is not supported with streamed shards; write a labelled subset with "
-                "`python -m mae.data.shard ... --max-images-per-class M` instead"
+                "`mae shard ... --max-images-per-class M` instead"
             )
         if decode_on not in ("auto", "cpu", "gpu"):
             raise ValueError(f"data.decode_on must be 'auto', 'cpu' or 'gpu', got {decode_on!r}")

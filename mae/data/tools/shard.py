@@ -1,7 +1,7 @@
 """Convert an ImageFolder (e.g. an ImageNet subset) into streaming shards, local or on S3.
 
-    python -m mae.data.shard /data/imagenet /data/imagenet-shards --class-list configs/imagenet100_classes.txt
-    python -m mae.data.shard /data/imagenet s3://bucket/imagenet100 --num-classes 100 --workers 16
+    mae shard /data/imagenet --out /data/imagenet-shards --class-list mae/configs/imagenet100_classes.txt
+    mae shard /data/imagenet --out s3://bucket/imagenet100 --num-classes 100 --workers 16
 
 Each split (``train``, and ``val`` when it exists) becomes a litdata folder ``OUT/<split>/``
 (``index.json`` + ``chunk-*.bin``) of samples ``{"image": the file's original bytes, "label": class
@@ -32,7 +32,8 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
-from mae.command import UsageError, argparse_int, command_parser, parse_and_run
+from mae.command import UsageError, command_parser, parse_and_run
+from mae.command_options import add_option, argparse_int, legacy_positionals
 from mae.data.decoding.formats import EncodedImage, dataset_extensions
 from mae.data.decoding.image import pixel_format, read_pixels
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
@@ -219,9 +220,10 @@ def shard(args: Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> ArgumentParser:
-    p = command_parser("python -m mae.data.shard", __doc__.split("\n\n")[0])
+    p = command_parser("mae shard", __doc__.split("\n\n")[0])
     p.add_argument("root", help="dataset folder: ROOT/<train-split>/<class>/<image> (and ROOT/<val-split>/...)")
-    p.add_argument("out", help="output folder or s3://bucket/prefix")
+    add_option(p, "out", "output folder or s3://bucket/prefix (required)", type=str, required=False)
+    legacy_positionals(p, ("out",))
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default="val", help="sharded with the same classes when it exists ('' : none)")
     selection = p.add_mutually_exclusive_group()
@@ -232,15 +234,11 @@ def build_parser() -> ArgumentParser:
         "--seed", type=argparse_int, default=0, help="seed of the samples' order (and of a random class selection)"
     )
     p.add_argument("--max-images-per-class", type=argparse_int, default=None, help="cap on training images per class")
-    p.add_argument(
-        "--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS, help="larger images are skipped"
-    )
-    p.add_argument(
-        "--workers", type=argparse_int, default=min(8, os.cpu_count() or 1), help="processes that read files"
-    )
+    add_option(p, "max_image_pixels", "larger images are skipped as decompression bombs", default=DEFAULT_MAX_PIXELS)
+    add_option(p, "workers", "processes that read files", default=min(8, os.cpu_count() or 1))
     p.add_argument("--chunk-bytes", default=DEFAULT_CHUNK_BYTES, help="shard size, e.g. 64MB")
     p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
-    p.add_argument("--overwrite", action="store_true", help="replace shards already at OUT")
+    p.add_argument("--overwrite", action="store_true", help="replace shards already at --out")
     p.add_argument("--start-method", choices=["spawn", "fork", "forkserver"], default=None,
                    help="multiprocessing start method of the workers (litdata's default: spawn)")  # fmt: skip
     return p
@@ -254,5 +252,5 @@ def run(args: Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m mae.data.shard ROOT OUT``."""
+    """``mae shard ROOT --out OUT``."""
     return parse_and_run(build_parser(), run, argv)

@@ -1,4 +1,4 @@
-"""Where a conversion writes (``python -m mae.data.shard ... OUT``): what an earlier conversion left
+"""Where a conversion writes (``mae shard ... --out OUT``): what an earlier conversion left
 there, by its own records, so that ``--overwrite`` deletes exactly that and nothing a user put
 there; and a private workspace for litdata's caches, so concurrent conversions never share one."""
 

@@ -1,5 +1,5 @@
 """Per-channel mean and std of an image folder, for ``data.mean`` / ``data.std``:
-``python -m mae.data.stats ROOT [--in-chans C]``.
+``mae stats ROOT [--in-chans C]``.
 
 Streams the images one at a time (memory stays one image, bounded by the pixel limit), in the units
 the data path normalises (``mae.data.decoding.arrays.to_unit_range``: 8/16-bit scaled to [0, 1], float as
@@ -17,7 +17,8 @@ from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 from tqdm import tqdm
 
-from mae.command import argparse_int, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
+from mae.command_options import add_option, argparse_int
 from mae.data.decoding.formats import dataset_extensions
 from mae.data.decoding.image import read_pixels
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
@@ -97,15 +98,16 @@ def channel_stats(
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
-        "python -m mae.data.stats",
+        "mae stats",
         "Per-channel mean and std of an image folder (ROOT/train if it exists), printed as the "
         "data.mean / data.std lines of a config.",
     )
     parser.add_argument("root", help="dataset folder (ImageFolder layout) or any folder of images")
     parser.add_argument("--in-chans", type=argparse_int, default=None, help="channels (default: the first image's)")
     parser.add_argument("--max-images", type=argparse_int, default=None, help="use this many images, spread evenly")
-    parser.add_argument("--max-image-pixels", type=argparse_int, default=DEFAULT_MAX_PIXELS,
-                        help="larger images are skipped as decompression bombs (default: PIL's limit)")  # fmt: skip
+    add_option(
+        parser, "max_image_pixels", "larger images are skipped as decompression bombs", default=DEFAULT_MAX_PIXELS
+    )
     return parser
 
 
@@ -120,5 +122,5 @@ def run(args: Namespace) -> ChannelStats:
 
 
 def main(argv: list[str] | None = None) -> ChannelStats:
-    """``python -m mae.data.stats ROOT``: per-channel mean and std to paste into a config."""
+    """``mae stats ROOT``: per-channel mean and std to paste into a config."""
     return parse_and_run(build_parser(), run, argv)

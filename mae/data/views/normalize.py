@@ -26,7 +26,7 @@ def normalization(
     if mean is None or std is None:
         raise ValueError(
             f"data.mean and data.std are needed for {in_chans}-channel data (ImageNet's are for RGB): compute "
-            f"them with `python -m mae.data.stats ROOT --in-chans {in_chans}` and paste the lines it prints"
+            f"them with `mae stats ROOT --in-chans {in_chans}` and paste the lines it prints"
         )
     if len(mean) != in_chans or len(std) != in_chans:
         raise ValueError(

@@ -1,0 +1,196 @@
+"""``mae recipes``, ``mae env``, ``mae version`` and ``mae completion``: what the package holds, what a bug
+report needs, and shell completion."""
+
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from jsonargparse import ArgumentParser, Namespace
+
+from mae.cli.commands import BY_NAME, COMMANDS
+from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config
+from mae.command import UsageError, command_parser, parse_and_run
+
+DISTRIBUTION = "mae-lightning"  # the name pip knows the package by (pyproject.toml)
+CORE_PACKAGES = ("torch", "torchvision", "timm", "lightning", "torchmetrics", "jsonargparse", "litdata", "numpy",
+                 "pillow")  # fmt: skip
+EXTRA_PACKAGES = ("onnx", "onnxscript", "onnxruntime", "pycocotools", "pyarrow", "gradio", "transformers", "shtab")
+
+
+def installed_version() -> str:
+    """The installed distribution's version (the source tree's ``mae.__version__`` when not installed)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        import mae
+
+        return mae.__version__
+
+
+# ---------------------------------------------------------------------------------------------- recipes
+
+
+def recipes_parser() -> ArgumentParser:
+    parser = command_parser("mae recipes", "The recipes shipped with the package: give a name to --config of the "
+                            "command shown (a path to your own YAML works the same).")  # fmt: skip
+    parser.add_argument("folder", nargs="?", default=None,
+                        help="list only this folder (pretrain, finetune, linprobe, detect, segment)")  # fmt: skip
+    parser.add_argument("--show", default=None, metavar="NAME",
+                        help="print the recipe NAME (e.g. pretrain/default), to copy and edit")  # fmt: skip
+    return parser
+
+
+def _command_of(folder: str) -> str:
+    return next((c.name for c in COMMANDS if folder in c.recipes), "?")
+
+
+def run_recipes(args: Namespace) -> list[str]:
+    """Print the recipes (or one recipe's text); returns the lines printed."""
+    if args.show is not None:
+        try:
+            path = Path(resolve_config(args.show, tuple(c.recipes[0] for c in COMMANDS if c.recipes)))
+        except RecipeNotFound as err:
+            raise UsageError(str(err).replace("--config", "--show", 1)) from None
+        lines = [f"# {path}", path.read_text(encoding="utf-8").rstrip("\n")]
+        print("\n".join(lines))
+        return lines
+    recipes = all_recipes(None if args.folder is None else (args.folder,))
+    if not recipes:
+        folders = sorted({r.folder for r in all_recipes()})
+        raise UsageError(f"no recipe folder {args.folder!r}; the folders are {', '.join(folders)}")
+    lines = []
+    width = max(len(r.name.split("/")[1]) for r in recipes) + 2
+    for folder in dict.fromkeys(r.folder for r in recipes):
+        command = _command_of(folder)
+        own = BY_NAME[command].recipes[0] == folder
+        lines.append(f"{folder} (mae {command} --config {'NAME' if own else folder + '/NAME'}):")
+        for recipe in (r for r in recipes if r.folder == folder):
+            lines.append(f"  {recipe.name.split('/')[1]:<{width}}{recipe.summary}")
+        lines.append("")
+    lines.append(f"Files: {RECIPES_DIR} (mae recipes --show NAME prints one). A recipe that stacks on another is "
+                 "run on top of it; give several --config to stack your own.")  # fmt: skip
+    print("\n".join(lines))
+    return lines
+
+
+def recipes_main(argv: list[str] | None = None) -> list[str]:
+    return parse_and_run(recipes_parser(), run_recipes, argv)
+
+
+# -------------------------------------------------------------------------------------------------- env
+
+
+def env_parser() -> ArgumentParser:
+    return command_parser("mae env", "What a bug report needs: versions, the device, bf16 support, and the "
+                          "precision and attention kernel a training run would pick by default.")  # fmt: skip
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, str]:
+    """Label -> value, in the order ``mae env`` prints them."""
+    import torch
+
+    import mae
+    from mae.training.runtime import default_lightning_precision, native_bf16, training_settings
+
+    info = {
+        DISTRIBUTION: f"{installed_version()} ({Path(mae.__file__).parent})",
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": platform.platform(),
+    }
+    info |= {package: _version(package) or "not installed" for package in CORE_PACKAGES}
+    info["extras"] = ", ".join(f"{p} {_version(p)}" if _version(p) else f"{p} -" for p in EXTRA_PACKAGES)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        capability = ".".join(map(str, torch.cuda.get_device_capability(0)))
+        info["device"] = (f"cuda: {torch.cuda.device_count()} x {names[0]} (compute capability {capability}), "
+                          f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")  # fmt: skip
+    else:
+        info["device"] = f"cpu ({torch.get_num_threads()} threads; no CUDA device visible to torch)"
+    info["bf16"] = "native" if native_bf16(device) else "emulated (slower than fp32: runs train in fp32)"
+    settings = training_settings(device)
+    info["default run"] = (f"trainer.precision {default_lightning_precision()}; the model step: "
+                           f"{settings.describe()}")  # fmt: skip
+    if device == "cuda":
+        kernels = [name for name, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
+                                         ("memory-efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+                                         ("math", torch.backends.cuda.math_sdp_enabled())) if on]  # fmt: skip
+        info["attention kernels"] = "scaled_dot_product_attention may pick " + ", ".join(kernels)
+    return info
+
+
+def run_env(args: Namespace) -> dict[str, str]:
+    info = environment()
+    width = max(map(len, info)) + 2
+    print("\n".join(f"{label + ':':<{width}}{value}" for label, value in info.items()))
+    return info
+
+
+def env_main(argv: list[str] | None = None) -> dict[str, str]:
+    return parse_and_run(env_parser(), run_env, argv)
+
+
+# ---------------------------------------------------------------------------------------------- version
+
+
+def version_parser() -> ArgumentParser:
+    return command_parser("mae version", "The installed version of the package.")
+
+
+def run_version(args: Namespace) -> str:
+    line = f"{DISTRIBUTION} {installed_version()}"
+    print(line)
+    return line
+
+
+def version_main(argv: list[str] | None = None) -> str:
+    return parse_and_run(version_parser(), run_version, argv)
+
+
+# ------------------------------------------------------------------------------------------- completion
+
+SHELLS = ("bash", "zsh")
+
+
+def completion_parser() -> ArgumentParser:
+    parser = command_parser(
+        "mae completion",
+        "A completion script for mae, built from every command's parser (every option, Lightning's included: "
+        "about a minute to write, so write it once to a file). bash: mae completion bash > "
+        "~/.local/share/bash-completion/completions/mae (bash-completion loads it at the first TAB); zsh: "
+        "mae completion zsh > ~/.zfunc/_mae, with fpath=(~/.zfunc $fpath) before compinit in ~/.zshrc.",
+    )
+    parser.add_argument("shell", choices=SHELLS, help="the shell")
+    return parser
+
+
+def mae_parser(names: tuple[str, ...] | None = None) -> ArgumentParser:
+    """Every command's parser (or those ``names``) under one ``mae`` parser (imports every command: a few
+    seconds)."""
+    parser = ArgumentParser(prog="mae", description="Masked Autoencoders: pretraining and reuse of the encoder.")
+    subcommands = parser.add_subcommands(required=True, dest="command")
+    for command in (c for c in COMMANDS if names is None or c.name in names):
+        subcommands.add_subcommand(command.name, command.build_parser(), help=command.summary)
+    return parser
+
+
+def run_completion(args: Namespace) -> str:
+    try:
+        import shtab  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(f"shell completion needs shtab: pip install shtab ({err})") from None
+    script = mae_parser().get_completion_script(f"shtab-{args.shell}")
+    print(script)
+    return script
+
+
+def completion_main(argv: list[str] | None = None) -> str:
+    return parse_and_run(completion_parser(), run_completion, argv)

@@ -1,0 +1,211 @@
+"""The options several ``mae`` commands share, each defined once: its one spelling, type, default and the
+part of its help every command repeats. A command adds them with ``add_option(parser, "device")`` and
+gives only what is its own (what ``--out`` holds, whether ``--checkpoint`` is required).
+
+Old spellings (``--format``, ``--k``, ``--max_epochs``, a positional CHECKPOINT / OUT, ...) are accepted
+for one release: ``legacy_argv`` rewrites them to the new ones with a one-line note on stderr naming the
+new spelling, and ``legacy_positionals`` takes the old positional arguments. Nothing here imports torch
+until a command runs.
+"""
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
+
+# Attribute set on every action ``add_option`` creates (its help is complete: see ``CommandHelpFormatter``);
+# tests check that no command makes a shared option by hand.
+SHARED_MARK = "mae_shared_option"
+DEVICE_DEFAULT = "cuda when available, else cpu"
+
+
+class _ArgparseNumber:
+    """The type of a number flag read as argparse reads it: a bad value refused in argparse's words
+    ("argument --seed: invalid int value: 'x'", from ``__name__``), not jsonargparse's, and ``nan`` /
+    ``inf`` read as floats (so the command's own check names them; jsonargparse's ``float`` reads YAML,
+    which spells them ``.nan`` / ``.inf``). Shown in ``--help`` as ``int`` / ``float``."""
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+        self.__name__ = kind.__name__
+
+    def __call__(self, text: str) -> int | float:
+        return self.kind(text)
+
+    def __repr__(self) -> str:
+        return self.kind.__name__
+
+
+argparse_int = _ArgparseNumber(int)
+argparse_float = _ArgparseNumber(float)
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    """One shared option: ``flags`` (its only spelling), ``help`` (what every command says; a command's
+    own words come after it), the ``add_argument`` keywords every command uses, and ``default_help``:
+    how ``--help`` states the default when the value alone would not say it."""
+
+    flags: tuple[str, ...]
+    help: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    default_help: str | None = None
+
+
+# fmt: off
+SHARED_OPTIONS = {
+    "checkpoint": SharedOption(("--checkpoint",), "our .ckpt, an official MAE .pth, a timm state dict, a Hugging "
+                               "Face folder or an exported encoder"),
+    "checkpoint_format": SharedOption(("--checkpoint-format",), "the checkpoint's format", {"default": "auto"},
+                                      "auto, detected from the file"),
+    "out": SharedOption(("--out",), "", {"type": Path}),
+    "img_size": SharedOption(("--img-size",), "input size in pixels", {"type": argparse_int, "default": None}),
+    "batch_size": SharedOption(("--batch-size",), "images per forward pass", {"type": argparse_int}),
+    "workers": SharedOption(("--workers",), "worker processes (0: none, all in this process)", {"type": argparse_int}),
+    "device": SharedOption(("--device",), "cpu, cuda, cuda:1, ...", {"default": None}, DEVICE_DEFAULT),
+    "k": SharedOption(("-k",), "neighbours", {"type": argparse_int}),
+    "max_image_pixels": SharedOption(("--max-image-pixels",), "the largest image read, in pixels",
+                                     {"type": argparse_int}, "PIL's decompression-bomb limit, %(default)s"),
+    "mean": SharedOption(("--mean",), "per-channel input mean", {"type": argparse_float, "nargs": "+",
+                                                                 "default": None}),
+    "std": SharedOption(("--std",), "per-channel input std", {"type": argparse_float, "nargs": "+",
+                                                              "default": None}),
+}
+# fmt: on
+
+# Old spelling -> new one, for the options whose name changed (not only _ -> -).
+RENAMED = {"--format": "--checkpoint-format", "--checkpoint_format": "--checkpoint-format", "--k": "-k"}
+LEGACY_POSITIONALS_DEST = "legacy_positionals"
+
+
+def add_option(parser: ArgumentParser | Any, name: str, own_help: str = "", **kwargs: Any) -> argparse.Action:
+    """Add the shared option ``name`` (a key of ``SHARED_OPTIONS``) to ``parser`` (or an argument group).
+    ``own_help``: the command's own words after the shared help ("default: ..." states the default);
+    ``kwargs``: what is the command's own (``required``, a ``default``, ...); ``checkpoint_format`` takes
+    ``choices=mae.convert.sources.FORMATS``.
+
+    Raises:
+        ValueError: a ``--device`` default (every command's is ``DEVICE_DEFAULT``), a
+            ``--checkpoint-format`` without its choices.
+    """
+    option = SHARED_OPTIONS[name]
+    settings = {**option.kwargs, **kwargs}
+    if name == "checkpoint_format" and "choices" not in settings:  # the readers' table lives above this layer
+        raise ValueError("--checkpoint-format needs choices=mae.convert.sources.FORMATS")
+    if name == "device" and settings.get("default") is not None:
+        raise ValueError(f"--device's default is {DEVICE_DEFAULT} in every command, not {settings['default']}")
+    default_help = option.default_help
+    if own_help.startswith("default: "):  # the command's own default in words
+        own_help, default_help = "", own_help.removeprefix("default: ")
+    help_text = "; ".join(part for part in (option.help, own_help) if part)
+    if settings.get("required"):
+        help_text += " (required)"
+    elif default_help is not None:
+        help_text += f" (default: {default_help})"
+    elif settings.get("default") is not None and "default:" not in help_text:
+        help_text += " (default: %(default)s)"
+    action = parser.add_argument(*option.flags, dest=name, help=help_text, **settings)
+    setattr(action, SHARED_MARK, name)
+    return action
+
+
+class CommandHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, except for the shared options, whose help already says what matters (their
+    default in words, "cuda when available, else cpu", not "null")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if getattr(action, SHARED_MARK, None):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def resolve_device(device: str | None) -> str:
+    """``--device`` as given, or cuda when available, else cpu."""
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def legacy_positionals(parser: ArgumentParser, names: tuple[str, ...]) -> None:
+    """Accept the old positional form of the options ``names`` (e.g. ``CHECKPOINT OUT`` for ``--checkpoint``
+    and ``--out``) for one release: a hidden positional that ``finish_legacy`` moves into them. The options
+    themselves must be added with ``required=False``: ``finish_legacy`` requires them."""
+    action = parser.add_argument(LEGACY_POSITIONALS_DEST, nargs="*", default=[], help=argparse.SUPPRESS)
+    action.legacy_names = names
+
+
+def _prog(parser: ArgumentParser) -> str:
+    return parser.prog or "mae"
+
+
+def _note(parser: ArgumentParser, old: str, new: str) -> None:
+    print(f"{_prog(parser)}: {old} is deprecated, use {new} (the old spelling goes in the next release)",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def legacy_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with every old spelling of an option of ``parser`` replaced by the new one, each noted once
+    on stderr: the ``RENAMED`` options and ``--snake_case`` options whose ``--kebab-case`` the parser has
+    (dotted keys such as ``--data.init_args.num_workers`` are jsonargparse's and stay). Everything after a
+    bare ``--`` is left alone."""
+    known = set(parser._option_string_actions)
+    rewritten, noted = [], set()
+    for position, token in enumerate(argv):
+        if token == "--":
+            return rewritten + argv[position:]
+        flag, equals, value = token.partition("=")
+        new = None
+        if flag.startswith("--") and flag not in known and "." not in flag:
+            if RENAMED.get(flag) in known:
+                new = RENAMED[flag]
+            elif "_" in flag and flag.replace("_", "-") in known:
+                new = flag.replace("_", "-")
+        if new is None:
+            rewritten.append(token)
+            continue
+        if flag not in noted:
+            noted.add(flag)
+            _note(parser, flag, new)
+        rewritten.append(new + equals + value)
+    return rewritten
+
+
+def finish_legacy(parser: ArgumentParser, args: Namespace) -> Namespace:
+    """Move the old positional arguments (``legacy_positionals``) into their options, with a note; a
+    value given both ways must agree; then the options are required."""
+    legacy = next((a for a in parser._actions if a.dest == LEGACY_POSITIONALS_DEST), None)
+    if legacy is None:
+        return args
+    names = legacy.legacy_names
+    flags = [SHARED_OPTIONS[name].flags[0] if name in SHARED_OPTIONS else f"--{name.replace('_', '-')}"
+             for name in names]  # fmt: skip
+    given = list(args.get(LEGACY_POSITIONALS_DEST) or [])
+    if len(given) > len(names):
+        parser.error(f"unrecognized arguments: {' '.join(given[len(names) :])}")
+    if given:
+        old = " ".join(name.upper() for name in names[: len(given)])
+        new = " ".join(f"{flag} {name.upper()}" for flag, name in zip(flags, names[: len(given)], strict=True))
+        _note(parser, f"the positional {old}", new)
+    for name, flag, value in zip(names, flags, given, strict=False):
+        current = args.get(name)
+        if current is not None and str(current) != str(value):
+            parser.error(f"{name.upper()} given twice, as {value} and as {flag} {current}: give {flag} only")
+        action = next(a for a in parser._actions if a.dest == name)
+        args[name] = action.type(value) if callable(action.type) else value
+    missing = [flag for name, flag in zip(names, flags, strict=True) if args.get(name) is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+    del args[LEGACY_POSITIONALS_DEST]
+    return args
+
+
+def finish_shared(args: Namespace) -> Namespace:
+    """The shared options' values as a command uses them: ``device`` resolved (cuda when available)."""
+    if "device" in args:
+        args.device = resolve_device(args.device)
+    return args
