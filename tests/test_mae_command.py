@@ -3,6 +3,7 @@ name inside the package, one spelling per shared option (a test that fails on a 
 old spellings still running with a note, shell completion from the same parsers."""
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -276,3 +277,19 @@ def test_completion__the_mae_parser_holds_every_command():
     parser = mae_parser()
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert list(subcommands.choices) == [c.name for c in COMMANDS]
+
+
+@pytest.mark.slow
+def test_startup_benchmark__measures_the_list_against_a_bare_interpreter(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import cli_startup
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    out = tmp_path / "startup.json"
+    results = cli_startup.main(["--rounds", "1", "--out", str(out)])
+    rows = results["rows"]
+    assert set(rows) == {"python -c pass (reference)", "mae --help", "mae version", "mae export --help"}
+    assert rows["python -c pass (reference)"]["vs_reference"] == 1.0
+    assert all(row["median_s"] > 0 for row in rows.values())  # the numbers go in README, not into asserts
+    assert json.loads(out.read_text()) == results
