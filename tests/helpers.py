@@ -122,6 +122,21 @@ def csv_logger(tmp: Path, name: str) -> dict:
             "init_args": {"save_dir": str(tmp / "runs"), "name": name}}  # fmt: skip
 
 
+def tensorboard_tracker(save_dir: Path) -> dict:
+    """The ``tracker`` entry of a CLI config: TensorBoard (the shipped recipe's settings) under ``save_dir``."""
+    return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": str(save_dir), "log_graph": False, "default_hp_metric": False}}  # fmt: skip
+
+
+def tensorboard_events(log_dir: Path):
+    """TensorBoard's own reader (``EventAccumulator``) over ``log_dir``, loaded, nothing sampled away."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
 def write_config(tmp: Path, config: dict, name: str) -> Path:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))

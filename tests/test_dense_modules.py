@@ -18,6 +18,8 @@ from tests.helpers import (
     read_metrics,
     run_process,
     run_script,
+    tensorboard_events,
+    tensorboard_tracker,
     tiny_pretraining_checkpoint,
 )
 
@@ -48,6 +50,7 @@ def _detect_config(tmp: Path, checkpoint: Path, name: str) -> dict:
         "trainer": _trainer(tmp, name),
         "checkpoint": {"dirpath": str(tmp / name / "ckpts")},
         "figures": {"every_n_epochs": 1, "num_images": 2, "score_threshold": 0.0},
+        "tracker": tensorboard_tracker(tmp / "tb"),
     }  # fmt: skip
 
 
@@ -65,6 +68,9 @@ def test_detect__trains_mask_rcnn_logs_coco_map_draws_predictions_then_evaluates
     assert sorted(p.name for p in (run / "predictions").iterdir()) == ["epoch_0001.png", "epoch_0002.png"]
     assert f"predictions:      {run / 'predictions' / 'epoch_0002.png'}" in result.stdout
     assert re.search(r"validation: .*val/map [\d.]+", result.stdout)
+    tracked = tensorboard_events(tmp / "tb" / "detect" / "version_0")  # the tracker: mAP and prediction figures
+    assert [e.value for e in tracked.Scalars("val/map")] == pytest.approx(epoch_map)
+    assert len(tracked.Images("predictions")) == 2
     saved = torch.load(tmp / "detect" / "ckpts" / "last.ckpt", map_location="cpu", weights_only=False)
     assert saved["mae_architecture"]["class"] == "SimpleFeaturePyramid"
     assert saved["mae_data"]["mean"] == pytest.approx([0.485, 0.456, 0.406])  # the pretraining run's record
@@ -87,6 +93,7 @@ def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
                  "init_args": {"root": str(tmp / "scenes"), **SCENES, "batch_size": 4}},
         "trainer": _trainer(tmp, "segment", epochs=3),
         "figures": {"every_n_epochs": 3, "num_images": 2},
+        "tracker": tensorboard_tracker(tmp / "tb"),
     }  # fmt: skip
     result = run_script("segment.py", config=config, tmp=tmp)
     rows = read_metrics(tmp / "runs" / "segment" / "version_0")
@@ -95,6 +102,8 @@ def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
     assert any(r.get("val/miou") for r in rows) and any(r.get("val/acc") for r in rows)
     assert (tmp / "runs" / "segment" / "version_0" / "predictions" / "epoch_0003.png").exists()
     assert re.search(r"validation: .*val/miou [\d.]+", result.stdout)
+    tracked = tensorboard_events(tmp / "tb" / "segment" / "version_0")  # the tracker: mIoU and prediction figures
+    assert len(tracked.Scalars("val/miou")) == 3 and len(tracked.Images("predictions")) == 1
 
 
 def _module(cls, **kwargs):

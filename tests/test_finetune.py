@@ -123,7 +123,11 @@ def test_knn__weighted_votes_hand_computed():
     assert acc1 == 100.0 and acc5 == 100.0
 
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("[fl]*/*.yaml"))
+CONFIGS = sorted(
+    p
+    for folder in ("finetune", "linprobe")
+    for p in (Path(__file__).resolve().parents[1] / "configs" / folder).glob("*.yaml")
+)
 LIGHT = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
          "--trainer.precision", "32-true", "--trainer.logger", "false", "--model.checkpoint", "null"]  # fmt: skip
 

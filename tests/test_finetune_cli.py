@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY_MODEL, csv_logger, run_script, write_image_folder
+from tests.helpers import (
+    TINY_MODEL,
+    csv_logger,
+    run_script,
+    tensorboard_events,
+    tensorboard_tracker,
+    write_image_folder,
+)
 
 
 def _run(script: str, config: dict, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -33,6 +40,7 @@ def pretrained(tmp_path_factory):
         "trainer": _trainer(tmp, "pretrain"),
         "reconstruction": {"every_n_epochs": 0},
         "knn": {"every_n_epochs": 1, "k": 3},
+        "tracker": tensorboard_tracker(tmp / "tb"),
     }  # fmt: skip
     _run("train.py", config, tmp)
     run = tmp / "runs" / "pretrain" / "version_0"
@@ -52,6 +60,7 @@ def _finetune_config(tmp: Path, ckpt: Path, mode: str) -> dict:
                  "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0,
                                "augmentation": mode}},
         "trainer": _trainer(tmp, mode),
+        "tracker": tensorboard_tracker(tmp / "tb"),
     }  # fmt: skip
 
 
@@ -76,6 +85,9 @@ def test_finetune__from_pretraining_checkpoint_then_evaluate_only(finetuned):
     # an evaluation logs into a folder of its own: the training run's metrics and checkpoint stay
     assert (run / "metrics.csv").read_text() == metrics and checkpoint.read_bytes() == saved
     assert (run.parent / "version_1").is_dir()
+    # the tracker saw both runs' accuracies: the pretraining's kNN monitor, the fine-tuning's validation
+    assert len(tensorboard_events(tmp / "tb" / "pretrain" / "version_0").Scalars("val/knn_acc1")) == 1
+    assert len(tensorboard_events(tmp / "tb" / "finetune" / "version_0").Scalars("val/acc1")) == 1
 
 
 def test_linprobe__from_pretraining_checkpoint(pretrained):

@@ -1,9 +1,10 @@
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from mae.inference.reconstruction import denormalize, reconstruct, reconstruction_grid
 from mae.models import MaskedAutoencoderViT
 from mae.training.callbacks import ReconstructionCallback
-from tests.helpers import TINY
+from tests.helpers import TINY, tensorboard_events
 
 
 def test_reconstruct__norm_pix_prediction_is_unnormalised_with_target_statistics():
@@ -28,14 +29,6 @@ def test_reconstruction_grid__four_columns_one_row_per_image():
     torch.testing.assert_close(denormalize(torch.zeros(1, 3, 1, 1)).flatten(), torch.tensor([0.485, 0.456, 0.406]))
 
 
-class _ImageLogger:
-    def __init__(self):
-        self.logged = []
-
-    def log_image(self, key, images, step):
-        self.logged.append((key, images[0].shape, step))
-
-
 class _Trainer:
     def __init__(self, tmp_path, logger):
         self.log_dir = str(tmp_path)
@@ -46,15 +39,17 @@ class _Trainer:
         self.train_dataloader = [(torch.randn(5, 3, 32, 32), torch.zeros(5))]
 
 
-def test_reconstruction_callback__writes_png_and_sends_it_to_the_logger(tmp_path):
+def test_reconstruction_callback__writes_png_and_sends_it_to_the_tracker(tmp_path):
     torch.manual_seed(0)
     module = type("M", (), {})()
     module.network = module.model = MaskedAutoencoderViT(**TINY)
     module.mask_ratio = 0.75
     module.device = torch.device("cpu")
-    logger = _ImageLogger()
+    logger = TensorBoardLogger(tmp_path / "tb", name="run", version=0)
     callback = ReconstructionCallback(num_images=3)
     path = callback.render(_Trainer(tmp_path, logger), module, 3, tmp_path / "reconstructions")
     assert path == tmp_path / "reconstructions" / "epoch_0003.png" and path.stat().st_size > 0
-    assert logger.logged == [("reconstructions", (3, 3 * 34 + 2, 4 * 34 + 2), 7)]
+    logger.experiment.flush()
+    (figure,) = tensorboard_events(tmp_path / "tb" / "run" / "version_0").Images("reconstructions")
+    assert (figure.step, figure.height, figure.width) == (6, 3 * 34 + 2, 4 * 34 + 2)  # the step of the last update
     assert module.model.training  # mode restored

@@ -41,10 +41,6 @@ def recipes_parser() -> ArgumentParser:
     return parser
 
 
-def _command_of(folder: str) -> str:
-    return next((c.name for c in COMMANDS if folder in c.recipes), "?")
-
-
 def run_recipes(args: Namespace) -> list[str]:
     """Print the recipes (or one recipe's text); returns the lines printed."""
     if args.show is not None:
@@ -62,9 +58,12 @@ def run_recipes(args: Namespace) -> list[str]:
     lines = []
     width = max(len(r.name.split("/")[1]) for r in recipes) + 2
     for folder in dict.fromkeys(r.folder for r in recipes):
-        command = _command_of(folder)
-        own = BY_NAME[command].recipes[0] == folder
-        lines.append(f"{folder} (mae {command} --config {'NAME' if own else folder + '/NAME'}):")
+        users = [c.name for c in COMMANDS if folder in c.recipes]
+        if len(users) > 1:  # stacked on another command's recipe (loggers/)
+            lines.append(f"{folder} (stacked: mae {'|'.join(users)} --config RECIPE --config {folder}/NAME):")
+        else:
+            own = BY_NAME[users[0]].recipes[0] == folder
+            lines.append(f"{folder} (mae {users[0]} --config {'NAME' if own else folder + '/NAME'}):")
         for recipe in (r for r in recipes if r.folder == folder):
             lines.append(f"  {recipe.name.split('/')[1]:<{width}}{recipe.summary}")
         lines.append("")

@@ -38,13 +38,14 @@ ABOUT = "About"
 
 # fmt: off
 COMMANDS = (
-    Command("pretrain", "mae.cli.train", "MAE pretraining (mae pretrain --config default)", TRAIN, ("pretrain",)),
+    Command("pretrain", "mae.cli.train", "MAE pretraining (mae pretrain --config default)", TRAIN,
+            ("pretrain", "loggers")),
     Command("finetune", "mae.cli.finetune", "fine-tuning or linear probing of a pretrained encoder", TRAIN,
-            ("finetune", "linprobe")),
+            ("finetune", "linprobe", "loggers")),
     Command("detect", "mae.cli.dense", "detection and instance segmentation (ViTDet's pyramid, torchvision's "
-            "detectors)", TRAIN, ("detect",), main="detect_main", parser="detect_parser"),
+            "detectors)", TRAIN, ("detect", "loggers"), main="detect_main", parser="detect_parser"),
     Command("segment", "mae.cli.dense", "semantic segmentation (UperNet on the feature pyramid)", TRAIN,
-            ("segment",), main="segment_main", parser="segment_parser"),
+            ("segment", "loggers"), main="segment_main", parser="segment_parser"),
     Command("knn", "mae.cli.knn", "kNN accuracy of a pretrained encoder on a data module", USE),
     Command("probe", "mae.cli.probe", "a converged linear probe of a pretrained encoder (cached features)", USE),
     Command("export", "mae.cli.export", "the encoder as a plain timm ViT (.safetensors) or as ONNX", USE),

@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -29,6 +30,7 @@ from mae.training.callbacks import (
 )
 from mae.training.resume import prepare_resume
 from mae.training.runtime import default_lightning_precision, keep_freed_memory
+from mae.training.trackers import TRACKER_FILE, AttachTracker, tracker_spec, where_to_look
 
 
 def trainer_defaults(run_name: str) -> dict[str, Any]:
@@ -79,6 +81,12 @@ class _MAECLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(ImageThroughputMonitor, "throughput")
+        parser.add_subclass_arguments(
+            Logger, "tracker", instantiate=False, required=False,
+            help="An experiment tracker beside the CSV metrics, continued on resume (mae.training.trackers): "
+            "a Lightning logger and its own settings; recipes: --config loggers/tensorboard | loggers/mlflow | "
+            "loggers/wandb",
+        )  # fmt: skip
         parser.add_argument(
             "--ckpt_path",
             type=str | None,
@@ -238,7 +246,15 @@ def build(
     harden_trainer(cli.trainer)
     quiet_trainer(cli.trainer)
     fitting = not cli.config.get("validate_only", False)
-    return cli, prepare_resume(cli.trainer, cli.model, cli.config.ckpt_path, fitting)
+    try:
+        tracker = tracker_spec(cli.config.get("tracker"))
+    except ValueError as err:
+        cli.parser.error(str(err))
+    ckpt_path, resume_step = prepare_resume(cli.trainer, cli.model, cli.config.ckpt_path, fitting)
+    if tracker is not None:
+        config = cli.config.as_dict()
+        cli.trainer.callbacks.append(AttachTracker(tracker, config, resume_step if fitting else None))
+    return cli, ckpt_path
 
 
 class _ParserBuilt(Exception):
@@ -268,7 +284,7 @@ def cli_parser(
 
 
 # What a run writes into its run folder before its first step (LightningCLI's config, the logger's files).
-BEFORE_FIRST_STEP = ("config.yaml", "hparams.yaml", "metrics.csv")
+BEFORE_FIRST_STEP = ("config.yaml", "hparams.yaml", "metrics.csv", TRACKER_FILE)
 
 
 def run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:
@@ -334,6 +350,7 @@ def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
     predictions = [cb.last_path for cb in trainer.callbacks if isinstance(cb, PredictionFigures) and cb.last_path]
     if predictions:
         lines.append(f"  {'predictions:':<18}{predictions[0]}")
+    lines += [f"  {label:<18}{text}" for label, text in where_to_look(trainer)]
     losses = getattr(trainer.lightning_module, "epoch_losses", [])
     if losses:
         shown = " -> ".join(f"{v:.4f}" for v in losses)

@@ -94,14 +94,18 @@ class KeepMetrics(pl.Callback):
             self.rows = []
 
 
-def prepare_resume(trainer: pl.Trainer, model: pl.LightningModule, ckpt_path: str | None, fitting: bool) -> str | None:
+def prepare_resume(
+    trainer: pl.Trainer, model: pl.LightningModule, ckpt_path: str | None, fitting: bool
+) -> tuple[str | None, int | None]:
     """``--ckpt_path`` resolved (``last``: ``resolve_ckpt_path``) and validated against ``model``
     before any work; when ``fitting``, the checkpoint's run folder is continued (an evaluation logs
-    into a folder of its own). Returns the checkpoint to resume from, or None."""
+    into a folder of its own). Returns the checkpoint to resume from and its global step (None, None:
+    a fresh start)."""
     ckpt_path = resolve_ckpt_path(trainer, ckpt_path)
-    if ckpt_path is not None:
-        step = check_resume_checkpoint(ckpt_path, model)
-        keep_metrics = continue_in_run_folder(trainer, ckpt_path, step) if fitting else None
-        if keep_metrics is not None:
-            trainer.callbacks.append(keep_metrics)
-    return ckpt_path
+    if ckpt_path is None:
+        return None, None
+    step = check_resume_checkpoint(ckpt_path, model)
+    keep_metrics = continue_in_run_folder(trainer, ckpt_path, step) if fitting else None
+    if keep_metrics is not None:
+        trainer.callbacks.append(keep_metrics)
+    return ckpt_path, step

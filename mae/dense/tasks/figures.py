@@ -10,6 +10,7 @@ from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks, make
 
 from mae.io.atomic import atomic_write
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
+from mae.training.trackers import log_figure
 
 SMALL = 192  # panels smaller than this many pixels a side are enlarged by a whole factor
 
@@ -104,3 +105,4 @@ class PredictionFigures(PeriodicMonitor):
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"epoch_{epoch:04d}.png"
         self.last_path = atomic_write(path, lambda tmp: save_image(grid, tmp, format="png"))
+        log_figure(trainer, "predictions", grid)

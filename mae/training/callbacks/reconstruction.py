@@ -1,16 +1,16 @@
-"""Periodic reconstruction figures of a fixed batch, saved as PNG and sent to the logger."""
+"""Periodic reconstruction figures of a fixed batch, saved as PNG and sent to the run's tracker."""
 
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import save_image
 
 from mae.data import ImageDataModule
 from mae.inference.reconstruction import reconstruct, reconstruction_grid
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
 from mae.training.pretrain import MAEPretrainModule
+from mae.training.trackers import log_figure
 
 
 class ReconstructionCallback(PeriodicMonitor):
@@ -86,9 +86,5 @@ class ReconstructionCallback(PeriodicMonitor):
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"epoch_{epoch:04d}.png"
         save_image(grid, path)
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_image("reconstructions", grid, trainer.global_step)
-            elif hasattr(logger, "log_image"):  # W&B, Neptune, MLflow
-                logger.log_image(key="reconstructions", images=[grid], step=trainer.global_step)
+        log_figure(trainer, "reconstructions", grid)
         return path
