@@ -9,7 +9,16 @@ import torch
 import yaml
 
 from mae.convert.backbone import load_backbone
-from tests.helpers import TINY_MODEL, csv_logger, run_process, run_script, write_config, write_image_folder
+from tests.helpers import (
+    TINY_MODEL,
+    csv_logger,
+    run_process,
+    run_script,
+    tensorboard_events,
+    tensorboard_tracker,
+    write_config,
+    write_image_folder,
+)
 
 pytestmark = [pytest.mark.ddp, pytest.mark.timeout(900)]  # the module fixture runs two 400 s-limited commands
 
@@ -59,6 +68,7 @@ def setup(tmp_path_factory):
         "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "log_every_n_steps": 1,
                     "logger": csv_logger(tmp, "unnamed")},
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
+        "tracker": tensorboard_tracker(tmp / "tb"),
     }  # fmt: skip
     outputs = {name: _run("train.py", base, tmp, name, devices) for name, devices in (("ddp", 2), ("single", 1))}
     return tmp, base, outputs
@@ -77,6 +87,11 @@ def test_ddp_pretraining__same_update_lr_and_validation_as_one_process(setup):
         p.name for p in (tmp / "single" / "ckpts").iterdir()
     )
     assert len(list((tmp / "runs" / "ddp" / "version_0" / "reconstructions").glob("*.png"))) == 1
+    # one process (rank 0) wrote the tracker's events, and the other waited on nothing of it
+    assert [p.name for p in (tmp / "tb" / "ddp").iterdir()] == ["version_0"]
+    assert len(list((tmp / "tb" / "ddp" / "version_0").glob("events.out.tfevents.*"))) == 1
+    tracked = tensorboard_events(tmp / "tb" / "ddp" / "version_0")
+    assert len(tracked.Scalars("train/loss_step")) == 1 and len(tracked.Images("reconstructions")) == 1
 
 
 def test_ddp_checkpoints__resume_across_process_counts_and_load_as_backbone(setup):

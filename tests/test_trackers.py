@@ -167,7 +167,7 @@ def mlflow_server(tmp_path):
 def test_mlflow__scalars_figure_settings_and_one_run_across_a_sigterm_and_resume(tmp_path, mlflow_server):
     from mlflow.tracking import MlflowClient
 
-    config = _config(tmp_path, "mlflow", tracking_uri=mlflow_server, experiment_name="trackers-test")
+    config = _config(tmp_path, "mlflow", tracking_uri=mlflow_server, experiment_name="trackers-test", log_model=True)
     run, out = _sigterm_then_resume(tmp_path, config)
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name("trackers-test")
@@ -183,6 +183,10 @@ def test_mlflow__scalars_figure_settings_and_one_run_across_a_sigterm_and_resume
     assert params["versions/torch"].startswith("2.")
     artifacts = {a.path for a in client.list_artifacts(tracked.info.run_id)}
     assert "config.yaml" in artifacts and "images" in artifacts
+    # log_model: each checkpoint as it is written, the last one with the final weights
+    assert {"epoch_0000", "epoch_0002", "last"} <= artifacts
+    stored = client.download_artifacts(tracked.info.run_id, "last/last.ckpt", str(tmp_path / "download"))
+    assert Path(stored).read_bytes() == (run / "checkpoints" / "last.ckpt").read_bytes()
     figures = [a.path for a in client.list_artifacts(tracked.info.run_id, "images")]
     steps = sorted(
         int(m.group(1)) for name in figures if (m := re.search(r"/reconstructions\+step\+(\d+)\+.*\.png$", name))
