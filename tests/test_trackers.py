@@ -265,6 +265,18 @@ def test_spec__a_setting_the_run_folder_decides_is_refused_by_name(class_path, k
         tracker_spec({"class_path": class_path, "init_args": {key: "x"}})
 
 
+def test_spec__a_tracker_whose_client_is_missing_names_the_extra_before_any_work(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    with pytest.raises(
+        ValueError, match=r"WandbLogger needs wandb, which is not installed: pip install \"mae-lightning\[tracking\]\""
+    ):
+        tracker_spec({"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {}})
+    assert tracker_spec({"class_path": "lightning.pytorch.loggers.MLFlowLogger", "init_args": {}}) is not None
+
+
 def test_recipes__each_parses_on_top_of_the_default_recipe():
     """The three shipped recipes stack on a training recipe (``--print_config``, nothing run)."""
     from mae.cli.train import build_parser

@@ -21,6 +21,7 @@ other processes.
 """
 
 import importlib
+import importlib.util
 import inspect
 import json
 import secrets
@@ -47,6 +48,12 @@ FOLDER_SETTINGS = {
     MLFLOW: ("run_id",),
     WANDB: ("save_dir", "dir", "id", "version", "resume"),
 }
+# The client each tracker needs (the tracking extra): its package, and the modules any of which will do.
+CLIENTS = {
+    TENSORBOARD: ("tensorboard", ("tensorboard", "tensorboardX")),
+    MLFLOW: ("mlflow-skinny", ("mlflow",)),
+    WANDB: ("wandb", ("wandb",)),
+}
 VERSIONED_PACKAGES = ("torch", "torchvision", "timm", "lightning", "mae-lightning")
 
 
@@ -55,7 +62,8 @@ def tracker_spec(value: Any) -> dict[str, Any] | None:
     before any work.
 
     Raises:
-        ValueError: a setting the run folder decides is set, naming it and why.
+        ValueError: a setting the run folder decides is set, naming it and why; the tracker's client is
+            not installed, naming the extra.
     """
     if value is None:
         return None
@@ -70,6 +78,12 @@ def tracker_spec(value: Any) -> dict[str, Any] | None:
         raise ValueError(
             f"tracker.init_args.{taken[0]}: set by the run folder, so that a resumed run continues the same "
             f"tracked run; remove it (the run folder is trainer.logger's save_dir / name / version)"
+        )
+    client = CLIENTS.get(class_path)
+    if client is not None and not any(importlib.util.find_spec(module) for module in client[1]):
+        raise ValueError(
+            f"tracker: {class_path.rsplit('.', 1)[1]} needs {client[0]}, which is not installed: "
+            f'pip install "mae-lightning[tracking]" (or pip install {client[0]})'
         )
     if class_path == WANDB and init_args.get("offline") and init_args.get("log_model"):
         raise ValueError(
