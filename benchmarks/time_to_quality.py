@@ -19,7 +19,9 @@ the whole run, loader included). Writes ``results.json``, ``table.md`` (mean ± 
 
 Variants: ``default`` (the paper), ``partial-0.25`` / ``partial-0.5`` (``decoder_keep_ratio``),
 ``cross`` (``decoder_type: cross``), ``cross-partial-0.25``, ``low-res`` (pretraining at half the image
-side, ``configs/pretrain/default_lowres.yaml``) and ``fast`` (``configs/pretrain/default_fast.yaml``).
+side, ``configs/pretrain/default_lowres.yaml``), ``fast`` (``configs/pretrain/default_fast.yaml``),
+``progressive`` (half the side for 80 % of the epochs, then the full one,
+``configs/pretrain/default_progressive.yaml``) and ``progressive-0.6`` (the full side from 60 % on).
 """
 
 import argparse
@@ -56,6 +58,9 @@ class Variant:
 
     switches: dict = field(default_factory=dict)
     resolution: float = 1.0
+    # Progressive resolution (model.resolution_schedule): (start fraction of the epochs, image side as a
+    # fraction of the full one) per phase, the last at 1.0; the run is built, evaluated and saved at the full size.
+    phases: tuple[tuple[float, float], ...] = ()
 
 
 VARIANTS = {
@@ -66,6 +71,8 @@ VARIANTS = {
     "cross-partial-0.25": Variant({"decoder_type": "cross", "decoder_keep_ratio": 0.25}),
     "low-res": Variant(resolution=0.5),  # configs/pretrain/default_lowres.yaml
     "fast": Variant({"decoder_type": "cross", "decoder_keep_ratio": 0.5}, resolution=0.75),  # default_fast.yaml
+    "progressive": Variant(phases=((0.0, 0.5), (0.8, 1.0))),  # configs/pretrain/default_progressive.yaml
+    "progressive-0.6": Variant(phases=((0.0, 0.5), (0.6, 1.0))),  # 40 % of the epochs at the full size
 }
 
 
@@ -128,8 +135,14 @@ def pretrain(args: argparse.Namespace, name: str, seed: int, out: Path) -> dict:
     """Pretrain variant ``name`` for the recipe's epochs; its sizes, speed and per-epoch snapshots."""
     settings, variant = recipe(args), VARIANTS[name]
     pl.seed_everything(seed)
-    size = pretrain_size(args.img_size, _patch_size(settings["model"]), variant.resolution)
-    module = MAEPretrainModule(img_size=size, **{**settings["model"], **variant.switches})
+    patch = _patch_size(settings["model"])
+    size = pretrain_size(args.img_size, patch, variant.resolution)
+    switches = dict(variant.switches)
+    if variant.phases:
+        switches["resolution_schedule"] = [
+            [start, pretrain_size(args.img_size, patch, r)] for start, r in variant.phases
+        ]
+    module = MAEPretrainModule(img_size=size, **{**settings["model"], **switches})
     snapshots = EpochSnapshots(out / "snapshots")
     trainer = pl.Trainer(
         max_epochs=settings["epochs"], accelerator="auto", devices=1, precision=default_lightning_precision(),
@@ -138,7 +151,8 @@ def pretrain(args: argparse.Namespace, name: str, seed: int, out: Path) -> dict:
     )  # fmt: skip
     trainer.fit(module, datamodule=make_data(args, size, "pretrain", settings["batch_size"]))
     wall = snapshots.rows[-1]["elapsed_s"]
-    return {"img_size": size, "epochs": len(snapshots.rows), "steps": trainer.global_step, "wall_s": wall,
+    shown = "->".join(str(side) for _, side in switches["resolution_schedule"]) if variant.phases else size
+    return {"img_size": shown, "epochs": len(snapshots.rows), "steps": trainer.global_step, "wall_s": wall,
             "images_per_s": snapshots.images / wall, "gflops_per_step": module.flops_per_batch / 1e9,
             "snapshots": snapshots.rows}  # fmt: skip
 
@@ -269,6 +283,9 @@ def step_throughput(args: argparse.Namespace) -> list[dict]:
     steps = {}
     for name in args.variants:
         variant = VARIANTS[name]
+        if variant.phases:
+            print(f"{name}: left out of the step throughput (its steps are those of its phases' sizes)")
+            continue
         torch.manual_seed(0)
         size = pretrain_size(args.img_size, _patch_size(model_settings), variant.resolution)
         model = create_model(model_settings["model"], img_size=size, norm_pix_loss=True,

@@ -118,8 +118,7 @@ class MaskedAutoencoderViT(nn.Module):
         # Encoder: exactly timm VisionTransformer's parts and names.
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         grid_size = self.patch_embed.grid_size
-        if mask_strategy == "grid" and (grid_size[0] % 2 or grid_size[1] % 2):
-            raise ValueError(f"grid masking needs an even patch grid, got {grid_size[0]}x{grid_size[1]}")
+        self._check_grid(grid_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         # Fixed sin-cos position embeddings: buffers, so no optimizer ever sees them.
         self.register_buffer("pos_embed", sincos_2d(embed_dim, grid_size).unsqueeze(0))
@@ -143,6 +142,24 @@ class MaskedAutoencoderViT(nn.Module):
         self.decoder_pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
 
         self.initialize_weights()
+
+    def _check_grid(self, grid_size: tuple[int, int]) -> None:
+        if self.mask_strategy == "grid" and (grid_size[0] % 2 or grid_size[1] % 2):
+            raise ValueError(f"grid masking needs an even patch grid, got {grid_size[0]}x{grid_size[1]}")
+
+    def set_img_size(self, img_size: int | tuple[int, int]) -> None:
+        """Take inputs of ``img_size`` from now on (same patch size): the patch grid and both fixed sin-cos
+        position embeddings are those of a model built at that size (recomputed, not interpolated); every
+        learned weight stays. ``config["img_size"]`` (what checkpoints record) is left as built."""
+        img_size = check_img_size(img_size, self.patch_size)
+        grid_size = (img_size[0] // self.patch_size, img_size[1] // self.patch_size)
+        self._check_grid(grid_size)
+        if grid_size == self.grid_size:
+            return
+        self.patch_embed.set_input_size(img_size=img_size)
+        for name in ("pos_embed", "decoder_pos_embed"):
+            old = getattr(self, name)
+            setattr(self, name, sincos_2d(old.shape[-1], grid_size).unsqueeze(0).to(old))
 
     def initialize_weights(self) -> None:
         """Xavier-uniform linears and patch projection (as a linear), normal(0.02) tokens."""

@@ -1,5 +1,7 @@
 """The pretraining ``LightningModule``: a thin wrapper that trains ``MaskedAutoencoderViT``."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +23,7 @@ from mae.training.optim import (
     per_device_batch_size,
     weight_decay_groups,
 )
+from mae.training.resolution import ResolutionSchedule, resize_batch
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "in_chans", "norm_pix_loss", "mask_strategy", "decoder_type", "decoder_keep_ratio",
@@ -77,6 +80,11 @@ class MAEPretrainModule(MAETrainingModule):
         freeze_encoder_epochs: train only the decoder for this many first epochs (the encoder's lr is
             0; its gradients are still computed, so multi-GPU runs stay in step): a fresh decoder on a
             pretrained encoder.
+        resolution_schedule: progressive resolution (``mae.training.resolution``): ``[[start, size], ...]``,
+            ``start`` a fraction of ``trainer.max_epochs``, the last size ``data.img_size``; e.g.
+            ``[[0, 16], [0.8, 32]]``. Each training batch is resized (antialiased) to its epoch's size and
+            the position embeddings are recomputed for that grid; the mask ratio, batch size and lr stay;
+            validation, the monitors and every checkpoint see the final size. None: one size throughout.
     """
 
     network_attribute = "model"
@@ -105,6 +113,7 @@ class MAEPretrainModule(MAETrainingModule):
         init_from: str | None = None,
         init_format: str = "auto",
         freeze_encoder_epochs: int = 0,
+        resolution_schedule: list[list] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -123,6 +132,13 @@ class MAEPretrainModule(MAETrainingModule):
         )  # fmt: skip
         self.model.check_mask_ratio(mask_ratio)  # at start-up, once: training steps pass it unchanged
         self.model.check_decoded_patches(mask_ratio)
+        self.resolution = None
+        if resolution_schedule is not None:
+            self.resolution = ResolutionSchedule.parse(resolution_schedule, img_size, self.model.patch_size)
+            for _, size in self.resolution.phases:  # each phase's grid: masking must leave visible patches
+                with self.at_img_size(size):
+                    self.model.check_mask_ratio(mask_ratio)
+                    self.model.check_decoded_patches(mask_ratio)
         self.init_report = None
         if init_from is not None:
             if not Path(init_from).exists():
@@ -140,8 +156,54 @@ class MAEPretrainModule(MAETrainingModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            self.flops_per_batch = mae_train_flops(self.model, per_device_batch_size(self.trainer), self.mask_ratio)
+            if self.resolution is not None and (self.trainer.max_epochs or -1) < 1:
+                raise ValueError("model.resolution_schedule is in fractions of the epochs: set trainer.max_epochs")
+            self._count_flops()
         super().setup(stage)
+
+    def _count_flops(self) -> None:
+        self.flops_per_batch = mae_train_flops(self.model, per_device_batch_size(self.trainer), self.mask_ratio)
+
+    # ------------------------------------------------------------------ progressive resolution
+    @property
+    def img_size(self) -> tuple[int, int]:
+        """The input size the model takes now (a phase's of ``model.resolution_schedule``, else the built one)."""
+        return (self.model.grid_size[0] * self.model.patch_size, self.model.grid_size[1] * self.model.patch_size)
+
+    @contextmanager
+    def at_img_size(self, size: tuple[int, int] | None = None) -> Iterator[None]:
+        """The model at ``size`` (default: the built, final size) inside the block, at its size before after."""
+        before = self.img_size
+        self.model.set_img_size(size if size is not None else self.model.config["img_size"])
+        try:
+            yield
+        finally:
+            self.model.set_img_size(before)
+
+    def on_train_epoch_start(self) -> None:
+        if self.resolution is not None:
+            size = self.resolution.size_at(self.current_epoch, self.trainer.max_epochs)
+            if size != self.img_size:
+                rank_zero_info(
+                    f"model.resolution_schedule: epoch {self.current_epoch + 1} on, {size[0]}x{size[1]} inputs"
+                )
+                self.model.set_img_size(size)
+                self._count_flops()
+
+    def on_validation_start(self) -> None:
+        self._training_size = self.img_size  # validation and the monitors see the final size
+        self.model.set_img_size(self.model.config["img_size"])
+
+    def on_validation_end(self) -> None:
+        self.model.set_img_size(self._training_size)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        # The checkpoint holds the final size's position embeddings, whatever phase it is saved in, so
+        # that it loads into the model its architecture record describes.
+        with self.at_img_size():
+            for name in ("pos_embed", "decoder_pos_embed"):
+                checkpoint["state_dict"][f"model.{name}"] = getattr(self.model, name).detach().clone()
 
     def architecture_record(self) -> dict[str, Any]:
         return mae_record(self.model.config, prefix="model.")
@@ -165,7 +227,7 @@ class MAEPretrainModule(MAETrainingModule):
         self.lr_schedulers().step_update(num_updates=self.global_step)  # this step's lr with those scales
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        imgs = model_input(batch)
+        imgs = resize_batch(model_input(batch), self.img_size)  # a phase of model.resolution_schedule
         loss, _, _ = self.model(imgs, self.mask_ratio)
         self.log_training_loss(loss, imgs.shape[0])
         return loss

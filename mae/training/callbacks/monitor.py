@@ -1,6 +1,7 @@
 """What the periodic monitors (reconstruction figures, kNN, linear probe) share: when they run, the
 data they may evaluate on, and evaluating without touching the training run."""
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,12 +59,14 @@ def evaluation_data(trainer: pl.Trainer) -> ImageDataModule | None:
 def evaluating(pl_module: pl.LightningModule, network: nn.Module) -> Iterator[nn.Module]:
     """``network`` in evaluation mode (its mode restored after), with the RNG of the CPU and of the
     module's CUDA device forked: loaders and transforms draw from it, and monitoring must never change
-    the training run."""
+    the training run; a module with phases of input size evaluates at its final size."""
     was_training = network.training
     network.eval()
     devices = [pl_module.device] if pl_module.device.type == "cuda" else []
+    # a progressive-resolution run (model.resolution_schedule) is monitored at its final size
+    final_size = getattr(pl_module, "at_img_size", contextlib.nullcontext)
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), final_size():
             yield network
     finally:
         network.train(was_training)
