@@ -34,7 +34,8 @@ def test_set_img_size__position_embeddings_equal_a_fresh_model_built_at_that_siz
 def test_schedule__sizes_per_epoch_and_each_bad_phase_named():
     schedule = ResolutionSchedule.parse([[0, 16], [0.8, 32]], 32, 4)
     assert [schedule.size_at(e, 30)[0] for e in range(30)] == [16] * 24 + [32] * 6
-    assert [schedule.size_at(e, 7)[0] for e in range(7)] == [16] * 6 + [32]  # 0.8 x 7 = 5.6: from epoch 6 (0-based)
+    assert [schedule.size_at(e, 7)[0] for e in range(7)] == [16] * 5 + [32] * 2  # 0.8 x 7 = 5.6: from epoch 5 (0-based)
+    assert [schedule.size_at(e, 2)[0] for e in range(2)] == [16, 32]  # the final phase is never left out
     for value, message in [
         ([[0, 16], [0.8, 24]], r"last phase's size 24x24 must be data.img_size 32x32"),
         ([[0.1, 16], [0.8, 32]], r"starts must rise from 0"),

@@ -32,15 +32,15 @@ def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(ttq, tmp_p
     table = ttq.main([
         "--data", "imagefolder", "--root", str(tmp_path / "data"), "--img-size", "16", "--model-kwargs",
         json.dumps(TINY), "--batch-size", "8", "--epochs", "2", "--seeds", "0", "--budgets", "0.5", "1",
-        "--variants", "low-res", "fast", "--probe-max-epochs", "2", "--keep-checkpoints",
+        "--variants", "low-res", "fast", "progressive", "--probe-max-epochs", "2", "--keep-checkpoints",
         "--out", str(out),
     ])  # fmt: skip
-    for name in ("default", "low-res", "fast"):
+    for name in ("default", "low-res", "fast", "progressive"):
         assert f"| {name} |" in table
     assert "default recipe's final linear probe" in table
     runs = json.loads((out / "results.json").read_text())["runs"][0]
-    assert list(runs) == ["default", "low-res", "fast"]  # the default first: it sets the budgets
-    assert (runs["low-res"]["img_size"], runs["fast"]["img_size"]) == (8, 12)
+    assert list(runs) == ["default", "low-res", "fast", "progressive"]  # the default first: it sets the budgets
+    assert (runs["low-res"]["img_size"], runs["fast"]["img_size"], runs["progressive"]["img_size"]) == (8, 12, "8->16")
     default_s = runs["default"]["wall_s"]
     for run in runs.values():
         assert run["epochs"] == 2 and run["steps"] == 6 and run["images_per_s"] > 0
@@ -53,6 +53,8 @@ def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(ttq, tmp_p
     assert runs["default"]["budgets"]["1.0"]["epoch"] == 2  # the default reaches its end within 100 %
     assert runs["fast"]["gflops_per_step"] < runs["default"]["gflops_per_step"]
     assert runs["low-res"]["gflops_per_step"] < runs["default"]["gflops_per_step"]
+    # progressive: its last epoch at the full size, so its FLOPs per step end at the default's
+    assert runs["progressive"]["gflops_per_step"] == pytest.approx(runs["default"]["gflops_per_step"])
 
     # the final kNN, independently: the kept checkpoint through load_backbone at the full size
     final = runs["fast"]["snapshots"][-1]["path"]
@@ -89,3 +91,23 @@ def test_variants__the_recipes_are_the_shipped_configs(ttq):
         variant = ttq.VARIANTS[name]
         assert stacked["data"]["init_args"]["img_size"] == ttq.pretrain_size(full, 4, variant.resolution)
         assert stacked.get("model", {}) == variant.switches
+    stacked = yaml.safe_load((REPO / "configs" / "pretrain" / "default_progressive.yaml").read_text())
+    phases = ttq.VARIANTS["progressive"].phases
+    assert stacked["model"]["resolution_schedule"] == [[start, ttq.pretrain_size(full, 4, r)] for start, r in phases]
+
+
+def test_readme__the_progressive_table_is_the_benchmarks_results():
+    """README's progressive-resolution rows carry the numbers benchmarks/results/time_to_quality_progressive
+    holds (its table, less the GFLOP/step column), row for row."""
+
+    def rows(text: str) -> dict[str, list[str]]:
+        cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+        return {row[0].split(" (")[0]: row[1:] for row in cells if row[0] != "variant"}
+
+    measured = rows((REPO / "benchmarks" / "results" / "time_to_quality_progressive" / "table.md").read_text())
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("**Progressive resolution**") : readme.index("time_to_quality_progressive/accuracy")]
+    shown = rows(section)
+    assert list(shown) == list(measured) == ["default", "progressive", "progressive-0.6"]
+    for name, cells in measured.items():
+        assert shown[name] == cells[:2] + cells[3:], name  # without GFLOP/step

@@ -64,10 +64,11 @@ class ResolutionSchedule:
 
     def size_at(self, epoch: int, max_epochs: int) -> tuple[int, int]:
         """The input size of 0-based ``epoch`` of a ``max_epochs`` run: that of the last phase whose first
-        epoch (``ceil(start * max_epochs)``, so a phase never starts inside an epoch) is at most ``epoch``."""
+        epoch, ``floor(start * max_epochs)``, is at most ``epoch`` (a phase starts on a whole epoch, and a
+        phase that starts before the end, the final one above all, is never left empty)."""
         size = self.phases[0][1]
         for start, phase_size in self.phases:
-            if math.ceil(start * max_epochs - 1e-9) <= epoch:
+            if math.floor(start * max_epochs + 1e-9) <= epoch:
                 size = phase_size
         return size
 
