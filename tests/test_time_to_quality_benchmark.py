@@ -111,3 +111,19 @@ def test_readme__the_progressive_table_is_the_benchmarks_results():
     assert list(shown) == list(measured) == ["default", "progressive", "progressive-0.6"]
     for name, cells in measured.items():
         assert shown[name] == cells[:2] + cells[3:], name  # without GFLOP/step
+
+
+def test_shapes_folder__class_folders_of_each_shape_and_an_existing_folder_refused(tmp_path):
+    spec = importlib.util.spec_from_file_location("shapes_folder", REPO / "benchmarks" / "shapes_folder.py")
+    shapes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shapes)
+    shapes.main(["--out", str(tmp_path / "shapes"), "--train", "3", "--val", "2", "--size", "24"])
+    data = ImageFolderDataModule(tmp_path / "shapes", img_size=24, batch_size=4, augmentation="none", num_workers=0)
+    data.setup()
+    assert (len(data.train_set), len(data.val_set)) == (12, 8)
+    images = sorted((tmp_path / "shapes" / "train").glob("*/*.png"))
+    assert sorted({p.parent.name for p in images}) == sorted(shapes.CLASSES)
+    first = images[0].read_bytes()
+    with pytest.raises(SystemExit, match="exists"):
+        shapes.main(["--out", str(tmp_path / "shapes")])
+    assert images[0].read_bytes() == first  # nothing overwritten
