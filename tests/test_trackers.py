@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from mae.training.callbacks import PREEMPTED_EXIT_CODE
-from mae.training.trackers import TRACKER_FILE, tracker_spec
+from mae.training.trackers import TRACKER_FILE, build_tracker, tracker_spec
 from tests.helpers import (
     REPO,
     TINY_MODEL,
@@ -275,6 +275,17 @@ def test_spec__a_tracker_whose_client_is_missing_names_the_extra_before_any_work
     ):
         tracker_spec({"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {}})
     assert tracker_spec({"class_path": "lightning.pytorch.loggers.MLFlowLogger", "init_args": {}}) is not None
+
+
+def test_mlflow__without_a_tracking_uri_a_sqlite_store_beside_the_run_folders(tmp_path, monkeypatch):
+    """MLflow 3 refuses its old folder store (./mlruns), Lightning's default: the run gets a database."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = tracker_spec({"class_path": "lightning.pytorch.loggers.MLFlowLogger", "init_args": {"tracking_uri": None}})
+    tracker = build_tracker(spec, tmp_path / "runs" / "pretrain_default" / "version_0", None)
+    assert tracker._tracking_uri == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert tracker._artifact_location == str(tmp_path / "runs" / "mlartifacts")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")  # the environment's store wins
+    assert build_tracker(spec, tmp_path / "runs" / "x" / "version_0", None)._tracking_uri == "http://127.0.0.1:1"
 
 
 def test_recipes__each_parses_on_top_of_the_default_recipe():

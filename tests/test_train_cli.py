@@ -148,3 +148,12 @@ def test_train__a_run_refused_before_its_first_step_leaves_no_run_folder(tmp_pat
     result = _run("--config", str(config))
     assert result.returncode == 2 and "this run has 0 optimizer steps" in result.stderr
     assert not (tmp_path / "runs" / "test" / "version_0").exists()  # the next run is version_0, not version_1
+    assert not (tmp_path / "runs").exists()  # nor the empty folders above it, which this run made
+
+
+def test_train__a_refused_run_leaves_folders_it_did_not_make(tmp_path):
+    data = {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 16, "batch_size": 16}}
+    config = _config(tmp_path, data, max_epochs=0)
+    (tmp_path / "runs" / "test").mkdir(parents=True)
+    assert _run("--config", str(config)).returncode == 2
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["test"] and not any((tmp_path / "runs" / "test").iterdir())

@@ -293,22 +293,29 @@ def run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:
     the run folder it had just created, so the next run does not become ``version_1``."""
     folder = Path(cli.trainer.log_dir) if cli.trainer.log_dir else None
     new_folder = stage == "fit" and folder is not None and not folder.exists()
+    # The folders above it this run creates (runs/, runs/pretrain_default/), deepest first.
+    new_parents = [p for p in folder.parents if not p.exists()] if new_folder else []
     try:
         return getattr(cli.trainer, stage)(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     except SIGTERMException:
         sys.exit(PREEMPTED_EXIT_CODE)
     except Exception:
         if new_folder and cli.trainer.global_step == 0 and cli.trainer.is_global_zero:
-            _remove_unused_run_folder(folder)
+            _remove_unused_run_folder(folder, new_parents)
         raise
 
 
-def _remove_unused_run_folder(folder: Path) -> None:
-    """Remove ``folder`` if it holds only what a run writes before its first step (nothing else is touched)."""
+def _remove_unused_run_folder(folder: Path, new_parents: list[Path]) -> None:
+    """Remove ``folder`` if it holds only what a run writes before its first step, then those of
+    ``new_parents`` (created by this run, deepest first) left empty; nothing else is touched."""
     if folder.is_dir() and all(p.is_file() and p.name in BEFORE_FIRST_STEP for p in folder.iterdir()):
         for path in folder.iterdir():
             path.unlink()
         folder.rmdir()
+        for parent in new_parents:
+            if not parent.is_dir() or any(parent.iterdir()):
+                break
+            parent.rmdir()
 
 
 def fit(cli: LightningCLI, ckpt_path: str | None) -> None:

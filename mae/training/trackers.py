@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import secrets
 import string
 from importlib import metadata
@@ -138,9 +139,16 @@ def build_tracker(spec: dict[str, Any], run_folder: Path, resume_step: int | Non
             init_args["purge_step"] = resume_step  # passed on to SummaryWriter
     elif class_path == MLFLOW:
         init_args.setdefault("experiment_name", "mae")
+        # Lightning reads $MLFLOW_TRACKING_URI once, at import; read here so the environment of the run wins.
+        init_args["tracking_uri"] = init_args.get("tracking_uri") or os.getenv("MLFLOW_TRACKING_URI")
+        if not init_args["tracking_uri"]:
+            # MLflow 3 refuses its old folder store: a SQLite database beside the run folders instead.
+            runs = run_folder.parent.parent.resolve()
+            init_args["tracking_uri"] = f"sqlite:///{runs / 'mlflow.db'}"
+            init_args.setdefault("artifact_location", str(runs / "mlartifacts"))
         saved = record.get("mlflow")
         if saved is not None and resume_step is not None:
-            tracking_uri = init_args.get("tracking_uri") or _default_mlflow_uri(init_args)
+            tracking_uri = init_args["tracking_uri"]
             if saved.get("tracking_uri") != tracking_uri:
                 raise ValueError(
                     f"{run_folder / TRACKER_FILE}: this run folder's MLflow run {saved['run_id']} is on "
@@ -153,14 +161,6 @@ def build_tracker(spec: dict[str, Any], run_folder: Path, resume_step: int | Non
         run_id = saved["id"] if saved is not None and resume_step is not None else _new_wandb_id()
         init_args |= {"save_dir": str(run_folder), "id": run_id}
     return _import(class_path)(**init_args)
-
-
-def _default_mlflow_uri(init_args: dict) -> str:
-    """Where Lightning's MLFlowLogger tracks without a ``tracking_uri``: $MLFLOW_TRACKING_URI, else a
-    file store at ``save_dir``."""
-    import os
-
-    return os.getenv("MLFLOW_TRACKING_URI") or f"file:{init_args.get('save_dir', './mlruns')}"
 
 
 def remember_run(tracker: Logger, run_folder: Path) -> None:
@@ -292,7 +292,7 @@ def where_to_look(trainer: pl.Trainer) -> list[tuple[str, str]]:
             if uri.startswith(("http://", "https://")):
                 where = f"{uri.rstrip('/')}/#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
             else:
-                where = f"run {logger.run_id} of experiment {logger.experiment_id} in {uri}"
+                where = f"run {logger.run_id} of experiment {logger.experiment_id}: mlflow ui --backend-store-uri {uri}"
             lines.append(("mlflow:", where))
         elif kind == "wandb" and logger._experiment is not None:
             run = logger.experiment
