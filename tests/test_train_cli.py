@@ -156,4 +156,5 @@ def test_train__a_refused_run_leaves_folders_it_did_not_make(tmp_path):
     config = _config(tmp_path, data, max_epochs=0)
     (tmp_path / "runs" / "test").mkdir(parents=True)
     assert _run("--config", str(config)).returncode == 2
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["test"] and not any((tmp_path / "runs" / "test").iterdir())
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["test"]
+    assert not any((tmp_path / "runs" / "test").iterdir())
