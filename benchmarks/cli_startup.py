@@ -6,7 +6,7 @@ reference), and a subcommand's ``--help`` (which builds its parser, so it import
     python benchmarks/cli_startup.py --rounds 3 --out benchmarks/results/cli_startup.json
 
 Rounds interleave the cases, so a slow moment of the machine falls on all of them. Nothing is asserted:
-the numbers go in README.
+the numbers go in docs/getting-started.md.
 """
 
 import argparse

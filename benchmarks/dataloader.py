@@ -167,7 +167,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--decode-device", default=None, help="also measure decoding batches there (cuda, cpu)")
     p.add_argument("--target", type=float, default=4900, help="training img/s per GPU to size workers for "
-                   "(default: ViT-B/16 pretraining on an H200, README)")  # fmt: skip
+                   "(default: ViT-B/16 pretraining on an H200, docs/performance.md)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     return p.parse_args(argv)
 

@@ -6,7 +6,7 @@
 # decoder variants (partial reconstruction, the cross decoder, low resolution, the fast recipe): ViT-B/16 step
 # throughput of each at batch 256, interleaved (benchmarks/time_to_quality.py --throughput-only, decoder_variants.json).
 # Results go to $OUT (default ./gpu_results): one JSON file per config,
-# machine.txt and run.log. README "Performance" shows the H200 results (benchmarks/results/throughput_h200.json).
+# machine.txt and run.log. docs/performance.md shows the H200 results (benchmarks/results/throughput_h200.json).
 #
 #     bash benchmarks/gpu_check.sh            # about 9.5 minutes on an H200, most of it compiling
 #

@@ -1,5 +1,5 @@
 """A screenshot of TensorBoard showing one run's scalar, taken in headless Chromium from a local
-``tensorboard`` server (README's figure of a SIGTERM-ed and resumed run).
+``tensorboard`` server (docs/pretraining.md's figure of a SIGTERM-ed and resumed run).
 
     python benchmarks/tensorboard_screenshot.py --logdir runs/tensorboard --out docs/tensorboard_resumed_run.png
 

@@ -18,7 +18,7 @@ from mae import moved
 
 moved.install()  # old module paths (users' configs and scripts) keep working
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> the module that defines it
 _PUBLIC = {

@@ -96,23 +96,6 @@ def test_variants__the_recipes_are_the_shipped_configs(ttq):
     assert stacked["model"]["resolution_schedule"] == [[start, ttq.pretrain_size(full, 4, r)] for start, r in phases]
 
 
-def test_readme__the_progressive_table_is_the_benchmarks_results():
-    """README's progressive-resolution rows carry the numbers benchmarks/results/time_to_quality_progressive
-    holds (its table, less the GFLOP/step column), row for row."""
-
-    def rows(text: str) -> dict[str, list[str]]:
-        cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
-        return {row[0].split(" (")[0]: row[1:] for row in cells if row[0] != "variant"}
-
-    measured = rows((REPO / "benchmarks" / "results" / "time_to_quality_progressive" / "table.md").read_text())
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("**Progressive resolution**") : readme.index("time_to_quality_progressive/accuracy")]
-    shown = rows(section)
-    assert list(shown) == list(measured) == ["default", "progressive", "progressive-0.6"]
-    for name, cells in measured.items():
-        assert shown[name] == cells[:2] + cells[3:], name  # without GFLOP/step
-
-
 def test_shapes_folder__class_folders_of_each_shape_and_an_existing_folder_refused(tmp_path):
     spec = importlib.util.spec_from_file_location("shapes_folder", REPO / "benchmarks" / "shapes_folder.py")
     shapes = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
 """How a training step runs on this device: precision, attention kernel, compilation, fused optimizer,
 and the host memory allocator.
 
-The defaults are measured, not assumed (``benchmarks/throughput.py``, README "Performance"): on CPUs
+The defaults are measured, not assumed (``benchmarks/throughput.py``, docs/performance.md): on CPUs
 with native bf16 (AVX-512 BF16 / AMX), bf16 autocast with explicit attention, fused AdamW, a
 compiled model for runs long enough to repay compilation, and an allocator that keeps freed pages;
 on GPUs, bf16 with PyTorch's fused SDPA (flash attention).

@@ -1,7 +1,7 @@
 """MAE pretraining on the digit scenes' images, without their labels: the encoder sees the kind of image the
 detector and the segmenter are trained on (several digits anywhere on a larger canvas), as an MAE pretrained
 on ImageNet sees scenes that COCO and ADE20K resemble. The default run's single, centred 32 px digits do not:
-see README, "Does pretraining help here?"."""
+see docs/dense.md, "Does pretraining help here?"."""
 
 from collections.abc import Callable
 from pathlib import Path
