@@ -485,3 +485,23 @@ def test_page__names_the_checkpoint_not_its_path_and_refuses_large_uploads(page,
     _wait(browser, lambda d: "exceed the maximum allowed size of 1.0 Mb" in d.page_source)  # Gradio's message
     time.sleep(2)
     assert browser.find_element(*_by_css("#details")).text == first  # nothing was reconstructed
+
+
+@pytest.mark.browser
+def test_page_screenshot__the_page_with_its_four_panels_and_an_existing_file_refused(checkpoint, tmp_path):
+    """benchmarks/page_screenshot.py, the docs' figure of the page: a picture of the page as served."""
+    _import_or_skip("gradio", GRADIO_MISSING)
+    _import_or_skip("selenium.webdriver", "selenium is not installed: pip install -e '.[dev]'")
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        _skip_unless_ci("Debian's chromium and chromium-driver are missing: apt-get install chromium chromium-driver")
+    spec = importlib.util.spec_from_file_location("page_screenshot", REPO / "benchmarks" / "page_screenshot.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "page.png"
+    script.main(["--checkpoint", str(checkpoint), "--out", str(out), "--size", "1000x700"])
+    picture = np.asarray(Image.open(out).convert("L"), np.float32)
+    assert picture.shape[1] == 1000 and picture.std() > 10  # the page drawn (the viewport: the window less its bars)
+    written = out.read_bytes()
+    with pytest.raises(SystemExit):
+        script.main(["--checkpoint", str(checkpoint), "--out", str(out)])
+    assert out.read_bytes() == written  # nothing overwritten
