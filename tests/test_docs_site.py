@@ -4,9 +4,12 @@ a results table against the results file the benchmark wrote (``<!-- results: PA
 
 import json
 import math
+import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,17 @@ def test_site__builds_strict_with_every_page_and_the_benchmarks_figures(site):
     assert (site / "benchmarks/results/quality_digits/accuracy.png").is_file()
     assert 'src="../benchmarks/results/quality_digits/accuracy.png"' in (site / "results/index.html").read_text()
     assert "## [0.2.0]" not in (site / "changelog/index.html").read_text()  # included and rendered, not raw
+
+
+@pytest.mark.slow
+def test_site__the_command_line_build_as_a_user_runs_it(tmp_path):
+    """``mkdocs build --strict`` itself (the in-process build above shares its configuration), offline."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "WARNING" not in result.stderr and (tmp_path / "site" / "index.html").is_file()
 
 
 def test_site__the_api_reference_renders_signatures_and_docstrings(site):
