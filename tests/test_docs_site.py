@@ -78,7 +78,7 @@ def test_site__the_api_reference_renders_signatures_and_docstrings(site):
                  "feature_pyramid", "ImageFolderDataModule", "MAEPretrainModule", "MAEFinetuneModule",
                  "ReconstructionCallback", "KNNCallback"):  # fmt: skip
         assert 'id="mae.' in api and re.search(rf'id="mae\.[\w.]*\b{name}"', api), name
-    assert "mask_ratio" in api and "(N, L" in api  # arguments and the shapes the docstrings state
+    assert "mask_ratio" in api and "(N, L, p*p*C)" in api  # arguments, and shapes as written (not as emphasis)
 
 
 def test_site__a_broken_link_or_anchor_fails_the_strict_build_naming_the_page(tmp_path, monkeypatch_module):

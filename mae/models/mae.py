@@ -184,7 +184,7 @@ class MaskedAutoencoderViT(nn.Module):
         return self.patch_embed.num_patches
 
     def patchify(self, imgs: torch.Tensor) -> torch.Tensor:
-        """(N, C, H, W) images -> (N, L, p*p*C) patches, row-major, pixels ordered (p, p, C)."""
+        """(N, C, H, W) images -> ``(N, L, p*p*C)`` patches, row-major, pixels ordered (p, p, C)."""
         N, C, H, W = imgs.shape
         p = self.patch_size
         h, w = H // p, W // p
@@ -193,7 +193,7 @@ class MaskedAutoencoderViT(nn.Module):
         return x.reshape(N, h * w, p * p * C)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, L, p*p*C) patches -> (N, C, H, W) images; inverse of ``patchify``."""
+        """``(N, L, p*p*C)`` patches -> (N, C, H, W) images; inverse of ``patchify``."""
         N = x.shape[0]
         p = self.patch_size
         h, w = self.grid_size
@@ -311,7 +311,7 @@ class MaskedAutoencoderViT(nn.Module):
                 queries every patch, visible ones too, so figures show a prediction everywhere).
 
         Returns:
-            (N, L, p*p*C) predicted pixels in patch order; 0 for masked patches outside ``ids_decode``.
+            ``(N, L, p*p*C)`` predicted pixels in patch order; 0 for masked patches outside ``ids_decode``.
         """
         if self.decoder_type == "cross":
             return self.forward_cross_decoder(latent, ids_restore, ids_decode)
@@ -335,7 +335,7 @@ class MaskedAutoencoderViT(nn.Module):
     ) -> torch.Tensor:
         """The self-attention decoder on the cls and visible tokens plus only the mask tokens of
         ``ids_decode`` (N, M), each with its position embedding (token order does not matter to
-        attention): (N, L, p*p*C), 0 for the masked patches left out."""
+        attention): ``(N, L, p*p*C)``, 0 for the masked patches left out."""
         x = self.decoder_embed(latent)
         N, L = ids_restore.shape
         ids_keep = torch.argsort(ids_restore, dim=1)[:, : x.shape[1] - 1]  # patches of the visible tokens, as held
@@ -351,7 +351,7 @@ class MaskedAutoencoderViT(nn.Module):
     ) -> torch.Tensor:
         """CrossMAE's decoder: mask-token queries at the patches ``ids_decode`` (N, M) (None: every
         patch) cross-attend to the cls and visible tokens, each block to its encoder layer's; queries
-        never see each other. Returns (N, L, p*p*C), 0 for the patches not queried."""
+        never see each other. Returns ``(N, L, p*p*C)``, 0 for the patches not queried."""
         N, L = ids_restore.shape
         context = self.decoder_embed(latent)
         ids_keep = torch.argsort(ids_restore, dim=1)[:, : context.shape[-2] - 1]
@@ -382,7 +382,7 @@ class MaskedAutoencoderViT(nn.Module):
         noise: torch.Tensor | None = None,
         decoder_noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns (loss, pred (N, L, p*p*C), mask (N, L) with 1 = masked). ``noise`` fixes the
+        """Returns (loss, pred ``(N, L, p*p*C)``, mask (N, L) with 1 = masked). ``noise`` fixes the
         encoder's masks, ``decoder_noise`` the reconstructed subset (``decoded_patches``); the loss
         covers the reconstructed masked patches: all of them unless ``decoder_keep_ratio`` < 1."""
         latent, mask, ids_restore = self.forward_encoder(imgs, mask_ratio, noise)
