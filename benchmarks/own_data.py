@@ -69,7 +69,7 @@ def _last(metrics: Path, key: str) -> float:
         return [float(r[key]) for r in csv.DictReader(f) if r.get(key)][-1]
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/own_data_digits16"))
     parser.add_argument("--epochs", type=int, default=10, help="pretraining epochs on the grayscale folder")
@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--finetune-epochs", type=int, default=20)
     parser.add_argument("--freeze-encoder-epochs", type=int, default=2)
     parser.add_argument("--images-per-class", type=int, default=None, help="a smaller folder (for a quick check)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
