@@ -60,7 +60,8 @@ def parse_and_run(
 
 
 def run_command(main: Callable[[], Any]) -> Any:
-    """Run an entry point's ``main()``; a project error (``ValueError``, ``FileNotFoundError``, a
+    """Run an entry point's ``main()``; a project error (``ValueError``, ``FileNotFoundError``,
+    ``FileExistsError`` (an output that would replace what the command did not write), a
     full-device ``OSError`` or a ``StorageError``, raised by code in ``mae/``) ends it with its message
     on stderr and exit status 2. ``--debug`` is taken out of ``sys.argv`` and passed on as ``MAE_DEBUG=1`` (which the
     other processes of a multi-GPU run inherit)."""
@@ -103,7 +104,7 @@ def own_error(err: BaseException) -> BaseException | None:
 
 
 def _is_project_check(err: BaseException) -> bool:
-    if not isinstance(err, ValueError | FileNotFoundError | NoSpaceError | StorageError):
+    if not isinstance(err, ValueError | FileNotFoundError | FileExistsError | NoSpaceError | StorageError):
         return False
     frames = traceback.extract_tb(err.__traceback__)
     origin = Path(frames[-1].filename).resolve() if frames else None

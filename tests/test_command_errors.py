@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
+from PIL import Image
 
 from mae.cli import (
     anomaly_main,
@@ -100,6 +101,21 @@ def test_every_command__project_error_exits_2_with_its_message(main, argv, expec
         run_command(partial(main, argv))
     assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
     _only_the_message(capsys.readouterr().err, expected)
+
+
+def test_outputs__a_refusal_to_write_over_files_is_an_error_line_and_nothing_is_touched(tmp_path, capsys, monkeypatch):
+    """An output folder holding files the command did not write (FileExistsError from a project check)."""
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+    (tmp_path / "images" / "train" / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "train" / "a" / "x.png")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("the user's")
+    with pytest.raises(SystemExit) as exit_info:
+        run_command(partial(shard_main, [str(tmp_path / "images"), "--out", str(tmp_path / "out")]))
+    assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
+    _only_the_message(capsys.readouterr().err, "holds 1 file(s) that no conversion of this tool wrote there (mine.txt)")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine.txt"]
+    assert (tmp_path / "out" / "mine.txt").read_text() == "the user's"
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):

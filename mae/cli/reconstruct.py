@@ -86,7 +86,8 @@ def run(args: Namespace) -> Figure:
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
             print(f"skipped {path}: {err}", file=sys.stderr)
     if not images:
-        raise SystemExit(f"no readable image among {args.images}")
+        shown = ", ".join(map(str, args.images))
+        raise ValueError(f"no readable image among {shown} (each skipped one is named above)")
     figure = reconstruction_figure(
         model, torch.stack(images), names, norm, args.mask_ratio, args.seed, args.same_mask, args.unnormalize,
         args.bands, strategy=args.mask_strategy, value_range=display_range(names), attention=args.attention,

@@ -115,7 +115,7 @@ def read_checkpoint(source: str | Path, format: str = "auto") -> MAECheckpoint:
             raise ValueError(
                 f"cannot tell the format of {path}: top-level keys {sorted(obj)[:8]}; expected a Lightning "
                 f"checkpoint ('state_dict'), an official MAE file ('model') or a plain state dict; "
-                f"name the format explicitly with format=/--format"
+                f"name the format explicitly with format= (Python) or --checkpoint-format (commands)"
             )
     if format == "lightning":
         return _read_lightning(path, obj)

@@ -75,7 +75,7 @@ def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, A
             raise FileNotFoundError(
                 f"data.root={root} holds an unfinished conversion of mae.data.shard: it stopped (killed or failed) "
                 f"before writing {METADATA}, which it writes last; run it again with `mae shard "
-                f"IMAGE_FOLDER {root} --overwrite`, which replaces exactly the files that conversion wrote"
+                f"IMAGE_FOLDER --out {root} --overwrite`, which replaces exactly the files that conversion wrote"
             )
         raise FileNotFoundError(
             f"data.root={root} has no {METADATA} and no record of an unfinished conversion of mae.data.shard "
