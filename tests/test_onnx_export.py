@@ -153,7 +153,10 @@ def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpo
             ]
         )
     assert exit_.value.code == 2
-    assert "--pool, --dynamic-batch apply to ONNX output only: name an --out ending in .onnx" in capsys.readouterr().err
+    assert (
+        "--pool, --dynamic-batch: for ONNX output only (an --out ending in .onnx); leave out for .safetensors"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("atol", ["nan", "inf", "-1"])

@@ -62,7 +62,9 @@ def run(args: Namespace):
         return run_onnx(args)
     given = [f"--{name.replace('_', '-')}" for name, default in ONNX_OPTIONS.items() if args[name] != default]
     if given:
-        raise UsageError(f"{', '.join(given)} apply to ONNX output only: name an --out ending in .onnx")
+        raise UsageError(
+            f"{', '.join(given)}: for ONNX output only (an --out ending in .onnx); leave out for .safetensors"
+        )
     if Path(args.out).suffix != ".safetensors":
         raise UsageError(f"--out must end in .safetensors (a timm ViT) or .onnx (an ONNX file), got {args.out}")
     out = Path(args.out)
