@@ -505,3 +505,18 @@ def test_page_screenshot__the_page_with_its_four_panels_and_an_existing_file_ref
     with pytest.raises(SystemExit):
         script.main(["--checkpoint", str(checkpoint), "--out", str(out)])
     assert out.read_bytes() == written  # nothing overwritten
+
+
+def test_demo__without_gradio_an_error_line_naming_the_extra(checkpoint, capsys, monkeypatch):
+    from functools import partial
+
+    from mae.cli import demo_main
+    from mae.command import USAGE_ERROR_EXIT_CODE, run_command
+
+    monkeypatch.setitem(sys.modules, "gradio", None)  # as if the demo extra were not installed
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        run_command(partial(demo_main, ["--checkpoint", str(checkpoint)]))
+    assert stopped.value.code == USAGE_ERROR_EXIT_CODE
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith('error: the demo page needs Gradio: pip install -e ".[demo]"')

@@ -3,6 +3,7 @@ MAE model's own ``forward_features`` (not the exporter's ``load_backbone`` path)
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -184,3 +185,18 @@ def test_write_onnx__a_file_that_fails_its_check_or_is_too_large_is_not_written(
     with pytest.raises(ValueError, match="over the 2 GiB one ONNX file holds"):
         write_onnx(conv, out, torch.randn(1, 1, 8, 8), "pixels", "maps", {})
     assert not list(tmp_path.iterdir())
+
+
+def test_onnx_export__without_the_onnx_extra_an_error_line_naming_it(checkpoint, tmp_path, capsys, monkeypatch):
+    from functools import partial
+
+    from mae.command import USAGE_ERROR_EXIT_CODE, run_command
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if the extra were not installed
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        run_command(partial(export_main, ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx")]))
+    assert stopped.value.code == USAGE_ERROR_EXIT_CODE
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith('error: ONNX export needs the onnx extra: pip install -e ".[onnx]"')
+    assert not (tmp_path / "e.onnx").exists()

@@ -185,7 +185,7 @@ def run_completion(args: Namespace) -> str:
     try:
         import shtab  # noqa: F401
     except ImportError as err:
-        raise SystemExit(f"shell completion needs shtab: pip install shtab ({err})") from None
+        raise ValueError(f"shell completion needs shtab: pip install shtab ({err})") from None
     script = mae_parser().get_completion_script(f"shtab-{args.shell}")
     print(script)
     return script

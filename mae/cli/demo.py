@@ -34,11 +34,11 @@ def run(args: Namespace) -> None:
     try:
         port = choose_port(args.host, args.port)
     except OSError as err:
-        raise SystemExit(f"mae demo: {err}") from None
+        raise ValueError(str(err)) from None
     try:
         import gradio  # noqa: F401
     except ImportError as err:
-        raise SystemExit(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
+        raise ValueError(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
     if args.port is None:
         print(f"serving on port {port} (choose another with --port N)")
     session = ReconstructionSession(args.checkpoint, args.checkpoint_format, args.max_image_pixels)
@@ -52,7 +52,7 @@ def run(args: Namespace) -> None:
         try:
             serve(page, args.host, port, args.max_upload_mb)
         except OSError:  # Gradio's own port check: the port was taken after ours
-            raise SystemExit(f"mae demo: port {port} on {args.host} was taken as the page started: "
+            raise ValueError(f"port {port} on {args.host} was taken as the page started: "
                              "start it again, or choose another with --port N") from None  # fmt: skip
 
 

@@ -94,7 +94,7 @@ def run_onnx(args: Namespace):
         try:
             importlib.import_module(package)
         except ImportError as err:
-            raise SystemExit(f'ONNX export needs the onnx extra: pip install -e ".[onnx]" ({err})') from None
+            raise ValueError(f'ONNX export needs the onnx extra: pip install -e ".[onnx]" ({err})') from None
     from mae.apps.onnx_encoder import describe, export_onnx, is_onnx_encoder
     from mae.convert.onnx import DEFAULT_ATOL
 
