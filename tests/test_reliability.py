@@ -265,13 +265,16 @@ def _wait_for_training(proc: ForkedProcess) -> None:
 def test_faults__sigkill_at_random_moments_then_resume_completes(tmp_path):
     config = _config(tmp_path, "kill", max_epochs=100)  # long enough that every kill lands in the run
     rng = random.Random(0)
-    for _ in range(3):
+    for attempt in range(3):
         last = tmp_path / "ckpts" / "last.ckpt"
         with _start(config, *(["--ckpt_path", str(last)] if last.exists() else [])) as proc:
             _wait_for_training(proc)
             time.sleep(rng.uniform(0.2, 2.5))  # anywhere in a step, a validation or a checkpoint save
             proc.send_signal(signal.SIGKILL)
-            assert proc.wait(timeout=60) == -signal.SIGKILL  # killed, not finished
+            status = proc.wait(timeout=60)
+        if status == 0 and attempt > 0:  # a fast machine finished the 800 steps before this kill came
+            break
+        assert status == -signal.SIGKILL  # killed, not finished
         for ckpt in (tmp_path / "ckpts").glob("*.ckpt"):  # whatever is on disk loads
             torch.load(ckpt, map_location="cpu", weights_only=True)
     last = tmp_path / "ckpts" / "last.ckpt"
