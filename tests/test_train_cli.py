@@ -1,5 +1,6 @@
 """train.py end to end, as a subprocess, on data the tests write."""
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tests.helpers import (
     csv_logger,
     read_metrics,
     run_script,
+    tensorboard_tracker,
     write_cifar,
     write_config,
     write_image_folder,
@@ -149,6 +151,19 @@ def test_train__a_run_refused_before_its_first_step_leaves_no_run_folder(tmp_pat
     assert result.returncode == 2 and "this run has 0 optimizer steps" in result.stderr
     assert not (tmp_path / "runs" / "test" / "version_0").exists()  # the next run is version_0, not version_1
     assert not (tmp_path / "runs").exists()  # nor the empty folders above it, which this run made
+
+
+def test_train__a_refused_run_with_trackers_leaves_no_database_or_event_folder(tmp_path, monkeypatch):
+    """The trackers are started after the checks that refuse a run: MLflow's default database beside the
+    run folders (runs/mlflow.db) and TensorBoard's folder are not made for a run that never starts."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data = {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 16, "batch_size": 16}}
+    config = _config(tmp_path, data, max_epochs=1)
+    for tracker in ({"class_path": "lightning.pytorch.loggers.MLFlowLogger"},
+                    tensorboard_tracker(tmp_path / "runs" / "tensorboard")):  # fmt: skip
+        result = _run("--config", str(config), "--model.warmup_epochs", "5", "--tracker", json.dumps(tracker))
+        assert result.returncode == 2 and "is not shorter than the run" in result.stderr, result.stderr[-2000:]
+        assert not (tmp_path / "runs").exists(), sorted(p.name for p in (tmp_path / "runs").rglob("*"))
 
 
 def test_train__a_refused_run_leaves_folders_it_did_not_make(tmp_path):

@@ -2,8 +2,8 @@
 
 A training command's ``tracker`` key names one of Lightning's loggers (``class_path``) with the
 tracker's own settings (``init_args``: MLflow's ``tracking_uri`` and ``experiment_name``, W&B's
-``project``, ``entity`` and ``mode``, ...). It is built once the run folder is known
-(``AttachTracker.setup``), and what ties it to that folder is filled in, so that a resumed run (a
+``project``, ``entity`` and ``mode``, ...). It is built once the run has passed its start-up checks
+(``AttachTracker``), and what ties it to the run folder is filled in, so that a resumed run (a
 SIGTERM checkpoint, then the same command line with ``--ckpt_path last``) continues the same tracked
 run:
 
@@ -306,9 +306,10 @@ def where_to_look(trainer: pl.Trainer) -> list[tuple[str, str]]:
 
 
 class AttachTracker(pl.Callback):
-    """Builds the ``tracker`` once the run folder is known (``setup``: finding it is a collective,
-    done on every process), adds it to the trainer's loggers, records its run in the folder and sends
-    it the run's settings (``on_fit_start``, once the effective batch and lr are known)."""
+    """Builds the ``tracker`` once the run folder is known and the run has passed its start-up checks
+    (``on_fit_start``, on every process; ``setup`` for an evaluation), adds it to the trainer's loggers,
+    records its run in the folder and sends it the run's settings (once the effective batch and lr are
+    known)."""
 
     def __init__(self, spec: dict[str, Any], config: dict[str, Any], resume_step: int | None) -> None:
         self.spec = spec
@@ -320,6 +321,13 @@ class AttachTracker(pl.Callback):
         self._logged = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":  # an evaluation: no start-up checks to wait for
+            self._attach(trainer)
+
+    def _attach(self, trainer: pl.Trainer) -> None:
+        """Build the tracker and create its run. A fit does it at its start (``on_fit_start``), after the
+        checks that may still refuse the run (0 steps, a warmup longer than the run, in
+        ``configure_optimizers``), so a refused run leaves no tracked run, database or event folder."""
         if self.tracker is not None:
             return
         self.run_folder = Path(trainer.log_dir or trainer.default_root_dir)
@@ -346,6 +354,7 @@ class AttachTracker(pl.Callback):
         self.resumed_wandb_step = state_dict.get("wandb_step")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._attach(trainer)
         if trainer.is_global_zero and tracker_kind(self.tracker) == "wandb" and self.resumed_wandb_step:
             run = self.tracker.experiment
             if run.step < self.resumed_wandb_step:  # offline (online, the server has told it)
