@@ -12,14 +12,7 @@ writes the PNG and stops the page. An existing ``--out`` is refused (nothing is 
 
 import argparse
 import shutil
-import socket
 from pathlib import Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def browser(size: tuple[int, int]):
@@ -59,10 +52,10 @@ def main(argv: list[str] | None = None) -> Path:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from mae.apps.page.demo import ReconstructionSession, build_page, example_images, serve
+    from mae.apps.page.demo import ReconstructionSession, build_page, choose_port, example_images, serve
 
     session = ReconstructionSession(args.checkpoint)
-    port = free_port()
+    port = choose_port("127.0.0.1", None)  # the first free one from 7860, as mae demo takes
     with example_images(None) as examples:
         page = build_page(session, examples)
         serve(page, "127.0.0.1", port, 100, block=False)

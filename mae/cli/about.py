@@ -85,27 +85,22 @@ def env_parser() -> ArgumentParser:
                           "precision and attention kernel a training run would pick by default.")  # fmt: skip
 
 
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def environment() -> dict[str, str]:
     """Label -> value, in the order ``mae env`` prints them."""
     import torch
 
     import mae
     from mae.training.runtime import default_lightning_precision, native_bf16, training_settings
+    from mae.training.trackers import NOT_INSTALLED, package_versions
 
     info = {
         DISTRIBUTION: f"{installed_version()} ({Path(mae.__file__).parent})",
         "python": f"{platform.python_version()} ({sys.executable})",
         "platform": platform.platform(),
     }
-    info |= {package: _version(package) or "not installed" for package in CORE_PACKAGES}
-    info["extras"] = ", ".join(f"{p} {_version(p)}" if _version(p) else f"{p} -" for p in EXTRA_PACKAGES)
+    info |= package_versions(CORE_PACKAGES)
+    extras = package_versions(EXTRA_PACKAGES)
+    info["extras"] = ", ".join(f"{p} {'-' if v == NOT_INSTALLED else v}" for p, v in extras.items())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -58,10 +58,6 @@ class ResolutionSchedule:
             )
         return cls(tuple(phases))
 
-    @property
-    def final_size(self) -> tuple[int, int]:
-        return self.phases[-1][1]
-
     def size_at(self, epoch: int, max_epochs: int) -> tuple[int, int]:
         """The input size of 0-based ``epoch`` of a ``max_epochs`` run: that of the last phase whose first
         epoch, ``floor(start * max_epochs)``, is at most ``epoch`` (a phase starts on a whole epoch, and a
@@ -71,10 +67,6 @@ class ResolutionSchedule:
             if math.floor(start * max_epochs + 1e-9) <= epoch:
                 size = phase_size
         return size
-
-    def as_list(self) -> list[list]:
-        """The schedule as written in a config (what checkpoints record)."""
-        return [[start, list(size)] for start, size in self.phases]
 
 
 def resize_batch(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

@@ -56,6 +56,7 @@ CLIENTS = {
     WANDB: ("wandb", ("wandb",)),
 }
 VERSIONED_PACKAGES = ("torch", "torchvision", "timm", "lightning", "mae-lightning")
+NOT_INSTALLED = "not installed"
 
 
 def tracker_spec(value: Any) -> dict[str, Any] | None:
@@ -187,14 +188,14 @@ def tracker_kind(logger: Logger) -> str | None:
     return next((kind for cls, kind in kinds if isinstance(logger, cls)), None)
 
 
-def package_versions() -> dict[str, str]:
-    """Versions of the packages a run's numbers depend on (``not installed`` where missing)."""
+def package_versions(packages: tuple[str, ...] = VERSIONED_PACKAGES) -> dict[str, str]:
+    """Versions of ``packages`` (default: those a run's numbers depend on), ``not installed`` where missing."""
     versions = {}
-    for package in VERSIONED_PACKAGES:
+    for package in packages:
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
-            versions[package] = "not installed"
+            versions[package] = NOT_INSTALLED
     return versions
 
 
