@@ -87,7 +87,10 @@ def run(args: Namespace) -> Figure:
             print(f"skipped {path}: {err}", file=sys.stderr)
     if not images:
         shown = ", ".join(map(str, args.images))
-        raise ValueError(f"no readable image among {shown} (each skipped one is named above)")
+        raise ValueError(
+            f"no readable image among {shown} (each skipped one is named above, with why): give image "
+            "files, or folders of them, that the skips do not name"
+        )
     figure = reconstruction_figure(
         model, torch.stack(images), names, norm, args.mask_ratio, args.seed, args.same_mask, args.unnormalize,
         args.bands, strategy=args.mask_strategy, value_range=display_range(names), attention=args.attention,
