@@ -104,7 +104,8 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=REPO / "runs/pretrain_default/version_0/checkpoints/last.ckpt",
                    help="the MAE (default: the default pretraining run's last checkpoint)")  # fmt: skip
@@ -115,6 +116,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=4, help="image score: mean of the k highest patch scores")
     p.add_argument("--tasks", type=Path, default=REPO / "data" / "digit_anomalies", help="where the tasks are written")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "anomaly_digits")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if not args.checkpoint.exists():
         p.error(

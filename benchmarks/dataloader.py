@@ -157,7 +157,8 @@ def bench(root: Path, shards: Path, img_size: int, args: argparse.Namespace) -> 
     return {name: statistics.median(v) for name, v in results.items()}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=None, help="a folder of <class>/<image> JPEGs (default: generate)")
     p.add_argument("--images", type=int, default=400, help="images to generate (10 classes)")
@@ -169,6 +170,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=4900, help="training img/s per GPU to size workers for "
                    "(default: ViT-B/16 pretraining on an H200, docs/performance.md)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     return p.parse_args(argv)
 
 

@@ -1084,7 +1084,8 @@ def write_summary(out: Path, summary: dict, started: float) -> None:
     write_json(out / "summary.json", summary)
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["run", *PARTS], help="run: the selected parts, each under its time limit; "
                    "a part's name: that part alone, in this process")  # fmt: skip
@@ -1096,6 +1097,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", default=os.environ.get("GPU_SMOKE_FRESH") == "1",
                    help="a fresh interpreter for each part and entry point instead of forks "
                    "(GPU_SMOKE_FRESH=1)")  # fmt: skip
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     args.out = args.out.resolve()
     if args.parts:

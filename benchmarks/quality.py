@@ -187,7 +187,8 @@ def plots(args, per_seed: list[dict]) -> None:
         shutil.copy(png, args.out / f"reconstructions_{png.name}")
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="digits", choices=["digits", "imagefolder", "cifar10", "cifar100"])
     p.add_argument("--root", default="data")
@@ -222,6 +223,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--auto-augment", default=None)
     p.add_argument("--re-prob", type=float, default=0.0)
     p.add_argument("--out", type=Path, default=Path("runs/quality"))
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.probe_augmentation is None:
         args.probe_augmentation = "none" if args.data == "digits" else "linprobe"

@@ -345,7 +345,8 @@ def machine(device: torch.device) -> str:
     return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS))
     p.add_argument("--variants", nargs="+", default=["peers", "default", "ablations"],
@@ -367,6 +368,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     p.add_argument("--time-probe", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     return p.parse_args(argv)
 
 

@@ -141,7 +141,8 @@ def named_encoders(specs: list[str] | None, parser: argparse.ArgumentParser) -> 
     return encoders
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--encoders", nargs="+", default=None, metavar="NAME=CHECKPOINT",
                    help="the pretrained encoders to compare with a random one (default: "
@@ -154,6 +155,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--segment-epochs", type=int, default=10)
     p.add_argument("--scenes", type=Path, default=REPO / "data" / "digit_scenes_transfer")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "transfer_digits")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     args.encoders = named_encoders(args.encoders, p)
     args.epochs = {"detect": args.detect_epochs, "segment": args.segment_epochs}
