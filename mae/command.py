@@ -15,26 +15,17 @@ arguments, and ``main(argv=None)`` = ``parse_and_run(build_parser(), run, argv)`
 
 import os
 import sys
-import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.command_options import CommandHelpFormatter, finish_legacy, finish_shared, legacy_argv
-from mae.io.atomic import NoSpaceError
-from mae.io.storage import StorageError
+from mae.errors import UsageError, UserError
 
 USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
 DEBUG_FLAG = "--debug"
 DEBUG_VARIABLE = "MAE_DEBUG"
-_PACKAGE = Path(__file__).resolve().parent
-
-
-class UsageError(Exception):
-    """A bad argument that only ``run`` can see (e.g. against the loaded model): ``parse_and_run``
-    reports it as the parser reports a bad flag (usage, ``error: <message>``, exit status 2)."""
 
 
 def command_parser(prog: str, description: str) -> ArgumentParser:
@@ -60,10 +51,10 @@ def parse_and_run(
 
 
 def run_command(main: Callable[[], Any]) -> Any:
-    """Run an entry point's ``main()``; a project error (``ValueError``, ``FileNotFoundError``,
-    ``FileExistsError`` (an output that would replace what the command did not write), a
-    full-device ``OSError`` or a ``StorageError``, raised by code in ``mae/``) ends it with its message
-    on stderr and exit status 2. ``--debug`` is taken out of ``sys.argv`` and passed on as ``MAE_DEBUG=1`` (which the
+    """Run an entry point's ``main()``; an error the user can fix (``mae.errors.UserError``: a setting, an
+    input, an output that would replace what the command did not write, a full device, unreachable
+    storage) ends it with its message on stderr and exit status 2; any other error keeps its traceback
+    (exit status 1). ``--debug`` is taken out of ``sys.argv`` and passed on as ``MAE_DEBUG=1`` (which the
     other processes of a multi-GPU run inherit)."""
     if DEBUG_FLAG in sys.argv[1:]:
         sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
@@ -91,21 +82,12 @@ def close_process_group() -> None:
 
 
 def own_error(err: BaseException) -> BaseException | None:
-    """The first error along ``err``'s chain (itself, its cause or the error it was raised while
-    handling: jsonargparse's wall holds the data module's error there) that the project raised on
-    purpose, or None."""
+    """The first ``UserError`` along ``err``'s chain (itself, its cause or the error it was raised while
+    handling: jsonargparse's wall holds the data module's error there), or None."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if _is_project_check(err):
+        if isinstance(err, UserError):
             return err
         err = err.__cause__ or err.__context__
     return None
-
-
-def _is_project_check(err: BaseException) -> bool:
-    if not isinstance(err, ValueError | FileNotFoundError | FileExistsError | NoSpaceError | StorageError):
-        return False
-    frames = traceback.extract_tb(err.__traceback__)
-    origin = Path(frames[-1].filename).resolve() if frames else None
-    return origin is not None and origin.is_relative_to(_PACKAGE) and origin != Path(__file__).resolve()

@@ -16,6 +16,8 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 
+from mae.errors import ConfigError
+
 # Attribute set on every action ``add_option`` creates (its help is complete: see ``CommandHelpFormatter``);
 # tests check that no command makes a shared option by hand.
 SHARED_MARK = "mae_shared_option"
@@ -94,9 +96,9 @@ def add_option(parser: ArgumentParser | Any, name: str, own_help: str = "", **kw
     option = SHARED_OPTIONS[name]
     settings = {**option.kwargs, **kwargs}
     if name == "checkpoint_format" and "choices" not in settings:  # the readers' table lives above this layer
-        raise ValueError("--checkpoint-format needs choices=mae.convert.sources.FORMATS")
+        raise ConfigError("--checkpoint-format needs choices=mae.convert.sources.FORMATS")
     if name == "device" and settings.get("default") is not None:
-        raise ValueError(f"--device's default is {DEVICE_DEFAULT} in every command, not {settings['default']}")
+        raise ConfigError(f"--device's default is {DEVICE_DEFAULT} in every command, not {settings['default']}")
     default_help = option.default_help
     if own_help.startswith("default: "):  # the command's own default in words
         own_help, default_help = "", own_help.removeprefix("default: ")

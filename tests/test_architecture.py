@@ -15,7 +15,7 @@ from mae.moved import MOVED, new_path
 REPO = Path(__file__).resolve().parents[1]
 # Lowest first, as README's layout table lists them; a module belongs to the longest prefix it matches.
 LAYERS = [
-    ("mae.io", "mae.command", "mae.command_options", "mae.moved"),
+    ("mae.errors", "mae.io", "mae.command", "mae.command_options", "mae.moved"),
     ("mae.models",),
     ("mae.data.decoding",),
     ("mae.data.views",),

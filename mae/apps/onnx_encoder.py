@@ -20,6 +20,7 @@ from torch import nn
 from mae.convert.backbone import load_backbone
 from mae.convert.onnx import DEFAULT_ATOL, check_opset, write_onnx
 from mae.convert.sources import read_checkpoint
+from mae.errors import ConfigError
 from mae.eval.features import POOLS, Pool, pooled
 from mae.inference.normalization import Normalization
 
@@ -133,9 +134,9 @@ def export_onnx(
             nothing is then written at ``out``.
     """
     if Path(out).suffix != ".onnx":
-        raise ValueError(f"ONNX export target {out} must end in .onnx")
+        raise ConfigError(f"ONNX export target {out} must end in .onnx")
     if pool is not None and pool not in POOLS:
-        raise ValueError(f"--pool must be one of {', '.join(POOLS)}, got {pool!r}")
+        raise ConfigError(f"--pool must be one of {', '.join(POOLS)}, got {pool!r}")
     check_opset(opset)  # before the checkpoint is read
     ckpt = read_checkpoint(source, format)
     backbone = load_backbone(ckpt, img_size=img_size, num_heads=num_heads).eval()
@@ -146,7 +147,7 @@ def export_onnx(
         norm = Normalization.of(ckpt.data, in_chans, str(source))
         how = "recorded in the checkpoint" if ckpt.data else "ImageNet's: the checkpoint records none"
     if len(norm.mean) != in_chans or len(norm.std) != in_chans:
-        raise ValueError(f"--mean and --std need {in_chans} values, one per input channel; got {len(norm.mean)}")
+        raise ConfigError(f"--mean and --std need {in_chans} values, one per input channel; got {len(norm.mean)}")
     model = OnnxEncoder(backbone, pool).eval()
     example = torch.randn(2 if dynamic_batch else 1, in_chans, *size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -10,7 +10,8 @@ from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.commands import BY_NAME, COMMANDS
 from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config
-from mae.command import UsageError, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
+from mae.errors import ConfigError, UsageError
 
 DISTRIBUTION = "mae-lightning"  # the name pip knows the package by (pyproject.toml)
 CORE_PACKAGES = ("torch", "torchvision", "timm", "lightning", "torchmetrics", "jsonargparse", "litdata", "numpy",
@@ -180,7 +181,7 @@ def run_completion(args: Namespace) -> str:
     try:
         import shtab  # noqa: F401
     except ImportError as err:
-        raise ValueError(f"shell completion needs shtab: pip install shtab ({err})") from None
+        raise ConfigError(f"shell completion needs shtab: pip install shtab ({err})") from None
     script = mae_parser().get_completion_script(f"shtab-{args.shell}")
     print(script)
     return script

@@ -27,10 +27,11 @@ from mae.apps.anomaly.figures import color_range, heat_map_figure
 from mae.apps.anomaly.layout import GOOD, TestSet, normal_images, read_test_set
 from mae.apps.anomaly.masks import complementary_masks
 from mae.apps.anomaly.scoring import NormalStatistics
-from mae.command import UsageError, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
+from mae.errors import ConfigError, UsageError
 from mae.inference.images import display_range
 from mae.inference.normalization import Normalization
 from mae.inference.reconstruction import load_reconstructor
@@ -147,7 +148,7 @@ def _mae(args: Namespace) -> Method:
     --raw-errors."""
     normal = [] if args.raw_errors else normal_images(args.normal)
     if len(normal) == 1:
-        raise ValueError(f"{args.normal} holds 1 image: per-patch statistics need at least 2 normal images (or "
+        raise ConfigError(f"{args.normal} holds 1 image: per-patch statistics need at least 2 normal images (or "
                          f"pass --raw-errors)")  # fmt: skip
     model, norm = load_reconstructor(args.checkpoint, args.checkpoint_format, args.img_size, args.mean, args.std)
     in_chans = model.config["in_chans"]
@@ -167,7 +168,7 @@ def _mae(args: Namespace) -> Method:
         try:
             statistics = NormalStatistics.of(normal_errors)
         except ValueError as err:
-            raise ValueError(f"--normal {args.normal}: {err}; add varied defect-free images, or pass --raw-errors "
+            raise ConfigError(f"--normal {args.normal}: {err}; add varied defect-free images, or pass --raw-errors "
                              f"to score the errors as they are") from err  # fmt: skip
         print(f"normal images: {len(normal)} ({args.normal})")
         if statistics.floored:

@@ -6,6 +6,7 @@ from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
+from mae.errors import ConfigError
 
 
 def build_parser() -> ArgumentParser:
@@ -34,11 +35,11 @@ def run(args: Namespace) -> None:
     try:
         port = choose_port(args.host, args.port)
     except OSError as err:
-        raise ValueError(str(err)) from None
+        raise ConfigError(str(err)) from None
     try:
         import gradio  # noqa: F401
     except ImportError as err:
-        raise ValueError(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
+        raise ConfigError(f'the demo page needs Gradio: pip install -e ".[demo]" ({err})') from None
     if args.port is None:
         print(f"serving on port {port} (choose another with --port N)")
     session = ReconstructionSession(args.checkpoint, args.checkpoint_format, args.max_image_pixels)
@@ -52,7 +53,7 @@ def run(args: Namespace) -> None:
         try:
             serve(page, args.host, port, args.max_upload_mb)
         except OSError:  # Gradio's own port check: the port was taken after ours
-            raise ValueError(f"port {port} on {args.host} was taken as the page started: "
+            raise ConfigError(f"port {port} on {args.host} was taken as the page started: "
                              "start it again, or choose another with --port N") from None  # fmt: skip
 
 

@@ -7,10 +7,11 @@ from jsonargparse import ArgumentParser, Namespace
 from mae.apps.embeddings.embed_run import PartsFolder, embed_images, listed_images
 from mae.apps.embeddings.embedder import load_embedder
 from mae.apps.embeddings.embedding_index import IndexMeta, index_outputs
-from mae.command import UsageError, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
+from mae.errors import UsageError
 from mae.eval.features import POOLS
 from mae.inference.normalization import Normalization
 from mae.io.outputs import check_outputs

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import UsageError, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_float, argparse_int, legacy_positionals
 from mae.convert.export import export_encoder, is_exported_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
+from mae.errors import ConfigError, UsageError
 from mae.eval.features import POOLS
 from mae.io.outputs import Output, check_outputs
 
@@ -94,7 +95,7 @@ def run_onnx(args: Namespace):
         try:
             importlib.import_module(package)
         except ImportError as err:
-            raise ValueError(f'ONNX export needs the onnx extra: pip install -e ".[onnx]" ({err})') from None
+            raise ConfigError(f'ONNX export needs the onnx extra: pip install -e ".[onnx]" ({err})') from None
     from mae.apps.onnx_encoder import describe, export_onnx, is_onnx_encoder
     from mae.convert.onnx import DEFAULT_ATOL
 

@@ -8,10 +8,11 @@ from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
 from mae.apps.reconstruction_figure import Figure, reconstruction_figure
-from mae.command import UsageError, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
+from mae.errors import ConfigError, UsageError
 from mae.inference.images import display_range, image_paths, load_image
 from mae.inference.reconstruction import load_reconstructor
 from mae.io.atomic import atomic_write
@@ -87,7 +88,7 @@ def run(args: Namespace) -> Figure:
             print(f"skipped {path}: {err}", file=sys.stderr)
     if not images:
         shown = ", ".join(map(str, args.images))
-        raise ValueError(
+        raise ConfigError(
             f"no readable image among {shown} (each skipped one is named above, with why): give image "
             "files, or folders of them, that the skips do not name"
         )

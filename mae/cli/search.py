@@ -9,10 +9,11 @@ from mae.apps.embeddings.embed_run import listed_images
 from mae.apps.embeddings.embedding_index import EmbeddingIndex
 from mae.apps.embeddings.image_search import CHUNK_ROWS, Match, index_embedder, search_images
 from mae.apps.embeddings.neighbours_figure import neighbours_figure
-from mae.command import UsageError, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
+from mae.errors import ConfigError, UsageError
 from mae.io.atomic import atomic_write
 from mae.io.outputs import Output, check_outputs, png_info, png_is_from
 
@@ -58,7 +59,7 @@ def run(args: Namespace) -> list[Match]:
     for path, error in unreadable:
         print(f"skipped {path}: {error}", file=sys.stderr)
     if not matches:
-        raise ValueError(f"none of the {len(queries)} query images could be read (the first, {unreadable[0][0]}: "
+        raise ConfigError(f"none of the {len(queries)} query images could be read (the first, {unreadable[0][0]}: "
                          f"{unreadable[0][1]})")  # fmt: skip
     for match in matches:
         print(match.query)

@@ -24,6 +24,8 @@ are read through ``mae.convert.sources``' older path.
 
 from typing import Any
 
+from mae.errors import ConfigError
+
 ARCHITECTURE_KEY = "mae_architecture"
 DATA_KEY = "mae_data"
 MAE_CLASS = "MaskedAutoencoderViT"
@@ -61,11 +63,11 @@ def encoder_config(record: dict[str, Any], source: str) -> dict[str, Any]:
     elif cls == VIT_CLASS:
         missing = [k for k in _ENCODER_VIT_ARGS if k not in args]
         if missing:
-            raise ValueError(f"{source}: {ARCHITECTURE_KEY} lacks VisionTransformer arguments {missing}")
+            raise ConfigError(f"{source}: {ARCHITECTURE_KEY} lacks VisionTransformer arguments {missing}")
         config = {k: args[k] for k in _ENCODER_VIT_ARGS}
         config["layer_norm_eps"] = record.get("layer_norm_eps", 1e-6)
     else:
-        raise ValueError(f"{source}: {ARCHITECTURE_KEY} names class {cls!r}; expected {MAE_CLASS!r} or {VIT_CLASS!r}")
+        raise ConfigError(f"{source}: {ARCHITECTURE_KEY} names class {cls!r}; expected {MAE_CLASS!r} or {VIT_CLASS!r}")
     config["img_size"] = tuple(config["img_size"]) if isinstance(config.get("img_size"), list) else config["img_size"]
     return config
 

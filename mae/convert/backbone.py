@@ -13,6 +13,7 @@ from torch import nn
 
 from mae.convert.report import LoadReport, load_checked
 from mae.convert.sources import MAECheckpoint, check_finite, read_checkpoint
+from mae.errors import ConfigError
 from mae.models.decoder_switches import switch_differences
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.patch_grid import check_img_size
@@ -76,7 +77,7 @@ def adapt_patch_embed(state: dict[str, torch.Tensor], in_chans: int, report: Loa
         try:  # other source channel counts need timm's base_chans (recent releases)
             adapted = adapt_input_conv(in_chans, weight, base_chans=weight.shape[1])
         except TypeError:
-            raise ValueError(
+            raise ConfigError(
                 f"{report.source}: adapting its {weight.shape[1]}-channel patch embedding to {in_chans} channels "
                 f"needs a newer timm (adapt_input_conv with base_chans): pip install -U timm"
             ) from None
@@ -126,7 +127,7 @@ def load_backbone(
     """
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
     if global_pool == "token" and pooling_of(ckpt) == "avg":
-        raise ValueError(
+        raise ConfigError(
             f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final norm), so "
             f"its cls token has no trained norm to pass through: load it with global_pool='avg' (the mean of the "
             f"patch tokens through its fc_norm; --model.global_pool avg for finetune.py). Embedding, kNN / probe "
@@ -179,7 +180,7 @@ def load_mae(
     """
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
     if not ckpt.has_decoder:
-        raise ValueError(
+        raise ConfigError(
             f"{ckpt.source} holds an encoder only (no decoder_* weights; an exported encoder or a fine-tuned "
             f"classifier), so it cannot reconstruct images: reconstruction needs the full MAE, as in our "
             f"pretraining checkpoints (runs/<name>/version_N/checkpoints/*.ckpt), the official "
@@ -188,7 +189,7 @@ def load_mae(
         )
     changed = switch_differences(ckpt.config, overrides, tuple(k for k in _DECODER_ARCHITECTURE if k in overrides))
     if changed:
-        raise ValueError(
+        raise ConfigError(
             f"{ckpt.source}: its decoder was trained as recorded, so load_mae cannot rebuild it otherwise: "
             + "; ".join(changed)
             + "; leave these out of the overrides (mae.load_backbone reads the encoder of any variant)"
@@ -222,19 +223,19 @@ def init_mae_from(model: MaskedAutoencoderViT, source: str | Path, format: str =
     """
     ckpt = read_checkpoint(source, format)
     if any(key.startswith(("head.", "fc_norm.")) for key in ckpt.state_dict):
-        raise ValueError(
+        raise ConfigError(
             f"{source} is a fine-tuned classifier (it has a head): model.init_from needs pretrained MAE weights, "
             f"e.g. our pretraining checkpoint, the official mae_pretrain_vit_*.pth or mae_visualize_vit_*.pth"
         )
     patch = ckpt.config["patch_size"]
     if patch != model.patch_size:
-        raise ValueError(
+        raise ConfigError(
             f"{source} was pretrained with {patch}x{patch}-pixel patches, but this model has {model.patch_size}x"
             f"{model.patch_size}: choose the model of its patch size (e.g. model.model ..._patch{patch})"
         )
     changed = switch_differences(ckpt.config, model.config, ("decoder_type",)) if ckpt.has_decoder else []
     if changed:
-        raise ValueError(
+        raise ConfigError(
             f"{source} holds another decoder than this model: model.{changed[0]}; set model.decoder_type to the "
             f"file's to continue from its decoder (a file without a decoder starts any decoder fresh)"
         )

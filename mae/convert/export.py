@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from mae.convert.backbone import vit_args
 from mae.convert.sources import check_finite, read_checkpoint
+from mae.errors import ConfigError
 from mae.io.atomic import atomic_write
 
 # timm names of the standard widths/depths; any other shape is built from a base name plus model_args.
@@ -56,10 +57,10 @@ def export_encoder(
     ckpt = read_checkpoint(source, format)
     out = Path(out)
     if out.suffix != ".safetensors":
-        raise ValueError(f"export target {out} must end in .safetensors (or .onnx for an ONNX file)")
+        raise ConfigError(f"export target {out} must end in .safetensors (or .onnx for an ONNX file)")
     config = {**ckpt.config, **({"num_heads": num_heads} if num_heads else {})}
     if config["layer_norm_eps"] != 1e-6:
-        raise ValueError(
+        raise ConfigError(
             f"{source} uses LayerNorm eps {config['layer_norm_eps']:g}; a timm ViT uses 1e-6, so its features "
             f"would differ: use mae.load_backbone for this checkpoint instead"
         )

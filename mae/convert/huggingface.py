@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from mae.errors import ConfigError
 from mae.models.mae import MaskedAutoencoderViT
 
 # Ours -> hub layout, outside the transformer blocks.
@@ -113,12 +114,12 @@ def hf_config(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> dict[str
     """The ``ViTMAEConfig`` (as a ``config.json`` dict) of the same architecture as ``model``."""
     grid_h, grid_w = model.grid_size
     if model.decoder_type != "self":
-        raise ValueError(
+        raise ConfigError(
             f"Hugging Face ViTMAE has only the paper's self-attention decoder, not decoder_type "
             f"{model.decoder_type!r}; export the encoder instead (mae export), which every variant shares"
         )
     if grid_h != grid_w:
-        raise ValueError(f"Hugging Face ViTMAE supports square inputs only, got a {grid_h}x{grid_w} patch grid")
+        raise ConfigError(f"Hugging Face ViTMAE supports square inputs only, got a {grid_h}x{grid_w} patch grid")
     block, decoder_block = model.blocks[0], model.decoder_blocks[0]
     return {
         "architectures": ["ViTMAEForPreTraining"],

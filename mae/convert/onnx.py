@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mae.errors import ConfigError
 from mae.io.atomic import atomic_write
 
 DEFAULT_ATOL = 1e-4  # fp32 agreement asked of onnxruntime against torch
@@ -49,7 +50,7 @@ def check_opset(opset: int | None) -> None:
         return
     lowest, highest = supported_opsets()
     if not lowest <= opset <= highest:
-        raise ValueError(
+        raise ConfigError(
             f"--opset {opset}: the installed ONNX exporter (torch {torch.__version__}) writes opsets {lowest} to "
             f"{highest}; choose one in that range (onnxruntime 1.14 and later read opset {lowest})"
         )
@@ -86,11 +87,11 @@ def write_onnx(
     """
     out = Path(out)
     if out.suffix != ".onnx":
-        raise ValueError(f"ONNX export target {out} must end in .onnx")
+        raise ConfigError(f"ONNX export target {out} must end in .onnx")
     check_opset(opset)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if weight_bytes > MAX_ONNX_BYTES:
-        raise ValueError(
+        raise ConfigError(
             f"the weights take {weight_bytes / 2**30:.1f} GiB, over the 2 GiB one ONNX file holds; this command "
             f"writes single files (a ViT-L encoder and smaller fit)"
         )
@@ -103,7 +104,7 @@ def write_onnx(
         )  # fmt: skip
     written_opset = program.model.opset_imports[""]
     if opset is not None and written_opset != opset:
-        raise ValueError(f"the exporter wrote opset {written_opset}, not the --opset {opset} asked for")
+        raise ConfigError(f"the exporter wrote opset {written_opset}, not the --opset {opset} asked for")
     program.model.metadata_props.update(metadata)
     program.model.doc_string = doc
     differences: dict[int, float] = {}
@@ -135,7 +136,7 @@ def check_with_onnxruntime(
     try:
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own error types are not exceptions of this package
-        raise ValueError(
+        raise ConfigError(
             f"onnxruntime {onnxruntime.__version__} cannot load the exported file ({err}); a lower --opset may "
             f"be one it reads"
         ) from err
@@ -149,7 +150,7 @@ def check_with_onnxruntime(
         (got,) = session.run(None, {inp.name: pixels.numpy()})
         differences[batch] = float(np.abs(got - expected).max())
         if not differences[batch] <= atol:  # NaN fails too
-            raise ValueError(
+            raise ConfigError(
                 f"onnxruntime's output differs from torch's by {differences[batch]:.3g} (max abs, batch {batch}), "
                 f"over the {atol:g} allowed: the ONNX file was not written"
             )

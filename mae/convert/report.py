@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from mae.errors import InputError
+
 
 @dataclass
 class LoadReport:
@@ -82,7 +84,7 @@ def load_checked(
     own = module.state_dict()
     problems = state_dict_mismatch(own, state_dict, allowed_missing, allowed_ignored)
     if problems:
-        raise ValueError(f"{report.source} does not fit the model: " + "; ".join(problems))
+        raise InputError(f"{report.source} does not fit the model: " + "; ".join(problems))
     missing = sorted(k for k in own if k not in state_dict)
     ignored = sorted(k for k in state_dict if k not in own)
     module.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)

@@ -11,6 +11,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from mae.errors import InputError, MissingFileError
+
 # What real MAE checkpoints hold besides tensors and plain containers: the official training
 # script pickles its argparse.Namespace under "args".
 ALLOWED_GLOBALS = [argparse.Namespace]
@@ -55,7 +57,7 @@ def check_checkpoint_file(path: Path) -> None:
         head = f.read(512)
     if head.startswith((_ZIP_MAGIC, _PICKLE_PROTOCOL)) or is_safetensors(head):
         return
-    raise ValueError(f"{path} is not a PyTorch/safetensors checkpoint (it looks like: {describe_content(head)})")
+    raise InputError(f"{path} is not a PyTorch/safetensors checkpoint (it looks like: {describe_content(head)})")
 
 
 def safe_torch_load(path: str | Path) -> Any:
@@ -69,7 +71,7 @@ def safe_torch_load(path: str | Path) -> Any:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+        raise MissingFileError(f"checkpoint {path} does not exist")
     check_checkpoint_file(path)
     with open(path, "rb") as f:
         if is_safetensors(f.read(16)):
@@ -80,12 +82,12 @@ def safe_torch_load(path: str | Path) -> Any:
     except pickle.UnpicklingError as err:
         named = re.findall(r"GLOBAL ([\w.]+)", str(err))
         what = f"it names {named[0]}" if named else "it holds objects that are not tensors or plain data"
-        raise ValueError(
+        raise InputError(
             f"{path} would run code when loaded: {what}. Only tensors, plain containers and argparse.Namespace "
             f"are read from checkpoints; ask the file's author for its weights as a state dict or safetensors file."
         ) from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, KeyError, IndexError) as err:
-        raise ValueError(
+        raise InputError(
             f"could not read checkpoint {path}: truncated or corrupt ({type(err).__name__}: {err})"
         ) from err
 
@@ -94,8 +96,8 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a ``.safetensors`` file (a format that cannot hold code)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+        raise MissingFileError(f"checkpoint {path} does not exist")
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError) as err:
-        raise ValueError(f"could not read safetensors file {path}: truncated or corrupt ({err})") from err
+        raise InputError(f"could not read safetensors file {path}: truncated or corrupt ({err})") from err

@@ -26,6 +26,7 @@ from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, encoder_config
 from mae.convert.huggingface import from_hf_state_dict
 from mae.convert.report import block_count
 from mae.convert.safe_load import read_safetensors, safe_torch_load
+from mae.errors import InputError, MissingFileError
 from mae.models.factory import MODEL_REGISTRY, create_model
 from mae.models.mae import MaskedAutoencoderViT
 
@@ -77,7 +78,7 @@ def check_finite(state: dict[str, torch.Tensor], source: str | Path) -> None:
         if tensor.is_floating_point() or tensor.is_complex():
             bad = int((~torch.isfinite(tensor)).sum())
             if bad:
-                raise ValueError(
+                raise InputError(
                     f"{source} holds non-finite weights: {name} has {bad:,} NaN or infinite value(s) of "
                     f"{tensor.numel():,} (the first such tensor); the run that wrote it diverged: use an earlier "
                     f"checkpoint of that run"
@@ -91,7 +92,7 @@ def read_checkpoint(source: str | Path, format: str = "auto") -> MAECheckpoint:
         FileNotFoundError, ValueError: with the path, what was found and what was expected.
     """
     if format not in FORMATS:
-        raise ValueError(f"checkpoint format {format!r} is unknown; expected one of {FORMATS}")
+        raise InputError(f"checkpoint format {format!r} is unknown; expected one of {FORMATS}")
     path = Path(source)
     if path.is_dir():
         return _read_huggingface(path, _hf_weights_in(path))
@@ -103,7 +104,7 @@ def read_checkpoint(source: str | Path, format: str = "auto") -> MAECheckpoint:
 
     obj = safe_torch_load(path)
     if not isinstance(obj, dict):
-        raise ValueError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict or state dict")
+        raise InputError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict or state dict")
     if format == "auto":
         if "state_dict" in obj and "pytorch-lightning_version" in obj:
             format = "lightning"
@@ -112,7 +113,7 @@ def read_checkpoint(source: str | Path, format: str = "auto") -> MAECheckpoint:
         elif all(isinstance(v, torch.Tensor) for v in obj.values()):
             format = "huggingface" if _looks_like_hf(obj) else "timm"
         else:
-            raise ValueError(
+            raise InputError(
                 f"cannot tell the format of {path}: top-level keys {sorted(obj)[:8]}; expected a Lightning "
                 f"checkpoint ('state_dict'), an official MAE file ('model') or a plain state dict; "
                 f"name the format explicitly with format= (Python) or --checkpoint-format (commands)"
@@ -135,7 +136,7 @@ def _hf_weights_in(folder: Path) -> dict[str, torch.Tensor]:
         return read_safetensors(folder / "model.safetensors")
     if (folder / "pytorch_model.bin").is_file():
         return safe_torch_load(folder / "pytorch_model.bin")
-    raise FileNotFoundError(f"{folder} holds neither model.safetensors nor pytorch_model.bin (a Hugging Face folder)")
+    raise MissingFileError(f"{folder} holds neither model.safetensors nor pytorch_model.bin (a Hugging Face folder)")
 
 
 def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
@@ -145,7 +146,7 @@ def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
     prefix = record.get("state_dict_prefix", "model.")
     state = {k[len(prefix) :]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
     if not state:
-        raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record says the weights are under {prefix!r}, but none are")
+        raise InputError(f"{path}: its {ARCHITECTURE_KEY} record says the weights are under {prefix!r}, but none are")
     config = encoder_config(record, str(path))
     check_record(config, state, path)
     return MAECheckpoint(str(path), "lightning", state, config, data=obj.get(DATA_KEY))
@@ -171,7 +172,7 @@ def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: s
     _check_record_grid(config.get("img_size"), measured["patch_size"], state["pos_embed"].shape[1] - 1, path)
     for heads, width_key in (("num_heads", "embed_dim"), ("decoder_num_heads", "decoder_embed_dim")):
         if heads in config and width_key in config and config[width_key] % config[heads]:
-            raise ValueError(
+            raise InputError(
                 f"{path}: its {ARCHITECTURE_KEY} record has {heads}={config[heads]}, which does not divide "
                 f"{width_key}={config[width_key]}"
             )
@@ -187,7 +188,7 @@ def _check_record_types(config: dict[str, Any], path: str | Path) -> None:
     known = set(inspect.signature(MaskedAutoencoderViT.__init__).parameters) - {"self"}
     unknown = sorted(set(config) - known)
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"{path}: its {ARCHITECTURE_KEY} record has arguments MaskedAutoencoderViT does not take: {unknown} "
             f"(it takes {sorted(known)}); the record is damaged or from another program"
         )
@@ -195,11 +196,11 @@ def _check_record_types(config: dict[str, Any], path: str | Path) -> None:
                 "decoder_num_heads"):  # fmt: skip
         value = config.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record has {key}={value!r}; expected a positive integer")
+            raise InputError(f"{path}: its {ARCHITECTURE_KEY} record has {key}={value!r}; expected a positive integer")
     size = config.get("img_size")
     sizes = _image_sizes(size)
     if len(sizes) not in (1, 2) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes):
-        raise ValueError(f"{path}: its {ARCHITECTURE_KEY} record has img_size={size!r}; expected H or [H, W] pixels")
+        raise InputError(f"{path}: its {ARCHITECTURE_KEY} record has img_size={size!r}; expected H or [H, W] pixels")
 
 
 def _check_record_shapes(
@@ -209,12 +210,12 @@ def _check_record_shapes(
     keys = _SHAPE_ARGS + (_DECODER_SHAPE_ARGS if "decoder_embed.weight" in state else ())
     for key in keys:
         if key in config and not math.isclose(float(config[key]), float(measured[key])):
-            raise ValueError(
+            raise InputError(
                 f"{path}: its {ARCHITECTURE_KEY} record says {key}={config[key]!r}, but its tensors have "
                 f"{key}={measured[key]!r}; the record is damaged or was edited"
             )
     if "decoder_embed.weight" in state and config.get("decoder_type", "self") != measured["decoder_type"]:
-        raise ValueError(
+        raise InputError(
             f"{path}: its {ARCHITECTURE_KEY} record says decoder_type={config.get('decoder_type', 'self')!r}, but its "
             f"tensors are a {measured['decoder_type']!r} decoder's; the record is damaged or was edited"
         )
@@ -225,7 +226,7 @@ def _check_record_grid(size: Any, patch: int, positions: int, path: str | Path) 
     sizes = _image_sizes(size)
     height, width = sizes * 2 if len(sizes) == 1 else sizes
     if height % patch or width % patch or (height // patch) * (width // patch) != positions:
-        raise ValueError(
+        raise InputError(
             f"{path}: its {ARCHITECTURE_KEY} record says img_size={size!r}, but pos_embed holds {positions} patch "
             f"positions of {patch}x{patch} pixels; the record is damaged or was edited"
         )
@@ -244,7 +245,7 @@ def _read_lightning_v0_1(path: Path, obj: dict) -> MAECheckpoint:
         return MAECheckpoint(str(path), "lightning", state, config)
     state = {k[len("model.") :]: v for k, v in obj["state_dict"].items() if k.startswith("model.")}
     if not state:
-        raise ValueError(
+        raise InputError(
             f"{path} is a Lightning checkpoint without 'model.*' weights: not written by mae's train.py or finetune.py"
         )
     hp = obj.get("hyper_parameters", {})
@@ -299,17 +300,17 @@ def _read_timm(path: Path, state: dict) -> MAECheckpoint:
 def _read_huggingface(folder: Path, tensors: dict[str, torch.Tensor], path: Path | None = None) -> MAECheckpoint:
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"Hugging Face weights {path or folder} need their config.json beside them (not found in {folder})"
         )
     hf = json.loads(config_file.read_text())
     if hf.get("hidden_act", "gelu") != "gelu":  # Hugging Face's "gelu" is the exact (erf) GELU of MAE
-        raise ValueError(
+        raise InputError(
             f"{config_file}: hidden_act is {hf['hidden_act']!r}; MAE ViTs use exact GELU ('gelu'), so this model "
             f"would compute something else here"
         )
     if not hf.get("qkv_bias", True):
-        raise ValueError(f"{config_file}: qkv_bias=false models are not MAE ViTs (MAE uses query/key/value biases)")
+        raise InputError(f"{config_file}: qkv_bias=false models are not MAE ViTs (MAE uses query/key/value biases)")
     ignored = sorted(k for k in tensors if k.startswith(_HF_IGNORED))
     kept = {}
     for key, value in tensors.items():
@@ -332,7 +333,7 @@ def _read_huggingface(folder: Path, tensors: dict[str, torch.Tensor], path: Path
             f"outputs match the Hugging Face model"
         )
     if config["embed_dim"] != width:
-        raise ValueError(f"{config_file}: hidden_size {width} but the weights are {config['embed_dim']} wide")
+        raise InputError(f"{config_file}: hidden_size {width} but the weights are {config['embed_dim']} wide")
     return MAECheckpoint(str(path or folder), "huggingface", state, config, notes, ignored)
 
 
@@ -348,13 +349,13 @@ def infer_config(
     hints = dict(hints or {})
     notes: list[str] = []
     if "patch_embed.proj.weight" not in state or "pos_embed" not in state:
-        raise ValueError(
+        raise InputError(
             f"{source} is not a ViT / MAE state dict: no patch_embed.proj.weight or pos_embed (keys start "
             f"{sorted(state)[:5]})"
         )
     proj = state["patch_embed.proj.weight"]
     if proj.ndim != 4:
-        raise ValueError(
+        raise InputError(
             f"{source}: patch_embed.proj.weight must be a conv weight (D, C, p, p), got shape {tuple(proj.shape)}"
         )
     embed_dim, in_chans, patch_size = proj.shape[0], proj.shape[1], proj.shape[-1]
@@ -366,7 +367,7 @@ def infer_config(
     if img_size is None:
         side = math.isqrt(num_patches)
         if side * side != num_patches:
-            raise ValueError(
+            raise InputError(
                 f"{source}: pos_embed has {num_patches} patch positions, not a square grid: pass img_size=(H, W)"
             )
         img_size = side * patch_size

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 
 from mae.convert.backbone import load_backbone
 from mae.data import ImageDataModule, Loader
+from mae.errors import ConfigError
 
 Pool = Literal["cls", "avg", "both"]
 POOLS: tuple[str, ...] = get_args(Pool)
@@ -20,7 +21,7 @@ def pooled(model: torch.nn.Module, pool: Pool) -> Callable[[torch.Tensor], torch
     """(N, C, H, W) -> (N, D) float (or (N, 2D) for "both"): the normed cls token, the mean of the
     normed patch tokens, or both side by side; for an MAE model or a timm ViT, on all patches."""
     if pool not in POOLS:
-        raise ValueError(f"probe.pool must be 'cls', 'avg' or 'both', got {pool!r}")
+        raise ConfigError(f"probe.pool must be 'cls', 'avg' or 'both', got {pool!r}")
 
     def encode(imgs: torch.Tensor) -> torch.Tensor:
         tokens = model.forward_features(imgs)

@@ -8,6 +8,7 @@ References: Wu et al., "Unsupervised Feature Learning via Non-Parametric Instanc
 import torch
 
 from mae.data import ImageDataModule, fixed_subset
+from mae.errors import ConfigError
 from mae.eval.features import FeatureStore, l2_normalised, pooled
 
 
@@ -64,7 +65,7 @@ def knn_evaluate(
     """
     train_set, val_set = data.feature_datasets()
     if val_set is None:
-        raise ValueError(f"kNN evaluation needs a validation split; {type(data).__name__} has none")
+        raise ConfigError(f"kNN evaluation needs a validation split; {type(data).__name__} has none")
     if max_train is not None:
         train_set = fixed_subset(train_set, max_train)
     encode = l2_normalised(pooled(model, "cls"))

@@ -20,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from mae.data import ImageDataModule, fixed_subset
+from mae.errors import ConfigError
 from mae.eval.features import FeatureStore, Pool, pooled
 
 DEFAULT_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
@@ -30,9 +31,9 @@ def check_grid(lrs: list[float], weight_decays: list[float]) -> None:
     """Raises ValueError naming ``probe.lrs`` / ``probe.weight_decays`` for an empty grid, a
     non-positive learning rate or a negative weight decay."""
     if not lrs or min(lrs) <= 0:
-        raise ValueError(f"probe.lrs must be positive learning rates, got {list(lrs)}")
+        raise ConfigError(f"probe.lrs must be positive learning rates, got {list(lrs)}")
     if not weight_decays or min(weight_decays) < 0:
-        raise ValueError(f"probe.weight_decays must be >= 0, got {list(weight_decays)}")
+        raise ConfigError(f"probe.weight_decays must be >= 0, got {list(weight_decays)}")
 
 
 @dataclass
@@ -56,12 +57,12 @@ def check_training(max_epochs: int, patience: int, holdout: float) -> None:
     """Raises ValueError naming ``probe.max_epochs`` / ``probe.patience`` below 1 (untrained heads
     have nothing to report) or ``probe.holdout`` outside (0, 1)."""
     if max_epochs < 1 or patience < 1:
-        raise ValueError(
+        raise ConfigError(
             f"probe.max_epochs and probe.patience must be >= 1, got {max_epochs} and {patience}: untrained heads "
             f"have nothing to report"
         )
     if not 0 < holdout < 1:
-        raise ValueError(f"probe.holdout must be in (0, 1), got {holdout}")
+        raise ConfigError(f"probe.holdout must be in (0, 1), got {holdout}")
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class ProbeSettings:
         check_training(self.max_epochs, self.patience, self.holdout)
         pooled(torch.nn.Identity(), self.pool)  # a bad pool name fails now
         if self.views < 1:
-            raise ValueError(f"probe views must be >= 1, got {self.views}")
+            raise ConfigError(f"probe views must be >= 1, got {self.views}")
 
 
 def evaluate(
@@ -109,13 +110,13 @@ def evaluate(
         ValueError: the data has fewer than 2 classes or no validation split.
     """
     if data.num_labels < 2:
-        raise ValueError(f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
+        raise ConfigError(f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
                          f"{data.num_labels}")  # fmt: skip
     encoder = pooled(model, settings.pool)
     encode = lambda imgs: encoder(data.normalize(imgs))  # noqa: E731  (augmented views may be uint8)
     feature_train, val_set = data.feature_datasets()
     if val_set is None:
-        raise ValueError(f"a linear probe is scored on a validation split; {type(data).__name__} has none")
+        raise ConfigError(f"a linear probe is scored on a validation split; {type(data).__name__} has none")
     augmented = settings.views > 1
     train_set = data.build_datasets(data.train_transform(), data.eval_transform())[0] if augmented else feature_train
     if max_train is not None:
@@ -158,7 +159,7 @@ def train_probe(
     check_grid(list(lrs), list(weight_decays))
     check_training(max_epochs, patience, holdout)
     if chunk % batch_size:
-        raise ValueError(f"probe chunk {chunk} must be a multiple of the batch size {batch_size}")
+        raise ConfigError(f"probe chunk {chunk} must be a multiple of the batch size {batch_size}")
     return _train_heads(train, val, num_classes, lrs, weight_decays, holdout, max_epochs, patience, batch_size, chunk,
                         seed)  # fmt: skip
 
@@ -182,7 +183,7 @@ def _train_heads(
     images = len(train) // train.views
     fit_images, held_images = _stratified_split(np.asarray(train.labels[:images]), holdout, generator)
     if len(held_images) == 0 or len(fit_images) == 0:
-        raise ValueError(
+        raise ConfigError(
             f"the probe chooses its head on held-out training images, and {images} training images "
             f"({images / max(1, num_classes):.1f} per class) leave none to hold out at probe.holdout={holdout}: "
             f"a class needs 2 or more images (use more labelled images, or the kNN evaluation, mae knn)"

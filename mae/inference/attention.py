@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mae.errors import ConfigError
+
 
 def attention_weights(attn: nn.Module, x: torch.Tensor, queries: slice = slice(None)) -> torch.Tensor:
     """(N, T, D) input of a timm ``Attention`` -> (N, heads, Q, T) float softmax weights of the ``queries``
@@ -35,7 +37,7 @@ def _last_attention(model: nn.Module) -> nn.Module:
     """The ``Attention`` module of the encoder's last block (a timm ViT or an MAE)."""
     attn = getattr(model.blocks[-1], "attn", None)
     if attn is None or not all(hasattr(attn, name) for name in ("qkv", "num_heads", "head_dim", "scale")):
-        raise ValueError(
+        raise ConfigError(
             f"the last block's attention is a {type(attn).__name__}, not timm's Attention (qkv, num_heads, "
             f"head_dim, scale): attention maps need a timm ViT or an MAE encoder"
         )
@@ -52,7 +54,7 @@ def last_block_attention(model: nn.Module, imgs: torch.Tensor, queries: slice = 
 
     def recompute(module, args, kwargs, output) -> None:
         if kwargs.get("attn_mask") is not None or kwargs.get("is_causal"):
-            raise ValueError("attention maps of a masked attention are not supported")
+            raise ConfigError("attention maps of a masked attention are not supported")
         captured.append(attention_weights(module, args[0] if args else kwargs["x"], queries))
 
     if attn.fused_attn:

@@ -13,6 +13,7 @@ from mae.data.decoding.formats import READERS
 from mae.data.decoding.image import pixel_format, read_image
 from mae.data.decoding.units import chw_tensor
 from mae.data.views.arrays import ArrayView
+from mae.errors import InputError, MissingFileError
 from mae.inference.normalization import Normalization
 
 IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)  # what load_image raises
@@ -44,7 +45,7 @@ def load_image(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise MissingFileError(f"{path} does not exist")
     try:
         view = ArrayView("eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0, max_pixels=max_pixels)
         pixels = chw_tensor(read_image(path, norm.in_chans, max_pixels, view.eval_short_side))
@@ -52,7 +53,7 @@ def load_image(
     except IMAGE_ERRORS:
         raise
     except Exception as err:  # one file's problem (MemoryError, IndexError, ...), never the command's
-        raise ValueError(f"cannot read {path}: {type(err).__name__}: {err}") from err
+        raise InputError(f"cannot read {path}: {type(err).__name__}: {err}") from err
 
 
 def display_range(paths: list[str | os.PathLike]) -> tuple[float, float] | None:

@@ -4,6 +4,7 @@ its checkpoint (``mae_data``), or takes from ``--mean`` / ``--std``."""
 from dataclasses import dataclass
 
 from mae.data.views.normalize import check_statistics, normalization
+from mae.errors import ConfigError
 
 
 @dataclass
@@ -27,5 +28,5 @@ class Normalization:
         if data is not None:
             return cls(data["in_chans"], tuple(data["mean"]), tuple(data["std"]))
         if in_chans != 3:
-            raise ValueError(f"{source} does not record its data's mean and std: pass --mean and --std")
+            raise ConfigError(f"{source} does not record its data's mean and std: pass --mean and --std")
         return cls(3, *normalization(3, None, None))  # the data modules' default for RGB: ImageNet's

@@ -12,6 +12,7 @@ from torchvision.utils import make_grid
 from mae.convert.backbone import load_mae
 from mae.convert.sources import read_checkpoint
 from mae.data import IMAGENET_MEAN, IMAGENET_STD
+from mae.errors import ConfigError
 from mae.inference.normalization import Normalization
 from mae.models.loss import masked_patch_mse_per_image
 from mae.models.mae import MaskedAutoencoderViT
@@ -128,7 +129,7 @@ def to_display(
     channels = x.shape[1]
     if bands is not None:
         if len(bands) != 3 or not all(0 <= b < channels for b in bands):
-            raise ValueError(f"reconstruction.bands must be 3 channel indices in [0, {channels}), got {bands}")
+            raise ConfigError(f"reconstruction.bands must be 3 channel indices in [0, {channels}), got {bands}")
         x = x[:, list(bands)]
     elif channels == 1:
         x = x.expand(-1, 3, -1, -1)

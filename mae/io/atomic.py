@@ -7,8 +7,10 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from mae.errors import InputError, UserError
 
-class NoSpaceError(OSError):
+
+class NoSpaceError(UserError, OSError):
     """A write that the device's free space cannot hold; names the file, its size and the free bytes."""
 
     def __init__(self, path: Path, needed: int | None, free: int, kept: str) -> None:
@@ -105,14 +107,14 @@ def _holds(root: Path, params: dict, record: str, what: str) -> bool:
     if not root.exists() or (root.is_dir() and not any(root.iterdir())):
         return False
     if not (root / record).is_file():
-        raise ValueError(
+        raise InputError(
             f"{root} is not empty and holds no {what} (no {record}): write them to an empty or new folder, "
             f"or remove {root}"
         )
     written = json.loads((root / record).read_text())
     if written != params:
         changed = {k: (written.get(k), v) for k, v in params.items() if written.get(k) != v}
-        raise ValueError(
+        raise InputError(
             f"{root} holds {what} written with other parameters ((written, asked): {changed}): point root at "
             f"another folder, or remove {root} to write them anew"
         )

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from mae.errors import InputError, UserError
+
 SCHEMES = ("s3",)
 
 
@@ -72,7 +74,7 @@ def _bucket_key(url: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.lstrip("/")
 
 
-class StorageError(RuntimeError):
+class StorageError(UserError, RuntimeError):
     """A shard location that cannot be read or written; the message names the URL and the fix."""
 
 
@@ -171,7 +173,7 @@ def read_json(url: str, storage_options: dict[str, Any] | None = None) -> dict |
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{url} is not valid JSON ({err})") from err
+        raise InputError(f"{url} is not valid JSON ({err})") from err
 
 
 def write_json(url: str, data: dict, storage_options: dict[str, Any] | None = None) -> None:

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import nn
 
+from mae.errors import ConfigError
+
 
 class CrossAttention(nn.Module):
     """Multi-head attention of queries (N, M, D) over a context (N, T, D).
@@ -27,7 +29,7 @@ class CrossAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"cross-attention width {dim} is not divisible by its {num_heads} heads")
+            raise ConfigError(f"cross-attention width {dim} is not divisible by its {num_heads} heads")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5

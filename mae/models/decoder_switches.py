@@ -7,6 +7,8 @@ patches; ``decoder_encoder_layers`` lets each cross-decoder block read another e
 
 from typing import Literal, get_args
 
+from mae.errors import ConfigError
+
 DecoderType = Literal["self", "cross"]
 DECODER_TYPES: tuple[str, ...] = get_args(DecoderType)
 # The ``MaskedAutoencoderViT`` arguments that switch the decoder, with the paper's values (what a
@@ -17,7 +19,7 @@ DECODER_SWITCHES = {"decoder_type": "self", "decoder_keep_ratio": 1.0, "decoder_
 def check_decoder_type(decoder_type: str, name: str = "decoder_type") -> None:
     """Raise ``ValueError`` naming the setting (``name``) when ``decoder_type`` is not in ``DECODER_TYPES``."""
     if decoder_type not in DECODER_TYPES:
-        raise ValueError(f"{name} {decoder_type!r} is unknown; expected one of {DECODER_TYPES}")
+        raise ConfigError(f"{name} {decoder_type!r} is unknown; expected one of {DECODER_TYPES}")
 
 
 def check_decoder_encoder_layers(
@@ -32,23 +34,23 @@ def check_decoder_encoder_layers(
     if layers is None:
         return None
     if decoder_type != "cross":
-        raise ValueError(
+        raise ConfigError(
             f"decoder_encoder_layers {layers} needs decoder_type 'cross' (got {decoder_type!r}): the "
             f"self-attention decoder reads the encoder's output only; set decoder_encoder_layers to null"
         )
     if not isinstance(layers, list | tuple) or len(layers) != decoder_depth:
-        raise ValueError(
+        raise ConfigError(
             f"decoder_encoder_layers must list one encoder layer per decoder block ({decoder_depth}), got {layers!r}"
         )
     for layer in layers:
         if isinstance(layer, bool) or not isinstance(layer, int) or not -depth <= layer < depth:
-            raise ValueError(
+            raise ConfigError(
                 f"decoder_encoder_layers {list(layers)} names encoder layer {layer!r}, which does not exist: "
                 f"the encoder has {depth} blocks, so allowed values are 0..{depth - 1} (or -{depth}..-1 from the end)"
             )
     resolved = [layer % depth for layer in layers]
     if depth - 1 not in resolved:
-        raise ValueError(
+        raise ConfigError(
             f"decoder_encoder_layers {list(layers)} never reads the last encoder layer ({depth - 1} or -1), so "
             f"the encoder blocks after layer {max(resolved)} would get no training signal; include it"
         )

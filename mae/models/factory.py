@@ -5,6 +5,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from mae.errors import ConfigError
 from mae.models.mae import MaskedAutoencoderViT
 
 MODEL_REGISTRY: dict[str, Callable[..., MaskedAutoencoderViT]] = {}
@@ -69,8 +70,8 @@ def create_model(name: str, **overrides: Any) -> MaskedAutoencoderViT:
         ValueError: unknown name or override key (the message lists the valid ones).
     """
     if name not in MODEL_REGISTRY:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODEL_REGISTRY))}")
+        raise ConfigError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODEL_REGISTRY))}")
     unknown = sorted(set(overrides) - set(MODEL_ARGS))
     if unknown:
-        raise ValueError(f"unknown model argument(s) {unknown} for {name}; valid arguments: {', '.join(MODEL_ARGS)}")
+        raise ConfigError(f"unknown model argument(s) {unknown} for {name}; valid arguments: {', '.join(MODEL_ARGS)}")
     return MODEL_REGISTRY[name](**overrides)

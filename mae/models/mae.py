@@ -20,6 +20,7 @@ from timm.layers import PatchEmbed, to_2tuple
 from timm.models.vision_transformer import Block
 from torch import nn
 
+from mae.errors import ConfigError
 from mae.models.cross_attention import CrossAttentionBlock
 from mae.models.decoder_switches import DecoderType, check_decoder_encoder_layers, check_decoder_type
 from mae.models.loss import masked_patch_mse
@@ -100,9 +101,9 @@ class MaskedAutoencoderViT(nn.Module):
         check_img_size(img_size, patch_size)
         for name, dim, heads in (("", embed_dim, num_heads), ("decoder_", decoder_embed_dim, decoder_num_heads)):
             if dim % heads:
-                raise ValueError(f"{name}embed_dim {dim} is not divisible by {name}num_heads {heads}")
+                raise ConfigError(f"{name}embed_dim {dim} is not divisible by {name}num_heads {heads}")
             if dim % 4:
-                raise ValueError(f"{name}embed_dim {dim} must be divisible by 4 for 2-D sin-cos position embeddings")
+                raise ConfigError(f"{name}embed_dim {dim} must be divisible by 4 for 2-D sin-cos position embeddings")
         check_mask_strategy(mask_strategy, "mask_strategy")
         check_decoder_type(decoder_type, "decoder_type")
         check_decoder_keep_ratio(decoder_keep_ratio, "decoder_keep_ratio")
@@ -145,7 +146,7 @@ class MaskedAutoencoderViT(nn.Module):
 
     def _check_grid(self, grid_size: tuple[int, int]) -> None:
         if self.mask_strategy == "grid" and (grid_size[0] % 2 or grid_size[1] % 2):
-            raise ValueError(f"grid masking needs an even patch grid, got {grid_size[0]}x{grid_size[1]}")
+            raise ConfigError(f"grid masking needs an even patch grid, got {grid_size[0]}x{grid_size[1]}")
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Take inputs of ``img_size`` from now on (same patch size): the patch grid and both fixed sin-cos
@@ -284,7 +285,7 @@ class MaskedAutoencoderViT(nn.Module):
         self.check_decoded_patches(mask_ratio)
         N, L = ids_restore.shape
         if decoder_noise is not None and decoder_noise.shape != (N, L):
-            raise ValueError(f"decoder_noise must have shape (N, L) = {(N, L)}, got {tuple(decoder_noise.shape)}")
+            raise ConfigError(f"decoder_noise must have shape (N, L) = {(N, L)}, got {tuple(decoder_noise.shape)}")
         len_keep = num_kept(L, mask_ratio)
         ids_masked = torch.argsort(ids_restore, dim=1)[:, len_keep:]  # the shuffle's masked part
         if self.decoder_keep_ratio == 1.0:

@@ -20,6 +20,8 @@ from typing import Literal, get_args
 
 import torch
 
+from mae.errors import ConfigError
+
 # The strategies, listed once: a new one is added here and given its scores in ``STRATEGY_SCORES``.
 MaskStrategy = Literal["random", "block", "grid"]
 MASK_STRATEGIES: tuple[str, ...] = get_args(MaskStrategy)
@@ -39,7 +41,7 @@ def num_decoded(num_masked: int, keep_ratio: float) -> int:
 def check_decoder_keep_ratio(keep_ratio: float, name: str = "decoder_keep_ratio") -> None:
     """Raise ``ValueError`` naming the setting unless ``keep_ratio`` is a number in (0, 1]."""
     if isinstance(keep_ratio, bool) or not isinstance(keep_ratio, int | float) or not 0.0 < keep_ratio <= 1.0:
-        raise ValueError(
+        raise ConfigError(
             f"{name} must be a number in (0, 1] (the fraction of masked patches the decoder reconstructs; "
             f"1.0 = every one, the paper), got {keep_ratio!r}"
         )
@@ -55,12 +57,12 @@ def check_decoded_patches(
     if num_decoded(masked, keep_ratio) >= 1:
         return
     if masked == 0:
-        raise ValueError(
+        raise ConfigError(
             f"mask_ratio {mask_ratio} masks no patch of the {grid_size[0]}x{grid_size[1]} patch grid, so the "
             f"decoder has nothing to reconstruct ({name} {keep_ratio}); train with a mask_ratio above 0"
         )
     smallest = math.ceil(10_000 / masked) / 10_000
-    raise ValueError(
+    raise ConfigError(
         f"{name} {keep_ratio} reconstructs int({masked} * {keep_ratio}) = 0 of the {masked} patches that "
         f"mask_ratio {mask_ratio} masks on the {grid_size[0]}x{grid_size[1]} patch grid; use at least "
         f"{smallest} (1 patch), at most 1.0 (every one)"
@@ -70,7 +72,7 @@ def check_decoded_patches(
 def check_mask_strategy(strategy: str, name: str = "mask strategy") -> None:
     """Raise ``ValueError`` naming the setting (``name``) when ``strategy`` is not in ``MASK_STRATEGIES``."""
     if strategy not in MASK_STRATEGIES:
-        raise ValueError(f"{name} {strategy!r} is unknown; expected one of {MASK_STRATEGIES}")
+        raise ConfigError(f"{name} {strategy!r} is unknown; expected one of {MASK_STRATEGIES}")
 
 
 def check_mask_ratio(mask_ratio: float, strategy: str = "random") -> None:
@@ -78,9 +80,9 @@ def check_mask_ratio(mask_ratio: float, strategy: str = "random") -> None:
     cannot produce."""
     check_mask_strategy(strategy)
     if not 0.0 <= mask_ratio < 1.0:
-        raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
+        raise ConfigError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
     if strategy == "grid" and not math.isclose(mask_ratio, 0.75):
-        raise ValueError(
+        raise ConfigError(
             f"grid masking keeps one patch of every 2x2 cell, so mask_ratio must be 0.75, got {mask_ratio}"
         )
 
@@ -94,7 +96,7 @@ def check_visible_patches(grid_size: tuple[int, int], mask_ratio: float) -> None
     largest = math.floor((1 - 1 / L) * 10_000) / 10_000  # 4 decimals, rounded down so it keeps one
     while L > 1 and num_kept(L, largest) < 1:  # float rounding: 5 * (1 - 0.8) is just under 1
         largest = round(largest - 1e-4, 4)
-    raise ValueError(
+    raise ConfigError(
         f"mask_ratio {mask_ratio} leaves no visible patch on the {grid_size[0]}x{grid_size[1]} patch grid "
         f"(int({L} * (1 - {mask_ratio})) = 0); use at most {largest}, which keeps 1 of {L}"
     )
@@ -120,7 +122,7 @@ def random_masking(
     if noise is None:
         noise = torch.rand(N, L, device=x.device)
     elif noise.shape != (N, L):
-        raise ValueError(f"noise must have shape (N, L) = {(N, L)}, got {tuple(noise.shape)}")
+        raise ConfigError(f"noise must have shape (N, L) = {(N, L)}, got {tuple(noise.shape)}")
 
     ids_shuffle = torch.argsort(noise.to(x.device), dim=1)
     ids_restore = torch.argsort(ids_shuffle, dim=1)
@@ -219,7 +221,7 @@ def grid_noise(batch_size: int, grid_size: tuple[int, int]) -> torch.Tensor:
     """(N, L) scores for grid masking: keep the top-left patch of every 2x2 cell."""
     grid_h, grid_w = grid_size
     if grid_h % 2 or grid_w % 2:
-        raise ValueError(f"grid masking needs an even patch grid, got {grid_h}x{grid_w}")
+        raise ConfigError(f"grid masking needs an even patch grid, got {grid_h}x{grid_w}")
     rows = torch.arange(grid_h).reshape(-1, 1)
     cols = torch.arange(grid_w).reshape(1, -1)
     masked = ((rows % 2 == 1) | (cols % 2 == 1)).flatten().float()

@@ -6,6 +6,8 @@ sin-cos scheme of the original Transformer (Vaswani et al., 2017) applied per ax
 
 import torch
 
+from mae.errors import ConfigError
+
 
 def sincos_1d(embed_dim: int, positions: torch.Tensor) -> torch.Tensor:
     """1-D sin-cos embedding.
@@ -18,7 +20,7 @@ def sincos_1d(embed_dim: int, positions: torch.Tensor) -> torch.Tensor:
         (M, D) float64: ``[sin(pos * w_0..w_{D/2-1}) | cos(...)]`` with ``w_i = 10000^(-2i/D)``.
     """
     if embed_dim % 2:
-        raise ValueError(f"sin-cos embedding width must be even, got {embed_dim}")
+        raise ConfigError(f"sin-cos embedding width must be even, got {embed_dim}")
     omega = torch.arange(embed_dim // 2, dtype=torch.float64) / (embed_dim / 2.0)
     omega = 1.0 / 10000**omega
     angles = positions.to(torch.float64).reshape(-1, 1) * omega.reshape(1, -1)
@@ -41,7 +43,7 @@ def sincos_2d(embed_dim: int, grid_size: tuple[int, int], cls_token: bool = True
         (1 + H/p * W/p, D) float32 if ``cls_token`` else (H/p * W/p, D).
     """
     if embed_dim % 4:
-        raise ValueError(f"2-D sin-cos embedding width must be divisible by 4, got {embed_dim}")
+        raise ConfigError(f"2-D sin-cos embedding width must be divisible by 4, got {embed_dim}")
     grid_h, grid_w = grid_size
     rows, cols = torch.meshgrid(
         torch.arange(grid_h, dtype=torch.float64),

@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from torch import nn
 
 from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, data_record
+from mae.errors import ConfigError
 from mae.training.optim import resolve_schedule, stepwise_schedule
 from mae.training.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
 
@@ -35,7 +36,7 @@ def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
 def check_setting(name: str, value: Any, allowed: tuple) -> None:
     """Raises ValueError naming ``model.<name>`` when ``value`` is not one of ``allowed``."""
     if value not in allowed:
-        raise ValueError(f"model.{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+        raise ConfigError(f"model.{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
 
 def check_kernel_settings(attention: Any, compile: Any, fused_adamw: Any) -> None:

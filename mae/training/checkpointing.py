@@ -11,6 +11,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from mae.convert.architecture import ARCHITECTURE_KEY, MAE_CLASS
 from mae.convert.report import state_dict_mismatch
 from mae.convert.safe_load import safe_torch_load
+from mae.errors import ConfigError, MissingFileError
 from mae.io.atomic import atomic_write
 from mae.models.decoder_switches import switch_differences
 
@@ -53,10 +54,10 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--ckpt_path {path} does not exist (expected a .ckpt file written by this tool)")
+        raise MissingFileError(f"--ckpt_path {path} does not exist (expected a .ckpt file written by this tool)")
     ckpt = safe_torch_load(path)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "optimizer_states" not in ckpt:
-        raise ValueError(
+        raise ConfigError(
             f"--ckpt_path {path} is not a Lightning training checkpoint (no state_dict / optimizer_states); "
             f"to start from pretrained weights use model.checkpoint instead"
         )
@@ -64,7 +65,7 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
     problems = state_dict_mismatch(module.state_dict(), ckpt["state_dict"])
     if problems:
         shown = "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else "")
-        raise ValueError(
+        raise ConfigError(
             f"--ckpt_path {path} was written for another model architecture than this config builds: {shown}"
         )
     return int(ckpt.get("global_step", 0))
@@ -82,7 +83,7 @@ def check_same_decoder_switches(path: Path, saved: dict | None, module: pl.Light
         return
     differences = switch_differences(saved.get("args") or {}, record["args"])
     if differences:
-        raise ValueError(
+        raise ConfigError(
             f"--ckpt_path {path} was written with other decoder switches than this config sets: model."
             + "; model.".join(differences)
             + ". Set them to the checkpoint's values to resume it, or start a new run from its weights with "

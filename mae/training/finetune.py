@@ -19,6 +19,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from mae.convert.architecture import vit_record
 from mae.convert.backbone import vit_args
+from mae.errors import ConfigError
 from mae.training.optim import ParamGroupPlan
 from mae.training.transfer import TransferModule
 
@@ -55,9 +56,9 @@ class MAEFinetuneModule(TransferModule):
         super().__init__(**kwargs)
         hp = self.hparams
         if mode not in ("finetune", "linprobe"):
-            raise ValueError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
+            raise ConfigError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
         if mode == "linprobe" and (mixup > 0 or cutmix > 0 or hp.drop_path_rate > 0):
-            raise ValueError("linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0")
+            raise ConfigError("linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0")
 
         num_classes = hp.num_classes
         vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=hp.drop_path_rate)
@@ -108,7 +109,7 @@ class MAEFinetuneModule(TransferModule):
         datamodule = self.trainer.datamodule
         batch_size = getattr(datamodule, "batch_size", 0)
         if self.mixup is not None and batch_size % 2:
-            raise ValueError(f"mixup/cutmix pair up images: data.batch_size must be even, got {batch_size}")
+            raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {batch_size}")
         augmentation = getattr(datamodule, "augmentation", None)
         if augmentation not in (None, self.hparams.mode):
             rank_zero_info(f"note: model.mode is {self.hparams.mode!r} but data.augmentation is {augmentation!r}")

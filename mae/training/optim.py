@@ -11,6 +11,8 @@ from timm.scheduler import CosineLRScheduler
 from torch import nn
 from torch.optim import Optimizer
 
+from mae.errors import ConfigError
+
 
 def effective_batch_size(batch_size: int, devices: int = 1, nodes: int = 1, accumulate: int = 1) -> int:
     """Images per optimizer step: per-device batch x devices x nodes x gradient accumulation."""
@@ -95,7 +97,7 @@ def check_warmup(warmup_steps: int, total_steps: int, setting: str = "the warmup
     """Raises ValueError, naming ``setting`` (and ``run``, how the run's steps come about), unless the
     warmup is shorter than the run: the cosine needs at least one step after it."""
     if warmup_steps >= total_steps:
-        raise ValueError(
+        raise ConfigError(
             f"{setting} ({warmup_steps} steps) is not shorter than the run ({total_steps} steps{run}); lower it or "
             "train longer"
         )
@@ -105,7 +107,7 @@ def check_schedule_settings(base_lr: float, lr: float | None, min_lr: float, war
     """Raises ValueError, naming them, for a negative warmup or final lr, or a learning rate that is not
     positive: the settings of the schedule both modules share, checked when the module is built."""
     if warmup_epochs < 0 or min_lr < 0 or base_lr <= 0 or (lr is not None and lr <= 0):
-        raise ValueError(
+        raise ConfigError(
             f"need warmup_epochs >= 0, min_lr >= 0 and a positive lr; got warmup_epochs={warmup_epochs}, "
             f"min_lr={min_lr}, base_lr={base_lr}, lr={lr}"
         )
@@ -186,20 +188,20 @@ def resolve_schedule(trainer: pl.Trainer, base_lr: float, lr: float | None, warm
             than the run.
     """
     if trainer.max_epochs == 0 or trainer.max_steps == 0:  # Lightning would estimate one epoch's steps
-        raise ValueError(
+        raise ConfigError(
             f"this run has 0 optimizer steps (trainer.max_epochs={trainer.max_epochs}, "
             f"trainer.max_steps={trainer.max_steps}): nothing to train; set a positive number of epochs or steps"
         )
     total_steps = trainer.estimated_stepping_batches
     if not math.isfinite(total_steps):
-        raise ValueError("set trainer.max_epochs or trainer.max_steps: the cosine schedule needs the run length")
+        raise ConfigError("set trainer.max_epochs or trainer.max_steps: the cosine schedule needs the run length")
     accumulate = trainer.accumulate_grad_batches
     batch_size = per_device_batch_size(trainer)
     effective = effective_batch_size(batch_size, trainer.num_devices, trainer.num_nodes, accumulate)
     if trainer.train_dataloader is None:  # not loaded when only max_steps bounds the run
         trainer.fit_loop.setup_data()
     if not math.isfinite(trainer.num_training_batches):
-        raise ValueError("the training data has no length, so model.warmup_epochs cannot be turned into steps")
+        raise ConfigError("the training data has no length, so model.warmup_epochs cannot be turned into steps")
     # Lightning steps the optimizer on an epoch's last batch even mid-accumulation.
     steps_per_epoch = math.ceil(trainer.num_training_batches / accumulate)
     warmup_steps = round(warmup_epochs * steps_per_epoch)

@@ -11,6 +11,7 @@ from torchmetrics import MeanMetric
 
 from mae.convert.architecture import mae_record
 from mae.convert.backbone import init_mae_from
+from mae.errors import ConfigError, MissingFileError
 from mae.models import create_model
 from mae.models.decoder_switches import DecoderType
 from mae.models.flops import mae_train_flops
@@ -121,10 +122,12 @@ class MAEPretrainModule(MAETrainingModule):
         model_kwargs = dict(model_kwargs or {})
         clash = [k for k in _OWN_ARGS if k in model_kwargs]
         if clash:
-            raise ValueError(f"model.model_kwargs sets {clash}; set model.{clash[0]} (img_size: data.img_size) instead")
+            raise ConfigError(
+                f"model.model_kwargs sets {clash}; set model.{clash[0]} (img_size: data.img_size) instead"
+            )
         check_schedule_settings(base_lr, lr, min_lr, warmup_epochs)
         if freeze_encoder_epochs < 0:
-            raise ValueError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
+            raise ConfigError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
         self.model = create_model(
             model, img_size=img_size, in_chans=in_chans, norm_pix_loss=norm_pix_loss, mask_strategy=mask_strategy,
             decoder_type=decoder_type, decoder_keep_ratio=decoder_keep_ratio,
@@ -142,7 +145,7 @@ class MAEPretrainModule(MAETrainingModule):
         self.init_report = None
         if init_from is not None:
             if not Path(init_from).exists():
-                raise FileNotFoundError(f"model.init_from {init_from} does not exist")
+                raise MissingFileError(f"model.init_from {init_from} does not exist")
             self.init_report = init_mae_from(self.model, init_from, init_format)
             rank_zero_info(f"model.init_from: {self.init_report}")
         # Decay on weights only, fixed by name now: a strategy may flatten parameters before the optimizer.
@@ -157,7 +160,7 @@ class MAEPretrainModule(MAETrainingModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":
             if self.resolution is not None and (self.trainer.max_epochs or -1) < 1:
-                raise ValueError("model.resolution_schedule is in fractions of the epochs: set trainer.max_epochs")
+                raise ConfigError("model.resolution_schedule is in fractions of the epochs: set trainer.max_epochs")
             self._count_flops()
         super().setup(stage)
 

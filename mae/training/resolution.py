@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import to_2tuple
 
+from mae.errors import ConfigError
 from mae.models.patch_grid import check_img_size
 
 
@@ -33,26 +34,28 @@ class ResolutionSchedule:
         key = "model.resolution_schedule"
         final = to_2tuple(final_size)
         if not isinstance(value, list | tuple) or not value:
-            raise ValueError(f"{key}: a list of [start, size] phases, e.g. [[0, 16], [0.8, {final[0]}]]; got {value!r}")
+            raise ConfigError(
+                f"{key}: a list of [start, size] phases, e.g. [[0, 16], [0.8, {final[0]}]]; got {value!r}"
+            )
         phases = []
         for i, phase in enumerate(value):
             if not isinstance(phase, list | tuple) or len(phase) != 2:
-                raise ValueError(f"{key}[{i}]: a [start, size] pair (start: a fraction of the epochs); got {phase!r}")
+                raise ConfigError(f"{key}[{i}]: a [start, size] pair (start: a fraction of the epochs); got {phase!r}")
             start, size = phase
             if isinstance(start, bool) or not isinstance(start, int | float) or not 0 <= start < 1:
-                raise ValueError(f"{key}[{i}]: start {start!r} must be a fraction of the epochs in [0, 1)")
+                raise ConfigError(f"{key}[{i}]: start {start!r} must be a fraction of the epochs in [0, 1)")
             try:
                 size = check_img_size(size, patch_size)
             except (TypeError, ValueError) as err:
-                raise ValueError(f"{key}[{i}]: {err}") from None
+                raise ConfigError(f"{key}[{i}]: {err}") from None
             phases.append((float(start), size))
         starts = [start for start, _ in phases]
         if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
-            raise ValueError(
+            raise ConfigError(
                 f"{key}: the phases' starts must rise from 0 (the first phase starts the run); got {starts}"
             )
         if phases[-1][1] != final:
-            raise ValueError(
+            raise ConfigError(
                 f"{key}: the last phase's size {phases[-1][1][0]}x{phases[-1][1][1]} must be data.img_size "
                 f"{final[0]}x{final[1]}, the size the model is checkpointed and evaluated at"
             )

@@ -17,6 +17,7 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
+from mae.errors import ConfigError
 from mae.models.cross_attention import CrossAttention
 
 Precision = Literal["fp32", "bf16"]
@@ -94,7 +95,7 @@ def set_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> nn.Module
     """Switch every timm ``Attention`` (and the cross decoder's ``CrossAttention``) in ``model`` to
     ``kernel``; returns ``model``."""
     if kernel not in ("sdpa", "explicit"):
-        raise ValueError(f"attention kernel must be 'sdpa' or 'explicit', got {kernel!r}")
+        raise ConfigError(f"attention kernel must be 'sdpa' or 'explicit', got {kernel!r}")
     for module in model.modules():
         if isinstance(module, Attention | CrossAttention):
             module.fused_attn = kernel == "sdpa"

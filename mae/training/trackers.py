@@ -37,6 +37,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_warn
 
+from mae.errors import ConfigError
 from mae.io.atomic import atomic_write
 
 TRACKER_FILE = "tracker.json"  # in the run folder: the tracked run a resume continues
@@ -77,18 +78,18 @@ def tracker_spec(value: Any) -> dict[str, Any] | None:
         if key in init_args and init_args[key] != _default(class_path, key)
     ]
     if taken:
-        raise ValueError(
+        raise ConfigError(
             f"tracker.init_args.{taken[0]}: set by the run folder, so that a resumed run continues the same "
             f"tracked run; remove it (the run folder is trainer.logger's save_dir / name / version)"
         )
     client = CLIENTS.get(class_path)
     if client is not None and not any(importlib.util.find_spec(module) for module in client[1]):
-        raise ValueError(
+        raise ConfigError(
             f"tracker: {class_path.rsplit('.', 1)[1]} needs {client[0]}, which is not installed: "
             f'pip install "mae-lightning[tracking]" (or pip install {client[0]})'
         )
     if class_path == WANDB and init_args.get("offline") and init_args.get("log_model"):
-        raise ValueError(
+        raise ConfigError(
             "tracker: W&B in offline mode cannot upload checkpoints: set tracker.init_args.log_model false, "
             "or run online"
         )
@@ -113,7 +114,7 @@ def _load_record(run_folder: Path) -> dict[str, dict]:
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"{path}: not the tracker record this tool writes ({err}); move it away to start a new "
+        raise ConfigError(f"{path}: not the tracker record this tool writes ({err}); move it away to start a new "
                          "tracked run") from None  # fmt: skip
     return record if isinstance(record, dict) else {}
 
@@ -151,7 +152,7 @@ def build_tracker(spec: dict[str, Any], run_folder: Path, resume_step: int | Non
         if saved is not None and resume_step is not None:
             tracking_uri = init_args["tracking_uri"]
             if saved.get("tracking_uri") != tracking_uri:
-                raise ValueError(
+                raise ConfigError(
                     f"{run_folder / TRACKER_FILE}: this run folder's MLflow run {saved['run_id']} is on "
                     f"{saved.get('tracking_uri')}, but tracker.init_args.tracking_uri is {tracking_uri}: resume with "
                     f"the same tracking_uri, or start a new run folder"

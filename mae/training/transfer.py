@@ -20,6 +20,7 @@ from timm.models import VisionTransformer
 
 from mae.convert.backbone import build_vit, load_backbone, pooling_of
 from mae.convert.sources import MAECheckpoint, read_checkpoint
+from mae.errors import ConfigError, MissingFileError
 from mae.models import create_model
 from mae.training.base import MAETrainingModule, check_kernel_settings
 from mae.training.optim import check_schedule_settings
@@ -33,7 +34,7 @@ _RESTORING: ContextVar[dict[str, Any] | None] = ContextVar("restoring_encoder", 
 def check_checkpoint_exists(checkpoint: str | None) -> None:
     """Raises FileNotFoundError naming ``model.checkpoint`` and the two ways on, when it is missing."""
     if checkpoint is not None and not Path(checkpoint).exists():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"model.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
             f"config, run `mae pretrain --config default` first) or set it to null "
             f"to train from a random initialisation"
@@ -93,9 +94,9 @@ class TransferModule(MAETrainingModule):
         check_kernel_settings(attention, compile, fused_adamw)
         check_schedule_settings(base_lr, lr, min_lr, warmup_epochs)
         if not 0 < layer_decay <= 1:
-            raise ValueError(f"model.layer_decay must be in (0, 1], got {layer_decay}")
+            raise ConfigError(f"model.layer_decay must be in (0, 1], got {layer_decay}")
         if num_classes < 2:
-            raise ValueError(f"model.num_classes must be >= 2 ({self.num_classes_rule}), got {num_classes}")
+            raise ConfigError(f"model.num_classes must be >= 2 ({self.num_classes_rule}), got {num_classes}")
 
     def pretrained_vit(
         self, global_pool: str | None = None, **vit_kwargs: Any

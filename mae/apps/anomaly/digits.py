@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from mae.errors import ConfigError
 from mae.io.atomic import write_folder_once
 
 FORMAT = 1  # bumped when the same parameters would write different files
@@ -66,10 +67,10 @@ def write_digit_anomalies(
             files that are no task of this kind), naming ``root`` and the fix.
     """
     if img_size < 16:
-        raise ValueError(f"img_size must be at least 16 pixels for the defects to fit, got {img_size}")
+        raise ConfigError(f"img_size must be at least 16 pixels for the defects to fit, got {img_size}")
     for name, value in (("num_normal", num_normal), ("num_test", num_test)):
         if value is not None and value < 4:
-            raise ValueError(f"{name} must be at least 4 (or None: all), got {value}")
+            raise ConfigError(f"{name} must be at least 4 (or None: all), got {value}")
     params = {"task": "mae digit anomalies", "format": FORMAT, "seed": seed, "img_size": img_size,
               "num_normal": num_normal, "num_test": num_test}  # fmt: skip
     return write_folder_once(Path(root), params, RECORD, "digit anomaly tasks", _write_task)

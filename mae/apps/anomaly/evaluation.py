@@ -17,6 +17,7 @@ from mae.apps.anomaly.masks import ComplementaryMasks
 from mae.apps.anomaly.metrics import aupro, image_auroc, pixel_auroc
 from mae.apps.anomaly.scoring import NormalStatistics, heat_maps, image_scores, reconstruction_errors
 from mae.data import DEFAULT_MAX_PIXELS
+from mae.errors import ConfigError
 from mae.inference.images import load_image
 from mae.inference.normalization import Normalization
 from mae.models.mae import MaskedAutoencoderViT
@@ -36,7 +37,7 @@ def load_images(
         try:
             images.append(load_image(path, size, norm, max_pixels))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-            raise ValueError(f"cannot read {path}: {err}; remove the file from its folder or replace it") from err
+            raise ConfigError(f"cannot read {path}: {err}; remove the file from its folder or replace it") from err
     return torch.stack(images)
 
 
@@ -102,7 +103,7 @@ def score_test_set(
     bad = [i.path for i, finite in zip(test_set.images, torch.isfinite(patch_scores).all(dim=1), strict=True)
            if not finite]  # fmt: skip
     if bad:
-        raise ValueError(
+        raise ConfigError(
             f"{len(bad)} of {len(test_set.images)} test images have errors that are not finite numbers (NaN or "
             f"inf): {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''}; an image holding NaN or inf "
             f"pixels, or a checkpoint with NaN weights, gives them"

@@ -20,6 +20,7 @@ from PIL import Image
 
 from mae.data.decoding.formats import READERS
 from mae.data.decoding.image import read_header
+from mae.errors import InputError, MissingFileError
 from mae.inference.images import image_paths
 
 GOOD = "good"
@@ -73,11 +74,11 @@ def normal_images(root: str | os.PathLike) -> list[Path]:
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"normal-image folder {root} does not exist: give a folder of defect-free images "
+        raise MissingFileError(f"normal-image folder {root} does not exist: give a folder of defect-free images "
                                 f"(in the MVTec AD layout, <category>/train/good)")  # fmt: skip
     paths = image_paths([root])
     if not paths:
-        raise ValueError(f"normal-image folder {root} holds no image file: give a folder of defect-free images")
+        raise InputError(f"normal-image folder {root} holds no image file: give a folder of defect-free images")
     return paths
 
 
@@ -94,38 +95,38 @@ def read_test_set(root: str | os.PathLike, ground_truth: str | os.PathLike | Non
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"test folder {root} does not exist: give the test images' folder "
+        raise MissingFileError(f"test folder {root} does not exist: give the test images' folder "
                                 f"(in the MVTec AD layout, <category>/test)")  # fmt: skip
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         images = [TestImage(path) for path in image_paths([root])]
         if not images:
-            raise ValueError(f"test folder {root} holds no image file and no class folder")
+            raise InputError(f"test folder {root} holds no image file and no class folder")
         return TestSet(root, images, has_masks=False)
     names = [f.name for f in folders]
     if GOOD not in names:
         hint = f" (did you mean {root / 'test'}?)" if (root / "test").is_dir() else ""
-        raise ValueError(
+        raise InputError(
             f"test folder {root} has class folders {names} but no {GOOD!r}{hint}: put the defect-free test images "
             f"in {root / GOOD} and each kind of defect in a folder of its own (MVTec AD layout), or give a folder "
             f"of images without class folders to score them without labels"
         )
     loose = sorted(p.name for p in root.iterdir() if p.is_file() and p.suffix.lower() in READERS)
     if loose:
-        raise ValueError(f"test folder {root} has images beside its class folders ({loose[:3]}): move them into "
+        raise InputError(f"test folder {root} has images beside its class folders ({loose[:3]}): move them into "
                          f"{root / GOOD} or a defect's folder")  # fmt: skip
     gt_root = _ground_truth_root(root, ground_truth)
     images = []
     for folder in folders:
         paths = image_paths([folder])
         if not paths:
-            raise ValueError(f"class folder {folder} holds no image file: add its images or remove the folder")
+            raise InputError(f"class folder {folder} holds no image file: add its images or remove the folder")
         for path in paths:
             mask = None
             if gt_root is not None and folder.name != GOOD:
                 mask = gt_root / folder.name / path.relative_to(folder).with_name(path.stem + MASK_SUFFIX)
                 if not mask.is_file():
-                    raise ValueError(
+                    raise InputError(
                         f"{path} has no ground-truth mask: expected {mask} (non-zero = defect, the image's size); "
                         f"add it, or point --ground-truth at the right folder"
                     )
@@ -140,7 +141,7 @@ def read_test_set(root: str | os.PathLike, ground_truth: str | os.PathLike | Non
 def _ground_truth_root(root: Path, ground_truth: str | os.PathLike | None) -> Path | None:
     if ground_truth is not None:
         if not Path(ground_truth).is_dir():
-            raise FileNotFoundError(f"ground-truth folder {ground_truth} does not exist")
+            raise MissingFileError(f"ground-truth folder {ground_truth} does not exist")
         return Path(ground_truth)
     default = root.parent / GROUND_TRUTH
     return default if default.is_dir() else None
@@ -156,12 +157,12 @@ def read_mask(path: Path, image: Path) -> torch.Tensor:
         with Image.open(path) as file:
             pixels = np.asarray(file.convert("L"))
     except (OSError, SyntaxError, ValueError) as err:
-        raise ValueError(
+        raise InputError(
             f"cannot read ground-truth mask {path}: {err}; replace it with a PNG (non-zero = defect)"
         ) from err
     header = read_header(image)
     if pixels.shape != (header.height, header.width):
-        raise ValueError(
+        raise InputError(
             f"ground-truth mask {path} is {pixels.shape[1]}x{pixels.shape[0]} but its image {image} is "
             f"{header.width}x{header.height}: a mask must have its image's size (width x height); write it at "
             f"{header.width}x{header.height}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mae.errors import InputError
 from mae.models.masking import check_visible_patches, num_kept
 
 
@@ -52,10 +53,10 @@ def complementary_masks(
     """
     L = grid_size[0] * grid_size[1]
     if not 0 < mask_ratio < 1:
-        raise ValueError(f"the mask ratio must be in (0, 1) to hide some patches and keep others, got {mask_ratio}")
+        raise InputError(f"the mask ratio must be in (0, 1) to hide some patches and keep others, got {mask_ratio}")
     check_visible_patches(grid_size, mask_ratio)
     if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
+        raise InputError(f"repeats must be at least 1, got {repeats}")
     v = num_kept(L, mask_ratio)
     rank = torch.arange(L, dtype=torch.float32)
     rows = []

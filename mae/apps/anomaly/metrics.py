@@ -11,6 +11,8 @@ import torch
 from scipy import ndimage
 from torchmetrics.functional.classification import binary_auroc
 
+from mae.errors import ConfigError
+
 AUPRO_MAX_FPR = 0.3  # MVTec AD's integration limit
 
 
@@ -60,7 +62,7 @@ def aupro(maps: torch.Tensor, masks: torch.Tensor, max_fpr: float = AUPRO_MAX_FP
     regions = regions.ravel()
     negatives = int((regions == 0).sum())
     if count == 0 or negatives == 0:
-        raise ValueError("AUPRO needs both defect pixels and defect-free pixels in the ground truth")
+        raise ConfigError("AUPRO needs both defect pixels and defect-free pixels in the ground truth")
     sizes = np.bincount(regions, minlength=count + 1)
     pro_weight = np.where(regions > 0, 1.0 / (count * sizes[regions]), 0.0)  # each region weighs 1 / count
     fpr_weight = (regions == 0) / negatives

@@ -20,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from mae.apps.anomaly.masks import ComplementaryMasks
+from mae.errors import ConfigError
 from mae.models.loss import normalize_patches
 from mae.models.mae import MaskedAutoencoderViT
 
@@ -77,13 +78,13 @@ class NormalStatistics:
                 at every position (identical images: no floor to take, every score would be infinite).
         """
         if errors.shape[0] < 2:
-            raise ValueError(f"per-patch statistics need at least 2 normal images, got {errors.shape[0]}")
+            raise ConfigError(f"per-patch statistics need at least 2 normal images, got {errors.shape[0]}")
         if not torch.isfinite(errors).all():
-            raise ValueError("the normal images' reconstruction errors are not all finite numbers (NaN or inf)")
+            raise ConfigError("the normal images' reconstruction errors are not all finite numbers (NaN or inf)")
         std = errors.std(dim=0)
         floor = cls.FLOOR * std.mean().item()
         if floor == 0:
-            raise ValueError(
+            raise ConfigError(
                 f"the {errors.shape[0]} normal images' errors have standard deviation 0 at every patch position "
                 f"(identical images?), so every standard score would be infinite"
             )
@@ -97,7 +98,7 @@ class NormalStatistics:
 def image_scores(patch_scores: torch.Tensor, top_k: int) -> torch.Tensor:
     """(N, L) -> (N,): the mean of each image's ``top_k`` highest patch scores (at most L)."""
     if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
+        raise ConfigError(f"top_k must be at least 1, got {top_k}")
     return patch_scores.topk(min(top_k, patch_scores.shape[1]), dim=1).values.mean(dim=1)
 
 

@@ -27,6 +27,7 @@ from mae.apps.embeddings.embedder import Embedder
 from mae.apps.embeddings.embedding_index import IndexMeta, Rows, check_suffix, write_index
 from mae.data import Loader
 from mae.data.decoding.formats import READERS
+from mae.errors import ConfigError, MissingFileError
 from mae.inference.images import IMAGE_ERRORS, image_paths, load_image
 from mae.inference.normalization import Normalization
 from mae.io.atomic import atomic_write
@@ -58,10 +59,10 @@ def listed_images(sources: list[str | os.PathLike]) -> list[ImageItem]:
     items, seen = [], set()
     for source in map(Path, sources):
         if not source.exists():
-            raise FileNotFoundError(f"{source} does not exist: give image files or folders of them")
+            raise MissingFileError(f"{source} does not exist: give image files or folders of them")
         paths = image_paths([source])
         if not paths:
-            raise FileNotFoundError(f"{source} holds no image file (looked for {', '.join(READERS)} in it and its "
+            raise MissingFileError(f"{source} holds no image file (looked for {', '.join(READERS)} in it and its "
                                     "sub-folders): give a folder of images, or the files themselves")  # fmt: skip
         for path in paths:
             absolute = os.path.abspath(path)
@@ -227,7 +228,7 @@ def embed_images(
     """
     out = check_suffix(out)
     if not items:
-        raise FileNotFoundError("no image to embed: give image files or folders of them")
+        raise MissingFileError("no image to embed: give image files or folders of them")
     meta = IndexMeta(
         embedder.checkpoint, embedder.fingerprint, embedder.pool, embedder.dim, list(embedder.img_size),
         embedder.norm.in_chans, list(embedder.norm.mean), list(embedder.norm.std), inputs_digest(items),
@@ -260,7 +261,7 @@ def embed_images(
     if meta.count == 0:
         parts.remove()
         first = meta.skipped[0]
-        raise ValueError(f"none of the {len(items)} images could be read (the first, {first['path']}: "
+        raise ConfigError(f"none of the {len(items)} images could be read (the first, {first['path']}: "
                          f"{first['error']})")  # fmt: skip
     write_index(out, meta, PartRows(parts, count))
     parts.remove()

@@ -13,6 +13,7 @@ import torch
 from mae.convert.backbone import load_backbone
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.data import DEFAULT_MAX_PIXELS
+from mae.errors import ConfigError
 from mae.eval.features import POOLS, Pool, pooled
 from mae.inference.images import load_image
 from mae.inference.normalization import Normalization
@@ -93,12 +94,12 @@ def load_embedder(
             channel count than 3 that records no mean / std.
     """
     if pool not in POOLS:
-        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+        raise ConfigError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
     ckpt = checkpoint if isinstance(checkpoint, MAECheckpoint) else read_checkpoint(checkpoint, format)
     in_chans = ckpt.config["in_chans"]
     norm = norm or Normalization.of(ckpt.data, in_chans, ckpt.source)
     if norm.in_chans != in_chans or len(norm.mean) != in_chans:
-        raise ValueError(f"{ckpt.source} reads {in_chans}-channel images but the mean / std given have "
+        raise ConfigError(f"{ckpt.source} reads {in_chans}-channel images but the mean / std given have "
                          f"{len(norm.mean)} values: give one per channel")  # fmt: skip
     encoder = load_backbone(ckpt, img_size=img_size).to(device).eval()
     size = tuple(encoder.patch_embed.img_size)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mae.errors import InputError, MissingFileError
 from mae.inference.normalization import Normalization
 from mae.io.atomic import atomic_write
 from mae.io.outputs import Output
@@ -72,11 +73,11 @@ class IndexMeta:
             record = json.loads(text)
             version = record.get("version")
             if version != INDEX_VERSION:
-                raise ValueError(f"{source} is an index of version {version!r}; this code reads version "
+                raise InputError(f"{source} is an index of version {version!r}; this code reads version "
                                  f"{INDEX_VERSION}: rebuild it with mae embed")  # fmt: skip
             return cls(**{f.name: record[f.name] for f in fields(cls)})
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"{source} has a damaged index record ({err}): rebuild it with mae embed") from err
+            raise InputError(f"{source} has a damaged index record ({err}): rebuild it with mae embed") from err
 
     def run(self) -> dict:
         """The fields that say how the vectors were made (``RUN_FIELDS``)."""
@@ -102,7 +103,7 @@ def check_suffix(path: str | Path) -> Path:
     """
     path = Path(path)
     if path.suffix not in SUFFIXES:
-        raise ValueError(f"an index file must end in .parquet (Parquet) or .npy (numpy + CSV), got {path}")
+        raise InputError(f"an index file must end in .parquet (Parquet) or .npy (numpy + CSV), got {path}")
     return path
 
 
@@ -180,7 +181,7 @@ def _csv_rows(path: Path) -> int:
         lines = 0
         for row in reader:
             if len(row) != 2:
-                raise ValueError(f"{path} line {reader.line_num} has {len(row)} field(s), not path,label: {REBUILD}")
+                raise InputError(f"{path} line {reader.line_num} has {len(row)} field(s), not path,label: {REBUILD}")
             lines += 1
     return max(lines - 1, 0)  # the header is no row
 
@@ -190,7 +191,7 @@ def _pyarrow():
         import pyarrow
         import pyarrow.parquet
     except ImportError as err:
-        raise ValueError(
+        raise InputError(
             f'Parquet files need pyarrow: pip install -e ".[embed]", or use an .npy index ({err})'
         ) from None
     return pyarrow
@@ -224,7 +225,7 @@ class EmbeddingIndex:
     def __init__(self, path: str | Path) -> None:
         self.path = check_suffix(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"index {self.path} does not exist: build it with mae embed")
+            raise MissingFileError(f"index {self.path} does not exist: build it with mae embed")
         if self.path.suffix == ".parquet":
             self._open_parquet()
         else:
@@ -239,22 +240,22 @@ class EmbeddingIndex:
             # pre_buffer would read every row group ahead: memory growing with the index, not the chunk
             self._file = pa.parquet.ParquetFile(self.path, pre_buffer=False, buffer_size=1 << 20)
         except pa.ArrowException as err:
-            raise ValueError(f"{self.path} is not a readable Parquet file ({err})") from None
+            raise InputError(f"{self.path} is not a readable Parquet file ({err})") from None
         record = (self._file.schema_arrow.metadata or {}).get(METADATA_KEY)
         if record is None:
-            raise ValueError(f"{self.path} is a Parquet file without an embedding record (no {METADATA_KEY.decode()} "
+            raise InputError(f"{self.path} is a Parquet file without an embedding record (no {METADATA_KEY.decode()} "
                              "metadata): it was not written by mae embed")  # fmt: skip
         self.meta = IndexMeta.from_json(record, self.path)
         vector = self._file.schema_arrow.field("vector").type
         if self._file.metadata.num_rows != self.meta.count or getattr(vector, "list_size", None) != self.meta.dim:
-            raise ValueError(f"{self.path} holds {self._file.metadata.num_rows} rows of {vector} but its record says "
+            raise InputError(f"{self.path} holds {self._file.metadata.num_rows} rows of {vector} but its record says "
                              f"{self.meta.count} of {self.meta.dim}: rebuild it with mae embed")  # fmt: skip
 
     def _open_npy(self) -> None:
         csv_path, json_path = companions(self.path)
         for needed in (csv_path, json_path):
             if not needed.is_file():
-                raise FileNotFoundError(f"{needed} is missing: an .npy index is {self.path.name} with "
+                raise MissingFileError(f"{needed} is missing: an .npy index is {self.path.name} with "
                                         f"{csv_path.name} and {json_path.name} beside it")  # fmt: skip
         self.meta = IndexMeta.from_json(json_path.read_text(), json_path)
         try:  # a header that promises more rows than the file holds fails here, before any row is read
@@ -262,11 +263,11 @@ class EmbeddingIndex:
         except (OSError, ValueError, EOFError) as err:
             raise self._damaged(self.path, err) from None
         if self._vectors.shape != (self.meta.count, self.meta.dim) or self._vectors.dtype != np.float32:
-            raise ValueError(f"{self.path} holds {self._vectors.dtype} {self._vectors.shape} but {json_path.name} says "
+            raise InputError(f"{self.path} holds {self._vectors.dtype} {self._vectors.shape} but {json_path.name} says "
                              f"float32 ({self.meta.count}, {self.meta.dim}): {REBUILD}")  # fmt: skip
         rows = _csv_rows(csv_path)
         if rows != self.meta.count:
-            raise ValueError(f"{csv_path} lists {rows} image(s) but {self.path.name} holds {self.meta.count} vectors: "
+            raise InputError(f"{csv_path} lists {rows} image(s) but {self.path.name} holds {self.meta.count} vectors: "
                              f"the files are of different runs or one was cut short; {REBUILD}")  # fmt: skip
 
     @staticmethod

@@ -12,6 +12,7 @@ from mae.apps.embeddings.embedding_index import EmbeddingIndex
 from mae.apps.embeddings.similarity import cosine_top_k
 from mae.convert.sources import read_checkpoint
 from mae.data import DEFAULT_MAX_PIXELS
+from mae.errors import ConfigError, MissingFileError
 from mae.inference.images import IMAGE_ERRORS
 
 CHUNK_ROWS = 65536  # index rows compared at a time: 65,536 x 768 float32 = 192 MiB
@@ -36,13 +37,13 @@ def index_embedder(
     if checkpoint is None:
         checkpoint = meta.checkpoint
         if not Path(checkpoint).exists():
-            raise FileNotFoundError(f"{index.path} was built with {checkpoint}, which does not exist here: pass "
+            raise MissingFileError(f"{index.path} was built with {checkpoint}, which does not exist here: pass "
                                     "--checkpoint with the same weights (in any format)")  # fmt: skip
     ckpt = read_checkpoint(checkpoint, format)
     dim = ckpt.config["embed_dim"] * (2 if meta.pool == "both" else 1)
     rebuild = f"mae embed --checkpoint {checkpoint} --pool {meta.pool} ... --out {index.path.name}"
     if dim != meta.dim:
-        raise ValueError(f"{index.path} holds vectors of length {meta.dim} ({meta.pool} pooling of "
+        raise ConfigError(f"{index.path} holds vectors of length {meta.dim} ({meta.pool} pooling of "
                          f"{meta.checkpoint}) but {checkpoint} gives vectors of length {dim}: search with the "
                          f"checkpoint the index was built with, or rebuild the index with this one "
                          f"({rebuild})")  # fmt: skip
@@ -50,7 +51,7 @@ def index_embedder(
     if fingerprint != meta.fingerprint:
         changed = _same_file(checkpoint, meta.checkpoint)
         since = " (the file was changed since, e.g. by more training)" if changed else ""
-        raise ValueError(f"{checkpoint} holds other weights (fingerprint {fingerprint[:12]}) than those "
+        raise ConfigError(f"{checkpoint} holds other weights (fingerprint {fingerprint[:12]}) than those "
                          f"{index.path} was built with ({meta.checkpoint}, fingerprint {meta.fingerprint[:12]})"
                          f"{since}: their vectors are not comparable; search with those weights, or rebuild the "
                          f"index ({rebuild})")  # fmt: skip

@@ -30,6 +30,7 @@ from mae.data import DEFAULT_MAX_PIXELS
 from mae.data.decoding.formats import ARRAY_EXTENSIONS
 from mae.data.decoding.image import read_header
 from mae.data.decoding.limits import resized_size
+from mae.errors import ConfigError
 from mae.inference.attention import attention_caption, attention_panels, cls_attention_maps
 from mae.inference.images import IMAGE_ERRORS, display_range, image_paths, load_image
 from mae.inference.reconstruction import (
@@ -93,7 +94,7 @@ class PageSettings:
         if not _is_number(seed) or seed != int(seed) or not 0 <= seed <= MAX_SEED:
             problems.append(f"the mask seed must be a whole number from 0 to {MAX_SEED}, not {_shown(seed)}")
         if problems:
-            raise ValueError("; ".join(problems) + ".")
+            raise ConfigError("; ".join(problems) + ".")
         return cls(float(mask_ratio), strategy, int(seed), unnormalize)
 
 

@@ -17,6 +17,7 @@ from mae.apps.embeddings.neighbours_figure import MIN_PANEL, picture, shown_rang
 from mae.apps.page.demo import shown_image
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.data.decoding.formats import ARRAY_EXTENSIONS
+from mae.errors import ConfigError
 from mae.inference.images import IMAGE_ERRORS
 
 MAX_K = 32  # the slider's end
@@ -49,7 +50,7 @@ class SearchSession:
             with self._lock:
                 matches, unreadable = search_images(self.index, self.embedder, [path], int(k))
             if unreadable:
-                raise ValueError(unreadable[0][1])
+                raise ConfigError(unreadable[0][1])
             match = matches[0]
             value_range = shown_range([path, *(n.path for n in match.neighbours)])
             side = max(MIN_PANEL, *self.embedder.img_size)

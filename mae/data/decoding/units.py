@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from mae.data.decoding.formats import Source
+from mae.errors import InputError
 
 # Float values this large are no measurement in any unit but a no-data fill (GeoTIFF's is -3.4e38,
 # float32's extreme); float16 data's fill is its own extreme (+-65504), so the bound is the smaller.
@@ -29,23 +30,23 @@ def to_unit_range(array: np.ndarray, path: Source) -> np.ndarray:
         low, high = int(array.min()), int(array.max())
         if 0 <= low and high <= 65535:
             return array.astype(np.float32) / 65535.0
-        raise ValueError(f"{path}: {dtype} values {low}..{high} are outside 8- or 16-bit range; store it as "
+        raise InputError(f"{path}: {dtype} values {low}..{high} are outside 8- or 16-bit range; store it as "
                          f"uint8, uint16 or float")  # fmt: skip
     if array.dtype.kind == "f":
         fill = min(FILL_MAGNITUDE, float(np.finfo(array.dtype).max))
         if not (np.abs(array) < fill).all():  # NaN compares False too
             _refuse_non_measurements(array, fill, path)
         return array.astype(np.float32)
-    raise ValueError(f"{path}: pixels of dtype {dtype} are not an image's")
+    raise InputError(f"{path}: pixels of dtype {dtype} are not an image's")
 
 
 def _refuse_non_measurements(values: np.ndarray, fill: float, path: Source) -> None:
     """Raises the ``ValueError`` for NaN / inf, or for finite no-data fills, naming the file."""
     finite = np.isfinite(values)
     if not finite.all():
-        raise ValueError(f"{path} holds non-finite values (NaN or inf)")
+        raise InputError(f"{path} holds non-finite values (NaN or inf)")
     fills = np.abs(values) >= fill
-    raise ValueError(
+    raise InputError(
         f"{path} holds {int(fills.sum()):,} value(s) of magnitude {fill:g} or more (e.g. {values[fills][0]:g}): "
         f"no-data fills (GeoTIFF writes -3.4e38), not measurements; replace them (e.g. by the band's mean) "
         f"or leave the file out"
@@ -56,7 +57,7 @@ def check_channels(channels: int, in_chans: int, path: Source) -> None:
     """Raises ValueError, naming the file, its channel count and ``data.in_chans``, unless an image
     of ``channels`` channels is read for an ``in_chans`` model (``adapt_channels``)."""
     if channels != in_chans and not (channels == 1 and in_chans == 3):
-        raise ValueError(
+        raise InputError(
             f"{path} has {channels} channel(s) but data.in_chans is {in_chans}; set data.in_chans: {channels}"
         )
 

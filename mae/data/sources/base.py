@@ -24,6 +24,7 @@ from mae.data.sources.subsets import labelled_fraction
 from mae.data.views.arrays import ArrayView
 from mae.data.views.normalize import normalization, normalize_batch
 from mae.data.views.recipes import Augmentation, eval_transform, train_transform
+from mae.errors import ConfigError
 
 
 def collate_images(batch: list) -> Any:
@@ -90,23 +91,23 @@ class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
         super().__init__()
         self.in_chans, self.mean, self.std = in_chans, *normalization(in_chans, mean, std)
         if max_image_pixels is not None and max_image_pixels < 1:
-            raise ValueError(f"data.max_image_pixels must be positive or null, got {max_image_pixels}")
+            raise ConfigError(f"data.max_image_pixels must be positive or null, got {max_image_pixels}")
         self.max_image_pixels = max_image_pixels
         if not 0 < train_fraction <= 1:
-            raise ValueError(f"data.train_fraction must be in (0, 1], got {train_fraction}")
+            raise ConfigError(f"data.train_fraction must be in (0, 1], got {train_fraction}")
         self.train_fraction = train_fraction
         self.subset_seed = subset_seed
         train_transform(augmentation, 32, auto_augment, re_prob)  # fail now on a bad setting, not at setup
         if eval_crop_ratio is not None and not 0 < eval_crop_ratio <= 1:
-            raise ValueError(f"data.eval_crop_ratio must be in (0, 1], got {eval_crop_ratio}")
+            raise ConfigError(f"data.eval_crop_ratio must be in (0, 1], got {eval_crop_ratio}")
         self.augmentation = augmentation
         self.auto_augment = auto_augment
         self.re_prob = re_prob
         self.eval_crop_ratio = eval_crop_ratio or self.default_eval_crop_ratio
         if batch_size < 1:
-            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
         if num_workers < 0:
-            raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
+            raise ConfigError(f"data.num_workers must be >= 0, got {num_workers}")
         self.img_size = img_size
         self.batch_size = batch_size
         self.num_workers = num_workers

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from mae.data.sources.base import ImageDataModule
+from mae.errors import InputError, MissingFileError
 
 
 class DigitsDataset(Dataset):
@@ -24,7 +25,7 @@ class DigitsDataset(Dataset):
         from sklearn.datasets import load_digits
 
         if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+            raise InputError(f"split must be 'train' or 'val', got {split!r}")
         digits = load_digits()
         index = np.arange(len(digits.images))
         keep = index % 5 == 0 if split == "val" else index % 5 != 0
@@ -97,7 +98,7 @@ class DigitsDataModule(ImageDataModule):
 
     def configure_pixels(self) -> None:
         if self.in_chans != 3:
-            raise ValueError(f"the digits are served as RGB images: data.in_chans must be 3, got {self.in_chans}")
+            raise InputError(f"the digits are served as RGB images: data.in_chans must be 3, got {self.in_chans}")
 
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         return DigitsDataset("train", train_tf), DigitsDataset("val", eval_tf)
@@ -128,7 +129,7 @@ class CIFARDataModule(ImageDataModule):
     ) -> None:
         super().__init__(img_size=img_size, batch_size=batch_size, **kwargs)
         if dataset not in CIFAR_CLASSES:
-            raise ValueError(f"data.dataset must be one of {sorted(CIFAR_CLASSES)}, got {dataset!r}")
+            raise InputError(f"data.dataset must be one of {sorted(CIFAR_CLASSES)}, got {dataset!r}")
         self.root = Path(root)
         self.dataset = dataset
         self.download = download
@@ -143,13 +144,13 @@ class CIFARDataModule(ImageDataModule):
 
     def configure_pixels(self) -> None:
         if self.in_chans != 3:
-            raise ValueError(f"CIFAR images are RGB: data.in_chans must be 3, got {self.in_chans}")
+            raise InputError(f"CIFAR images are RGB: data.in_chans must be 3, got {self.in_chans}")
 
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         folder, files = cifar_files(self.dataset)
         missing = [f for f in files if not (self.root / folder / f).is_file()]
         if missing:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{self.dataset} files {missing} not found in {self.root / folder}; point data.root at the "
                 f"folder that holds {folder}/ or set data.download=true where the network allows"
             )

@@ -26,6 +26,7 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
+from mae.errors import ConfigError
 from mae.io.atomic import write_folder_once
 
 FORMAT = 1  # bumped when the same parameters would write different files
@@ -78,15 +79,15 @@ def _parameters(
     """The recorded parameters (``scenes.json``), after checking them."""
     low, high = digit_size
     if num_train < 1 or num_val < 1:
-        raise ValueError(
+        raise ConfigError(
             f"digit scenes need at least one scene per split, got num_train={num_train}, num_val={num_val}"
         )
     if not 8 <= low <= high <= canvas:
-        raise ValueError(f"digit_size must be (low, high) with 8 <= low <= high <= canvas={canvas}, got {digit_size}")
+        raise ConfigError(f"digit_size must be (low, high) with 8 <= low <= high <= canvas={canvas}, got {digit_size}")
     if not 1 <= digits_per_scene[0] <= digits_per_scene[1]:
-        raise ValueError(f"digits_per_scene must be (fewest, most) with 1 <= fewest <= most, got {digits_per_scene}")
+        raise ConfigError(f"digits_per_scene must be (fewest, most) with 1 <= fewest <= most, got {digits_per_scene}")
     if not 0 <= noise < THRESHOLD:
-        raise ValueError(f"noise must be in [0, {THRESHOLD}) so the background stays darker than a digit, got {noise}")
+        raise ConfigError(f"noise must be in [0, {THRESHOLD}) so the background stays darker than a digit, got {noise}")
     return {
         "task": "mae digit scenes", "format": FORMAT, "num_train": num_train, "num_val": num_val, "canvas": canvas,
         "digit_size": [low, high], "digits_per_scene": list(digits_per_scene), "noise": noise, "seed": seed,

@@ -23,6 +23,7 @@ from mae.data.sources.layout import (
     train_folder,
     walk_once,
 )
+from mae.errors import InputError, MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class ImageFolderSubset(ImageFolder):
         extensions: tuple[str, ...] = dataset_extensions(arrays=False),
     ) -> None:
         if on_bad_image not in ("skip", "raise"):
-            raise ValueError(f"data.on_bad_image must be 'skip' or 'raise', got {on_bad_image!r}")
+            raise InputError(f"data.on_bad_image must be 'skip' or 'raise', got {on_bad_image!r}")
         self._selected = sorted(classes) if classes is not None else None
         self.on_bad_image = on_bad_image
         self.max_pixels = max_pixels
@@ -85,7 +86,7 @@ class ImageFolderSubset(ImageFolder):
                     sample = self.transform(sample) if self.transform is not None else to_rgb(sample)
             except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:  # undecodable or too large
                 if self.on_bad_image == "raise":
-                    raise ValueError(
+                    raise InputError(
                         f"cannot read image {path}: {err}; remove the file or set data.on_bad_image=skip"
                     ) from err
                 if path not in self.bad_files:
@@ -93,7 +94,7 @@ class ImageFolderSubset(ImageFolder):
                     log.warning("skipping unreadable image %s (%s); %d skipped so far", path, err, len(self.bad_files))
                 continue
             return sample, target
-        raise ValueError(f"no readable image among the {len(self.samples)} files of {self.root}")
+        raise InputError(f"no readable image among the {len(self.samples)} files of {self.root}")
 
     def make_dataset(
         self,
@@ -124,7 +125,7 @@ class ImageFolderSubset(ImageFolder):
             log.warning("%s: %d symlinked folder(s) lead to folders already listed, skipped: %s", directory,
                         len(skipped), shown)  # fmt: skip
         if empty and not allow_empty:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"Found no valid file for the classes {', '.join(empty)} in {directory}. "
                 f"Supported extensions are: {', '.join(extensions or ())}"
             )
@@ -139,7 +140,7 @@ class ImageFolderSubset(ImageFolder):
             missing = [c for c in self._selected if c not in set(classes)]
             if missing:
                 shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"{len(missing)} selected class(es) have no folder in {directory}: {shown} "
                     f"(found {len(classes)} class folders, e.g. {', '.join(classes[:3])})"
                 )
@@ -179,9 +180,9 @@ class ImageFolderDataModule(SplitDataModule):
     ) -> None:
         super().__init__(Path(root), train_split, val_split, num_workers=num_workers, subset_seed=subset_seed, **kwargs)
         if class_list is not None and num_classes is not None:
-            raise ValueError("set data.class_list or data.num_classes, not both")
+            raise InputError("set data.class_list or data.num_classes, not both")
         if max_images_per_class is not None and max_images_per_class < 1:
-            raise ValueError(f"data.max_images_per_class must be >= 1, got {max_images_per_class}")
+            raise InputError(f"data.max_images_per_class must be >= 1, got {max_images_per_class}")
         self.class_list = class_list
         self.num_classes = num_classes
         self.class_selection = class_selection

@@ -19,6 +19,7 @@ from mae.data.decoding.formats import dataset_extensions, is_array_file
 from mae.data.decoding.image import pixel_format
 from mae.data.decoding.route import reads_as_rgb
 from mae.data.decoding.units import check_channels
+from mae.errors import InputError, MissingFileError
 
 log = logging.getLogger(__name__)
 SHIPPED_LISTS = Path(__file__).resolve().parents[2] / "configs"  # mae/configs: the recipes and their class lists
@@ -126,7 +127,7 @@ def class_folders(directory: str | Path, warn: bool = True) -> list[str]:
         log.warning("%s: %d entry(ies) cannot be read (a dangling or looping link?), skipped: %s", directory,
                     len(unreadable), ", ".join(sorted(unreadable)))  # fmt: skip
     if not names:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"no class folder in {directory}: expected {directory}/<class>/<image> (one sub-folder per class)"
         )
     return sorted(names)
@@ -171,22 +172,22 @@ def select_classes(
     if class_list is not None:
         path = shipped_class_list(Path(class_list))
         if not path.is_file():
-            raise FileNotFoundError(f"class_list file {path} does not exist (the package ships "
+            raise MissingFileError(f"class_list file {path} does not exist (the package ships "
                                     f"{', '.join(p.name for p in sorted(SHIPPED_LISTS.glob('*.txt')))})")  # fmt: skip
         names = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
         names = [n for n in names if n]
         if not names:
-            raise ValueError(f"class_list file {path} names no classes (one class folder name per line)")
+            raise InputError(f"class_list file {path} names no classes (one class folder name per line)")
         return names
     if num_classes is None:
         return None
     if not 1 <= num_classes <= len(available):
-        raise ValueError(f"num_classes={num_classes} but {len(available)} classes are available")
+        raise InputError(f"num_classes={num_classes} but {len(available)} classes are available")
     if selection == "first":
         return list(available[:num_classes])
     if selection == "random":
         return sorted(random.Random(seed).sample(list(available), num_classes))
-    raise ValueError(f"class_selection must be 'first' or 'random', got {selection!r}")
+    raise InputError(f"class_selection must be 'first' or 'random', got {selection!r}")
 
 
 def has_extension(path: str | os.PathLike, extensions: tuple[str, ...]) -> bool:
@@ -235,7 +236,7 @@ class SampledPixels:
         """
         if len(self.kinds) > 1:
             (kind_a, a), (kind_b, b) = list(self.kinds.items())[:2]
-            raise ValueError(
+            raise InputError(
                 f"images in {self.folder} disagree: {a} has {kind_a[0]} channel(s) of {kind_a[1]}, {b} has {kind_b[0]} "
                 f"of {kind_b[1]}; store every image with the same channels and bit depth"
             )

@@ -21,6 +21,8 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
+from mae.errors import ConfigError
+
 
 def _leave_first_sigterm_to_main(signum: int, frame: FrameType | None) -> None:
     """The first SIGTERM is the job-wide signal: the main process saves and then shuts this worker
@@ -124,7 +126,7 @@ class SplitLoaders:
         """Raises ValueError naming the split and ``data.batch_size`` when the split holds fewer images."""
         train = self.training_set()
         if len(train) < self.batch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.training_set_name()}: {len(train)} training images is fewer than "
                 f"data.batch_size={self.batch_size}; lower the batch size"
             )

@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 
 from mae.data.sources.base import ImageDataModule
 from mae.data.sources.digit_scenes import DigitScenesOnDisk
+from mae.errors import InputError, MissingFileError
 
 
 class SceneImages(Dataset):
@@ -21,7 +22,7 @@ class SceneImages(Dataset):
     def __init__(self, root: Path, split: str, transform: Callable) -> None:
         self.paths = sorted((root / "images" / split).glob("*.png"))
         if not self.paths:
-            raise FileNotFoundError(f"no scene images in {root / 'images' / split}: write them with write_digit_scenes")
+            raise MissingFileError(f"no scene images in {root / 'images' / split}: write them with write_digit_scenes")
         self.transform = transform
 
     def __len__(self) -> int:
@@ -71,7 +72,7 @@ class DigitSceneImagesDataModule(DigitScenesOnDisk, ImageDataModule):
 
     def configure_pixels(self) -> None:
         if self.in_chans != 3:
-            raise ValueError(f"the digit scenes are RGB images: data.in_chans must be 3, got {self.in_chans}")
+            raise InputError(f"the digit scenes are RGB images: data.in_chans must be 3, got {self.in_chans}")
 
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset]:
         return SceneImages(self.root, "train", train_tf), SceneImages(self.root, "val", eval_tf)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mae.errors import InputError, MissingFileError
 from mae.io import storage
 
 FORMAT = "mae-shards"
@@ -61,30 +62,30 @@ def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, A
     """
     make = f"write shards there with `mae shard IMAGE_FOLDER --out {root}`"
     if not storage.is_remote(root) and not storage.exists_any(root):
-        raise FileNotFoundError(f"no shard folder at data.root={root} (missing or empty); {make}")
+        raise MissingFileError(f"no shard folder at data.root={root} (missing or empty); {make}")
     metadata = storage.read_json(storage.join(root, METADATA), storage_options)
     if metadata is None:
         if not storage.exists_any(root, storage_options):
-            raise FileNotFoundError(f"nothing is stored at data.root={root}; {make}")
+            raise MissingFileError(f"nothing is stored at data.root={root}; {make}")
         if storage.read_text(storage.join(root, "index.json"), storage_options) is not None:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"data.root={root} is a litdata folder without {METADATA}: not written by mae.data.shard (or by "
                 f"a version before the format had one); {make}, or point data.root at the folder above its splits"
             )
         if unfinished_conversion(root, storage_options):
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"data.root={root} holds an unfinished conversion of mae.data.shard: it stopped (killed or failed) "
                 f"before writing {METADATA}, which it writes last; run it again with `mae shard "
                 f"IMAGE_FOLDER --out {root} --overwrite`, which replaces exactly the files that conversion wrote"
             )
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"data.root={root} has no {METADATA} and no record of an unfinished conversion of mae.data.shard "
             f"({PARTIAL}): not a shard folder, and the shard tool does not write over files it did not write; "
             f"write shards to an empty folder or prefix with `mae shard IMAGE_FOLDER --out OUT` and set "
             f"data.root to it"
         )
     if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
-        raise ValueError(
+        raise InputError(
             f"{storage.join(root, METADATA)} is format {metadata.get('format')!r} version {metadata.get('version')!r};"
             f" this code reads {FORMAT!r} version {VERSION}: reshard with `mae shard ... --overwrite`"
         )

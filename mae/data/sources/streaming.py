@@ -25,6 +25,7 @@ from mae.data.sources.layout import missing_train_split
 from mae.data.sources.loader_workers import SigtermSafeLoader, worker_init
 from mae.data.sources.shard_format import read_metadata
 from mae.data.views.gpu import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
+from mae.errors import ConfigError
 from mae.io import storage
 
 
@@ -192,12 +193,12 @@ class StreamingDataModule(SplitDataModule):
         root = str(root).rstrip("/") if storage.is_remote(root) else str(root)
         super().__init__(root, train_split, val_split, num_workers, **kwargs)
         if self.train_fraction != 1.0:
-            raise ValueError(
+            raise ConfigError(
                 "data.train_fraction is not supported with streamed shards; write a labelled subset with "
                 "`mae shard ... --max-images-per-class M` instead"
             )
         if decode_on not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"data.decode_on must be 'auto', 'cpu' or 'gpu', got {decode_on!r}")
+            raise ConfigError(f"data.decode_on must be 'auto', 'cpu' or 'gpu', got {decode_on!r}")
         self.cache_dir = cache_dir
         self.max_cache_size = max_cache_size
         self.shuffle_seed = shuffle_seed
@@ -236,7 +237,7 @@ class StreamingDataModule(SplitDataModule):
             if pixels is None:
                 shown = "; ".join(f"{name} has {c} channel(s) of {dtype}" for c, dtype, name in
                                   self.metadata.get("kinds", [])[:2])  # fmt: skip
-                raise ValueError(
+                raise ConfigError(
                     f"the images in {self.root} differ in channels or bit depth ({shown or 'e.g. RGB and grayscale'}), "
                     f"which only the 8-bit RGB path converts: data.in_chans must be 3 for them, got {self.in_chans}"
                 )
@@ -323,7 +324,7 @@ class StreamingDataModule(SplitDataModule):
             return
         saved_seed = state_dict.get("shuffle_seed", self.shuffle_seed)
         if saved_seed != self.shuffle_seed:
-            raise ValueError(
+            raise ConfigError(
                 f"data.shuffle_seed is {self.shuffle_seed} but the checkpoint's epoch was streamed with {saved_seed}: "
                 f"resume with --data.shuffle_seed {saved_seed} (another order would repeat and skip images of the "
                 f"interrupted epoch)"
@@ -331,7 +332,7 @@ class StreamingDataModule(SplitDataModule):
         saved = (state_dict.get("shards_id"), state_dict.get("train_images"))
         current = (self.metadata.get("id"), self.metadata["splits"][self.train_split]["images"])
         if saved != current and None not in saved:
-            raise ValueError(
+            raise ConfigError(
                 f"the checkpoint's epoch streamed the shards {saved[0]} ({saved[1]} training images), but {self.root} "
                 f"holds {current[0]} ({current[1]}), another conversion: its order differs, so resuming mid-epoch "
                 f"would repeat and skip images. Resume on the checkpoint's shards, or start a new run from the weights "

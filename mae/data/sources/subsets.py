@@ -3,6 +3,8 @@
 import torch
 from torch.utils.data import Dataset, Subset
 
+from mae.errors import InputError
+
 
 def labelled_fraction(dataset: Dataset, fraction: float, seed: int = 0) -> Subset:
     """A seeded, class-balanced subset: ``round(fraction * n_c)`` (at least 1) images of each class c.
@@ -10,7 +12,7 @@ def labelled_fraction(dataset: Dataset, fraction: float, seed: int = 0) -> Subse
     The dataset must expose ``targets`` (ImageFolder, CIFAR and digits do); ``classes`` is kept.
     """
     if not 0 < fraction <= 1:
-        raise ValueError(f"train fraction must be in (0, 1], got {fraction}")
+        raise InputError(f"train fraction must be in (0, 1], got {fraction}")
     targets = torch.as_tensor(dataset.targets)
     generator = torch.Generator().manual_seed(seed)
     keep = []

@@ -32,7 +32,7 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
-from mae.command import UsageError, command_parser, parse_and_run
+from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_int, legacy_positionals
 from mae.data.decoding.formats import EncodedImage, dataset_extensions
 from mae.data.decoding.image import pixel_format, read_pixels
@@ -42,6 +42,7 @@ from mae.data.sources.folder import ImageFolderSubset
 from mae.data.sources.layout import sample_pixels, selected_classes, train_folder
 from mae.data.sources.shard_format import FORMAT, METADATA, PARTIAL, VERSION
 from mae.data.tools.shard_destination import check_destination, clear_destination, private_workspace
+from mae.errors import InputError, UsageError
 from mae.io import storage
 from mae.io.file_names import storable_name
 
@@ -170,7 +171,7 @@ def shard(args: Namespace) -> dict[str, Any]:
     storage_options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
     train_dir = train_folder(root, args.train_split, "--train-split")
     if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
     earlier = check_destination(root, out, args.overwrite, storage_options)
     classes = selected_classes(train_dir, args.class_list, args.num_classes, args.class_selection, args.seed)
     described = describe_pixels(train_dir, classes)
@@ -192,7 +193,7 @@ def shard(args: Namespace) -> dict[str, Any]:
         kinds = noted_kinds(kinds_dir)
     for name, c in list(counts.items()):
         if c["images"] == 0 and name == args.train_split:
-            raise ValueError(f"no readable image in {root / name}: all {c['skipped']} files were skipped (see the "
+            raise InputError(f"no readable image in {root / name}: all {c['skipped']} files were skipped (see the "
                              f"messages above); nothing was written to {storage.join(out, METADATA)}")  # fmt: skip
         if c["images"] == 0:
             print(f"{name}: all {c['skipped']} files were skipped; the shards have no {name} split", flush=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mae.data.sources.shard_format import FORMAT, METADATA, PARTIAL, RECORD_TEMPORARY, is_record, is_record_temporary
+from mae.errors import InputError, OutputExistsError
 from mae.io import storage
 
 # A shard file (litdata "chunk") as an index.json lists it.
@@ -85,26 +86,26 @@ def check_destination(root: Path, out: str, overwrite: bool, storage_options: di
     """
     if not storage.is_remote(out):
         if Path(out).is_file():
-            raise FileExistsError(f"{out} is a file; give a folder (or an s3:// URL) for the shards")
+            raise OutputExistsError(f"{out} is a file; give a folder (or an s3:// URL) for the shards")
         source, target = Path(os.path.realpath(root)), Path(os.path.realpath(out))
         if target.is_relative_to(source):
-            raise ValueError(f"the output folder {out} is inside the dataset folder {root}, where it would be read as "
+            raise InputError(f"the output folder {out} is inside the dataset folder {root}, where it would be read as "
                              f"images or a class by the next conversion or training run; choose a folder outside "
                              f"{root}")  # fmt: skip
     stored, owned = conversion_files(out, storage_options)
     foreign = [f for f in stored if f not in owned]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise FileExistsError(f"{out} is not empty: it holds {len(foreign)} file(s) that no conversion of this "
+        raise OutputExistsError(f"{out} is not empty: it holds {len(foreign)} file(s) that no conversion of this "
                               f"tool wrote there ({shown}); choose an empty folder or prefix, or move them "
                               "away")  # fmt: skip
     if stored and not overwrite and METADATA not in stored:
-        raise FileExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an unfinished conversion of "
-                              f"this tool (by its records: killed or failed before it wrote {METADATA}, which it "
-                              "writes last); pass --overwrite to replace exactly them with a new conversion, or choose "
-                              "an empty folder or prefix")  # fmt: skip
+        raise OutputExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an unfinished "
+                              f"conversion of this tool (by its records: killed or failed before it wrote {METADATA}, "
+                              "which it writes last); pass --overwrite to replace exactly them with a new conversion, "
+                              "or choose an empty folder or prefix")  # fmt: skip
     if stored and not overwrite:
-        raise FileExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an earlier conversion "
+        raise OutputExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an earlier conversion "
                               f"(named in its {METADATA} and index.json files); pass --overwrite to replace them, or "
                               f"choose an empty folder or prefix")  # fmt: skip
     return stored

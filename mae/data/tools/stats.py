@@ -23,6 +23,7 @@ from mae.data.decoding.formats import dataset_extensions
 from mae.data.decoding.image import read_pixels
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.sources.layout import has_extension, walk_once
+from mae.errors import InputError, MissingFileError
 
 _ROWS_PER_SUM = 1 << 20  # pixels summed in float64 at a time: the float64 copy stays small
 
@@ -46,7 +47,7 @@ def image_files(root: str | Path) -> list[str]:
     """Every image file below ``root/train`` (or ``root`` when it has no ``train`` folder), sorted."""
     top = Path(root) / "train" if (Path(root) / "train").is_dir() else Path(root)
     if not top.is_dir():
-        raise FileNotFoundError(f"{root} is not a folder of images")
+        raise MissingFileError(f"{root} is not a folder of images")
     folders, _ = walk_once(str(top), set())
     extensions = dataset_extensions(arrays=True)
     return sorted(os.path.join(d, f) for d, files in folders for f in files if has_extension(f, extensions))
@@ -90,7 +91,7 @@ def channel_stats(
         count += len(pixels)
         images += 1
     if images == 0:
-        raise ValueError(f"no readable image in {root} ({len(skipped)} skipped)")
+        raise InputError(f"no readable image in {root} ({len(skipped)} skipped)")
     mean = total / count
     std = np.sqrt(np.maximum(total_sq / count - mean**2, 0.0))
     return ChannelStats(mean.tolist(), std.tolist(), images, count, skipped)

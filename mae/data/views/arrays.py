@@ -19,6 +19,7 @@ from mae.data.decoding.image import read_pixels
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.decoding.units import chw_tensor
 from mae.data.views.crop import CROP_SCALE, random_crop
+from mae.errors import ConfigError
 
 View = Literal["pretrain", "finetune", "linprobe", "eval"]
 
@@ -56,7 +57,7 @@ class ArrayView:
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         if view not in ("pretrain", "finetune", "linprobe", "eval"):
-            raise ValueError(f"unknown view {view!r}")
+            raise ConfigError(f"unknown view {view!r}")
         self.kind = view
         self.size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         self.in_chans = in_chans

@@ -19,6 +19,7 @@ from mae.data.decoding.formats import EncodedImage
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.decoding.rgb import check_jpeg_size, decode_jpeg_checked, is_jpeg, read_rgb
 from mae.data.views.crop import CROP_SCALE, random_crop, resized_crop
+from mae.errors import ConfigError
 
 DecodeOn = Literal["auto", "cpu", "gpu"]
 
@@ -39,12 +40,12 @@ def resolve_decode_on(decode_on: DecodeOn, device: torch.device, augmentation: s
         if decode_on == "gpu":
             what = "the data is read as arrays (not 8-bit RGB)" if augmentation == "array" else (
                 f"data.augmentation is {augmentation!r}")  # fmt: skip
-            raise ValueError(f"data.decode_on=gpu decodes 8-bit RGB JPEGs for the pretraining crop, but {what}; "
+            raise ConfigError(f"data.decode_on=gpu decodes 8-bit RGB JPEGs for the pretraining crop, but {what}; "
                              "set data.decode_on: auto or cpu")  # fmt: skip
         return False
     if device.type != "cuda":
         if decode_on == "gpu":
-            raise ValueError(f"data.decode_on=gpu needs training on a CUDA GPU, but the trainer runs on {device}; "
+            raise ConfigError(f"data.decode_on=gpu needs training on a CUDA GPU, but the trainer runs on {device}; "
                              "set data.decode_on: auto (decodes in the loader workers here) or cpu")  # fmt: skip
         return False
     return True

@@ -9,6 +9,8 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN
 from timm.data import IMAGENET_DEFAULT_STD as IMAGENET_STD
 
+from mae.errors import ConfigError
+
 
 def normalization(
     in_chans: int, mean: list[float] | None, std: list[float] | None
@@ -20,16 +22,16 @@ def normalization(
             that differ from ``in_chans``, or a non-positive std, naming the keys.
     """
     if in_chans < 1:
-        raise ValueError(f"data.in_chans must be >= 1, got {in_chans}")
+        raise ConfigError(f"data.in_chans must be >= 1, got {in_chans}")
     if mean is None and std is None and in_chans == 3:
         return tuple(IMAGENET_MEAN), tuple(IMAGENET_STD)
     if mean is None or std is None:
-        raise ValueError(
+        raise ConfigError(
             f"data.mean and data.std are needed for {in_chans}-channel data (ImageNet's are for RGB): compute "
             f"them with `mae stats ROOT --in-chans {in_chans}` and paste the lines it prints"
         )
     if len(mean) != in_chans or len(std) != in_chans:
-        raise ValueError(
+        raise ConfigError(
             f"data.mean and data.std need {in_chans} values (data.in_chans), got {len(mean)} and {len(std)}"
         )
     check_statistics(mean, std)
@@ -40,7 +42,7 @@ def check_statistics(mean: Sequence[float], std: Sequence[float], names: str = "
     """Raises ValueError, naming ``names``, for a mean that is not finite or a std that is not finite
     and positive: images divided by them would be NaN or infinite, and so would the loss."""
     if not all(math.isfinite(v) for v in mean) or not all(math.isfinite(v) and v > 0 for v in std):
-        raise ValueError(
+        raise ConfigError(
             f"{names} need finite means and positive, finite standard deviations; got mean {list(mean)}, "
             f"std {list(std)}"
         )

@@ -11,6 +11,7 @@ from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_view_size
 from mae.data.decoding.rgb import image_name, to_rgb
 from mae.data.views.crop import CROP_RATIO, CROP_SCALE, PretrainCrop
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
+from mae.errors import ConfigError
 
 Augmentation = Literal["pretrain", "finetune", "linprobe", "none"]
 
@@ -100,7 +101,7 @@ def train_transform(
         return linprobe_transform(img_size, mean, std)
     if augmentation == "none":
         return eval_transform(img_size, 1.0, mean, std, max_pixels)
-    raise ValueError(f"data.augmentation must be 'pretrain', 'finetune', 'linprobe' or 'none', got {augmentation!r}")
+    raise ConfigError(f"data.augmentation must be 'pretrain', 'finetune', 'linprobe' or 'none', got {augmentation!r}")
 
 
 def eval_transform(

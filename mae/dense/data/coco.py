@@ -48,6 +48,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
 from mae.data.decoding.rgb import open_image, read_rgb
+from mae.errors import InputError, MissingFileError
 
 BOX_TOLERANCE = 1.0  # px a box may reach past the image edge (rounding) before it is an error; then clipped
 SHOWN = 5  # entries named in an error or in the report of what was left out
@@ -123,7 +124,7 @@ class CocoDetection(Dataset):
         max_annotations_per_image: int = MAX_ANNOTATIONS_PER_IMAGE,
     ) -> None:
         if type(max_annotations_per_image) is not int or max_annotations_per_image < 1:
-            raise ValueError(f"max_annotations_per_image must be at least 1, got {max_annotations_per_image!r}")
+            raise InputError(f"max_annotations_per_image must be at least 1, got {max_annotations_per_image!r}")
         self.annotation_file = Path(annotation_file)
         self.image_folder = Path(image_folder)
         self.masks = masks
@@ -158,13 +159,13 @@ class CocoDetection(Dataset):
         try:
             image = tv_tensors.Image(read_rgb(file))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:  # PIL's may not name it
-            raise ValueError(
+            raise InputError(
                 f"cannot read image {file} (image id {record.id} of {self.annotation_file}): {err}; replace the "
                 "file with a readable copy, or remove the image and its annotations from the JSON"
             ) from err
         size = (record.height, record.width)
         if image.shape[-2:] != size:  # checked at start-up: the file changed since
-            raise ValueError(f"{file} is now {image.shape[-1]}x{image.shape[-2]} px, {self.annotation_file} says "
+            raise InputError(f"{file} is now {image.shape[-1]}x{image.shape[-2]} px, {self.annotation_file} says "
                              f"{record.width}x{record.height} (image id {record.id})")  # fmt: skip
         target: dict[str, Any] = {
             "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(record.boxes), format="XYXY", canvas_size=size),
@@ -188,17 +189,17 @@ def read_coco(annotation_file: str | Path) -> dict:
     (their entries are checked by ``CocoDetection``)."""
     path = Path(annotation_file)
     if not path.is_file():
-        raise FileNotFoundError(f"COCO annotation file {path} not found")
+        raise MissingFileError(f"COCO annotation file {path} not found")
     try:
         data = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not a JSON file ({err}); {COCO_LAYOUT}") from err
+        raise InputError(f"{path} is not a JSON file ({err}); {COCO_LAYOUT}") from err
     if not isinstance(data, dict):
-        raise ValueError(f"{path} is not COCO-format: it holds a JSON {type(data).__name__}; {COCO_LAYOUT}")
+        raise InputError(f"{path} is not COCO-format: it holds a JSON {type(data).__name__}; {COCO_LAYOUT}")
     for key in ("images", "annotations", "categories"):
         if not isinstance(data.get(key), list):
             found = "no" if key not in data else f"a {type(data[key]).__name__} as"
-            raise ValueError(f"{path} is not COCO-format: it has {found} '{key}'; {COCO_LAYOUT}")
+            raise InputError(f"{path} is not COCO-format: it has {found} '{key}'; {COCO_LAYOUT}")
         bad = [f"{key}[{i}]" for i, entry in enumerate(data[key]) if not isinstance(entry, dict)]
         _refuse(path, f"'{key}' entries that are not JSON objects", bad, "every entry is an object")
     return data
@@ -211,7 +212,7 @@ def read_categories(data: dict, path: Path) -> list[tuple[int, str]]:
     ids = [c["id"] for c in entries]
     _refuse(path, "category ids listed twice", _repeated(ids), "each category has its own id")
     if not entries:
-        raise ValueError(f"{path} lists no categories: detection needs at least one")
+        raise InputError(f"{path} lists no categories: detection needs at least one")
     return sorted((c["id"], c["name"]) for c in entries)
 
 
@@ -244,12 +245,12 @@ def rle_counts(counts: str) -> list[int]:
     for i, char in enumerate(counts):
         group = ord(char) - 48
         if not 0 <= group < 64:
-            raise ValueError(f"compressed counts hold {char!r} at position {i}, not one of '0'..'o'")
+            raise InputError(f"compressed counts hold {char!r} at position {i}, not one of '0'..'o'")
         value |= (group & 0x1F) << shift
         shift += 5
         if group & 0x20:  # more groups follow
             if shift == 5 * RLE_CHARS_PER_COUNT:
-                raise ValueError(
+                raise InputError(
                     f"compressed counts hold a count of more than {RLE_CHARS_PER_COUNT} characters at position {start}"
                 )
             continue
@@ -259,7 +260,7 @@ def rle_counts(counts: str) -> list[int]:
         value = shift = 0
         start = i + 1
     if shift:
-        raise ValueError("compressed counts end within a count")
+        raise InputError("compressed counts end within a count")
     return runs
 
 
@@ -318,7 +319,7 @@ def _index(
     }
     report = [_named(what, ids) for what, ids in left_out.items() if ids]
     if not served:
-        raise ValueError(f"{path}: no image is left to serve" + (f": left out {'; '.join(report)}" if report else ""))
+        raise InputError(f"{path}: no image is left to serve" + (f": left out {'; '.join(report)}" if report else ""))
     return served, report
 
 

@@ -24,6 +24,7 @@ from torchvision.transforms.v2 import functional as F
 from mae.data.sources.digit_scenes import CATEGORIES, DigitScenesOnDisk
 from mae.data.sources.loader_workers import SplitLoaders
 from mae.dense.data.coco import MAX_ANNOTATIONS_PER_IMAGE, CocoDetection
+from mae.errors import ConfigError
 
 DetectionAugmentation = Literal["flip", "lsj", "none"]
 LSJ_SCALE = (0.1, 2.0)  # ViTDet's large-scale-jitter range
@@ -81,7 +82,7 @@ def detection_transform(augmentation: DetectionAugmentation, img_size: int) -> v
             FixedSizeCrop(img_size),
             v2.SanitizeBoundingBoxes(labels_getter=labels_and_crowds),
         ])  # fmt: skip
-    raise ValueError(f"data.augmentation must be one of 'flip', 'lsj', 'none', got {augmentation!r}")
+    raise ConfigError(f"data.augmentation must be one of 'flip', 'lsj', 'none', got {augmentation!r}")
 
 
 def collate_detection(batch: list[tuple[torch.Tensor, dict]]) -> tuple[list[torch.Tensor], list[dict]]:
@@ -134,9 +135,9 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
         super().__init__()
         self.train_transform = detection_transform(augmentation, img_size)  # a bad name fails here
         if batch_size < 1:
-            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
         if num_workers < 0:
-            raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
+            raise ConfigError(f"data.num_workers must be >= 0, got {num_workers}")
         self.root = Path(root)
         self.train_annotations, self.val_annotations = train_annotations, val_annotations
         self.train_images, self.val_images = train_images, val_images
@@ -181,7 +182,7 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
                 max_annotations_per_image=self.max_annotations_per_image,
             )  # fmt: skip
             if self.val_set.category_ids != train.category_ids or self.val_set.category_names != train.category_names:
-                raise ValueError(
+                raise ConfigError(
                     f"{self.val_set.annotation_file} and {train.annotation_file} list different categories "
                     f"(validation {_listing(self.val_set)}, training {_listing(train)}): the labels would mean "
                     "different things; both splits need the same 'categories'"

@@ -28,6 +28,7 @@ from mae.data.decoding.formats import dataset_extensions
 from mae.data.decoding.rgb import open_image, read_rgb
 from mae.data.sources.digit_scenes import CATEGORIES, DigitScenesOnDisk
 from mae.data.sources.loader_workers import SplitLoaders
+from mae.errors import InputError, MissingFileError
 
 # Modes of PNGs whose pixel values are indices: 8-bit, palette (the index, not its colour), 16-bit, 32-bit
 # integer (how older Pillow opens 16-bit PNGs), bilevel.
@@ -90,11 +91,11 @@ class SegmentationFolder(Dataset):
         check_labels: int | None = 100,
     ) -> None:
         if num_classes < 1:
-            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+            raise InputError(f"num_classes must be at least 1, got {num_classes}")
         if check_labels is not None and check_labels < 0:
-            raise ValueError(f"check_labels must be >= 0 or None (all masks), got {check_labels}")
+            raise InputError(f"check_labels must be >= 0 or None (all masks), got {check_labels}")
         if 0 <= ignore_index < num_classes:
-            raise ValueError(
+            raise InputError(
                 f"ignore_index={ignore_index} is one of the {num_classes} classes (0 .. {num_classes - 1}): it must "
                 f"be another value (255 is the usual one)"
             )
@@ -120,7 +121,7 @@ class SegmentationFolder(Dataset):
         by_stem: dict[str, Path] = {}
         for image in images:
             if image.stem in by_stem:
-                raise ValueError(
+                raise InputError(
                     f"images {by_stem[image.stem]} and {image} share the name {image.stem!r}: a mask "
                     f"{self.mask_dir / (image.stem + MASK_EXTENSION)} would belong to both; keep one of them"
                 )
@@ -133,10 +134,10 @@ class SegmentationFolder(Dataset):
             others = sorted(p.name for p in self.mask_dir.iterdir() if p.stem == image.stem and p != expected)
             hint = f" (found {', '.join(others)}: masks are PNG index images)" if others else ""
             more = f"; {len(unmasked) - 1} more images have no mask either" if len(unmasked) > 1 else ""
-            raise FileNotFoundError(f"image {image} has no mask: expected {expected}{hint}{more}")
+            raise MissingFileError(f"image {image} has no mask: expected {expected}{hint}{more}")
         orphans = sorted(mask for stem, mask in masks.items() if stem not in by_stem)
         if orphans:
-            raise ValueError(
+            raise InputError(
                 f"{len(orphans)} mask(s) in {self.mask_dir} have no image in {self.image_dir} (an image of the "
                 f"same name with one of {', '.join(extensions)}): {_few(orphans)}"
             )
@@ -146,17 +147,17 @@ class SegmentationFolder(Dataset):
     @staticmethod
     def _files(folder: Path, kind: str, extensions: tuple[str, ...]) -> list[Path]:
         if not folder.is_dir():
-            raise FileNotFoundError(f"{kind} folder {folder} does not exist or is not a folder")
+            raise MissingFileError(f"{kind} folder {folder} does not exist or is not a folder")
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in extensions and not p.name.startswith("."))
         if not files:
-            raise ValueError(f"{kind} folder {folder} holds no {kind} files (files ending in {', '.join(extensions)})")
+            raise InputError(f"{kind} folder {folder} holds no {kind} files (files ending in {', '.join(extensions)})")
         return files
 
     def _check_header(self, image: Path, mask: Path) -> None:
         with open_image(mask) as m:
             mode, mask_size = m.mode, m.size
         if mode not in INDEX_MODES:
-            raise ValueError(
+            raise InputError(
                 f"mask {mask} has mode {mode} ({Image.getmodebands(mode)} channels): class masks are "
                 f"single-channel index PNGs whose value at each pixel is its class (modes {', '.join(INDEX_MODES)}); "
                 f"convert colour-coded masks to class indices first"
@@ -164,7 +165,7 @@ class SegmentationFolder(Dataset):
         with open_image(image) as i:
             image_size = i.size
         if mask_size != image_size:
-            raise ValueError(
+            raise InputError(
                 f"mask {mask} is {mask_size[0]}x{mask_size[1]} px but its image {image} is "
                 f"{image_size[0]}x{image_size[1]} px: a mask must have its image's size"
             )
@@ -215,7 +216,7 @@ class SegmentationFolder(Dataset):
             # Only value n is out of range: the classes are likely numbered from 1.
             hint = f"; if the classes are 1 .. {n} and 0 is unlabelled (ADE20K), set reduce_zero_label=True"
             hint = hint if values.max() == n else ""
-        raise ValueError(
+        raise InputError(
             f"mask {path} has values {shown} that are no class of num_classes={n}: {rule}, and "
             f"ignore_index={self.ignore_index} marks unlabelled pixels{hint}"
         )
@@ -228,7 +229,7 @@ class SegmentationFolder(Dataset):
             image = tv_tensors.Image(read_rgb(self.images[index]))
         mask = tv_tensors.Mask(self.read_mask(self.masks[index]))
         if image.shape[-2:] != mask.shape:  # the file changed since the header check
-            raise ValueError(f"mask {self.masks[index]} is not the size of its image {self.images[index]}")
+            raise InputError(f"mask {self.masks[index]} is not the size of its image {self.images[index]}")
         if self.transforms is not None:
             image, mask = self.transforms(image, mask)
         image = TF.to_dtype(image.as_subclass(torch.Tensor), torch.float32, scale=True)
@@ -241,7 +242,7 @@ def _named_errors(kind: str, path: Path) -> Iterator[None]:
     try:
         yield
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-        raise ValueError(f"cannot read {kind} {path}: {err}; replace the file with a readable copy") from err
+        raise InputError(f"cannot read {kind} {path}: {err}; replace the file with a readable copy") from err
 
 
 def collate_padded(batch: list[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = 255) -> tuple:
@@ -309,12 +310,12 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
     ) -> None:
         super().__init__()
         if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"data.class_names has {len(class_names)} names for num_classes={num_classes}")
+            raise InputError(f"data.class_names has {len(class_names)} names for num_classes={num_classes}")
         low, high = scale_range
         if not 0 < low <= high:
-            raise ValueError(f"data.scale_range must be (low, high) with 0 < low <= high, got {tuple(scale_range)}")
+            raise InputError(f"data.scale_range must be (low, high) with 0 < low <= high, got {tuple(scale_range)}")
         if img_size < 1 or batch_size < 1 or num_workers < 0:
-            raise ValueError(
+            raise InputError(
                 f"data.img_size and data.batch_size must be >= 1 and data.num_workers >= 0, got {img_size}, "
                 f"{batch_size} and {num_workers}"
             )
@@ -364,7 +365,7 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
             try:
                 folders.append(self.root / template.format(split=split))
             except (KeyError, IndexError, ValueError) as err:
-                raise ValueError(f"data.{option}={template!r}: {{split}} is its only placeholder ({err!r})") from err
+                raise InputError(f"data.{option}={template!r}: {{split}} is its only placeholder ({err!r})") from err
         return SegmentationFolder(*folders, self.num_classes, self.ignore_index, self.reduce_zero_label, transforms,
                                   self.check_labels)  # fmt: skip
 

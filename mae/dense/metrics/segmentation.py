@@ -4,6 +4,8 @@ mean IoU, pixel accuracy and mean class accuracy, as mmsegmentation reports them
 import torch
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from mae.errors import ConfigError
+
 
 class SegmentationMetrics(MulticlassConfusionMatrix):
     """mIoU, pixel accuracy and mean class accuracy over the pixels whose target is not ``ignore_index``.
@@ -45,7 +47,7 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
         # torchmetrics' own validation counts distinct values without checking their range; ``update`` checks.
         super().__init__(num_classes, ignore_index=ignore_index, validate_args=False, **kwargs)
         if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"{len(class_names)} class names for num_classes={num_classes}")
+            raise ConfigError(f"{len(class_names)} class names for num_classes={num_classes}")
         self.class_names = class_names or [str(i) for i in range(num_classes)]
         self.per_class = per_class
         self.prefix = prefix
@@ -56,7 +58,7 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
         logits = preds.dim() == target.dim() + 1
         label_shape = preds.shape[:1] + preds.shape[2:] if logits else preds.shape
         if label_shape != target.shape or (logits and preds.shape[1] != k):
-            raise ValueError(
+            raise ConfigError(
                 f"predictions {tuple(preds.shape)} do not match targets {tuple(target.shape)}: (N, {k}, H, W) logits "
                 f"or (N, H, W) labels for (N, H, W) targets"
             )
@@ -71,7 +73,7 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
             outside &= labels != ignore_index
         if outside.any():
             also = f" (nor ignore_index={ignore_index})" if ignore_index is not None else ""
-            raise ValueError(
+            raise ConfigError(
                 f"{name} labels {labels[outside].unique()[:10].tolist()} are no class of num_classes={self.num_classes}"
                 f"{also}"
             )

@@ -12,6 +12,8 @@ from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCN
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.models.detection.rpn import RPNHead
 
+from mae.errors import ConfigError
+
 Detector = Literal["mask_rcnn", "faster_rcnn", "retinanet"]
 Target = dict[str, torch.Tensor]
 
@@ -21,7 +23,7 @@ def anchor_generator(strides: tuple[float, ...], sizes: list[float] | None, thre
     aspect ratios 0.5, 1, 2; RetinaNet's three scales per octave (x, x 2^(1/3), x 2^(2/3)) when asked."""
     sizes = sizes or [8 * stride for stride in strides]
     if len(sizes) != len(strides):
-        raise ValueError(f"model.anchor_sizes needs one size per pyramid map ({len(strides)}), got {sizes}")
+        raise ConfigError(f"model.anchor_sizes needs one size per pyramid map ({len(strides)}), got {sizes}")
     octave = (1.0, 2 ** (1 / 3), 2 ** (2 / 3)) if three_scales else (1.0,)
     return AnchorGenerator(tuple(tuple(s * o for o in octave) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes))
 
@@ -69,4 +71,4 @@ def build_detector(
         mask_head = MaskRCNNHeads(channels, [head_channels] * 4, 1, norm_layer=LayerNorm2d)
         mask_predictor = MaskRCNNPredictor(head_channels, head_channels, num_classes)
         return MaskRCNN(backbone, None, mask_head=mask_head, mask_predictor=mask_predictor, **heads, **common)
-    raise ValueError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {kind!r}")
+    raise ConfigError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {kind!r}")

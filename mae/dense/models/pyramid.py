@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from mae.convert.backbone import load_backbone, pooling_of
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.dense.models.windows import block_in_windows, default_global_blocks, window_position_bias
+from mae.errors import ConfigError
 
 # The pyramid's scales relative to the ViT's stride-p map (ViTDet: strides 4, 8, 16, 32 for p = 16), and
 # the scales a map can have (small patches, e.g. p = 4 on 64 px scenes, are better served one octave down).
@@ -52,16 +53,16 @@ def _rescale(dim: int, scale: float) -> tuple[nn.Module, int]:
         return nn.Identity(), dim
     if scale in (0.5, 0.25):
         return nn.MaxPool2d(round(1 / scale), stride=round(1 / scale)), dim
-    raise ValueError(f"pyramid scale {scale} is not one of {AVAILABLE_SCALES}")
+    raise ConfigError(f"pyramid scale {scale} is not one of {AVAILABLE_SCALES}")
 
 
 def check_encoder(vit: VisionTransformer) -> None:
     """Raises ValueError when the pyramid cannot run on ``vit``: a width the 4x deconvolutions cannot
     split, or an encoder that takes one input size only."""
     if vit.embed_dim % 4:
-        raise ValueError(f"the encoder's width {vit.embed_dim} must be divisible by 4 for the 4x deconvolutions")
+        raise ConfigError(f"the encoder's width {vit.embed_dim} must be divisible by 4 for the 4x deconvolutions")
     if not getattr(vit, "dynamic_img_size", False):
-        raise ValueError(
+        raise ConfigError(
             "the feature pyramid takes inputs of any size: build its encoder with dynamic_img_size=True "
             "(mae.load_backbone(..., dynamic_img_size=True), as mae.dense.models.pyramid.feature_pyramid does)"
         )
@@ -71,7 +72,7 @@ def checked_scales(scales: Sequence[float]) -> tuple[float, ...]:
     """The four maps' scales as floats. Raises ValueError unless there are four, finest first."""
     checked = tuple(float(scale) for scale in scales)
     if len(checked) != len(SCALES) or list(checked) != sorted(checked, reverse=True):
-        raise ValueError(f"pyramid scales must be {len(SCALES)} scales from the finest down, e.g. {SCALES}; "
+        raise ConfigError(f"pyramid scales must be {len(SCALES)} scales from the finest down, e.g. {SCALES}; "
                          f"got {tuple(scales)}")  # fmt: skip
     return checked
 
@@ -79,7 +80,7 @@ def checked_scales(scales: Sequence[float]) -> tuple[float, ...]:
 def _check_block_indices(blocks: Sequence[int], depth: int, what: str) -> None:
     for b in blocks:
         if not 0 <= b < depth:
-            raise ValueError(f"{what} {b} is not one of the encoder's {depth} blocks (0 .. {depth - 1})")
+            raise ConfigError(f"{what} {b} is not one of the encoder's {depth} blocks (0 .. {depth - 1})")
 
 
 def checked_blocks(block: int | Sequence[int] | None, depth: int) -> tuple[int, ...]:
@@ -89,7 +90,7 @@ def checked_blocks(block: int | Sequence[int] | None, depth: int) -> tuple[int, 
         block = depth - 1
     blocks = (block,) * len(SCALES) if isinstance(block, int) else tuple(block)
     if len(blocks) != len(SCALES):
-        raise ValueError(f"pyramid block must be one block or {len(SCALES)} (one per scale); got {block}")
+        raise ConfigError(f"pyramid block must be one block or {len(SCALES)} (one per scale); got {block}")
     _check_block_indices(blocks, depth, "pyramid block")
     return blocks
 
@@ -100,11 +101,11 @@ def checked_windows(
     """The global blocks of window attention (default: ``default_global_blocks``). Raises ValueError for
     a window size below 1, window settings without a window size, or a block the encoder does not have."""
     if window_size is not None and window_size < 1:
-        raise ValueError(f"window_size must be a positive number of patches, or None; got {window_size}")
+        raise ConfigError(f"window_size must be a positive number of patches, or None; got {window_size}")
     if window_size is None and global_blocks is not None:
-        raise ValueError("global_blocks only applies with window attention: set window_size too")
+        raise ConfigError("global_blocks only applies with window attention: set window_size too")
     if window_size is None and relative_position:
-        raise ValueError("relative_position is a bias inside attention windows: set window_size too")
+        raise ConfigError("relative_position is a bias inside attention windows: set window_size too")
     blocks = tuple(default_global_blocks(depth) if global_blocks is None else global_blocks)
     _check_block_indices(blocks, depth, "global block")
     return blocks
@@ -252,14 +253,14 @@ class SimpleFeaturePyramid(nn.Module):
         ph, pw = self.patch_size
         patches = max(1, round(1 / self.scales[-1]))  # the coarsest map needs this many patches a side
         if images.shape[-2] <= (patches - 1) * ph or images.shape[-1] <= (patches - 1) * pw:
-            raise ValueError(
+            raise ConfigError(
                 f"images of {images.shape[-2]}x{images.shape[-1]} px are too small for the feature pyramid: it "
                 f"needs {patches} patches of {ph}x{pw} px along each side (at least "
                 f"{(patches - 1) * ph + 1}x{(patches - 1) * pw + 1} px)"
             )
         tokens = -(-images.shape[-2] // ph) * -(-images.shape[-1] // pw)
         if tokens > self.max_tokens:
-            raise ValueError(
+            raise ConfigError(
                 f"images of {images.shape[-2]}x{images.shape[-1]} px make {tokens:,} patches, over this pyramid's "
                 f"max_tokens {self.max_tokens:,} (its encoder was pretrained at {self.pretraining_size[0]}x"
                 f"{self.pretraining_size[1]}): torchvision's detectors resize images to min_size 800 unless told; "

@@ -14,6 +14,8 @@ from torch import nn
 from torch.nn import functional as F
 from torchvision.ops import Conv2dNormActivation
 
+from mae.errors import ConfigError
+
 LEVELS = ("0", "1", "2", "3")  # the pyramid's maps the head reads, finest first ("pool" is not used)
 
 
@@ -75,7 +77,7 @@ class UperNetHead(nn.Module):
         super().__init__()
         in_channels = [in_channels] * len(LEVELS) if isinstance(in_channels, int) else list(in_channels)
         if len(in_channels) != len(LEVELS):
-            raise ValueError(f"UperNetHead takes {len(LEVELS)} maps, got in_channels={in_channels}")
+            raise ConfigError(f"UperNetHead takes {len(LEVELS)} maps, got in_channels={in_channels}")
         self.num_classes = num_classes
         self.psp = PyramidPooling(in_channels[-1], channels, pool_scales)
         self.lateral_convs = nn.ModuleList(_conv_bn_relu(c, channels, 1) for c in in_channels[:-1])
@@ -121,5 +123,5 @@ def upsample_logits(logits: torch.Tensor, size: Sequence[int], stride: float | N
         return _resize(logits, (height, width))
     padded = (round(logits.shape[-2] * stride), round(logits.shape[-1] * stride))
     if padded[0] < height or padded[1] < width:
-        raise ValueError(f"logits of {tuple(logits.shape[-2:])} at stride {stride} do not cover {height}x{width} px")
+        raise ConfigError(f"logits of {tuple(logits.shape[-2:])} at stride {stride} do not cover {height}x{width} px")
     return _resize(logits, padded)[..., :height, :width]

@@ -11,6 +11,7 @@ from torch import nn
 
 from mae.data.views.normalize import normalization
 from mae.dense.models.pyramid import SCALES, SimpleFeaturePyramid, default_max_tokens
+from mae.errors import ConfigError
 from mae.training.optim import ParamGroupPlan
 from mae.training.transfer import TransferModule
 
@@ -124,7 +125,7 @@ class DenseTrainingModule(TransferModule):
         saved = checkpoint.get("hyper_parameters", {})
         differ = [f"model.{k}: {saved[k]!r} there, {v!r} here" for k, v in self.hparams.items()
                   if k in saved and saved[k] != v]  # fmt: skip
-        raise ValueError(
+        raise ConfigError(
             f"the checkpoint's network does not fit this config's ({len(mismatched)} tensors missing, extra or "
             f"of another shape, e.g. {', '.join(mismatched[:3])}); settings that differ from the checkpoint's: "
             f"{'; '.join(differ) or 'none recorded'}. Use the checkpoint's values for the settings that shape the "

@@ -11,6 +11,7 @@ from mae.dense.metrics.detection import DetectionMetrics
 from mae.dense.models.detectors import Detector, Target, build_detector
 from mae.dense.tasks.base import DenseTrainingModule
 from mae.dense.tasks.figures import detection_panel
+from mae.errors import ConfigError
 
 
 class MAEDetectionModule(DenseTrainingModule):
@@ -58,9 +59,9 @@ class MAEDetectionModule(DenseTrainingModule):
         super().__init__(img_size=img_size, num_classes=num_classes, layer_decay=layer_decay, base_lr=base_lr,
                          weight_decay=weight_decay, **kwargs)  # fmt: skip
         if detector not in ("mask_rcnn", "faster_rcnn", "retinanet"):
-            raise ValueError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {detector!r}")
+            raise ConfigError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {detector!r}")
         if self.hparams.in_chans != 3:
-            raise ValueError(f"torchvision's detectors take RGB images: data.in_chans must be 3, got "
+            raise ConfigError(f"torchvision's detectors take RGB images: data.in_chans must be 3, got "
                              f"{self.hparams.in_chans}")  # fmt: skip
         self.build_encoder()
         self.detector = build_detector(detector, self.pyramid, num_classes, img_size, self.mean, self.std,
@@ -75,7 +76,7 @@ class MAEDetectionModule(DenseTrainingModule):
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if self.masks and getattr(self.trainer.datamodule, "masks", True) is False:
-            raise ValueError(
+            raise ConfigError(
                 "model.detector is mask_rcnn, which learns and is scored on instance masks, but data.masks is "
                 "false: set data.masks: true (the annotations' segmentation), or model.detector: faster_rcnn"
             )

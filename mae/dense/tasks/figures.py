@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import torch
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks, make_grid, save_image
 
+from mae.errors import ConfigError
 from mae.io.atomic import atomic_write
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
 from mae.training.trackers import log_figure
@@ -74,7 +75,7 @@ class PredictionFigures(PeriodicMonitor):
 
     def __init__(self, every_n_epochs: int = 5, num_images: int = 4, score_threshold: float = 0.5) -> None:
         if every_n_epochs < 0 or num_images < 1 or not 0 <= score_threshold <= 1:
-            raise ValueError(
+            raise ConfigError(
                 f"figures: need every_n_epochs >= 0, num_images >= 1 and score_threshold in [0, 1]; got "
                 f"{every_n_epochs}, {num_images}, {score_threshold}"
             )

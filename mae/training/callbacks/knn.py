@@ -2,6 +2,7 @@
 
 import lightning.pytorch as pl
 
+from mae.errors import ConfigError
 from mae.eval.knn import knn_evaluate
 from mae.training.base import MAETrainingModule
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating, evaluation_data
@@ -21,7 +22,7 @@ class KNNCallback(PeriodicMonitor):
 
     def __init__(self, every_n_epochs: int = 10, k: int = 20, temperature: float = 0.07, max_train: int = 50_000):
         if every_n_epochs < 0 or k < 1 or temperature <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"need every_n_epochs >= 0, k >= 1, temperature > 0; got {every_n_epochs}, {k}, {temperature}"
             )
         super().__init__(every_n_epochs)

@@ -3,6 +3,7 @@
 import lightning.pytorch as pl
 
 from mae.data import ImageDataModule
+from mae.errors import ConfigError
 from mae.eval.probe import Pool, ProbeSettings, evaluate
 from mae.training.base import MAETrainingModule
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating, evaluation_data
@@ -33,7 +34,7 @@ class ProbeCallback(PeriodicMonitor):
         max_train: int = 50_000,
     ) -> None:
         if every_n_epochs < 0:
-            raise ValueError(f"probe.every_n_epochs must be >= 0, got {every_n_epochs}")
+            raise ConfigError(f"probe.every_n_epochs must be >= 0, got {every_n_epochs}")
         super().__init__(every_n_epochs)
         self.settings = ProbeSettings(pool, lrs=lrs, weight_decays=weight_decays, max_epochs=max_epochs,
                                       patience=patience)  # fmt: skip
@@ -43,7 +44,7 @@ class ProbeCallback(PeriodicMonitor):
         # At start-up, not at the first probe epoch hours into the run.
         data = trainer.datamodule
         if self.every_n_epochs and isinstance(data, ImageDataModule) and data.num_labels < 2:
-            raise ValueError(
+            raise ConfigError(
                 f"probe.every_n_epochs={self.every_n_epochs}: a linear probe needs labelled data with 2 or more "
                 f"classes; {type(data).__name__} has {data.num_labels}; set probe.every_n_epochs: 0"
             )

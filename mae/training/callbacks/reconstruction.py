@@ -7,6 +7,7 @@ import torch
 from torchvision.utils import save_image
 
 from mae.data import ImageDataModule
+from mae.errors import ConfigError
 from mae.inference.reconstruction import reconstruct, reconstruction_grid
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
 from mae.training.pretrain import MAEPretrainModule
@@ -32,9 +33,9 @@ class ReconstructionCallback(PeriodicMonitor):
         self, every_n_epochs: int = 1, num_images: int = 8, seed: int = 0, bands: list[int] | None = None
     ) -> None:
         if every_n_epochs < 0 or num_images < 1:
-            raise ValueError(f"need every_n_epochs >= 0 and num_images >= 1, got {every_n_epochs}, {num_images}")
+            raise ConfigError(f"need every_n_epochs >= 0 and num_images >= 1, got {every_n_epochs}, {num_images}")
         if bands is not None and (len(bands) != 3 or min(bands) < 0):
-            raise ValueError(f"reconstruction.bands must be 3 channel indices, got {bands}")
+            raise ConfigError(f"reconstruction.bands must be 3 channel indices, got {bands}")
         super().__init__(every_n_epochs)
         self.bands = bands
         self.num_images = num_images

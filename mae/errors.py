@@ -1,0 +1,35 @@
+"""The errors a user can fix, by type: what ``mae.command.run_command`` shows as one ``error:`` line
+(exit status 2) instead of a traceback. Anything else a command raises is a bug or a library's failure
+and keeps its traceback (exit status 1).
+
+Each message names the file, key or value and what would be right. The families subclass the built-in
+error a caller would expect (``ConfigError`` is a ``ValueError``, ``MissingFileError`` a
+``FileNotFoundError``, ...), so ``except ValueError`` around a project call keeps working.
+"""
+
+
+class UserError(Exception):
+    """Base of every error the user can fix by changing a setting, an input or an output path."""
+
+
+class UsageError(UserError):
+    """A bad argument that only a command's ``run`` can see (e.g. against the loaded model): reported as
+    the parser reports a bad flag (usage, ``error: <message>``, exit status 2)."""
+
+
+class ConfigError(UserError, ValueError):
+    """A setting (a config key, a command-line option or an argument of the Python API) whose value
+    cannot work: names the key, the value given and what would be right."""
+
+
+class InputError(UserError, ValueError):
+    """An input file or folder that cannot be read as asked (an unreadable image, a checkpoint of another
+    layout, a data folder of the wrong shape): names the file and what would be right."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """An input that does not exist: names the path and the setting that pointed at it."""
+
+
+class OutputExistsError(UserError, FileExistsError):
+    """An output that would replace what the command did not write: names the path; nothing is written."""
