@@ -1,8 +1,9 @@
-"""``python finetune.py ...``: the same as ``mae finetune ...`` (``mae finetune --help``), kept for clones and scripts
-that call it."""
+"""``python finetune.py ...`` is ``mae finetune ...`` (``mae finetune --help``): the
+fine-tuning entry point of a clone, for scripts that call it."""
 
-from mae.cli import finetune_main
-from mae.command import run_command
+import sys
+
+from mae.cli.main import main
 
 if __name__ == "__main__":
-    run_command(finetune_main)
+    main(["finetune", *sys.argv[1:]])

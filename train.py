@@ -1,8 +1,9 @@
-"""``python train.py ...``: the same as ``mae pretrain ...`` (``mae pretrain --help``), kept for clones and scripts
-that call it."""
+"""``python train.py ...`` is ``mae pretrain ...`` (``mae pretrain --help``): the
+pretraining entry point of a clone, for scripts that call it."""
 
-from mae.cli import pretrain_main
-from mae.command import run_command
+import sys
+
+from mae.cli.main import main
 
 if __name__ == "__main__":
-    run_command(pretrain_main)
+    main(["pretrain", *sys.argv[1:]])

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from mae.apps.anomaly.digits import write_digit_anomalies
-from mae.cli.anomaly import main as anomaly_main
+from mae.cli.main import invoke
 from mae.inference.reconstruction import load_reconstructor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,25 +34,39 @@ METRICS = {"image_auroc": "image AUROC", "pixel_auroc": "pixel AUROC", "aupro": 
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict]:
     """The three methods' metrics on the task of ``seed``."""
-    root = write_digit_anomalies(args.tasks / f"seed{seed}", seed=seed, img_size=args.img_size,
-                                 num_normal=args.num_normal, num_test=args.num_test)  # fmt: skip
+    root = write_digit_anomalies(
+        args.tasks / f"seed{seed}",
+        seed=seed,
+        img_size=args.img_size,
+        num_normal=args.num_normal,
+        num_test=args.num_test,
+    )
     out = args.out / f"seed{seed}"
-    data = ["--normal", str(root / "train" / "good"), "--test", str(root / "test"), "--top-k", str(args.top_k),
-            "--batch-size", "128"]  # fmt: skip
+    data = [
+        "--normal",
+        str(root / "train" / "good"),
+        "--test",
+        str(root / "test"),
+        "--top-k",
+        str(args.top_k),
+        "--batch-size",
+        "128",
+    ]
     common = ["--checkpoint", str(args.checkpoint), "--seed", str(seed), *data]
     figures = "overview" if seed == args.seeds[0] else "none"
     results = {}
     start = time.perf_counter()
-    results[MAE] = anomaly_main([*common, "--out", str(out / "mae"), "--figures", figures]).metrics
+    results[MAE] = invoke("anomaly", [*common, "--out", str(out / "mae"), "--figures", figures]).metrics
     results[MAE]["seconds"] = time.perf_counter() - start
     start = time.perf_counter()
-    results[MAE_RAW] = anomaly_main(
-        [*common, "--out", str(out / "mae_raw"), "--raw-errors", "--figures", "none"]
+    results[MAE_RAW] = invoke(
+        "anomaly", [*common, "--out", str(out / "mae_raw"), "--raw-errors", "--figures", "none"]
     ).metrics
     results[MAE_RAW]["seconds"] = time.perf_counter() - start
     start = time.perf_counter()
-    results[KNN] = anomaly_main([*pixel_knn_flags(args.checkpoint), *data, "--out", str(out / "knn"),
-                                 "--figures", figures]).metrics  # fmt: skip
+    results[KNN] = invoke(
+        "anomaly", [*pixel_knn_flags(args.checkpoint), *data, "--out", str(out / "knn"), "--figures", figures]
+    ).metrics
     results[KNN]["seconds"] = time.perf_counter() - start
     if seed == args.seeds[0]:
         shutil.copy(out / "mae" / "overview.png", args.out / f"heatmaps_seed{seed}.png")
@@ -64,14 +78,26 @@ def pixel_knn_flags(checkpoint: Path) -> list[str]:
     """``--method pixel-knn`` at the MAE's input size, patch size and normalisation: the same images, the
     same patches."""
     model, norm = load_reconstructor(checkpoint)
-    return ["--method", "pixel-knn", "--img-size", str(model.config["img_size"][0]), "--patch-size",
-            str(model.patch_size), "--mean", *map(str, norm.mean), "--std", *map(str, norm.std)]  # fmt: skip
+    return [
+        "--method",
+        "pixel-knn",
+        "--img-size",
+        str(model.config["img_size"][0]),
+        "--patch-size",
+        str(model.patch_size),
+        "--mean",
+        *map(str, norm.mean),
+        "--std",
+        *map(str, norm.std),
+    ]
 
 
 def summarise(results: dict[str, list[dict]]) -> str:
     """Markdown table: one row per method, mean +- std over seeds (and each seed's value) per metric."""
-    lines = ["| method | " + " | ".join(METRICS.values()) + " | seconds per seed |",
-             "|---|" + "---:|" * (len(METRICS) + 1)]  # fmt: skip
+    lines = [
+        "| method | " + " | ".join(METRICS.values()) + " | seconds per seed |",
+        "|---|" + "---:|" * (len(METRICS) + 1),
+    ]
     for method, runs in results.items():
         cells = []
         for key in METRICS:
@@ -107,8 +133,12 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, default=REPO / "runs/pretrain_default/version_0/checkpoints/last.ckpt",
-                   help="the MAE (default: the default pretraining run's last checkpoint)")  # fmt: skip
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=REPO / "runs/pretrain_default/version_0/checkpoints/last.ckpt",
+        help="the MAE (default: the default pretraining run's last checkpoint)",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--img-size", type=int, default=32, help="the task's image size (the MAE's input size)")
     p.add_argument("--num-normal", type=int, default=None, help="training digits (default: all 1,437)")

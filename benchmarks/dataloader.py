@@ -35,10 +35,10 @@ from torch.utils.data import DataLoader
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
+from mae.cli.main import invoke
 from mae.data import ImageFolderDataModule, StreamingDataModule
 from mae.data.sources.shard_format import read_metadata
 from mae.data.sources.streaming import DecodeSample, ResumableStreamingLoader, ShardedImages
-from mae.data.tools.shard import main as shard_main
 from mae.data.views.gpu import collate_encoded, decode_pretrain_batch
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD, normalize_batch
 
@@ -63,27 +63,39 @@ def write_photos(root: Path, classes: int, per_class: int, size=(500, 375), seed
 
 
 def torchvision_loader(root: Path, img_size: int, batch_size: int) -> DataLoader:
-    transform = T.Compose([
-        T.RandomResizedCrop(img_size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
-        T.RandomHorizontalFlip(),
-        T.ToTensor(),
-        T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])  # fmt: skip
+    transform = T.Compose(
+        [
+            T.RandomResizedCrop(img_size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
     return DataLoader(ImageFolder(str(root), transform=transform), batch_size, shuffle=True, drop_last=True)
 
 
 def our_loader(root: Path, img_size: int, batch_size: int) -> DataLoader:
     data = ImageFolderDataModule(
-        str(root.parent), train_split=root.name, val_split=None, img_size=img_size, batch_size=batch_size,
+        str(root.parent),
+        train_split=root.name,
+        val_split=None,
+        img_size=img_size,
+        batch_size=batch_size,
         num_workers=0,
-    )  # fmt: skip
+    )
     data.setup("fit")
     return data.train_dataloader()
 
 
 def streaming_loader(shards: Path, img_size: int, batch_size: int) -> DataLoader:
-    data = StreamingDataModule(str(shards), val_split=None, img_size=img_size, batch_size=batch_size, num_workers=0,
-                               cache_dir=str(shards.parent / "cache"))  # fmt: skip
+    data = StreamingDataModule(
+        str(shards),
+        val_split=None,
+        img_size=img_size,
+        batch_size=batch_size,
+        num_workers=0,
+        cache_dir=str(shards.parent / "cache"),
+    )
     data.setup("fit")
     return data.train_dataloader()
 
@@ -91,8 +103,13 @@ def streaming_loader(shards: Path, img_size: int, batch_size: int) -> DataLoader
 def encoded_loader(shards: Path, batch_size: int) -> DataLoader:
     """The loader of ``decode_on: gpu``: samples stay encoded (the worker reads bytes only)."""
     url = str(shards / "train")
-    dataset = ShardedImages(url, read_metadata(str(shards))["classes"], DecodeSample(None, url), shuffle=True,
-                            cache_dir=str(shards.parent / "cache"))  # fmt: skip
+    dataset = ShardedImages(
+        url,
+        read_metadata(str(shards))["classes"],
+        DecodeSample(None, url),
+        shuffle=True,
+        cache_dir=str(shards.parent / "cache"),
+    )
     return ResumableStreamingLoader(dataset, batch_size=batch_size, drop_last=True, collate_fn=collate_encoded)
 
 
@@ -142,9 +159,11 @@ def bench(root: Path, shards: Path, img_size: int, args: argparse.Namespace) -> 
     """Median images/s of torchvision, of our folder loader, of our loader plus the batch normalisation
     that the training step does (on the training device; counted here as if on the CPU), and of our
     streaming loader on local shards."""
-    loaders = {"torchvision": torchvision_loader(root, img_size, args.batch_size),
-               "ours": our_loader(root, img_size, args.batch_size),
-               "streamed": streaming_loader(shards, img_size, args.batch_size)}  # fmt: skip
+    loaders = {
+        "torchvision": torchvision_loader(root, img_size, args.batch_size),
+        "ours": our_loader(root, img_size, args.batch_size),
+        "streamed": streaming_loader(shards, img_size, args.batch_size),
+    }
     torch.manual_seed(0)
     names = list(loaders)
     results = {"torchvision": [], "ours": [], "ours + normalise": [], "streamed": []}
@@ -167,8 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=12, help="batches per timed round")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--decode-device", default=None, help="also measure decoding batches there (cuda, cpu)")
-    p.add_argument("--target", type=float, default=4900, help="training img/s per GPU to size workers for "
-                   "(default: ViT-B/16 pretraining on an H200, docs/performance.md)")  # fmt: skip
+    p.add_argument(
+        "--target",
+        type=float,
+        default=4900,
+        help="training img/s per GPU to size workers for "
+        "(default: ViT-B/16 pretraining on an H200, docs/performance.md)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     return p
 
@@ -184,8 +208,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or write_photos(Path(tmp) / "images" / "train", 10, max(1, args.images // 10))
         shards = Path(tmp) / "shards"  # outside the image folder, as the shard tool requires
-        shard_main([str(root.parent), "--out", str(shards), "--train-split", root.name, "--val-split", "",
-                    "--workers", "1", "--start-method", "fork"])  # fmt: skip
+        invoke(
+            "shard",
+            [
+                str(root.parent),
+                "--out",
+                str(shards),
+                "--train-split",
+                root.name,
+                "--val-split",
+                "",
+                "--workers",
+                "1",
+                "--start-method",
+                "fork",
+            ],
+        )
         print(f"images: {root}, per worker (num_workers=0, 1 thread), batch {args.batch_size}")
         print(
             "| crop | torchvision ImageFolder + PIL img/s | ours img/s (worker) | ours / torchvision "
@@ -196,25 +234,38 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for size in args.img_sizes:
             r = bench(root, shards, size, args)
             reference, ours, ours_norm, streamed = r["torchvision"], r["ours"], r["ours + normalise"], r["streamed"]
-            rows.append(dict(img_size=size, torchvision=reference, ours=ours, ours_normalised=ours_norm,
-                             ratio=ours / reference, ratio_normalised=ours_norm / reference, streamed=streamed,
-                             ratio_streamed=streamed / reference))  # fmt: skip
+            rows.append(
+                dict(
+                    img_size=size,
+                    torchvision=reference,
+                    ours=ours,
+                    ours_normalised=ours_norm,
+                    ratio=ours / reference,
+                    ratio_normalised=ours_norm / reference,
+                    streamed=streamed,
+                    ratio_streamed=streamed / reference,
+                )
+            )
             print(
                 f"| {size} px | {reference:.0f} | {ours:.0f} | {ours / reference:.2f}x | {ours_norm:.0f} "
                 f"| {ours_norm / reference:.2f}x | {streamed:.0f} | {streamed / reference:.2f}x |",
                 flush=True,
             )
         if args.decode_device:
-            print(f"\ndecode_on gpu ({args.decode_device}); loader workers needed for {args.target:.0f} img/s\n"
-                  "| crop | worker img/s, decoding | worker img/s, bytes only | batch decode + crop on device img/s "
-                  "| workers, decoding | workers, bytes only |\n|---|---:|---:|---:|---:|---:|")  # fmt: skip
+            print(
+                f"\ndecode_on gpu ({args.decode_device}); loader workers needed for {args.target:.0f} img/s\n"
+                "| crop | worker img/s, decoding | worker img/s, bytes only | batch decode + crop on device img/s "
+                "| workers, decoding | workers, bytes only |\n|---|---:|---:|---:|---:|---:|"
+            )
             for row in rows:
                 row.update(gpu_decode_rates(shards, row["img_size"], args.decode_device, args))
                 row["workers_cpu_decode"] = math.ceil(args.target / row["streamed"])
                 row["workers_gpu_decode"] = math.ceil(args.target / row["encoded_worker"])
-                print(f"| {row['img_size']} px | {row['streamed']:.0f} | {row['encoded_worker']:.0f} | "
-                      f"{row['device_decode']:.0f} | {row['workers_cpu_decode']} | {row['workers_gpu_decode']} |",
-                      flush=True)  # fmt: skip
+                print(
+                    f"| {row['img_size']} px | {row['streamed']:.0f} | {row['encoded_worker']:.0f} | "
+                    f"{row['device_decode']:.0f} | {row['workers_cpu_decode']} | {row['workers_gpu_decode']} |",
+                    flush=True,
+                )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

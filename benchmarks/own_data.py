@@ -31,8 +31,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch.nn import functional as F
 
-from mae.cli import finetune_main, pretrain_main
-from mae.data.tools.stats import main as stats_main
+from mae.cli.main import invoke
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,14 +86,33 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.time()
 
     root = write_digits16(out / "digits16", per_class=args.images_per_class)
-    stats = stats_main([str(root), "--in-chans", "1"])
-    data = {"root": str(root), "img_size": 32, "batch_size": 64, "num_workers": 0, "in_chans": 1,
-            "mean": stats.mean, "std": stats.std, "eval_crop_ratio": 1.0}  # fmt: skip
+    stats = invoke("stats", [str(root), "--in-chans", "1"])
+    data = {
+        "root": str(root),
+        "img_size": 32,
+        "batch_size": 64,
+        "num_workers": 0,
+        "in_chans": 1,
+        "mean": stats.mean,
+        "std": stats.std,
+        "eval_crop_ratio": 1.0,
+    }
 
-    source = pretrain_main(["--config", str(REPO / "configs/pretrain/default.yaml"), "--trainer.max_epochs",
-                            str(args.source_epochs), "--model.warmup_epochs", str(min(2, args.source_epochs / 4)),
-                            "--trainer.logger.init_args.save_dir", str(out / "runs"),
-                            "--trainer.logger.init_args.name", "source_rgb"])  # fmt: skip
+    source = invoke(
+        "pretrain",
+        [
+            "--config",
+            str(REPO / "configs/pretrain/default.yaml"),
+            "--trainer.max_epochs",
+            str(args.source_epochs),
+            "--model.warmup_epochs",
+            str(min(2, args.source_epochs / 4)),
+            "--trainer.logger.init_args.save_dir",
+            str(out / "runs"),
+            "--trainer.logger.init_args.name",
+            "source_rgb",
+        ],
+    )
     source_ckpt = source.trainer.checkpoint_callback.last_model_path
 
     results = {}
@@ -102,17 +120,31 @@ def main(argv: list[str] | None = None) -> dict:
         ("scratch", {}),
         ("init_from", {"init_from": source_ckpt, "freeze_encoder_epochs": args.freeze_encoder_epochs}),
     ):
-        pre = pretrain_main(_config(
-            out / f"pretrain_{name}.yaml", f"pretrain_{name}", "configs/pretrain/default.yaml", extra,
-            {**data, "augmentation": "pretrain"}, {"max_epochs": args.epochs},
-            knn={"every_n_epochs": args.epochs}, reconstruction={"every_n_epochs": args.epochs, "num_images": 8},
-        ))  # fmt: skip
+        pre = invoke(
+            "pretrain",
+            _config(
+                out / f"pretrain_{name}.yaml",
+                f"pretrain_{name}",
+                "configs/pretrain/default.yaml",
+                extra,
+                {**data, "augmentation": "pretrain"},
+                {"max_epochs": args.epochs},
+                knn={"every_n_epochs": args.epochs},
+                reconstruction={"every_n_epochs": args.epochs, "num_images": 8},
+            ),
+        )
         run = Path(pre.trainer.log_dir)
-        ft = finetune_main(_config(
-            out / f"finetune_{name}.yaml", f"finetune_{name}", "configs/finetune/default.yaml",
-            {"checkpoint": pre.trainer.checkpoint_callback.last_model_path},
-            {**data, "augmentation": "finetune", "re_prob": 0.0}, {"max_epochs": args.finetune_epochs},
-        ))  # fmt: skip
+        ft = invoke(
+            "finetune",
+            _config(
+                out / f"finetune_{name}.yaml",
+                f"finetune_{name}",
+                "configs/finetune/default.yaml",
+                {"checkpoint": pre.trainer.checkpoint_callback.last_model_path},
+                {**data, "augmentation": "finetune", "re_prob": 0.0},
+                {"max_epochs": args.finetune_epochs},
+            ),
+        )
         results[name] = {
             "pretrain_loss_first_epoch": pre.model.epoch_losses[0],
             "pretrain_loss_last_epoch": pre.model.epoch_losses[-1],
@@ -122,16 +154,26 @@ def main(argv: list[str] | None = None) -> dict:
         figures = sorted((run / "reconstructions").glob("*.png"))
         if figures:
             shutil.copy(figures[-1], out / f"reconstructions_{name}.png")
-    results["meta"] = {"epochs": args.epochs, "source_epochs": args.source_epochs, "finetune_epochs":
-                       args.finetune_epochs, "freeze_encoder_epochs": args.freeze_encoder_epochs,
-                       "mean": stats.mean, "std": stats.std, "wall_seconds": round(time.time() - start)}  # fmt: skip
+    results["meta"] = {
+        "epochs": args.epochs,
+        "source_epochs": args.source_epochs,
+        "finetune_epochs": args.finetune_epochs,
+        "freeze_encoder_epochs": args.freeze_encoder_epochs,
+        "mean": stats.mean,
+        "std": stats.std,
+        "wall_seconds": round(time.time() - start),
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"\n| 16-bit gray digits, {args.epochs} pretraining epochs | loss first -> last epoch | kNN top-1 | "
-          f"fine-tuned top-1 ({args.finetune_epochs} epochs) |\n|---|---|---:|---:|")  # fmt: skip
+    print(
+        f"\n| 16-bit gray digits, {args.epochs} pretraining epochs | loss first -> last epoch | kNN top-1 | "
+        f"fine-tuned top-1 ({args.finetune_epochs} epochs) |\n|---|---|---:|---:|"
+    )
     for name in ("scratch", "init_from"):
         r = results[name]
-        print(f"| {name} | {r['pretrain_loss_first_epoch']:.3f} -> {r['pretrain_loss_last_epoch']:.3f} | "
-              f"{r['knn_acc1']:.1f} % | {r['finetune_acc1']:.1f} % |")  # fmt: skip
+        print(
+            f"| {name} | {r['pretrain_loss_first_epoch']:.3f} -> {r['pretrain_loss_last_epoch']:.3f} | "
+            f"{r['knn_acc1']:.1f} % | {r['finetune_acc1']:.1f} % |"
+        )
     return results
 
 

@@ -32,14 +32,18 @@ import statistics
 import time
 from pathlib import Path
 
-from mae.cli.dense import detect_main, segment_main
+from mae.cli.main import invoke
 from mae.convert.sources import read_checkpoint
 from mae.io.atomic import atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = {
-    "detect": (detect_main, "configs/detect/default.yaml", ("val/map", "val/map_50", "val/mask_map")),
-    "segment": (segment_main, "configs/segment/default.yaml", ("val/miou", "val/acc")),
+    "detect": (
+        functools.partial(invoke, "detect"),
+        "configs/detect/default.yaml",
+        ("val/map", "val/map_50", "val/mask_map"),
+    ),
+    "segment": (functools.partial(invoke, "segment"), "configs/segment/default.yaml", ("val/miou", "val/acc")),
 }
 RANDOM = "random"
 DEFAULT_ENCODERS = {
@@ -74,15 +78,34 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
     checkpoint = "null" if init == RANDOM else str(args.encoders[init])
     out = args.out / "runs"
     encoder = {key: args.encoder[key] for key in ENCODER_ARGS}
-    argv = ["--config", str(REPO / config), "--seed_everything", str(seed),
-            "--model.checkpoint", checkpoint,
-            "--model.model_kwargs", json.dumps(encoder),
-            "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", name,
-            "--trainer.enable_progress_bar", "false", "--checkpoint.dirpath", str(out / name / "checkpoints"),
-            "--data.init_args.root", str(args.scenes), "--data.init_args.num_train", str(args.num_train),
-            "--data.init_args.num_val", str(args.num_val),
-            "--trainer.max_epochs", str(args.epochs[task]), "--figures.every_n_epochs", str(args.epochs[task]),
-    ]  # fmt: skip
+    argv = [
+        "--config",
+        str(REPO / config),
+        "--seed_everything",
+        str(seed),
+        "--model.checkpoint",
+        checkpoint,
+        "--model.model_kwargs",
+        json.dumps(encoder),
+        "--trainer.logger.init_args.save_dir",
+        str(out),
+        "--trainer.logger.init_args.name",
+        name,
+        "--trainer.enable_progress_bar",
+        "false",
+        "--checkpoint.dirpath",
+        str(out / name / "checkpoints"),
+        "--data.init_args.root",
+        str(args.scenes),
+        "--data.init_args.num_train",
+        str(args.num_train),
+        "--data.init_args.num_val",
+        str(args.num_val),
+        "--trainer.max_epochs",
+        str(args.epochs[task]),
+        "--figures.every_n_epochs",
+        str(args.epochs[task]),
+    ]
     record = out / f"{name}.json"  # written after the run: a rerun with the same inputs reuses it
     inputs = {"argv": argv, "config": sha256_of(REPO / config), "checkpoint": init != RANDOM and sha256_of(checkpoint)}
     if record.exists() and (done := json.loads(record.read_text())).get("inputs") == inputs:
@@ -104,8 +127,10 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
 
 def summarise(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> str:
     """Markdown table: one row per task and initialisation, mean +- std over seeds."""
-    lines = ["| task | encoder | " + " | ".join(["metric", "mean +- std (%)", "per seed", "minutes per run"]) + " |",
-             "|---|---|---|---:|---|---:|"]  # fmt: skip
+    lines = [
+        "| task | encoder | " + " | ".join(["metric", "mean +- std (%)", "per seed", "minutes per run"]) + " |",
+        "|---|---|---|---:|---|---:|",
+    ]
     for task, by_init in results.items():
         for init, runs in by_init.items():
             for metric in TASKS[task][2]:
@@ -115,8 +140,10 @@ def summarise(results: dict[str, dict[str, list[dict]]], args: argparse.Namespac
                 spread = statistics.stdev(values) if len(values) > 1 else 0.0
                 minutes = statistics.mean(r["seconds"] for r in runs) / 60
                 per_seed = ", ".join(f"{v:.1f}" for v in values)
-                lines.append(f"| {task} | {init} | {metric} | {statistics.mean(values):.1f} +- {spread:.1f} | "
-                             f"{per_seed} | {minutes:.1f} |")  # fmt: skip
+                lines.append(
+                    f"| {task} | {init} | {metric} | {statistics.mean(values):.1f} +- {spread:.1f} | "
+                    f"{per_seed} | {minutes:.1f} |"
+                )
     return "\n".join(lines)
 
 
@@ -144,9 +171,15 @@ def named_encoders(specs: list[str] | None, parser: argparse.ArgumentParser) -> 
 def build_parser() -> argparse.ArgumentParser:
     """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--encoders", nargs="+", default=None, metavar="NAME=CHECKPOINT",
-                   help="the pretrained encoders to compare with a random one (default: "
-                   + ", ".join(f"{n}={c}" for n, c in DEFAULT_ENCODERS.items()) + ")")  # fmt: skip
+    p.add_argument(
+        "--encoders",
+        nargs="+",
+        default=None,
+        metavar="NAME=CHECKPOINT",
+        help="the pretrained encoders to compare with a random one (default: "
+        + ", ".join(f"{n}={c}" for n, c in DEFAULT_ENCODERS.items())
+        + ")",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     p.add_argument("--num-train", type=int, default=400, help="training scenes")

@@ -14,11 +14,7 @@ The public names below are imported on first use, so ``import mae`` (and the ``m
 
 import importlib
 
-from mae import moved
-
-moved.install()  # old module paths (users' configs and scripts) keep working
-
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # public name -> the module that defines it
 _PUBLIC = {

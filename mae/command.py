@@ -20,7 +20,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command_options import CommandHelpFormatter, finish_legacy, finish_shared, legacy_argv
+from mae.command_options import CommandHelpFormatter, finish_shared, refuse_removed
 from mae.errors import UsageError, UserError
 
 USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
@@ -40,8 +40,9 @@ def parse_and_run(
     """Parse ``argv`` (None: ``sys.argv[1:]``), build the class arguments when ``instantiate`` (e.g. a
     ``--data.class_path`` data module), and return ``run(args)``; a ``UsageError`` it raises exits as
     a parser error."""
-    args = parser.parse_args(legacy_argv(parser, sys.argv[1:] if argv is None else list(argv)))
-    args = finish_shared(finish_legacy(parser, args))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    refuse_removed(parser, argv)
+    args = finish_shared(parser.parse_args(argv))
     if instantiate:
         args = parser.instantiate_classes(args)
     try:

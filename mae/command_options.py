@@ -2,14 +2,12 @@
 part of its help every command repeats. A command adds them with ``add_option(parser, "device")`` and
 gives only what is its own (what ``--out`` holds, whether ``--checkpoint`` is required).
 
-Old spellings (``--format``, ``--k``, ``--max_epochs``, a positional CHECKPOINT / OUT, ...) are accepted
-for one release: ``legacy_argv`` rewrites them to the new ones with a one-line note on stderr naming the
-new spelling, and ``legacy_positionals`` takes the old positional arguments. Nothing here imports torch
-until a command runs.
+The spellings 0.2 renamed (``--format``, ``--k``, ``--max_epochs``, ...) were removed in 0.3.0; given
+one, a command stops with an error naming the new spelling (``refuse_removed``). Nothing here imports
+torch until a command runs.
 """
 
 import argparse
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,9 +76,19 @@ SHARED_OPTIONS = {
 }
 # fmt: on
 
-# Old spelling -> new one, for the options whose name changed (not only _ -> -).
-RENAMED = {"--format": "--checkpoint-format", "--checkpoint_format": "--checkpoint-format", "--k": "-k"}
-LEGACY_POSITIONALS_DEST = "legacy_positionals"
+# Spellings removed in 0.3.0 -> the one to use (renamed in 0.2, accepted with a note until 0.3.0).
+REMOVED = {
+    "--format": "--checkpoint-format",
+    "--checkpoint_format": "--checkpoint-format",
+    "--k": "-k",
+    "--max_epochs": "--max-epochs",
+    "--weight_decays": "--weight-decays",
+    "--num_heads": "--num-heads",
+    "--img_size": "--img-size",
+    "--batch_size": "--batch-size",
+    "--mask_ratio": "--mask-ratio",
+    "--max_image_pixels": "--max-image-pixels",
+}
 
 
 def add_option(parser: ArgumentParser | Any, name: str, own_help: str = "", **kwargs: Any) -> argparse.Action:
@@ -133,77 +141,15 @@ def resolve_device(device: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def legacy_positionals(parser: ArgumentParser, names: tuple[str, ...]) -> None:
-    """Accept the old positional form of the options ``names`` (e.g. ``CHECKPOINT OUT`` for ``--checkpoint``
-    and ``--out``) for one release: a hidden positional that ``finish_legacy`` moves into them. The options
-    themselves must be added with ``required=False``: ``finish_legacy`` requires them."""
-    action = parser.add_argument(LEGACY_POSITIONALS_DEST, nargs="*", default=[], help=argparse.SUPPRESS)
-    action.legacy_names = names
-
-
-def _prog(parser: ArgumentParser) -> str:
-    return parser.prog or "mae"
-
-
-def _note(parser: ArgumentParser, old: str, new: str) -> None:
-    print(f"{_prog(parser)}: {old} is deprecated, use {new} (the old spelling goes in the next release)",
-          file=sys.stderr, flush=True)  # fmt: skip
-
-
-def legacy_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
-    """``argv`` with every old spelling of an option of ``parser`` replaced by the new one, each noted once
-    on stderr: the ``RENAMED`` options and ``--snake_case`` options whose ``--kebab-case`` the parser has
-    (dotted keys such as ``--data.init_args.num_workers`` are jsonargparse's and stay). Everything after a
-    bare ``--`` is left alone."""
-    known = set(parser._option_string_actions)
-    rewritten, noted = [], set()
-    for position, token in enumerate(argv):
+def refuse_removed(parser: ArgumentParser, argv: list[str]) -> None:
+    """Stop with the parser's error (exit status 2) at the first option of ``argv`` spelt as before 0.3.0
+    (``REMOVED``), naming the spelling to use. Everything after a bare ``--`` is left alone."""
+    for token in argv:
         if token == "--":
-            return rewritten + argv[position:]
-        flag, equals, value = token.partition("=")
-        new = None
-        if flag.startswith("--") and flag not in known and "." not in flag:
-            if RENAMED.get(flag) in known:
-                new = RENAMED[flag]
-            elif "_" in flag and flag.replace("_", "-") in known:
-                new = flag.replace("_", "-")
-        if new is None:
-            rewritten.append(token)
-            continue
-        if flag not in noted:
-            noted.add(flag)
-            _note(parser, flag, new)
-        rewritten.append(new + equals + value)
-    return rewritten
-
-
-def finish_legacy(parser: ArgumentParser, args: Namespace) -> Namespace:
-    """Move the old positional arguments (``legacy_positionals``) into their options, with a note; a
-    value given both ways must agree; then the options are required."""
-    legacy = next((a for a in parser._actions if a.dest == LEGACY_POSITIONALS_DEST), None)
-    if legacy is None:
-        return args
-    names = legacy.legacy_names
-    flags = [SHARED_OPTIONS[name].flags[0] if name in SHARED_OPTIONS else f"--{name.replace('_', '-')}"
-             for name in names]  # fmt: skip
-    given = list(args.get(LEGACY_POSITIONALS_DEST) or [])
-    if len(given) > len(names):
-        parser.error(f"unrecognized arguments: {' '.join(given[len(names) :])}")
-    if given:
-        old = " ".join(name.upper() for name in names[: len(given)])
-        new = " ".join(f"{flag} {name.upper()}" for flag, name in zip(flags, names[: len(given)], strict=True))
-        _note(parser, f"the positional {old}", new)
-    for name, flag, value in zip(names, flags, given, strict=False):
-        current = args.get(name)
-        if current is not None and str(current) != str(value):
-            parser.error(f"{name.upper()} given twice, as {value} and as {flag} {current}: give {flag} only")
-        action = next(a for a in parser._actions if a.dest == name)
-        args[name] = action.type(value) if callable(action.type) else value
-    missing = [flag for name, flag in zip(names, flags, strict=True) if args.get(name) is None]
-    if missing:
-        parser.error(f"the following arguments are required: {', '.join(missing)}")
-    del args[LEGACY_POSITIONALS_DEST]
-    return args
+            return
+        flag = token.partition("=")[0]
+        if flag in REMOVED:
+            parser.error(f"{flag} was renamed {REMOVED[flag]} (the old spelling was removed in 0.3.0)")
 
 
 def finish_shared(args: Namespace) -> Namespace:

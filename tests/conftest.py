@@ -1,10 +1,11 @@
 """The suite's tiers and shared fixtures.
 
 Tiers (markers registered in pyproject.toml): a test that starts a fresh Python interpreter
-(``subprocess.Popen`` / ``helpers.run_process``: DDP, launchers, the interpreter's start-up) or starts a
-command to signal it (``helpers.start_script``: SIGKILL, SIGTERM to one process or its group) is marked
+(``subprocess.Popen`` / ``helpers.run_mae_process``: DDP, launchers, the interpreter's start-up) or starts a
+command to signal it (``helpers.start_mae``: SIGKILL, SIGTERM to one process or its group) is marked
 ``slow`` here, as is one that uses the ``browser`` fixture (marked ``browser``) or the ``s3`` fixture (``s3``); ``ddp``
-is marked by hand and implies ``slow``. Whatever calls lead there (the test, its helpers, its
+is marked by hand and implies ``slow``, as does ``gpu`` (the GPU smoke check in ``tests/gpu``).
+Whatever calls lead there (the test, its helpers, its
 fixtures) is read from the code, so a new test cannot forget. The fast tier is ``-m "not slow"``;
 a test outside ``slow`` that starts an interpreter anyway (say through a library) fails, saying so.
 """
@@ -26,10 +27,10 @@ from tests.helpers import TINY  # noqa: E402
 # A fixture of this name marks the tests that use it.
 FIXTURE_MARKERS = {"browser": "browser", "s3": "s3"}
 # These markers leave a test out of the fast tier too.
-SLOW_MARKERS = ("ddp", "browser", "s3")
+SLOW_MARKERS = ("ddp", "browser", "s3", "gpu")
 # Names whose use starts a process the test waits on and signals: a fresh interpreter (subprocess.Popen, our
-# helper around subprocess.run), or a forked command started in the background (start_script).
-PROCESS_STARTERS = frozenset({"Popen", "run_process", "start_script"})
+# helper around subprocess.run), or a forked command started in the background (start_mae).
+PROCESS_STARTERS = frozenset({"Popen", "run_mae_process", "start_mae"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -102,7 +103,7 @@ def _fresh_interpreters_only_in_slow_tests(request: pytest.FixtureRequest, monke
         if str(program) == sys.executable:
             raise RuntimeError(
                 f"{request.node.nodeid} starts a fresh Python interpreter ({args!r}) but is not marked slow: "
-                "run the command with tests.helpers.run_script (a forked child of the preloaded server), "
+                "run the command with tests.helpers.run_mae (a forked child of the preloaded server), "
                 "or mark the test @pytest.mark.slow if it is about the process itself"
             )
         popen_init(self, args, *more, **kwargs)

@@ -23,9 +23,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 # MaskedAutoencoderViT arguments of a 32x32 model small enough for exact comparisons.
 TINY = dict(
-    img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4, decoder_embed_dim=32, decoder_depth=2,
+    img_size=32,
+    patch_size=4,
+    embed_dim=64,
+    depth=2,
+    num_heads=4,
+    decoder_embed_dim=32,
+    decoder_depth=2,
     decoder_num_heads=4,
-)  # fmt: skip
+)
 # model_kwargs of the smallest trainable mae_vit_tiny_patch4 (pretraining module tests).
 TINY_KWARGS = dict(embed_dim=32, depth=1, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2)
 # The ``model:`` section of a CLI config with that model.
@@ -100,9 +106,15 @@ def finetune_module(**kwargs):
 def make_trainer(tmp_path, **kwargs) -> pl.Trainer:
     """A quiet CPU trainer: no logger, checkpoints, progress bar or sanity check unless asked."""
     defaults = dict(
-        default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-    )  # fmt: skip
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     return pl.Trainer(**{**defaults, **kwargs})
 
 
@@ -118,14 +130,18 @@ def tiny_pretraining_checkpoint(folder: Path, steps: int = 2) -> Path:
 
 def csv_logger(tmp: Path, name: str) -> dict:
     """The ``trainer.logger`` entry of a CLI config: CSV metrics under ``tmp/runs/<name>``."""
-    return {"class_path": "lightning.pytorch.loggers.CSVLogger",
-            "init_args": {"save_dir": str(tmp / "runs"), "name": name}}  # fmt: skip
+    return {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": str(tmp / "runs"), "name": name},
+    }
 
 
 def tensorboard_tracker(save_dir: Path) -> dict:
     """The ``tracker`` entry of a CLI config: TensorBoard (the shipped recipe's settings) under ``save_dir``."""
-    return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-            "init_args": {"save_dir": str(save_dir), "log_graph": False, "default_hp_metric": False}}  # fmt: skip
+    return {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": str(save_dir), "log_graph": False, "default_hp_metric": False},
+    }
 
 
 def tensorboard_events(log_dir: Path):
@@ -143,8 +159,9 @@ def write_config(tmp: Path, config: dict, name: str) -> Path:
     return path
 
 
-def _command(script: str) -> list[str]:
-    return script.split() if script.startswith("-m ") else [str(REPO / script)]
+def _command(command: str) -> list[str]:
+    """``python -m mae <command>``: what the ``mae`` console script runs."""
+    return ["-m", "mae", command]
 
 
 def _with_config(args: tuple[str, ...], command: list[str], config: dict | None, tmp: Path | None) -> tuple[str, ...]:
@@ -160,38 +177,52 @@ def _checked(result: subprocess.CompletedProcess, check: bool) -> subprocess.Com
     return result
 
 
-def run_script(script: str, *args: str, config: dict | None = None, tmp: Path | None = None, timeout: int = 300,
-               check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
-    """Run ``python <script> [--config <config as YAML in tmp>] *args`` in the repository, as a forked
-    child of an interpreter that has imported the project (``tests.forked_commands``: a second, not
-    the import's 6).
+def run_mae(
+    command: str,
+    *args: str,
+    config: dict | None = None,
+    tmp: Path | None = None,
+    timeout: int = 300,
+    check: bool = True,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``mae <command> [--config <config as YAML in tmp>] *args`` (as ``python -m mae``) in the
+    repository, as a forked child of an interpreter that has imported the project
+    (``tests.forked_commands``: a second, not the import's 6).
 
-    ``script`` is a file (``train.py``) or ``-m module``; ``env`` replaces the environment; with
+    ``command`` is a subcommand (``pretrain``, ``knn``, ...); ``env`` replaces the environment; with
     ``check`` a non-zero exit fails the test, showing the output's tail. A test about the process
-    itself (signals, DDP, the interpreter's start-up) uses ``run_process``.
+    itself (signals, DDP, the interpreter's start-up) uses ``run_mae_process``.
     """
     from tests.forked_commands import run_forked
 
-    command = _command(script)
-    args = _with_config(args, command, config, tmp)
+    argv = _command(command)
+    args = _with_config(args, argv, config, tmp)
     return _checked(run_forked([*command, *args], REPO, timeout, env), check)
 
 
-def start_script(script: str, *args: str, env: dict | None = None, new_session: bool = False):
-    """``run_script`` started, not waited for: a ``tests.forked_commands.ForkedProcess`` (``Popen``'s
+def start_mae(command: str, *args: str, env: dict | None = None, new_session: bool = False):
+    """``run_mae`` started, not waited for: a ``tests.forked_commands.ForkedProcess`` (``Popen``'s
     ``wait``, ``send_signal``, ``communicate``, and ``wait_for_output``), to signal it; with
     ``new_session``, the leader of a process group of its own, as a scheduler starts a job. Use it in a
     ``with`` block: a child still running when the test ends is killed."""
     from tests.forked_commands import ForkedProcess
 
-    return ForkedProcess([*_command(script), *args], REPO, env, new_session)
+    return ForkedProcess([*_command(command), *args], REPO, env, new_session)
 
 
-def run_process(script: str, *args: str, config: dict | None = None, tmp: Path | None = None, timeout: int = 300,
-                check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
-    """``run_script`` in a fresh interpreter (``subprocess.run``): what a user's shell starts."""
-    command = _command(script)
-    args = _with_config(args, command, config, tmp)
+def run_mae_process(
+    command: str,
+    *args: str,
+    config: dict | None = None,
+    tmp: Path | None = None,
+    timeout: int = 300,
+    check: bool = True,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    """``run_mae`` in a fresh interpreter (``subprocess.run``): what a user's shell starts."""
+    argv = _command(command)
+    args = _with_config(args, argv, config, tmp)
     result = subprocess.run(
         [sys.executable, *command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
     )

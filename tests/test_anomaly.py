@@ -29,7 +29,7 @@ from mae.apps.anomaly.baseline import nearest_normal_errors
 from mae.apps.anomaly.digits import CHANGED, DEFECTS, write_digit_anomalies
 from mae.apps.anomaly.evaluation import score_test_set
 from mae.apps.anomaly.layout import read_test_set
-from mae.cli import anomaly_main
+from mae.cli.main import invoke
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
 from mae.models import create_model
 from mae.models.masking import random_masking
@@ -39,7 +39,7 @@ from tests.helpers import (
     RandomImages,
     make_trainer,
     pretrain_module,
-    run_script,
+    run_mae,
     tiny_pretraining_checkpoint,
 )
 
@@ -101,8 +101,9 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------- masks
 
 
-@pytest.mark.parametrize(("grid", "ratio", "masks", "hidden"), [((8, 8), 0.75, 4, 3), ((4, 4), 0.5, 2, 1),
-                                                                ((7, 7), 0.75, 49, 37)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("grid", "ratio", "masks", "hidden"), [((8, 8), 0.75, 4, 3), ((4, 4), 0.5, 2, 1), ((7, 7), 0.75, 49, 37)]
+)
 def test_complementary_masks__every_patch_hidden_the_same_number_of_times(grid, ratio, masks, hidden):
     L = grid[0] * grid[1]
     design = complementary_masks(grid, ratio, repeats=2, generator=torch.Generator().manual_seed(0))
@@ -149,8 +150,9 @@ def test_normal_statistics__standardise_per_position_with_a_floor():
     stats = NormalStatistics.of(errors)
     std = errors.std(dim=0)
     floor = NormalStatistics.FLOOR * std.mean()
-    torch.testing.assert_close(stats.standardise(torch.tensor([[2.0, 1.0, 6.0]])),
-                               torch.tensor([[0.0, 1.0 / floor, 0.0]]))  # fmt: skip
+    torch.testing.assert_close(
+        stats.standardise(torch.tensor([[2.0, 1.0, 6.0]])), torch.tensor([[0.0, 1.0 / floor, 0.0]])
+    )
     with pytest.raises(ValueError, match="at least 2 normal images"):
         NormalStatistics.of(errors[:1])
     assert stats.floored == 1  # position 1, floored (and counted, so the command can say so)
@@ -268,14 +270,28 @@ def save(pixels: np.ndarray, path: Path) -> None:
 def test_anomaly_command__scores_maps_and_metrics_on_an_mvtec_tree(smooth_checkpoint, tmp_path, capsys):
     tree = write_tree(tmp_path / "part")
     out = tmp_path / "out"
-    result = anomaly_main(["--checkpoint", str(smooth_checkpoint), "--normal", str(tree / "train" / "good"),
-                           "--test", str(tree / "test"), "--out", str(out), "--top-k", "2"])  # fmt: skip
+    result = invoke(
+        "anomaly",
+        [
+            "--checkpoint",
+            str(smooth_checkpoint),
+            "--normal",
+            str(tree / "train" / "good"),
+            "--test",
+            str(tree / "test"),
+            "--out",
+            str(out),
+            "--top-k",
+            "2",
+        ],
+    )
     printed = capsys.readouterr().out
     assert "4 complementary masks at ratio 0.75: every patch hidden 3 times" in printed
     with open(out / "scores.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["path"] for r in rows] == [f"good/{i:03d}.png" for i in range(3)] + [f"checker/{i:03d}.png" for i in
-                                                                                   range(3)]  # fmt: skip
+    assert [r["path"] for r in rows] == [f"good/{i:03d}.png" for i in range(3)] + [
+        f"checker/{i:03d}.png" for i in range(3)
+    ]
     labels, scores = [int(r["label"]) for r in rows], [float(r["score"]) for r in rows]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["image_auroc"] == pytest.approx(roc_auc_score(labels, scores), abs=1e-6) == 1.0
@@ -291,13 +307,39 @@ def test_anomaly_command__scores_maps_and_metrics_on_an_mvtec_tree(smooth_checkp
     assert Image.open(out / "overview.png").height > Image.open(out / "heatmaps" / "good/000.png").height
     # without ground truth: image AUROC only
     (tree / "ground_truth").rename(tmp_path / "elsewhere")
-    anomaly_main(["--checkpoint", str(smooth_checkpoint), "--normal", str(tree / "train" / "good"),
-                  "--test", str(tree / "test"), "--out", str(tmp_path / "out2"), "--figures", "none"])  # fmt: skip
+    invoke(
+        "anomaly",
+        [
+            "--checkpoint",
+            str(smooth_checkpoint),
+            "--normal",
+            str(tree / "train" / "good"),
+            "--test",
+            str(tree / "test"),
+            "--out",
+            str(tmp_path / "out2"),
+            "--figures",
+            "none",
+        ],
+    )
     metrics = json.loads((tmp_path / "out2" / "metrics.json").read_text())
     assert "image_auroc" in metrics and "pixel_auroc" not in metrics and "aupro" not in metrics
     with pytest.raises(FileNotFoundError, match="ground-truth folder .*nowhere does not exist"):
-        anomaly_main(["--checkpoint", str(smooth_checkpoint), "--normal", str(tree / "train" / "good"), "--test",
-                      str(tree / "test"), "--out", str(out), "--ground-truth", str(tmp_path / "nowhere")])  # fmt: skip
+        invoke(
+            "anomaly",
+            [
+                "--checkpoint",
+                str(smooth_checkpoint),
+                "--normal",
+                str(tree / "train" / "good"),
+                "--test",
+                str(tree / "test"),
+                "--out",
+                str(out),
+                "--ground-truth",
+                str(tmp_path / "nowhere"),
+            ],
+        )
 
 
 def test_anomaly_command__unlabelled_folder_raw_errors_no_figures(smooth_checkpoint, tmp_path, capsys):
@@ -305,18 +347,41 @@ def test_anomaly_command__unlabelled_folder_raw_errors_no_figures(smooth_checkpo
     for i, pixels in enumerate(smooth_images(3, seed=4)):
         save(pixels, folder / f"{i}.png")
     out = tmp_path / "out"
-    result = anomaly_main(["--checkpoint", str(smooth_checkpoint), "--test", str(folder), "--out", str(out),
-                           "--raw-errors", "--figures", "none"])  # fmt: skip
+    result = invoke(
+        "anomaly",
+        [
+            "--checkpoint",
+            str(smooth_checkpoint),
+            "--test",
+            str(folder),
+            "--out",
+            str(out),
+            "--raw-errors",
+            "--figures",
+            "none",
+        ],
+    )
     assert result.metrics is None and not (out / "metrics.json").exists() and not (out / "heatmaps").exists()
     rows = (out / "scores.csv").read_text().splitlines()
     assert rows[0] == "path,kind,label,score" and [r.split(",")[0] for r in rows[1:]] == ["0.png", "1.png", "2.png"]
     assert "normal images" not in capsys.readouterr().out  # raw errors: no normal image scored
     save(smooth_images(1, seed=5)[0], tmp_path / "normal" / "a.png")
     with pytest.raises(ValueError, match="holds 1 image: per-patch statistics need at least 2 normal images"):
-        anomaly_main(["--checkpoint", str(smooth_checkpoint), "--normal", str(tmp_path / "normal"), "--test",
-                      str(folder), "--out", str(out)])  # fmt: skip
+        invoke(
+            "anomaly",
+            [
+                "--checkpoint",
+                str(smooth_checkpoint),
+                "--normal",
+                str(tmp_path / "normal"),
+                "--test",
+                str(folder),
+                "--out",
+                str(out),
+            ],
+        )
     with pytest.raises(SystemExit):  # neither --normal nor --raw-errors: a usage error
-        anomaly_main(["--checkpoint", str(smooth_checkpoint), "--test", str(folder), "--out", str(out)])
+        invoke("anomaly", ["--checkpoint", str(smooth_checkpoint), "--test", str(folder), "--out", str(out)])
     assert "give --normal, a folder of defect-free images" in capsys.readouterr().err
 
 
@@ -326,36 +391,45 @@ def test_anomaly_command__bad_input_named_with_the_fix(smooth_checkpoint, tmp_pa
     out = str(tmp_path / "out")
 
     def command(normal=tree / "train" / "good", test=tree / "test", *extra):
-        return ["--checkpoint", str(smooth_checkpoint), "--normal", str(normal), "--test", str(test), "--out", out,
-                *extra]  # fmt: skip
+        return [
+            "--checkpoint",
+            str(smooth_checkpoint),
+            "--normal",
+            str(normal),
+            "--test",
+            str(test),
+            "--out",
+            out,
+            *extra,
+        ]
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"empty holds no image file"):
-        anomaly_main(command(normal=tmp_path / "empty"))
+        invoke("anomaly", command(normal=tmp_path / "empty"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        anomaly_main(command(test=tmp_path / "nowhere"))
+        invoke("anomaly", command(test=tmp_path / "nowhere"))
     # a mask of another size than its image
     save(np.zeros((SIZE + 2, SIZE), np.uint8), tree / "ground_truth" / "checker" / "001_mask.png")
     with pytest.raises(ValueError, match=r"001_mask.png is 16x18 but its image .*001.png is 16x16.*write it at 16x16"):
-        anomaly_main(command())
+        invoke("anomaly", command())
     (tree / "ground_truth" / "checker" / "001_mask.png").unlink()
     with pytest.raises(ValueError, match=r"checker/001.png has no ground-truth mask: expected .*001_mask.png"):
-        anomaly_main(command())
+        invoke("anomaly", command())
     # an unreadable image
     save(np.zeros((SIZE, SIZE), np.uint8), tree / "ground_truth" / "checker" / "001_mask.png")
     (tree / "test" / "checker" / "002.png").write_bytes(b"not a png")
     with pytest.raises(ValueError, match=r"cannot read .*checker/002.png.*remove the file from its folder or replace"):
-        anomaly_main(command())
+        invoke("anomaly", command())
     (tree / "test" / "checker").rename(tree / "test" / "checker_empty")
     for f in (tree / "test" / "checker_empty").iterdir():
         f.unlink()
     with pytest.raises(ValueError, match="class folder .*checker_empty holds no image file"):
-        anomaly_main(command())
+        invoke("anomaly", command())
     with pytest.raises(SystemExit):  # a usage error, as argparse reports one
-        anomaly_main(command(tree / "train" / "good", tree / "test", "--mask-ratio", "1"))
+        invoke("anomaly", command(tree / "train" / "good", tree / "test", "--mask-ratio", "1"))
     # a test folder without good, through the real command line: the message alone, exit status 2
     (tree / "test" / "good").rename(tree / "test" / "ok")
-    result = run_script("-m mae.anomaly", *command(), check=False)
+    result = run_mae("anomaly", *command(), check=False)
     assert result.returncode == 2
     assert "has class folders ['checker_empty', 'ok'] but no 'good'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -370,9 +444,19 @@ def test_anomaly_command__empty_masks_keep_the_scores_and_unused_masks_are_named
     for orphan in orphans:
         save(np.zeros((SIZE, SIZE), np.uint8), orphan)
     out = tmp_path / "out"
-    result = run_script("-m mae.anomaly", "--checkpoint", str(tiny_checkpoint), "--normal",
-                        str(tree / "train" / "good"), "--test", str(tree / "test"), "--out", str(out), "--figures",
-                        "none")  # fmt: skip
+    result = run_mae(
+        "anomaly",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--normal",
+        str(tree / "train" / "good"),
+        "--test",
+        str(tree / "test"),
+        "--out",
+        str(out),
+        "--figures",
+        "none",
+    )
     assert (
         f"note: 2 ground-truth masks match no test image and are not used: {orphans[0]}, {orphans[1]}" in result.stdout
     )
@@ -392,8 +476,18 @@ def test_anomaly_command__identical_normal_images_refused_and_non_finite_scores_
     copies.mkdir()
     for i in range(3):
         shutil.copy(tree / "train" / "good" / "000.png", copies / f"{i}.png")
-    result = run_script("-m mae.anomaly", "--checkpoint", str(tiny_checkpoint), "--normal", str(copies), "--test",
-                        str(tree / "test"), "--out", str(tmp_path / "out"), check=False)  # fmt: skip
+    result = run_mae(
+        "anomaly",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--normal",
+        str(copies),
+        "--test",
+        str(tree / "test"),
+        "--out",
+        str(tmp_path / "out"),
+        check=False,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"error: --normal {copies}: " in result.stderr
     assert "standard deviation 0 at every patch position" in result.stderr
@@ -410,8 +504,20 @@ def test_anomaly_command__pixel_knn_method_needs_no_checkpoint(tmp_path):
     tree = write_tree(tmp_path / "part")
     out = tmp_path / "out"
     common = ["--normal", str(tree / "train" / "good"), "--test", str(tree / "test")]
-    result = run_script("-m mae.anomaly", "--method", "pixel-knn", *common, "--out", str(out), "--img-size",
-                        str(SIZE), "--patch-size", "4", "--top-k", "2")  # fmt: skip
+    result = run_mae(
+        "anomaly",
+        "--method",
+        "pixel-knn",
+        *common,
+        "--out",
+        str(out),
+        "--img-size",
+        str(SIZE),
+        "--patch-size",
+        "4",
+        "--top-k",
+        "2",
+    )
     with open(out / "scores.csv") as f:
         rows = list(csv.DictReader(f))
 
@@ -438,7 +544,7 @@ def test_anomaly_command__pixel_knn_method_needs_no_checkpoint(tmp_path):
         ),
         (common, "--method mae needs --checkpoint"),
     ):
-        result = run_script("-m mae.anomaly", *args, "--out", str(tmp_path / "out2"), check=False)
+        result = run_mae("anomaly", *args, "--out", str(tmp_path / "out2"), check=False)
         assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
@@ -463,8 +569,12 @@ def test_digit_anomalies__deterministic_mvtec_layout_with_changed_pixels_as_grou
         write_digit_anomalies(first, seed=5, num_normal=4, num_test=8)
     test_set = read_test_set(first / "test")
     assert test_set.has_masks and set(test_set.kinds) == {"good", *DEFECTS}
-    assert sorted(p.name for p in (first / "train" / "good").iterdir()) == ["0001.png", "0002.png", "0003.png",
-                                                                          "0004.png"]  # fmt: skip
+    assert sorted(p.name for p in (first / "train" / "good").iterdir()) == [
+        "0001.png",
+        "0002.png",
+        "0003.png",
+        "0004.png",
+    ]
     # the clean digit as the digits data module's evaluation view serves it, independently
     val, resize = DigitsDataset("val"), T.Resize(32, interpolation=T.InterpolationMode.BICUBIC)
     for image in test_set.images:
@@ -481,9 +591,25 @@ def test_anomaly_benchmark__tiny_run_writes_the_table_and_figures(smooth_checkpo
     spec = importlib.util.spec_from_file_location("anomaly_benchmark", REPO / "benchmarks" / "anomaly.py")
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
-    table = benchmark.main(["--checkpoint", str(smooth_checkpoint), "--seeds", "0", "1", "--num-normal", "12",
-                            "--num-test", "8", "--img-size", str(SIZE), "--tasks", str(tmp_path / "tasks"),
-                            "--out", str(tmp_path / "out")])  # fmt: skip
+    table = benchmark.main(
+        [
+            "--checkpoint",
+            str(smooth_checkpoint),
+            "--seeds",
+            "0",
+            "1",
+            "--num-normal",
+            "12",
+            "--num-test",
+            "8",
+            "--img-size",
+            str(SIZE),
+            "--tasks",
+            str(tmp_path / "tasks"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert "| MAE reconstruction error, standardised |" in table and "| pixel kNN (baseline) |" in table
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert len(results["MAE reconstruction error, standardised"]) == 2

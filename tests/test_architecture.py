@@ -3,19 +3,12 @@ it, no two modules import each other through any chain (lazy imports inside func
 ``mae/eval/`` holds only what measures."""
 
 import ast
-import importlib
-import re
-import sys
 from pathlib import Path
-
-import pytest
-
-from mae.moved import MOVED, new_path
 
 REPO = Path(__file__).resolve().parents[1]
 # Lowest first, as README's layout table lists them; a module belongs to the longest prefix it matches.
 LAYERS = [
-    ("mae.errors", "mae.io", "mae.command", "mae.command_options", "mae.moved"),
+    ("mae.compat", "mae.errors", "mae.io", "mae.command", "mae.command_options"),
     ("mae.models",),
     ("mae.data.decoding",),
     ("mae.data.views",),
@@ -27,7 +20,7 @@ LAYERS = [
     ("mae.training",),
     ("mae.dense",),
     ("mae.apps",),
-    ("mae.cli", "mae"),  # every command, and the ``python -m mae.<command>`` launchers
+    ("mae.cli", "mae"),  # every command, and the ``mae`` command over them
 ]
 MEASUREMENT = {"mae.eval", "mae.eval.features", "mae.eval.knn", "mae.eval.probe"}
 
@@ -56,15 +49,21 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 found |= {owner(a.name) for a in node.names if a.name.split(".")[0] == "mae"}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "mae":
-                found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else owner(node.module)
-                          for a in node.names}  # fmt: skip
+                found |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else owner(node.module)
+                    for a in node.names
+                }
         graph[name] = found - {name}
     return graph
 
 
 def _layer(module: str) -> int:
-    matches = [(len(prefix), index) for index, prefixes in enumerate(LAYERS) for prefix in prefixes
-               if module == prefix or module.startswith(prefix + ".")]  # fmt: skip
+    matches = [
+        (len(prefix), index)
+        for index, prefixes in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
     return max(matches)[1]
 
 
@@ -107,36 +106,3 @@ def test_eval__holds_only_what_measures():
         f"{extra} in mae/eval/, which holds what measures a trained encoder (features, kNN, probe): an "
         f"application of a trained model goes in mae/apps/, what both share in mae/inference/"
     )
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_moved__an_old_module_path_loads_the_new_module_and_names_it(old, monkeypatch):
-    for name in [m for m in sys.modules if m == old or m.startswith(old + ".")]:
-        monkeypatch.delitem(sys.modules, name)  # imported earlier in the session: import it afresh
-    with pytest.warns(FutureWarning, match=f"{re.escape(old)} moved to {re.escape(new_path(old))}"):
-        module = importlib.import_module(old)
-    new = MOVED[old]
-    if isinstance(new, str):
-        assert module is importlib.import_module(new)  # one module, so its classes keep one identity
-    else:
-        for name in new:
-            public = [k for k in vars(importlib.import_module(name)) if not k.startswith("_")]
-            assert all(getattr(module, k) is getattr(importlib.import_module(name), k) for k in public), name
-
-
-def test_moved__a_config_naming_an_old_class_path_still_builds_its_data_module(tmp_path, monkeypatch):
-    """Users' YAML from before the move (``class_path: mae.dense.detection_data.DigitScenesDataModule``)."""
-    import lightning.pytorch as pl
-
-    from mae.cli.lightning import DenseCLI, build
-    from mae.dense import DigitScenesDataModule, MAEDetectionModule
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("sys.argv", ["detect.py"])
-    monkeypatch.delitem(sys.modules, "mae.dense.detection_data", raising=False)  # its first import warns
-    args = ["--data.class_path", "mae.dense.detection_data.DigitScenesDataModule", "--data.init_args.num_train",
-            "4", "--model.model", "mae_vit_tiny_patch4", "--model.model_kwargs", '{"depth": 1}',
-            "--trainer.logger", "false"]  # fmt: skip
-    with pytest.warns(FutureWarning, match="mae.dense.detection_data moved to mae.dense.data.detection"):
-        cli, _ = build(DenseCLI, MAEDetectionModule, "detect", args, pl.LightningDataModule)
-    assert type(cli.datamodule) is DigitScenesDataModule

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from mae.apps.page.demo import ReconstructionSession, page_outputs
-from mae.cli import reconstruct_main
+from mae.cli.main import invoke
 from mae.convert.backbone import build_vit
 from mae.inference.attention import attention_weights, cls_attention_maps, last_block_attention
 from mae.models import MaskedAutoencoderViT
@@ -104,8 +104,8 @@ def test_reconstruct__attention_adds_two_panels_to_the_figure(checkpoint, photo,
     from mae.inference.normalization import Normalization
 
     args = ["--checkpoint", str(checkpoint), str(photo), "--seed", "1"]
-    plain = reconstruct_main([*args, "--out", str(tmp_path / "plain.png")])
-    figure = reconstruct_main([*args, "--attention", "--out", str(tmp_path / "attention.png")])
+    plain = invoke("reconstruct", [*args, "--out", str(tmp_path / "plain.png")])
+    figure = invoke("reconstruct", [*args, "--attention", "--out", str(tmp_path / "attention.png")])
     assert "from the cls token to each patch" in capsys.readouterr().out
     assert plain.attention is None and figure.attention.shape == (1, 2, 4, 4)
     assert figure.losses == plain.losses  # the reconstruction is the same

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mae.cli import export_main as main
+from mae.cli.main import invoke
 from mae.convert.backbone import load_backbone, load_mae
 from mae.convert.export import export_encoder
 from mae.convert.huggingface import save_hf_pretrained
@@ -58,9 +58,11 @@ def test_export__timm_alone_gives_our_encoder_features(mae_model, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(vit.forward_features(imgs), mae_model.forward_features(imgs))
         clf = timm.create_model(
-            args["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(weights)),
+            args["architecture"],
+            pretrained=True,
+            pretrained_cfg_overlay=dict(file=str(weights)),
             **{**args["model_args"], "num_classes": 10, "global_pool": "avg"},
-        ).eval()  # fmt: skip
+        ).eval()
         torch.testing.assert_close(clf.forward_features(imgs), _pre_norm_tokens(mae_model, imgs))
         assert clf(imgs).shape == (2, 10)
     assert sorted(p.name for p in weights.parent.iterdir()) == ["encoder.json", "encoder.safetensors"]
@@ -68,7 +70,7 @@ def test_export__timm_alone_gives_our_encoder_features(mae_model, tmp_path):
 
 def test_export__command_line(mae_model, tmp_path, capsys):
     ckpt = _official_full(mae_model, tmp_path)
-    main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "enc.safetensors")])
+    invoke("export", ["--checkpoint", str(ckpt), "--out", str(tmp_path / "enc.safetensors")])
     out = capsys.readouterr().out
     assert "timm.create_model" in out and (tmp_path / "enc.json").exists()
 
@@ -79,11 +81,15 @@ def test_export__of_our_lightning_checkpoint_roundtrips_to_mae(mae_model, tmp_pa
         {
             "pytorch-lightning_version": "2.6.6",
             "state_dict": {f"model.{k}": v for k, v in mae_model.state_dict().items()},
-            "hyper_parameters": {"model": "mae_vit_tiny_patch4", "img_size": 32, "norm_pix_loss": True,
-                                 "model_kwargs": {"depth": 2, "decoder_depth": 1}},
+            "hyper_parameters": {
+                "model": "mae_vit_tiny_patch4",
+                "img_size": 32,
+                "norm_pix_loss": True,
+                "model_kwargs": {"depth": 2, "decoder_depth": 1},
+            },
         },
         ckpt,
-    )  # fmt: skip
+    )
     loaded, report = load_mae(ckpt)
     assert report.format == "lightning" and not report.missing and not report.ignored and not report.notes
     imgs, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64)

@@ -1,13 +1,13 @@
-"""CHANGELOG.md against the code: its newest release is the package's version, and every old spelling the
-code still accepts is listed under that release's Changed section. The old spellings are read from the
-code's own tables, not from a list kept here: ``RENAMED`` (options whose name changed,
-``mae/command_options.py``), the old positional forms each command's parser takes (``legacy_positionals``),
-and ``MOVED`` (old module paths, ``mae/moved.py``). So a rename added to the code without a line in the
-changelog fails here. The other way round, each ``old`` → ``new`` option pair the changelog lists must
-still be accepted by some command. In-process, nothing run.
+"""CHANGELOG.md against the code: its newest release is the package's version; every spelling the code
+refuses as removed (``REMOVED``, ``mae/command_options.py``) is listed with the spelling to use under that
+release's Removed section, and each listed pair is refused by the commands that have the new spelling,
+with a message naming it; the old module paths 0.2.0 listed no longer import. The tables are read from the
+code, not kept here, so a removal added to the code without a line in the changelog fails. In-process,
+nothing run.
 """
 
 import contextlib
+import importlib
 import io
 import re
 from datetime import date
@@ -18,8 +18,7 @@ import pytest
 
 import mae
 from mae.cli.commands import COMMANDS, TRAIN
-from mae.command_options import LEGACY_POSITIONALS_DEST, RENAMED, legacy_argv
-from mae.moved import MOVED
+from mae.command_options import REMOVED, refuse_removed
 
 REPO = Path(__file__).resolve().parents[1]
 CHANGELOG = REPO / "CHANGELOG.md"
@@ -28,6 +27,7 @@ HEADING = re.compile(r"^## \[(?P<name>[^\]]+)\]", re.MULTILINE)
 SECTION = re.compile(r"^### (?P<name>.+?)\s*$", re.MULTILINE)
 KINDS = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")  # Keep a Changelog 1.1.0
 OPTION_PAIR = re.compile(r"`(?P<old>--?[\w.-]+)` → `(?P<new>--?[\w.-]+)`")
+MODULE_MOVE = re.compile(r"^\s+- `(?P<old>mae\.[\w.]+)` → `mae\.", re.MULTILINE)
 
 
 def releases(text: str) -> list[tuple[str, str, str]]:
@@ -53,44 +53,26 @@ def sections(body: str) -> dict[str, str]:
 
 @cache
 def command_parsers() -> dict[str, object]:
-    """The parser of every command that is not a LightningCLI one (those take the old spellings)."""
+    """The parser of every command that is not a LightningCLI one (those have jsonargparse's dotted keys)."""
     return {command.name: command.build_parser() for command in COMMANDS if command.group != TRAIN}
 
 
-def legacy_positional_forms() -> list[str]:
-    """The old positional form of each command that still takes one, as its usage read:
-    ``mae export CHECKPOINT OUT``, ``mae shard ROOT OUT``."""
-    forms = []
-    for name, parser in command_parsers().items():
-        positionals = [action for action in parser._actions if not action.option_strings]
-        legacy = [action for action in positionals if action.dest == LEGACY_POSITIONALS_DEST]
-        if legacy:
-            words = [action.dest.upper() for action in positionals if action.dest != LEGACY_POSITIONALS_DEST]
-            forms.append(" ".join(["mae", name, *words, *(n.upper() for n in legacy[0].legacy_names)]))
-    return forms
-
-
-def missing_old_spellings(changed: str) -> list[str]:
-    """What the code still accepts under an old spelling that ``changed`` (a Changed section) does not
-    list: each ``RENAMED`` pair on one line, each old positional form, each ``MOVED`` module."""
-    missing = [
+def unlisted_removals(removed: str) -> list[str]:
+    """The ``REMOVED`` pairs that ``removed`` (a Removed section) does not list on one line."""
+    return [
         f"{old} -> {new}"
-        for old, new in RENAMED.items()
-        if not any(f"`{old}`" in line and f"`{new}`" in line for line in changed.splitlines())
+        for old, new in REMOVED.items()
+        if not any(f"`{old}`" in line and f"`{new}`" in line for line in removed.splitlines())
     ]
-    missing += [form for form in legacy_positional_forms() if f"`{form}`" not in changed]
-    missing += [old for old in MOVED if f"`{old}`" not in changed]
-    return missing
 
 
-def accepted_by(old: str, new: str) -> list[str]:
-    """The commands that rewrite option ``old`` to ``new`` (with their note)."""
-    commands = []
-    for name, parser in command_parsers().items():
-        with contextlib.redirect_stderr(io.StringIO()):
-            if legacy_argv(parser, [old]) == [new]:
-                commands.append(name)
-    return commands
+def refusal(name: str, old: str) -> str | None:
+    """The error command ``name`` stops with when given option ``old`` (None: it goes on)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):
+        refuse_removed(command_parsers()[name], [old, "value"])
+        return None
+    return err.getvalue().strip().splitlines()[-1]
 
 
 CHANGELOG_TEXT = CHANGELOG.read_text(encoding="utf-8")
@@ -122,42 +104,44 @@ def test_changelog__the_newest_release_is_the_package_version():
     assert RELEASES[0][0] == mae.__version__, f"CHANGELOG's newest release {RELEASES[0][0]}, mae {mae.__version__}"
 
 
-def test_changelog__every_old_spelling_the_code_accepts_is_in_the_release_that_changed_it():
-    changed = _changed_of_newest()
-    assert changed, f"no Changed section in {RELEASES[0][0]}"
-    assert legacy_positional_forms(), "no command takes an old positional form: the table moved?"
-    missing = missing_old_spellings(changed)
-    assert not missing, f"accepted by the code, not in CHANGELOG.md's {RELEASES[0][0]} Changed section: {missing}"
-    assert "`--snake_case`" in changed  # the general rule legacy_argv applies (--max_epochs -> --max-epochs, ...)
+def test_changelog__every_removed_spelling_is_listed_with_the_one_to_use():
+    removed = sections(RELEASES[0][2]).get("Removed", "")
+    assert removed, f"no Removed section in {RELEASES[0][0]}"
+    missing = unlisted_removals(removed)
+    assert not missing, f"refused by the code, not in CHANGELOG.md's {RELEASES[0][0]} Removed section: {missing}"
+    assert len(OPTION_PAIR.findall(removed)) >= len(REMOVED)
 
 
-def test_changelog__each_listed_rename_still_runs():
-    pairs = OPTION_PAIR.findall(_changed_of_newest())
-    assert len(pairs) >= len(RENAMED), pairs
-    not_accepted = [f"{old} -> {new}" for old, new in pairs if not accepted_by(old, new)]
-    assert not not_accepted, f"listed as renamed, but no command accepts the old spelling: {not_accepted}"
+@pytest.mark.parametrize("old, new", sorted(REMOVED.items()))
+def test_removed_spelling__every_command_stops_with_the_spelling_to_use(old, new):
+    for name in command_parsers():
+        message = refusal(name, old)
+        assert message is not None and f"{old} was renamed {new}" in message, (name, message)
 
 
-def test_checks__a_rename_added_to_the_code_without_a_changelog_line_fails(monkeypatch):
-    changed = _changed_of_newest()
-    monkeypatch.setitem(RENAMED, "--frobnicate", "--frobnicate-level")
-    assert missing_old_spellings(changed) == ["--frobnicate -> --frobnicate-level"]
-    monkeypatch.delitem(RENAMED, "--frobnicate")
-    without_k = "\n".join(line for line in changed.splitlines() if "`--k`" not in line)
-    assert missing_old_spellings(without_k) == ["--k -> -k"]
-    without_export = changed.replace("`mae export CHECKPOINT OUT`", "")
-    assert missing_old_spellings(without_export) == ["mae export CHECKPOINT OUT"]
-    monkeypatch.setitem(MOVED, "mae.eval.flux", "mae.apps.flux")
-    assert missing_old_spellings(changed) == ["mae.eval.flux"]
+def test_removed_spelling__after_a_bare_double_dash_is_left_alone():
+    assert refusal("knn", "--") is None
+    refuse_removed(command_parsers()["knn"], ["--", "--k"])
 
 
-@pytest.mark.parametrize(
-    "old, new, expected",
-    [
-        ("--k", "-k", ["knn", "search"]),  # RENAMED applies wherever -k exists: search always had it
-        ("--max_epochs", "--max-epochs", ["probe"]),
-        ("--frobnicate", "--frobnicate-level", []),
-    ],
-)
-def test_checks__accepted_by_reads_the_parsers(old, new, expected):
-    assert accepted_by(old, new) == expected
+def test_removed_modules__the_old_paths_of_0_2_no_longer_import():
+    moved = sections(next(body for version, _, body in RELEASES if version == "0.2.0"))["Changed"]
+    old_paths = MODULE_MOVE.findall(moved)
+    assert len(old_paths) >= 25, old_paths  # the list in 0.2.0's Changed section
+    still = []
+    for old in old_paths:
+        try:
+            importlib.import_module(old)
+            still.append(old)
+        except ModuleNotFoundError:
+            pass
+    assert not still, f"still import: {still}"
+
+
+def test_checks__a_removal_added_to_the_code_without_a_changelog_line_fails(monkeypatch):
+    removed = sections(RELEASES[0][2])["Removed"]
+    monkeypatch.setitem(REMOVED, "--frobnicate", "--frobnicate-level")
+    assert unlisted_removals(removed) == ["--frobnicate -> --frobnicate-level"]
+    monkeypatch.delitem(REMOVED, "--frobnicate")
+    without_k = "\n".join(line for line in removed.splitlines() if "`--k`" not in line)
+    assert unlisted_removals(without_k) == ["--k -> -k"]

@@ -10,26 +10,24 @@ import pytest
 import tifffile
 from PIL import Image
 
-from mae.cli import (
-    anomaly_main,
-    demo_main,
-    embed_main,
-    export_main,
-    finetune_main,
-    knn_main,
-    pretrain_main,
-    probe_main,
-    reconstruct_main,
-    search_main,
-)
+from mae.cli.main import invoke
 from mae.command import USAGE_ERROR_EXIT_CODE, run_command
-from mae.data.tools.shard import main as shard_main
-from mae.data.tools.stats import main as stats_main
-from tests.helpers import REPO, run_script
+from tests.helpers import REPO, run_mae
 
-ENTRY_POINTS = ["train.py", "finetune.py", "mae/export.py", "mae/knn.py", "mae/probe.py", "mae/reconstruct.py",
-                "mae/demo.py", "mae/embed.py", "mae/search.py", "mae/anomaly.py",
-                "mae/data/stats.py", "mae/data/shard.py"]  # fmt: skip
+ENTRY_POINTS = [
+    "train.py",
+    "finetune.py",
+    "mae/export.py",
+    "mae/knn.py",
+    "mae/probe.py",
+    "mae/reconstruct.py",
+    "mae/demo.py",
+    "mae/embed.py",
+    "mae/search.py",
+    "mae/anomaly.py",
+    "mae/data/stats.py",
+    "mae/data/shard.py",
+]
 
 
 def _four_band_folder(root: Path) -> Path:
@@ -47,58 +45,97 @@ def _only_the_message(stderr: str, expected: str) -> None:
 
 def test_train__data_module_error_inside_jsonargparse_is_printed_alone(tmp_path):
     """The error the issue quotes: raised while jsonargparse builds the data module."""
-    args = ["--config", "configs/pretrain/default.yaml", "--data.class_path", "mae.data.ImageFolderDataModule",
-            "--data.root", str(_four_band_folder(tmp_path / "data")), "--data.in_chans", "4"]  # fmt: skip
-    result = run_script("train.py", *args, check=False)
+    args = [
+        "--config",
+        "configs/pretrain/default.yaml",
+        "--data.class_path",
+        "mae.data.ImageFolderDataModule",
+        "--data.root",
+        str(_four_band_folder(tmp_path / "data")),
+        "--data.in_chans",
+        "4",
+    ]
+    result = run_mae("pretrain", *args, check=False)
     assert result.returncode == USAGE_ERROR_EXIT_CODE
     _only_the_message(result.stderr, "data.mean and data.std are needed for 4-channel data")
-    debug = run_script("train.py", *args, "--debug", check=False)
+    debug = run_mae("pretrain", *args, "--debug", check=False)
     assert debug.returncode != 0 and "Traceback" in debug.stderr  # --debug keeps the whole story
 
 
 def test_train__error_in_the_data_module_setup_inside_fit(tmp_path):
-    result = run_script("train.py", "--config", "configs/pretrain/default.yaml", "--data.class_path",
-                        "mae.data.StreamingDataModule", "--data.root", str(tmp_path / "nothing"),
-                        "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
-                        check=False)  # fmt: skip
+    result = run_mae(
+        "pretrain",
+        "--config",
+        "configs/pretrain/default.yaml",
+        "--data.class_path",
+        "mae.data.StreamingDataModule",
+        "--data.root",
+        str(tmp_path / "nothing"),
+        "--trainer.logger",
+        "false",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        check=False,
+    )
     assert result.returncode == USAGE_ERROR_EXIT_CODE
     _only_the_message(result.stderr, f"no shard folder at data.root={tmp_path / 'nothing'}")
 
 
 def test_python_m__a_command_prints_the_message_alone():
-    result = run_script("-m mae.data.stats", "/nonexistent/folder", check=False)
+    result = run_mae("stats", "/nonexistent/folder", check=False)
     assert result.returncode == USAGE_ERROR_EXIT_CODE
     _only_the_message(result.stderr, "/nonexistent/folder")
 
 
 @pytest.mark.parametrize(
-    "main, argv, expected",
+    "command, argv, expected",
     [
-        (finetune_main, ["--config", "configs/finetune/default.yaml", "--model.checkpoint", "/no/pretrained.ckpt"],
-         "model.checkpoint /no/pretrained.ckpt does not exist"),
-        (export_main, ["--checkpoint", "/no/file.ckpt", "--out", "/tmp/never.safetensors"],
-         "/no/file.ckpt does not exist"),
-        (knn_main, ["--checkpoint", "/no/file.ckpt", "--data.class_path", "mae.data.DigitsDataModule"],
-         "/no/file.ckpt does not exist"),
-        (probe_main, ["--checkpoint", "/no/file.ckpt", "--data.class_path", "mae.data.DigitsDataModule"],
-         "/no/file.ckpt does not exist"),
-        (reconstruct_main, ["--checkpoint", "/no/file.ckpt", "/no/images"], "/no/file.ckpt does not exist"),
-        (demo_main, ["--checkpoint", "/no/file.ckpt"], "/no/file.ckpt does not exist"),
-        (embed_main, ["--checkpoint", "/no/file.ckpt", "/no/images", "--out", "/tmp/never.parquet"],
-         "/no/images does not exist"),
-        (search_main, ["--index", "/no/index.parquet", "/no/query.png"], "index /no/index.parquet does not exist"),
-        (anomaly_main, ["--checkpoint", "/no/file.ckpt", "--normal", "/no/normal", "--test", "/no/test", "--out",
-                        "/tmp/never"], "test folder /no/test does not exist"),
-        (stats_main, ["/no/images"], "/no/images"),
-        (shard_main, ["/no/images", "--out", "/tmp/never-shards"], "/no/images/train does not exist"),
-        (pretrain_main, ["--config", "configs/pretrain/default.yaml", "--data.batch_size", "0"],
-         "data.batch_size must be >= 1, got 0"),
+        (
+            "finetune",
+            ["--config", "configs/finetune/default.yaml", "--model.checkpoint", "/no/pretrained.ckpt"],
+            "model.checkpoint /no/pretrained.ckpt does not exist",
+        ),
+        (
+            "export",
+            ["--checkpoint", "/no/file.ckpt", "--out", "/tmp/never.safetensors"],
+            "/no/file.ckpt does not exist",
+        ),
+        (
+            "knn",
+            ["--checkpoint", "/no/file.ckpt", "--data.class_path", "mae.data.DigitsDataModule"],
+            "/no/file.ckpt does not exist",
+        ),
+        (
+            "probe",
+            ["--checkpoint", "/no/file.ckpt", "--data.class_path", "mae.data.DigitsDataModule"],
+            "/no/file.ckpt does not exist",
+        ),
+        ("reconstruct", ["--checkpoint", "/no/file.ckpt", "/no/images"], "/no/file.ckpt does not exist"),
+        ("demo", ["--checkpoint", "/no/file.ckpt"], "/no/file.ckpt does not exist"),
+        (
+            "embed",
+            ["--checkpoint", "/no/file.ckpt", "/no/images", "--out", "/tmp/never.parquet"],
+            "/no/images does not exist",
+        ),
+        ("search", ["--index", "/no/index.parquet", "/no/query.png"], "index /no/index.parquet does not exist"),
+        (
+            "anomaly",
+            ["--checkpoint", "/no/file.ckpt", "--normal", "/no/normal", "--test", "/no/test", "--out", "/tmp/never"],
+            "test folder /no/test does not exist",
+        ),
+        ("stats", ["/no/images"], "/no/images"),
+        ("shard", ["/no/images", "--out", "/tmp/never-shards"], "/no/images/train does not exist"),
+        (
+            "pretrain",
+            ["--config", "configs/pretrain/default.yaml", "--data.batch_size", "0"],
+            "data.batch_size must be >= 1, got 0",
+        ),
     ],
-)  # fmt: skip
-def test_every_command__project_error_exits_2_with_its_message(main, argv, expected, capsys, monkeypatch):
+)
+def test_every_command__project_error_exits_2_with_its_message(command, argv, expected, capsys, monkeypatch):
     monkeypatch.delenv("MAE_DEBUG", raising=False)
     with pytest.raises(SystemExit) as exit_info:
-        run_command(partial(main, argv))
+        run_command(partial(invoke, command, argv))
     assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
     _only_the_message(capsys.readouterr().err, expected)
 
@@ -111,7 +148,7 @@ def test_outputs__a_refusal_to_write_over_files_is_an_error_line_and_nothing_is_
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "mine.txt").write_text("the user's")
     with pytest.raises(SystemExit) as exit_info:
-        run_command(partial(shard_main, [str(tmp_path / "images"), "--out", str(tmp_path / "out")]))
+        run_command(partial(invoke, "shard", [str(tmp_path / "images"), "--out", str(tmp_path / "out")]))
     assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
     _only_the_message(capsys.readouterr().err, "holds 1 file(s) that no conversion of this tool wrote there (mine.txt)")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine.txt"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mae.cli import probe_main, reconstruct_main
+from mae.cli.main import invoke
 from mae.command import USAGE_ERROR_EXIT_CODE, run_command
 from mae.convert.architecture import ARCHITECTURE_KEY
 from mae.convert.backbone import load_backbone, load_mae
@@ -50,7 +50,7 @@ def _edited(checkpoint, tmp_path, **args):
         ({"embed_dim": "wide"}, r"record has embed_dim='wide'; expected a positive integer"),
         ({"attention_kind": "flash"}, r"record has arguments MaskedAutoencoderViT does not take: \['attention_kind'\]"),
     ],
-)  # fmt: skip
+)
 def test_record__checked_against_the_tensors_before_anything_is_built(checkpoint, tmp_path, args, expected):
     path = _edited(checkpoint, tmp_path, **args)
     for load in (load_mae, load_backbone):
@@ -62,7 +62,7 @@ def test_record__reconstruct_refuses_a_huge_record_by_name(checkpoint, tmp_path,
     path = _edited(checkpoint, tmp_path, embed_dim=2**20)
     with pytest.raises(SystemExit) as exit_info:
         argv = ["--checkpoint", str(path), str(image), "--out", str(tmp_path / "f.png")]
-        run_command(partial(reconstruct_main, argv))
+        run_command(partial(invoke, "reconstruct", argv))
     assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
     assert "edited.ckpt: its mae_architecture record says embed_dim=1048576" in capsys.readouterr().err
 
@@ -86,12 +86,13 @@ def test_record__a_faithful_record_still_loads(checkpoint):
         (["--mean", "nan", "0.5", "0.5", "--std", "1", "1", "1"], "finite means"),
     ],
 )
-def test_reconstruct__options_that_would_draw_nonsense_are_refused(checkpoint, tmp_path, image, option, expected,
-                                                                   capsys):  # fmt: skip
+def test_reconstruct__options_that_would_draw_nonsense_are_refused(
+    checkpoint, tmp_path, image, option, expected, capsys
+):
     out = tmp_path / "figure.png"
     argv = ["--checkpoint", str(checkpoint), str(image), "--out", str(out), *option]
     with pytest.raises(SystemExit) as exit_info:
-        run_command(partial(reconstruct_main, argv))
+        run_command(partial(invoke, "reconstruct", argv))
     assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err, err
@@ -110,9 +111,19 @@ def probe_data(tmp_path_factory):
 
 
 def _probe(checkpoint, root, *extra):
-    data = ["--data.class_path", "mae.data.ImageFolderDataModule", "--data.root", str(root), "--data.img_size", "16",
-            "--data.num_workers", "0", "--data.batch_size", "2"]  # fmt: skip
-    return probe_main(["--checkpoint", str(checkpoint), *data, *extra])
+    data = [
+        "--data.class_path",
+        "mae.data.ImageFolderDataModule",
+        "--data.root",
+        str(root),
+        "--data.img_size",
+        "16",
+        "--data.num_workers",
+        "0",
+        "--data.batch_size",
+        "2",
+    ]
+    return invoke("probe", ["--checkpoint", str(checkpoint), *data, *extra])
 
 
 def test_probe__one_training_image_per_class_leaves_nothing_to_choose_the_head_on(checkpoint, probe_data):

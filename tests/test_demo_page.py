@@ -33,7 +33,7 @@ from mae.apps.page.demo import (
     readable_error,
     serve,
 )
-from tests.helpers import REPO, TINY, run_script, tiny_pretraining_checkpoint
+from tests.helpers import REPO, TINY, run_mae, tiny_pretraining_checkpoint
 
 
 def _skip_unless_ci(reason: str) -> None:
@@ -165,8 +165,15 @@ def _free_port() -> int:
 def _demo(*args: str, env: dict | None = None, sigint_ignored: bool = False) -> subprocess.Popen:
     """The page's process; ``sigint_ignored``: started as a script's background job is (SIGINT ignored)."""
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
-    return subprocess.Popen([sys.executable, "-m", "mae.demo", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "mae.demo", *args],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=ignore,
+    )
 
 
 def test_demo__a_busy_port_is_named_with_how_to_choose_another(checkpoint):
@@ -174,8 +181,7 @@ def test_demo__a_busy_port_is_named_with_how_to_choose_another(checkpoint):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        process = run_script("-m mae.demo", "--checkpoint", str(checkpoint), "--port", str(port), timeout=180,
-                             check=False)  # fmt: skip
+        process = run_mae("demo", "--checkpoint", str(checkpoint), "--port", str(port), timeout=180, check=False)
         err = process.stderr
     assert process.returncode != 0
     assert f"port {port} on 127.0.0.1 is busy" in err and "--port N" in err, err[-2000:]
@@ -183,10 +189,10 @@ def test_demo__a_busy_port_is_named_with_how_to_choose_another(checkpoint):
 
 
 def test_demo__help_offers_the_page_limits(capsys):
-    from mae.cli import demo_main
+    from mae.cli.main import invoke
 
     with pytest.raises(SystemExit) as exit_:
-        demo_main(["--help"])
+        invoke("demo", ["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "--max-image-pixels" in text and "--max-upload-mb" in text
@@ -510,13 +516,13 @@ def test_page_screenshot__the_page_with_its_four_panels_and_an_existing_file_ref
 def test_demo__without_gradio_an_error_line_naming_the_extra(checkpoint, capsys, monkeypatch):
     from functools import partial
 
-    from mae.cli import demo_main
+    from mae.cli.main import invoke
     from mae.command import USAGE_ERROR_EXIT_CODE, run_command
 
     monkeypatch.setitem(sys.modules, "gradio", None)  # as if the demo extra were not installed
     monkeypatch.delenv("MAE_DEBUG", raising=False)
     with pytest.raises(SystemExit) as stopped:
-        run_command(partial(demo_main, ["--checkpoint", str(checkpoint)]))
+        run_command(partial(invoke, "demo", ["--checkpoint", str(checkpoint)]))
     assert stopped.value.code == USAGE_ERROR_EXIT_CODE
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith('error: the demo page needs Gradio: pip install -e ".[demo]"')

@@ -2,12 +2,13 @@
 settings, and the paper recipes (COCO Mask R-CNN, ADE20K UperNet) parsed and built on a tiny input."""
 
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from mae.cli.dense import detect_main, segment_main
+from mae.cli.main import invoke
 from mae.data.sources.digit_scenes import write_digit_scenes
 from mae.dense.tasks.detection import MAEDetectionModule
 from mae.dense.tasks.segmentation import MAESegmentationModule
@@ -16,8 +17,8 @@ from tests.helpers import (
     TINY_KWARGS,
     csv_logger,
     read_metrics,
-    run_process,
-    run_script,
+    run_mae,
+    run_mae_process,
     tensorboard_events,
     tensorboard_tracker,
     tiny_pretraining_checkpoint,
@@ -36,29 +37,43 @@ def setup(tmp_path_factory):
 
 
 def _trainer(tmp: Path, name: str, epochs: int = 2) -> dict:
-    return {"max_epochs": epochs, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
-            "log_every_n_steps": 1, "precision": "32-true", "logger": csv_logger(tmp, name)}  # fmt: skip
+    return {
+        "max_epochs": epochs,
+        "accelerator": "cpu",
+        "devices": 1,
+        "enable_progress_bar": False,
+        "log_every_n_steps": 1,
+        "precision": "32-true",
+        "logger": csv_logger(tmp, name),
+    }
 
 
 def _detect_config(tmp: Path, checkpoint: Path, name: str) -> dict:
     return {
         "seed_everything": 0,
-        "model": {"checkpoint": str(checkpoint), "detector": "mask_rcnn", "head_channels": 16, "rois_per_image": 16,
-                  **TINY_HEADS},
-        "data": {"class_path": "mae.dense.DigitScenesDataModule",
-                 "init_args": {"root": str(tmp / "scenes"), **SCENES, "masks": True, "batch_size": 4}},
+        "model": {
+            "checkpoint": str(checkpoint),
+            "detector": "mask_rcnn",
+            "head_channels": 16,
+            "rois_per_image": 16,
+            **TINY_HEADS,
+        },
+        "data": {
+            "class_path": "mae.dense.DigitScenesDataModule",
+            "init_args": {"root": str(tmp / "scenes"), **SCENES, "masks": True, "batch_size": 4},
+        },
         "trainer": _trainer(tmp, name),
         "checkpoint": {"dirpath": str(tmp / name / "ckpts")},
         "figures": {"every_n_epochs": 1, "num_images": 2, "score_threshold": 0.0},
         "tracker": tensorboard_tracker(tmp / "tb"),
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.slow
 def test_detect__trains_mask_rcnn_logs_coco_map_draws_predictions_then_evaluates_only(setup):
     tmp, checkpoint = setup
     config = _detect_config(tmp, checkpoint, "detect")
-    result = run_script("detect.py", config=config, tmp=tmp)
+    result = run_mae("detect", config=config, tmp=tmp)
     run = tmp / "runs" / "detect" / "version_0"
     rows = read_metrics(run)
     for name in ("val/map", "val/map_50", "val/mask_map", "train/loss_mask_epoch", "train/loss_objectness_epoch"):
@@ -77,8 +92,15 @@ def test_detect__trains_mask_rcnn_logs_coco_map_draws_predictions_then_evaluates
 
     # Evaluating the checkpoint again gives the last epoch's mAP.
     last = str(tmp / "detect" / "ckpts" / "last.ckpt")
-    again = run_script("detect.py", "--validate_only", "true", "--ckpt_path", last,
-                       config={**config, "trainer": _trainer(tmp, "detect_eval")}, tmp=tmp)  # fmt: skip
+    again = run_mae(
+        "detect",
+        "--validate_only",
+        "true",
+        "--ckpt_path",
+        last,
+        config={**config, "trainer": _trainer(tmp, "detect_eval")},
+        tmp=tmp,
+    )
     shown = float(re.search(r"val/map ([\d.]+)", again.stdout).group(1))
     assert shown == pytest.approx(epoch_map[-1], abs=1e-4)
 
@@ -89,13 +111,15 @@ def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
     config = {
         "seed_everything": 0,
         "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
-        "data": {"class_path": "mae.dense.DigitScenesSegmentation",
-                 "init_args": {"root": str(tmp / "scenes"), **SCENES, "batch_size": 4}},
+        "data": {
+            "class_path": "mae.dense.DigitScenesSegmentation",
+            "init_args": {"root": str(tmp / "scenes"), **SCENES, "batch_size": 4},
+        },
         "trainer": _trainer(tmp, "segment", epochs=3),
         "figures": {"every_n_epochs": 3, "num_images": 2},
         "tracker": tensorboard_tracker(tmp / "tb"),
-    }  # fmt: skip
-    result = run_script("segment.py", config=config, tmp=tmp)
+    }
+    result = run_mae("segment", config=config, tmp=tmp)
     rows = read_metrics(tmp / "runs" / "segment" / "version_0")
     losses = [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
     assert len(losses) == 3 and losses[-1] < losses[0]
@@ -107,8 +131,14 @@ def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
 
 
 def _module(cls, **kwargs):
-    model = {"model": "mae_vit_tiny_patch4", "model_kwargs": {**TINY_KWARGS, "depth": 3}, "img_size": 32,
-             "num_classes": 3, "out_channels": 16, "warmup_epochs": 0}  # fmt: skip
+    model = {
+        "model": "mae_vit_tiny_patch4",
+        "model_kwargs": {**TINY_KWARGS, "depth": 3},
+        "img_size": 32,
+        "num_classes": 3,
+        "out_channels": 16,
+        "warmup_epochs": 0,
+    }
     if cls is MAEDetectionModule:
         model.update(head_channels=16, rois_per_image=8)
     return cls(**{**model, **kwargs})
@@ -162,42 +192,98 @@ def test_detect__mask_rcnn_on_data_without_masks_is_refused_at_start_up(setup):
     tmp, checkpoint = setup
     config = _detect_config(tmp, checkpoint, "no_masks")
     config["data"]["init_args"]["masks"] = False
-    result = run_script("detect.py", config=config, tmp=tmp, check=False)
+    result = run_mae("detect", config=config, tmp=tmp, check=False)
     assert result.returncode == 2
     assert "model.detector is mask_rcnn" in result.stderr and "data.masks is false" in result.stderr
 
 
 def _scenes_as_recipe_data(scenes: Path, segmentation: bool) -> list[str]:
     if segmentation:
-        return ["--data.init_args.root", str(scenes), "--data.init_args.masks", "masks/{split}",
-                "--data.init_args.train_split", "train", "--data.init_args.val_split", "val",
-                "--data.init_args.num_classes", "11", "--data.init_args.reduce_zero_label", "false",
-                "--data.init_args.img_size", "64", "--data.init_args.num_workers", "0"]  # fmt: skip
-    return ["--data.init_args.root", str(scenes),
-            "--data.init_args.train_annotations", "annotations/instances_train.json",
-            "--data.init_args.val_annotations", "annotations/instances_val.json", "--data.init_args.train_images",
-            "images/train", "--data.init_args.val_images", "images/val", "--data.init_args.img_size", "128",
-            "--data.init_args.num_workers", "0"]  # fmt: skip
+        return [
+            "--data.init_args.root",
+            str(scenes),
+            "--data.init_args.masks",
+            "masks/{split}",
+            "--data.init_args.train_split",
+            "train",
+            "--data.init_args.val_split",
+            "val",
+            "--data.init_args.num_classes",
+            "11",
+            "--data.init_args.reduce_zero_label",
+            "false",
+            "--data.init_args.img_size",
+            "64",
+            "--data.init_args.num_workers",
+            "0",
+        ]
+    return [
+        "--data.init_args.root",
+        str(scenes),
+        "--data.init_args.train_annotations",
+        "annotations/instances_train.json",
+        "--data.init_args.val_annotations",
+        "annotations/instances_val.json",
+        "--data.init_args.train_images",
+        "images/train",
+        "--data.init_args.val_images",
+        "images/val",
+        "--data.init_args.img_size",
+        "128",
+        "--data.init_args.num_workers",
+        "0",
+    ]
 
 
 @pytest.mark.parametrize(
     "main, recipe",
-    [pytest.param(detect_main, "configs/detect/coco_vitdet_base_mask_rcnn.yaml", marks=pytest.mark.slow),
-     pytest.param(segment_main, "configs/segment/ade20k_upernet_vit_base.yaml", marks=pytest.mark.slow)],
-)  # fmt: skip
+    [
+        pytest.param(
+            partial(invoke, "detect"), "configs/detect/coco_vitdet_base_mask_rcnn.yaml", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            partial(invoke, "segment"), "configs/segment/ade20k_upernet_vit_base.yaml", marks=pytest.mark.slow
+        ),
+    ],
+)
 def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_input(setup, main, recipe, monkeypatch):
     tmp, _ = setup
     monkeypatch.chdir(tmp)
-    args = ["--config", str(REPO / recipe), "--model.checkpoint", "null", "--trainer.accelerator", "cpu",
-            "--trainer.devices", "1", "--trainer.strategy", "auto", "--trainer.precision", "32-true",
-            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
-            "--figures.every_n_epochs", "0", "--trainer.logger", "false", "--data.init_args.batch_size", "2",
-            "--trainer.sync_batchnorm", "false", "--model.warmup_epochs", "0",
-            *_scenes_as_recipe_data(tmp / "scenes", main is segment_main)]  # fmt: skip
+    args = [
+        "--config",
+        str(REPO / recipe),
+        "--model.checkpoint",
+        "null",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "1",
+        "--trainer.strategy",
+        "auto",
+        "--trainer.precision",
+        "32-true",
+        "--trainer.max_steps",
+        "1",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--figures.every_n_epochs",
+        "0",
+        "--trainer.logger",
+        "false",
+        "--data.init_args.batch_size",
+        "2",
+        "--trainer.sync_batchnorm",
+        "false",
+        "--model.warmup_epochs",
+        "0",
+        *_scenes_as_recipe_data(tmp / "scenes", main is partial(invoke, "segment")),
+    ]
     cli = main(args)
     model = cli.model
     assert model.encoder.embed_dim == 768 and len(model.encoder.blocks) == 12  # ViT-B
-    if main is detect_main:
+    if main is partial(invoke, "detect"):
         assert model.pyramid.window_size == 14 and model.pyramid.global_blocks == (2, 5, 8, 11)
         assert model.pyramid.relative_position and hasattr(model.encoder.blocks[0], "window_position_bias")
         assert model.pyramid.activation_checkpointing and model.hparams.layer_decay == 0.7
@@ -206,7 +292,10 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
     assert cli.trainer.global_step == 1
 
 
-@pytest.mark.parametrize("main, config", [(detect_main, "detect/default.yaml"), (segment_main, "segment/default.yaml")])
+@pytest.mark.parametrize(
+    "main, config",
+    [(partial(invoke, "detect"), "detect/default.yaml"), (partial(invoke, "segment"), "segment/default.yaml")],
+)
 def test_default_configs__parse(main, config, capsys):
     with pytest.raises(SystemExit) as exit:
         main(["--config", str(REPO / "configs" / config), "--print_config"])
@@ -225,17 +314,21 @@ def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, s
         config = _detect_config(tmp, checkpoint, name)
         metric = "val/map"
     else:
-        config = {"seed_everything": 0, "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
-                  "data": {"class_path": "mae.dense.DigitScenesSegmentation", "init_args": {}},
-                  "checkpoint": {"dirpath": str(tmp / name / "ckpts")}, "figures": {"every_n_epochs": 1}}  # fmt: skip
+        config = {
+            "seed_everything": 0,
+            "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
+            "data": {"class_path": "mae.dense.DigitScenesSegmentation", "init_args": {}},
+            "checkpoint": {"dirpath": str(tmp / name / "ckpts")},
+            "figures": {"every_n_epochs": 1},
+        }
         metric = "val/miou"
     config["data"]["init_args"].update(root=str(tmp / "scenes_ddp"), **scenes, batch_size=2)
     config["trainer"] = {**_trainer(tmp, name, epochs=1), "devices": 2, "strategy": "ddp"}
-    run_process(script, config=config, tmp=tmp, timeout=400)
+    run_mae_process(script, config=config, tmp=tmp, timeout=400)
     logged = [float(r[metric]) for r in read_metrics(tmp / "runs" / name / "version_0") if r.get(metric)][-1]
     single = {**config, "trainer": _trainer(tmp, f"{name}_single", epochs=1)}
     last = str(tmp / name / "ckpts" / "last.ckpt")
-    again = run_script(script, "--validate_only", "true", "--ckpt_path", last, config=single, tmp=tmp)
+    again = run_mae(script, "--validate_only", "true", "--ckpt_path", last, config=single, tmp=tmp)
     assert float(re.search(rf"{metric} ([\d.]+)", again.stdout).group(1)) == pytest.approx(logged, abs=1e-4)
 
 
@@ -286,8 +379,15 @@ def test_detection_run__says_its_augmentation_and_why_an_empty_validation_scores
     monkeypatch.setattr(task_module, "rank_zero_info", said.append)
 
     tmp, checkpoint = setup
-    module = MAEDetectionModule(checkpoint=str(checkpoint), img_size=64, num_classes=11, detector="faster_rcnn",
-                                head_channels=16, rois_per_image=16, **TINY_HEADS)  # fmt: skip
+    module = MAEDetectionModule(
+        checkpoint=str(checkpoint),
+        img_size=64,
+        num_classes=11,
+        detector="faster_rcnn",
+        head_channels=16,
+        rois_per_image=16,
+        **TINY_HEADS,
+    )
     module.detector.roi_heads.score_thresh = 1.1  # no detection can pass
     data = DigitScenesDataModule(root=str(tmp / "scenes"), **SCENES, batch_size=4)
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=1)

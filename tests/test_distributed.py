@@ -12,8 +12,8 @@ from mae.convert.backbone import load_backbone
 from tests.helpers import (
     TINY_MODEL,
     csv_logger,
-    run_process,
-    run_script,
+    run_mae,
+    run_mae_process,
     tensorboard_events,
     tensorboard_tracker,
     write_config,
@@ -31,9 +31,13 @@ def _run(script: str, config: dict, tmp: Path, name: str, devices: int, *extra: 
     # batches would exceed; bf16 itself is covered elsewhere
     config["trainer"].update(devices=devices, strategy="ddp" if devices > 1 else "auto", precision="32-true")
     config["trainer"]["logger"]["init_args"]["name"] = name
-    config["checkpoint"] = {"dirpath": str(tmp / name / "ckpts"), "every_n_epochs": 1, "save_top_k": -1,
-                            "monitor": None}  # fmt: skip
-    run = run_process if devices > 1 else run_script  # only DDP needs a fresh interpreter (its launcher re-runs it)
+    config["checkpoint"] = {
+        "dirpath": str(tmp / name / "ckpts"),
+        "every_n_epochs": 1,
+        "save_top_k": -1,
+        "monitor": None,
+    }
+    run = run_mae_process if devices > 1 else run_mae  # only DDP needs a fresh interpreter (its launcher re-runs it)
     result = run(script, "--config", str(write_config(tmp, config, name)), *extra, timeout=400)
     return result.stdout + result.stderr
 
@@ -63,13 +67,20 @@ def setup(tmp_path_factory):
         "seed_everything": 0,
         # grid masks and no augmentation: nothing random differs between 1 and 2 processes
         "model": {**TINY_MODEL, "warmup_epochs": 0, "mask_strategy": "grid"},
-        "data": {"class_path": "mae.data.ImageFolderDataModule",
-                 "init_args": {"root": str(tmp / "data"), "img_size": 16, "num_workers": 0, "augmentation": "none"}},
-        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "log_every_n_steps": 1,
-                    "logger": csv_logger(tmp, "unnamed")},
+        "data": {
+            "class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {"root": str(tmp / "data"), "img_size": 16, "num_workers": 0, "augmentation": "none"},
+        },
+        "trainer": {
+            "max_epochs": 1,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "logger": csv_logger(tmp, "unnamed"),
+        },
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
         "tracker": tensorboard_tracker(tmp / "tb"),
-    }  # fmt: skip
+    }
     outputs = {name: _run("train.py", base, tmp, name, devices) for name, devices in (("ddp", 2), ("single", 1))}
     return tmp, base, outputs
 
@@ -111,11 +122,16 @@ def test_ddp_finetuning__same_update_and_accuracy_as_one_process(setup):
     tmp, base, _ = setup
     config = {
         "seed_everything": 0,
-        "model": {"checkpoint": str(tmp / "ddp" / "ckpts" / "last.ckpt"), "warmup_epochs": 0, "mixup": 0,
-                  "cutmix": 0, "drop_path_rate": 0.0},
+        "model": {
+            "checkpoint": str(tmp / "ddp" / "ckpts" / "last.ckpt"),
+            "warmup_epochs": 0,
+            "mixup": 0,
+            "cutmix": 0,
+            "drop_path_rate": 0.0,
+        },
         "data": base["data"],
         "trainer": base["trainer"],
-    }  # fmt: skip
+    }
     outputs = {name: _run("finetune.py", config, tmp, name, devices) for name, devices in (("ft_ddp", 2), ("ft", 1))}
     assert _schedule(outputs["ft_ddp"]) == _schedule(outputs["ft"])
     ddp, single = _state(tmp, "ft_ddp"), _state(tmp, "ft")

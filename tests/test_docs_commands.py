@@ -10,8 +10,8 @@ as it would be, from the repository's root:
 - ``mae pretrain|finetune|detect|segment`` (also ``python train.py`` ..., ``python -m mae ...``): the
   command's LightningCLI parser and its own ``parse_arguments`` (``--config NAME`` resolved as a recipe,
   stacked configs, the linked keys), i.e. what ``--print_config`` checks, without printing or training;
-- the other ``mae`` commands (also ``python -m mae.<command>``): their parser, refusing the old spellings
-  that ``legacy_argv`` / ``finish_legacy`` would still accept with a note;
+- the other ``mae`` commands (also ``python -m mae <command>``): their parser, and the spellings removed in
+  0.3.0 (``refuse_removed``);
 - ``python benchmarks/<script>.py``: the script's argparse parser (its ``build_parser()``, or the parser its
   ``parse()`` builds, caught at ``parse_args`` so no check after parsing runs);
 - ``pip install``: the extras named for this project exist in pyproject.toml;
@@ -51,8 +51,8 @@ OTHER_PYTHON_MODULES = frozenset({"pytest"})  # ``python -m X`` of another proje
 # page says such a file holds, a data section for the reader's image folder; the rest of the command is checked.
 READERS_CONFIGS = frozenset({"my_scans.yaml"})
 READERS_CONFIG_STAND_IN = ("--data", "mae.data.ImageFolderDataModule", "--data.root", "/data/my_scans")
-# Root launchers: ``python <script> ...`` is ``mae <command> ...``.
-LAUNCHERS = {"train.py": "pretrain", "finetune.py": "finetune", "detect.py": "detect", "segment.py": "segment"}
+# The root entry points: ``python <script> ...`` is ``mae <command> ...``.
+LAUNCHERS = {"train.py": "pretrain", "finetune.py": "finetune"}
 WRAPPERS = frozenset({"sudo", "srun"})  # run the command that follows their own options
 PYTHONS = frozenset({"python", "python3"})
 PROJECT_NAMES = frozenset({".", "./", "mae-lightning", "mae_lightning"})  # ``pip install <this>[extras]``
@@ -282,12 +282,7 @@ def python_problem(args: list[str]) -> str | None:
             return pip_problem(rest)
         if module in OTHER_PYTHON_MODULES:
             return None
-        from mae.cli.commands import BY_NAME
-
-        name = module.removeprefix("mae.")
-        if module.startswith("mae.") and name in BY_NAME and importlib.util.find_spec(module) is not None:
-            return command_problem(name, rest)
-        return f"python -m {module}: no such mae command module, and not in OTHER_PYTHON_MODULES"
+        return f"python -m {module}: not `python -m mae <command>`, and not in OTHER_PYTHON_MODULES"
     if not args or not args[0].endswith(".py"):
         return "python runs neither -m MODULE nor a script this test knows"
     script, rest = args[0], args[1:]
@@ -347,17 +342,16 @@ def training_problem(name: str, argv: list[str]) -> str | None:
 
 
 def options_problem(name: str, argv: list[str]) -> str | None:
-    """Every other command: its parser, and no old spelling (``legacy_argv`` / ``finish_legacy``'s notes)."""
-    from mae.command_options import finish_legacy, legacy_argv
+    """Every other command: its parser, and no spelling removed in 0.3.0 (``refuse_removed``)."""
+    from mae.command_options import refuse_removed
 
     parser = command_parser(name)
-    notes = io.StringIO()
     try:
-        with contextlib.redirect_stderr(notes):
-            finish_legacy(parser, parser.parse_args(legacy_argv(parser, argv)))
+        refuse_removed(parser, argv)
+        parser.parse_args(argv)
     except argparse.ArgumentError as err:
         return str(err)
-    return f"an old spelling, still accepted with a note: {notes.getvalue().strip()}" if notes.getvalue() else None
+    return None
 
 
 def benchmark_problem(script: str, argv: list[str]) -> str | None:
@@ -461,8 +455,8 @@ def test_doc_commands__a_misspelt_option_a_deleted_recipe_and_other_mistakes_are
         "and no recipe of that name; did you mean default?",
         "docs/page.md:7: mae finetune --config default --model.chekpoint x.ckpt: ",
         "docs/page.md:8: pip install -e '.[dev,nosuch]': no extra nosuch in pyproject.toml",
-        "docs/page.md:8: mae export --checkpoint c.ckpt --format timm --out e.safetensors: an old spelling, still "
-        "accepted with a note: mae export: --format is deprecated, use --checkpoint-format",
+        "docs/page.md:8: mae export --checkpoint c.ckpt --format timm --out e.safetensors: --format was renamed "
+        "--checkpoint-format (the old spelling was removed in 0.3.0)",
         "docs/page.md:9: python benchmarks/throughput.py --configs cifar --steps-per-round 3: ",
         "docs/page.md:10: frobnicate --now: unknown command 'frobnicate'",
         "docs/page.md:11: mae pretrian --config default: unknown command 'pretrian'",

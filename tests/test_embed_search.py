@@ -18,12 +18,12 @@ from mae.apps.embeddings import embed_run
 from mae.apps.embeddings.embedding_index import EmbeddingIndex
 from mae.apps.embeddings.similarity import cosine_top_k
 from mae.apps.page.search import SearchSession
-from mae.cli import embed_main, search_main
+from mae.cli.main import invoke
 from mae.convert.architecture import DATA_KEY
 from mae.convert.export import export_encoder
 from mae.convert.huggingface import save_hf_pretrained
 from mae.inference import images
-from tests.helpers import REPO, TINY_KWARGS, run_script, start_script, tiny_pretraining_checkpoint
+from tests.helpers import REPO, TINY_KWARGS, run_mae, start_mae, tiny_pretraining_checkpoint
 
 MEAN, STD = [0.2, 0.3, 0.4], [0.5, 0.6, 0.7]  # recorded in the checkpoint: not ImageNet's, so a default would show
 
@@ -75,8 +75,23 @@ def test_embed__vectors_are_the_encoders_pooled_features_with_class_labels(check
     loose = tmp_path / "loose.png"
     write_png(loose, seed=9)
     out = tmp_path / "index.parquet"
-    meta = embed_main(["--checkpoint", str(checkpoint), str(folder), str(loose), "--out", str(out), "--pool", "both",
-                       "--batch-size", "2", "--workers", "0"])  # fmt: skip
+    meta = invoke(
+        "embed",
+        [
+            "--checkpoint",
+            str(checkpoint),
+            str(folder),
+            str(loose),
+            "--out",
+            str(out),
+            "--pool",
+            "both",
+            "--batch-size",
+            "2",
+            "--workers",
+            "0",
+        ],
+    )
     paths, labels, vectors = read_parquet(out)
     files = sorted(folder.rglob("*.png")) + [loose]
     assert paths == [str(f) for f in files] and labels == ["a", "a", "a", "b", "b", None]
@@ -94,7 +109,7 @@ def test_embed__vectors_are_the_encoders_pooled_features_with_class_labels(check
 def test_embed__bad_file_skipped_listed_and_recorded(checkpoint, folder, tmp_path, capsys):
     (folder / "b" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     out = tmp_path / "index.npy"
-    meta = embed_main(["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0"])
+    meta = invoke("embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0"])
     err = capsys.readouterr().err
     assert "skipped" in err and "broken.jpg" in err
     assert [s["path"] for s in meta.skipped] == [str(folder / "b" / "broken.jpg")] and meta.count == 5
@@ -113,11 +128,19 @@ def test_embed__gray_16_bit_images_and_arrays_with_given_statistics(tmp_path):
     pixels = np.random.default_rng(0).integers(0, 65536, (16, 16), dtype=np.uint16)
     Image.fromarray(pixels).save(tmp_path / "scan.png")
     np.save(tmp_path / "scan.npy", pixels)
-    args = ["--checkpoint", str(tmp_path / "gray"), str(tmp_path / "scan.png"), str(tmp_path / "scan.npy"),
-            "--out", str(tmp_path / "gray.parquet"), "--workers", "0"]  # fmt: skip
+    args = [
+        "--checkpoint",
+        str(tmp_path / "gray"),
+        str(tmp_path / "scan.png"),
+        str(tmp_path / "scan.npy"),
+        "--out",
+        str(tmp_path / "gray.parquet"),
+        "--workers",
+        "0",
+    ]
     with pytest.raises(ValueError, match="does not record its data's mean and std: pass --mean and --std"):
-        embed_main(args)
-    embed_main([*args, "--mean", "0.5", "--std", "0.25", "--pool", "avg"])
+        invoke("embed", args)
+    invoke("embed", [*args, "--mean", "0.5", "--std", "0.25", "--pool", "avg"])
     _, labels, vectors = read_parquet(tmp_path / "gray.parquet")
     x = (torch.from_numpy(pixels.astype(np.float32) / 65535)[None, None] - 0.5) / 0.25
     with torch.no_grad():
@@ -130,11 +153,15 @@ def test_embed__empty_folder_bad_output_and_bad_sizes_are_clear_errors(checkpoin
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("no image here")
     with pytest.raises(FileNotFoundError, match=r"empty holds no image file .*give a folder of images"):
-        embed_main(["--checkpoint", str(checkpoint), str(tmp_path / "empty"), "--out", str(tmp_path / "x.parquet")])
+        invoke(
+            "embed", ["--checkpoint", str(checkpoint), str(tmp_path / "empty"), "--out", str(tmp_path / "x.parquet")]
+        )
     with pytest.raises(ValueError, match=r"must end in \.parquet .* or \.npy"):
-        embed_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "x.csv")])
+        invoke("embed", ["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "x.csv")])
     with pytest.raises(SystemExit):
-        embed_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "x.npy"), "--img-size=0"])
+        invoke(
+            "embed", ["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "x.npy"), "--img-size=0"]
+        )
     assert "--img-size must be at least 1, got 0" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # nothing written
 
@@ -143,11 +170,23 @@ def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(c
     for i in range(12):
         write_png(tmp_path / "root" / f"c{i % 2}" / f"{i:02d}.png", seed=i)
     # 192x192 inputs (2,304 patches) make each image slow enough to stop the run between its parts
-    args = ["--checkpoint", str(checkpoint), str(tmp_path / "root"), "--img-size", "192", "--part-size", "2",
-            "--batch-size", "1", "--workers", "0", "--no-progress"]  # fmt: skip
+    args = [
+        "--checkpoint",
+        str(checkpoint),
+        str(tmp_path / "root"),
+        "--img-size",
+        "192",
+        "--part-size",
+        "2",
+        "--batch-size",
+        "1",
+        "--workers",
+        "0",
+        "--no-progress",
+    ]
     out = tmp_path / "resumed.parquet"
     parts = tmp_path / "resumed.parquet.parts"
-    with start_script("-m mae.embed", *args, "--out", str(out)) as proc:  # a forked command, to SIGKILL
+    with start_mae("embed", *args, "--out", str(out)) as proc:  # a forked command, to SIGKILL
         deadline = time.monotonic() + 120
         while len(list(parts.glob("part-*.npz"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -163,9 +202,9 @@ def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(c
         return images.load_image(path, *args)
 
     monkeypatch.setattr(embed_run, "load_image", counted)
-    embed_main([*args, "--out", str(out)])
+    invoke("embed", [*args, "--out", str(out)])
     assert len(loaded) == 12 - 2 * len(done)  # the finished parts were not embedded again
-    embed_main([*args, "--out", str(tmp_path / "whole.parquet")])
+    invoke("embed", [*args, "--out", str(tmp_path / "whole.parquet")])
     resumed, whole = read_parquet(out), read_parquet(tmp_path / "whole.parquet")
     assert resumed[0] == whole[0] and len(set(resumed[0])) == 12 and resumed[1] == whole[1]
     np.testing.assert_allclose(resumed[2], whole[2], atol=1e-6)
@@ -174,10 +213,23 @@ def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(c
 
 def test_search__finds_an_images_copy_first_through_the_command_line(checkpoint, folder, tmp_path):
     out = tmp_path / "index.parquet"
-    embed_main(["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"])
+    invoke(
+        "embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"]
+    )
     shutil.copy(folder / "b" / "0.png", tmp_path / "copy.png")
-    result = run_script("-m mae.search", "--index", str(out), str(tmp_path / "copy.png"), "-k", "3",
-                        "--chunk-rows", "2", "--out", str(tmp_path / "grid.png"), timeout=120)  # fmt: skip
+    result = run_mae(
+        "search",
+        "--index",
+        str(out),
+        str(tmp_path / "copy.png"),
+        "-k",
+        "3",
+        "--chunk-rows",
+        "2",
+        "--out",
+        str(tmp_path / "grid.png"),
+        timeout=120,
+    )
     lines = result.stdout.splitlines()
     assert lines[0] == str(tmp_path / "copy.png")
     rank, score, path, *_ = lines[1].split()
@@ -199,32 +251,34 @@ def test_search__refuses_an_index_of_other_weights_and_accepts_the_same_weights_
     checkpoint, folder, tmp_path
 ):
     out = tmp_path / "index.npy"
-    embed_main(["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"])
+    invoke(
+        "embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"]
+    )
     query = [str(folder / "a" / "1.png"), "--index", str(out), "-k", "2", "--out", str(tmp_path / "g.png")]
     wide = create_model("mae_vit_tiny_patch4", img_size=16, **{**TINY_KWARGS, "embed_dim": 64})
     torch.save({"model": wide.state_dict()}, tmp_path / "wide.pth")
     with pytest.raises(ValueError, match=r"holds vectors of length 32 .* gives vectors of length 64"):
-        search_main([*query, "--checkpoint", str(tmp_path / "wide.pth")])
+        invoke("search", [*query, "--checkpoint", str(tmp_path / "wide.pth")])
     other = create_model("mae_vit_tiny_patch4", img_size=16, **TINY_KWARGS)
     torch.save({"model": other.state_dict()}, tmp_path / "other.pth")
     with pytest.raises(ValueError, match=r"other weights .* not comparable"):
-        search_main([*query, "--checkpoint", str(tmp_path / "other.pth")])
+        invoke("search", [*query, "--checkpoint", str(tmp_path / "other.pth")])
 
     export_encoder(checkpoint, tmp_path / "encoder.safetensors")  # the same weights, another format
-    matches = search_main([*query, "--checkpoint", str(tmp_path / "encoder.safetensors")])
+    matches = invoke("search", [*query, "--checkpoint", str(tmp_path / "encoder.safetensors")])
     assert matches[0].neighbours[0].path == str(folder / "a" / "1.png") and not (tmp_path / "g.png.tmp").exists()
 
     recorded = tmp_path / "recorded.ckpt"  # the checkpoint the index records, trained further since
     shutil.copy(checkpoint, recorded)
-    embed_main(["--checkpoint", str(recorded), str(folder), "--out", str(out), "--workers", "0", "--no-progress"])
+    invoke("embed", ["--checkpoint", str(recorded), str(folder), "--out", str(out), "--workers", "0", "--no-progress"])
     changed = torch.load(recorded, weights_only=False)
     changed["state_dict"]["model.cls_token"] += 1
     torch.save(changed, recorded)
     with pytest.raises(ValueError, match=r"the file was changed since"):
-        search_main(query)
+        invoke("search", query)
     recorded.unlink()
     with pytest.raises(FileNotFoundError, match=r"recorded.ckpt, which does not exist here: pass --checkpoint"):
-        search_main(query)
+        invoke("search", query)
 
 
 def test_cosine_top_k__chunked_equals_all_at_once():
@@ -242,7 +296,9 @@ def test_cosine_top_k__chunked_equals_all_at_once():
 
 def test_search_page__the_tab_callback_shows_neighbours_or_a_message(checkpoint, folder, tmp_path):
     out = tmp_path / "index.parquet"
-    embed_main(["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"])
+    invoke(
+        "embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"]
+    )
     session = SearchSession(out)
     shutil.copy(folder / "a" / "2.png", tmp_path / "upload.png")
     items, details = session.show(tmp_path / "upload.png", "upload.png", 3)
@@ -261,23 +317,38 @@ def test_embed_search_benchmark__tiny_run(checkpoint):
     spec = importlib.util.spec_from_file_location("embed_search", REPO / "benchmarks" / "embed_search.py")
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
-    result = benchmark.main(["--checkpoint", str(checkpoint), "--images", "12", "--workers", "0", "--rows", "3000",
-                             "--dim", "16", "--chunk-rows", "1000"])  # fmt: skip
+    result = benchmark.main(
+        [
+            "--checkpoint",
+            str(checkpoint),
+            "--images",
+            "12",
+            "--workers",
+            "0",
+            "--rows",
+            "3000",
+            "--dim",
+            "16",
+            "--chunk-rows",
+            "1000",
+        ]
+    )
     assert result["embed"]["images"] == 12 and result["embed"]["img_s"] > 0 and result["embed"]["dim"] == 32
     assert result["search"]["rows"] == 3000 and result["search"]["seconds"] > 0
 
 
 def search_error(index, query, tmp_path) -> str:
-    result = run_script("-m mae.search", "--index", str(index), str(query), "--out", str(tmp_path / "grid.png"),
-                        "--device", "cpu", check=False)  # fmt: skip
+    result = run_mae(
+        "search", "--index", str(index), str(query), "--out", str(tmp_path / "grid.png"), "--device", "cpu", check=False
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     return result.stderr.strip().splitlines()[-1]
 
 
 def test_search__an_index_cut_short_or_lying_is_named_with_the_fix(checkpoint, folder, tmp_path):
     good = tmp_path / "good"
-    embed_main(["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.npy"), "--workers", "0"])
-    embed_main(["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.parquet"), "--workers", "0"])
+    invoke("embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.npy"), "--workers", "0"])
+    invoke("embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.parquet"), "--workers", "0"])
     query = folder / "a" / "0.png"
 
     def copy(name: str):
@@ -318,9 +389,20 @@ def test_embed__a_file_name_that_is_not_utf8_is_kept_with_escapes(checkpoint, tm
     for name in (b"cl\xe4ss/caf\xe9.png", b"cl\xe4ss/plain.png"):
         write_png(Path(os.fsdecode(os.path.join(root, name))), seed=len(name))
     for out in (tmp_path / "i.npy", tmp_path / "i.parquet"):
-        result = run_script("-m mae.embed", "--checkpoint", str(checkpoint), os.fsdecode(root), "--out", str(out),
-                            "--workers", "0", "--no-progress")  # fmt: skip
+        result = run_mae(
+            "embed",
+            "--checkpoint",
+            str(checkpoint),
+            os.fsdecode(root),
+            "--out",
+            str(out),
+            "--workers",
+            "0",
+            "--no-progress",
+        )
         assert "2 vectors" in result.stdout
         rows = EmbeddingIndex(out).rows_at([0, 1])
-        assert sorted(rows.values()) == [(str(tmp_path / "root" / "cl\\xe4ss" / "caf\\xe9.png"), "cl\\xe4ss"),
-                                         (str(tmp_path / "root" / "cl\\xe4ss" / "plain.png"), "cl\\xe4ss")]  # fmt: skip
+        assert sorted(rows.values()) == [
+            (str(tmp_path / "root" / "cl\\xe4ss" / "caf\\xe9.png"), "cl\\xe4ss"),
+            (str(tmp_path / "root" / "cl\\xe4ss" / "plain.png"), "cl\\xe4ss"),
+        ]

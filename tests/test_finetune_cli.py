@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import (
     TINY_MODEL,
     csv_logger,
-    run_script,
+    run_mae,
     tensorboard_events,
     tensorboard_tracker,
     write_image_folder,
@@ -17,14 +17,18 @@ from tests.helpers import (
 
 
 def _run(script: str, config: dict, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run_script(script, *extra, config=config, tmp=tmp)
+    return run_mae(script, *extra, config=config, tmp=tmp)
 
 
 def _trainer(tmp: Path, name: str) -> dict:
     return {
-        "max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False, "log_every_n_steps": 1,
+        "max_epochs": 1,
+        "accelerator": "cpu",
+        "devices": 1,
+        "enable_progress_bar": False,
+        "log_every_n_steps": 1,
         "logger": csv_logger(tmp, name),
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +39,15 @@ def pretrained(tmp_path_factory):
     config = {
         "seed_everything": 0,
         "model": {**TINY_MODEL, "warmup_epochs": 0},
-        "data": {"class_path": "mae.data.ImageFolderDataModule",
-                 "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0}},
+        "data": {
+            "class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},
+        },
         "trainer": _trainer(tmp, "pretrain"),
         "reconstruction": {"every_n_epochs": 0},
         "knn": {"every_n_epochs": 1, "k": 3},
         "tracker": tensorboard_tracker(tmp / "tb"),
-    }  # fmt: skip
+    }
     _run("train.py", config, tmp)
     run = tmp / "runs" / "pretrain" / "version_0"
     with open(run / "metrics.csv") as f:
@@ -56,12 +62,19 @@ def _finetune_config(tmp: Path, ckpt: Path, mode: str) -> dict:
     return {
         "seed_everything": 0,
         "model": model,
-        "data": {"class_path": "mae.data.ImageFolderDataModule",
-                 "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0,
-                               "augmentation": mode}},
+        "data": {
+            "class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {
+                "root": str(tmp / "data"),
+                "img_size": 16,
+                "batch_size": 4,
+                "num_workers": 0,
+                "augmentation": mode,
+            },
+        },
         "trainer": _trainer(tmp, mode),
         "tracker": tensorboard_tracker(tmp / "tb"),
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +113,21 @@ def test_linprobe__from_pretraining_checkpoint(pretrained):
 
 def test_knn__command_line(pretrained):
     tmp, ckpt = pretrained
-    result = run_script(
-        "-m mae.knn", "--checkpoint", str(ckpt), "-k", "3", "--data.class_path", "mae.data.ImageFolderDataModule",
-        "--data.root", str(tmp / "data"), "--data.img_size", "16", "--data.num_workers", "0",
-    )  # fmt: skip
+    result = run_mae(
+        "knn",
+        "--checkpoint",
+        str(ckpt),
+        "-k",
+        "3",
+        "--data.class_path",
+        "mae.data.ImageFolderDataModule",
+        "--data.root",
+        str(tmp / "data"),
+        "--data.img_size",
+        "16",
+        "--data.num_workers",
+        "0",
+    )
     assert "kNN (k=3, T=0.07) on 6 validation images: top-1" in result.stdout
 
 
@@ -132,7 +156,22 @@ def test_knn__command_line_evaluates_with_the_given_k_and_temperature(pretrained
 
     monkeypatch.setattr(knn_command, "knn_evaluate", recorded)
     tmp, ckpt = pretrained
-    knn_command.main(["--checkpoint", str(ckpt), "-k", "5", "--temperature", "0.5", "--data.class_path",
-                      "mae.data.ImageFolderDataModule", "--data.root", str(tmp / "data"), "--data.img_size", "16",
-                      "--data.num_workers", "0"])  # fmt: skip
+    knn_command.main(
+        [
+            "--checkpoint",
+            str(ckpt),
+            "-k",
+            "5",
+            "--temperature",
+            "0.5",
+            "--data.class_path",
+            "mae.data.ImageFolderDataModule",
+            "--data.root",
+            str(tmp / "data"),
+            "--data.img_size",
+            "16",
+            "--data.num_workers",
+            "0",
+        ]
+    )
     assert calls == [(5, 0.5)] and "kNN (k=5, T=0.5)" in capsys.readouterr().out

@@ -11,7 +11,7 @@ from PIL import Image
 
 from mae.inference.attention import cls_attention_maps, last_block_attention
 from mae.models.patch_grid import MAX_PATCHES, check_img_size
-from tests.helpers import pretrain_module, run_script, tiny_pretraining_checkpoint
+from tests.helpers import pretrain_module, run_mae, tiny_pretraining_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +47,29 @@ def last_error(result) -> str:
 
 def test_nan_weights__refused_by_name_in_every_inference_command(nan_checkpoint, image, tmp_path):
     commands = {
-        "embed": ("-m mae.embed", "--checkpoint", str(nan_checkpoint), str(image), "--out", str(tmp_path / "i.npy"),
-                  "--workers", "0", "--no-progress"),
-        "reconstruct": ("-m mae.reconstruct", "--checkpoint", str(nan_checkpoint), str(image), "--out",
-                        str(tmp_path / "r.png")),
+        "embed": (
+            "-m mae.embed",
+            "--checkpoint",
+            str(nan_checkpoint),
+            str(image),
+            "--out",
+            str(tmp_path / "i.npy"),
+            "--workers",
+            "0",
+            "--no-progress",
+        ),
+        "reconstruct": (
+            "-m mae.reconstruct",
+            "--checkpoint",
+            str(nan_checkpoint),
+            str(image),
+            "--out",
+            str(tmp_path / "r.png"),
+        ),
         "export": ("-m mae.export", "--checkpoint", str(nan_checkpoint), "--out", str(tmp_path / "e.safetensors")),
-    }  # fmt: skip
+    }
     for name, command in commands.items():
-        error = last_error(run_script(*command, check=False))
+        error = last_error(run_mae(*command, check=False))
         assert f"{nan_checkpoint} holds non-finite weights: blocks.0.mlp.fc1.weight has 1 NaN or infinite value(s)" in (
             error
         ), name
@@ -63,32 +78,79 @@ def test_nan_weights__refused_by_name_in_every_inference_command(nan_checkpoint,
 
 def test_inf_in_the_decoder__refused_for_reconstruction_not_for_the_encoders_uses(checkpoint, image, tmp_path):
     bad = with_bad_value(checkpoint, tmp_path, "model.decoder_pred.bias", float("inf"))
-    error = last_error(run_script("-m mae.reconstruct", "--checkpoint", str(bad), str(image), "--out",
-                                  str(tmp_path / "r.png"), check=False))  # fmt: skip
+    error = last_error(
+        run_mae("reconstruct", "--checkpoint", str(bad), str(image), "--out", str(tmp_path / "r.png"), check=False)
+    )
     assert "decoder_pred.bias has 1 NaN or infinite value(s)" in error
-    result = run_script("-m mae.embed", "--checkpoint", str(bad), str(image), "--out", str(tmp_path / "i.npy"),
-                        "--workers", "0", "--no-progress")  # fmt: skip
+    result = run_mae(
+        "embed",
+        "--checkpoint",
+        str(bad),
+        str(image),
+        "--out",
+        str(tmp_path / "i.npy"),
+        "--workers",
+        "0",
+        "--no-progress",
+    )
     assert np.isfinite(np.load(tmp_path / "i.npy")).all(), result.stderr
 
 
 def test_img_size_off_the_patch_grid__one_check_for_every_command(checkpoint, image, tmp_path):
     message = "img_size 30x30 is not divisible by patch_size 4; use a multiple of 4 (e.g. 28)"
     commands = {
-        "embed": ("-m mae.embed", "--checkpoint", str(checkpoint), str(image), "--out", str(tmp_path / "i.npy"),
-                  "--workers", "0", "--no-progress", "--img-size", "30"),
-        "reconstruct": ("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(image), "--img-size", "30",
-                        "--out", str(tmp_path / "r.png")),
-        "onnx": ("-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx"), "--img-size",
-                 "30"),
-    }  # fmt: skip
+        "embed": (
+            "-m mae.embed",
+            "--checkpoint",
+            str(checkpoint),
+            str(image),
+            "--out",
+            str(tmp_path / "i.npy"),
+            "--workers",
+            "0",
+            "--no-progress",
+            "--img-size",
+            "30",
+        ),
+        "reconstruct": (
+            "-m mae.reconstruct",
+            "--checkpoint",
+            str(checkpoint),
+            str(image),
+            "--img-size",
+            "30",
+            "--out",
+            str(tmp_path / "r.png"),
+        ),
+        "onnx": (
+            "-m mae.export",
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(tmp_path / "e.onnx"),
+            "--img-size",
+            "30",
+        ),
+    }
     for name, command in commands.items():
-        assert message in last_error(run_script(*command, check=False)), name
+        assert message in last_error(run_mae(*command, check=False)), name
     assert not list(tmp_path.iterdir())
 
 
 def test_img_size_too_large__refused_before_allocating(checkpoint, tmp_path):
-    error = last_error(run_script("-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx"),
-                                  "--img-size", "100000", check=False, timeout=120))  # fmt: skip
+    error = last_error(
+        run_mae(
+            "export",
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(tmp_path / "e.onnx"),
+            "--img-size",
+            "100000",
+            check=False,
+            timeout=120,
+        )
+    )
     assert "img_size 100000x100000 makes 625,000,000 patches of 4 pixels, over the 65,536 one input may have" in error
     with pytest.raises(ValueError, match="over the 65,536"):
         check_img_size(1028, 4)

@@ -1,6 +1,7 @@
-"""The ``mae`` command (issue 40): one table of subcommands, ``mae --help`` without torch, recipes found by
-name inside the package, one spelling per shared option (a test that fails on a second spelling), the
-old spellings still running with a note, shell completion from the same parsers."""
+"""The ``mae`` command: one table of subcommands, ``mae --help`` without torch, recipes found by name inside
+the package, one spelling per shared option (a test that fails on a second spelling), the spellings removed
+in 0.3.0 refused with the one to use, shell completion from the same parsers, and the root ``train.py`` /
+``finetune.py`` as ``mae pretrain`` / ``mae finetune``."""
 
 import argparse
 import json
@@ -19,18 +20,17 @@ from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_co
 from mae.command import parse_and_run
 from mae.command_options import (
     DEVICE_DEFAULT,
-    RENAMED,
+    REMOVED,
     SHARED_MARK,
     SHARED_OPTIONS,
     add_option,
-    legacy_argv,
     resolve_device,
 )
 from mae.convert.sources import FORMATS
 from tests.helpers import REPO, tiny_pretraining_checkpoint, write_image_folder
 
 # Spellings a command must not use for a shared option (the old ones, and the synonyms users guess).
-FORBIDDEN = {*RENAMED, "--ckpt", "--weights", "--output", "--output-dir", "--num-workers", "--image-size", "--size",
+FORBIDDEN = {*REMOVED, "--ckpt", "--weights", "--output", "--output-dir", "--num-workers", "--image-size", "--size",
              "--bs", "--cuda", "--gpu"}  # fmt: skip
 JSONARGPARSE_OWN = {"--print_config"}  # jsonargparse adds it to a parser with --config, spelt its way
 
@@ -118,56 +118,45 @@ def test_device__cuda_when_available_else_cpu(monkeypatch):
     assert parse_and_run(parser, lambda args: args.device, []) == "cuda"
 
 
-def test_old_spellings__rewritten_with_one_note_each_dotted_keys_and_after_dashdash_untouched(capsys):
-    parser = BY_NAME["probe"].build_parser()
-    argv = ["--checkpoint_format=auto", "--max_epochs", "3", "--max_epochs", "4", "--data.init_args.batch_size", "8",
-            "--format", "timm", "--", "--max_epochs"]  # fmt: skip
-    assert legacy_argv(parser, argv) == ["--checkpoint-format=auto", "--max-epochs", "3", "--max-epochs", "4",
-                                         "--data.init_args.batch_size", "8", "--checkpoint-format", "timm", "--",
-                                         "--max_epochs"]  # fmt: skip
-    notes = capsys.readouterr().err.splitlines()
-    assert notes == [
-        "mae probe: --checkpoint_format is deprecated, use --checkpoint-format (the old spelling goes in the next "
-        "release)",
-        "mae probe: --max_epochs is deprecated, use --max-epochs (the old spelling goes in the next release)",
-        "mae probe: --format is deprecated, use --checkpoint-format (the old spelling goes in the next release)",
-    ]
-    assert legacy_argv(BY_NAME["knn"].build_parser(), ["--k", "5"]) == ["-k", "5"]
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("mae_command"))
 
 
-def test_old_spellings__export_and_knn_run_as_before_and_say_the_new_spelling(checkpoint, tmp_path, capsys):
+def test_removed_spellings__export_and_knn_stop_before_any_work_naming_the_new_spelling(checkpoint, tmp_path, capsys):
     out = tmp_path / "encoder.safetensors"
-    main(["export", str(checkpoint), str(out), "--format", "lightning", "--num_heads", "2"])
-    err = capsys.readouterr().err
+    for argv, message in [
+        (
+            ["export", "--checkpoint", str(checkpoint), "--out", str(out), "--format", "lightning"],
+            "--format was renamed --checkpoint-format (the old spelling was removed in 0.3.0)",
+        ),
+        (
+            ["export", "--checkpoint", str(checkpoint), "--out", str(out), "--num_heads", "2"],
+            "--num_heads was renamed --num-heads",
+        ),
+        (["knn", "--checkpoint", str(checkpoint), "--k", "3"], "--k was renamed -k"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not list(tmp_path.iterdir())
+    main(["export", "--checkpoint", str(checkpoint), "--out", str(out), "--checkpoint-format", "lightning"])
     assert out.is_file() and out.with_suffix(".json").is_file()
-    assert "mae export: the positional CHECKPOINT OUT is deprecated, use --checkpoint CHECKPOINT --out OUT" in err
-    assert "mae export: --format is deprecated, use --checkpoint-format" in err
-    assert "mae export: --num_heads is deprecated, use --num-heads" in err
-    new = tmp_path / "new.safetensors"
-    main(["export", "--checkpoint", str(checkpoint), "--out", str(new), "--checkpoint-format", "lightning"])
-    assert "deprecated" not in capsys.readouterr().err
-    assert new.read_bytes() == out.read_bytes()
-    for split in ("train", "val"):
-        write_image_folder(tmp_path / "data" / split, ["a", "b"], 3, size=(16, 16), seed=len(split))
-    data = ["--data.class_path", "mae.data.ImageFolderDataModule", "--data.root", str(tmp_path / "data"),
-            "--data.img_size", "16", "--data.num_workers", "0"]  # fmt: skip
-    old = main(["knn", "--checkpoint", str(checkpoint), "--k", "3", "--checkpoint_format", "auto", *data])
-    assert "mae knn: --k is deprecated, use -k" in capsys.readouterr().err
-    assert main(["knn", "--checkpoint", str(checkpoint), "-k", "3", *data]) == old
 
 
-def test_old_spellings__positional_and_option_disagreeing_or_missing_are_refused(checkpoint, tmp_path, capsys):
+def test_removed_positionals__export_and_shard_need_their_options(checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["export", str(checkpoint), str(tmp_path / "a.safetensors"), "--out", str(tmp_path / "b.safetensors")])
-    assert exit_.value.code == 2 and "OUT given twice" in capsys.readouterr().err
+        main(["export", str(checkpoint), str(tmp_path / "a.safetensors")])
+    assert exit_.value.code == 2 and "unrecognized arguments: " in (
+        capsys.readouterr().err
+    )
     with pytest.raises(SystemExit) as exit_:
         main(["export", "--checkpoint", str(checkpoint)])
-    assert exit_.value.code == 2 and "the following arguments are required: --out" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "the following arguments are required: out" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["shard", str(tmp_path), str(tmp_path / "shards")])
+    assert exit_.value.code == 2 and "--out" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 

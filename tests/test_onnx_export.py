@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mae.cli import export_main
+from mae.cli.main import invoke
 from mae.convert.architecture import mae_record
 from mae.convert.onnx import check_with_onnxruntime, supported_opsets
 from mae.models import MaskedAutoencoderViT
-from tests.helpers import run_script
+from tests.helpers import run_mae
 
 if os.environ.get("CI", "").lower() in ("1", "true"):  # CI installs the onnx extra: missing, it fails
     import onnx
@@ -23,8 +23,17 @@ else:
     onnxruntime = pytest.importorskip("onnxruntime", reason="the onnx extra: pip install -e '.[onnx]'")
     onnx = pytest.importorskip("onnx", reason="the onnx extra: pip install -e '.[onnx]'")
 
-CONFIG = dict(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=16,
-              decoder_depth=1, decoder_num_heads=2)  # fmt: skip
+CONFIG = dict(
+    img_size=16,
+    patch_size=4,
+    in_chans=1,
+    embed_dim=32,
+    depth=2,
+    num_heads=2,
+    decoder_embed_dim=16,
+    decoder_depth=1,
+    decoder_num_heads=2,
+)
 MEAN, STD = [0.3], [0.2]
 
 
@@ -45,10 +54,15 @@ def model() -> MaskedAutoencoderViT:
 def checkpoint(model, tmp_path_factory):
     """Our pretraining checkpoint of the 1-channel model, with its data's mean / std recorded."""
     path = tmp_path_factory.mktemp("onnx") / "last.ckpt"
-    torch.save({"pytorch-lightning_version": "2.6.6",
-                "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "mae_architecture": mae_record(model.config),
-                "mae_data": {"in_chans": 1, "img_size": [16, 16], "mean": MEAN, "std": STD}}, path)  # fmt: skip
+    torch.save(
+        {
+            "pytorch-lightning_version": "2.6.6",
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "mae_architecture": mae_record(model.config),
+            "mae_data": {"in_chans": 1, "img_size": [16, 16], "mean": MEAN, "std": STD},
+        },
+        path,
+    )
     return path
 
 
@@ -56,7 +70,7 @@ def checkpoint(model, tmp_path_factory):
 def tokens_at_24(checkpoint):
     """Every token at a new input size (24: a 6x6 grid), batch 1, through ``main``."""
     out = checkpoint.parent / "tokens24.onnx"
-    export = export_main(["--checkpoint", str(checkpoint), "--out", str(out), "--img-size", "24"])
+    export = invoke("export", ["--checkpoint", str(checkpoint), "--out", str(out), "--img-size", "24"])
     return out, export
 
 
@@ -72,9 +86,7 @@ def _metadata(path) -> dict[str, str]:
 @pytest.mark.slow
 def test_onnx_export__command_line_one_channel_pooled_dynamic_batch_into_a_missing_folder(model, checkpoint, tmp_path):
     out = tmp_path / "new" / "deeper" / "encoder.onnx"  # folders that do not exist yet
-    result = run_script(
-        "-m mae.export", "--checkpoint", str(checkpoint), "--out", str(out), "--dynamic-batch", "--pool", "avg"
-    )
+    result = run_mae("export", "--checkpoint", str(checkpoint), "--out", str(out), "--dynamic-batch", "--pool", "avg")
     assert "onnxruntime vs torch, batch 1: max abs difference" in result.stdout
     assert "batch 3: max abs difference" in result.stdout, result.stdout
     assert sorted(p.name for p in out.parent.iterdir()) == ["encoder.onnx"]  # no temporary file left
@@ -136,13 +148,16 @@ def test_onnx_export__an_opset_the_exporter_lacks_is_named_with_the_range(checkp
     assert lowest <= 18 <= highest
     for opset in (lowest - 1, highest + 1):
         with pytest.raises(ValueError, match=f"--opset {opset}: .* writes opsets {lowest} to {highest}; choose one"):
-            export_main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "x.onnx"), "--opset", str(opset)])
+            invoke(
+                "export", ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "x.onnx"), "--opset", str(opset)]
+            )
     assert not list(tmp_path.iterdir())
 
 
 def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        export_main(
+        invoke(
+            "export",
             [
                 "--checkpoint",
                 str(checkpoint),
@@ -151,7 +166,7 @@ def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpo
                 "--dynamic-batch",
                 "--pool",
                 "cls",
-            ]
+            ],
         )
     assert exit_.value.code == 2
     assert (
@@ -163,7 +178,7 @@ def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpo
 @pytest.mark.parametrize("atol", ["nan", "inf", "-1"])
 def test_onnx_export__a_tolerance_that_is_not_a_finite_difference_is_refused(checkpoint, tmp_path, capsys, atol):
     with pytest.raises(SystemExit) as exit_:
-        export_main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "enc.onnx"), "--atol", atol])
+        invoke("export", ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "enc.onnx"), "--atol", atol])
     assert exit_.value.code == 2
     assert f"--atol must be a finite difference >= 0 (default 1e-4), got {float(atol)}" in capsys.readouterr().err
     assert not (tmp_path / "enc.onnx").exists()
@@ -195,7 +210,7 @@ def test_onnx_export__without_the_onnx_extra_an_error_line_naming_it(checkpoint,
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if the extra were not installed
     monkeypatch.delenv("MAE_DEBUG", raising=False)
     with pytest.raises(SystemExit) as stopped:
-        run_command(partial(export_main, ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx")]))
+        run_command(partial(invoke, "export", ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx")]))
     assert stopped.value.code == USAGE_ERROR_EXIT_CODE
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith('error: ONNX export needs the onnx extra: pip install -e ".[onnx]"')

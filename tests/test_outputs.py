@@ -16,7 +16,7 @@ import mae.cli.embed  # noqa: F401
 import mae.cli.export  # noqa: F401
 import mae.cli.reconstruct  # noqa: F401
 import mae.cli.search  # noqa: F401
-from tests.helpers import run_script, tiny_pretraining_checkpoint
+from tests.helpers import run_mae, tiny_pretraining_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +49,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def embed(checkpoint, *args):
-    return run_script("-m mae.embed", "--checkpoint", str(checkpoint), "--workers", "0", "--no-progress", *args,
-                      check=False)  # fmt: skip
+    return run_mae("embed", "--checkpoint", str(checkpoint), "--workers", "0", "--no-progress", *args, check=False)
 
 
 def test_embed__the_users_files_beside_an_index_are_refused_and_kept(checkpoint, images, tmp_path):
@@ -95,34 +94,58 @@ def test_outputs__inside_an_input_a_folder_for_a_file_or_below_a_file(checkpoint
     (tmp_path / "a_file").write_text("x")
     refused(embed(checkpoint, str(images), "--out", str(tmp_path / "a_file" / "index.npy")), "is not a folder")
     (tmp_path / "figure.png").mkdir()
-    refused(run_script("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out",
-                       str(tmp_path / "figure.png"), check=False), "is a folder")  # fmt: skip
-    (tmp_path / "encoder.onnx").mkdir()
     refused(
-        run_script(
-            "-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.onnx"), check=False
+        run_mae(
+            "reconstruct",
+            "--checkpoint",
+            str(checkpoint),
+            str(images / "a"),
+            "--out",
+            str(tmp_path / "figure.png"),
+            check=False,
         ),
         "is a folder",
     )
+    (tmp_path / "encoder.onnx").mkdir()
     refused(
-        run_script("-m mae.export", "--checkpoint", str(checkpoint), "--out", str(checkpoint), check=False),
+        run_mae("export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.onnx"), check=False),
+        "is a folder",
+    )
+    refused(
+        run_mae("export", "--checkpoint", str(checkpoint), "--out", str(checkpoint), check=False),
         "--out must end in",
     )
-    refused(run_script("-m mae.anomaly", "--checkpoint", "never_read.ckpt", "--test", str(images), "--raw-errors",
-                       "--out", str(tmp_path / "a_file"), check=False), "is a file")  # fmt: skip
+    refused(
+        run_mae(
+            "anomaly",
+            "--checkpoint",
+            "never_read.ckpt",
+            "--test",
+            str(images),
+            "--raw-errors",
+            "--out",
+            str(tmp_path / "a_file"),
+            check=False,
+        ),
+        "is a file",
+    )
 
 
 def test_reconstruct__replaces_its_own_figure_never_the_users_image(checkpoint, images, tmp_path):
     out = tmp_path / "figure.png"
     for _ in range(2):
-        result = run_script("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out",
-                            str(out), check=False)  # fmt: skip
+        result = run_mae(
+            "reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out", str(out), check=False
+        )
         assert result.returncode == 0, result.stderr[-2000:]
     photo = tmp_path / "photo.png"
     shutil.copy(images / "b" / "0.png", photo)
     before = photo.read_bytes()
-    refused(run_script("-m mae.reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out",
-                       str(photo), check=False), str(photo), "mae.reconstruct")  # fmt: skip
+    refused(
+        run_mae("reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out", str(photo), check=False),
+        str(photo),
+        "mae.reconstruct",
+    )
     assert photo.read_bytes() == before
 
 
@@ -130,23 +153,25 @@ def test_search__replaces_its_own_figure_never_the_users_image(checkpoint, image
     embed(checkpoint, str(images), "--out", str(tmp_path / "index.npy"))
     search = ("-m mae.search", "--index", str(tmp_path / "index.npy"), str(images / "a" / "0.png"), "--device", "cpu")
     for _ in range(2):
-        result = run_script(*search, "--out", str(tmp_path / "grid.png"), check=False)
+        result = run_mae(*search, "--out", str(tmp_path / "grid.png"), check=False)
         assert result.returncode == 0, result.stderr[-2000:]
     photo = tmp_path / "photo.png"
     shutil.copy(images / "b" / "0.png", photo)
-    refused(run_script(*search, "--out", str(photo), check=False), str(photo), "mae.search")
+    refused(run_mae(*search, "--out", str(photo), check=False), str(photo), "mae.search")
     assert photo.read_bytes() == (images / "b" / "0.png").read_bytes()
 
 
 def test_export__the_users_json_beside_the_weights_is_refused(checkpoint, tmp_path):
     (tmp_path / "encoder.json").write_text('{"mine": true}\n')
-    refused(run_script("-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.safetensors"),
-                       check=False), str(tmp_path / "encoder.json"))  # fmt: skip
+    refused(
+        run_mae("export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.safetensors"), check=False),
+        str(tmp_path / "encoder.json"),
+    )
     assert (tmp_path / "encoder.json").read_text() == '{"mine": true}\n'
     assert not (tmp_path / "encoder.safetensors").exists()
     for _ in range(2):  # its own export is replaced
-        result = run_script(
-            "-m mae.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "own.safetensors"), check=False
+        result = run_mae(
+            "export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "own.safetensors"), check=False
         )
         assert result.returncode == 0, result.stderr[-2000:]
 
@@ -154,14 +179,32 @@ def test_export__the_users_json_beside_the_weights_is_refused(checkpoint, tmp_pa
 def test_anomaly__an_output_inside_the_test_folder_is_refused_before_the_model_loads(images, tmp_path):
     """Run twice, the second run scored the first's heat maps as a defect class; the checkpoint named here
     does not exist, so the refusal comes before anything is loaded or read."""
-    result = run_script("-m mae.anomaly", "--checkpoint", str(tmp_path / "missing.ckpt"), "--test", str(images),
-                        "--raw-errors", "--out", str(images / "results"), check=False)  # fmt: skip
+    result = run_mae(
+        "anomaly",
+        "--checkpoint",
+        str(tmp_path / "missing.ckpt"),
+        "--test",
+        str(images),
+        "--raw-errors",
+        "--out",
+        str(images / "results"),
+        check=False,
+    )
     refused(result, "--out", "inside the input")
     assert not (images / "results").exists()
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "scores.csv").write_text("my scores\n")
-    result = run_script("-m mae.anomaly", "--checkpoint", str(tmp_path / "missing.ckpt"), "--test", str(images),
-                        "--raw-errors", "--out", str(tmp_path / "mine"), check=False)  # fmt: skip
+    result = run_mae(
+        "anomaly",
+        "--checkpoint",
+        str(tmp_path / "missing.ckpt"),
+        "--test",
+        str(images),
+        "--raw-errors",
+        "--out",
+        str(tmp_path / "mine"),
+        check=False,
+    )
     refused(result, "scores.csv", "no run of mae.anomaly wrote")
 
 

@@ -12,20 +12,26 @@ import yaml
 from PIL import Image
 
 from mae import create_model, load_backbone
-from mae.cli import finetune_main, pretrain_main
+from mae.cli.main import invoke
 from mae.convert.export import export_encoder
 from mae.data import ImageFolderDataModule
 from mae.data.decoding.image import pixel_format, read_array
-from mae.data.tools.stats import main as stats_main
 from mae.inference.reconstruction import reconstruction_grid
 from tests.helpers import TINY_KWARGS, RandomImages, csv_logger, make_trainer, pretrain_module, write_config
 
 KINDS = {  # name: (channels, writer of one (H, W, C) image)
     "gray16_png": (1, lambda path, a: Image.fromarray((a[:, :, 0] * 65535).astype(np.uint16)).save(f"{path}.png")),
-    "4band_tiff": (4, lambda path, a: tifffile.imwrite(f"{path}.tif", (a * 65535).astype(np.uint16).transpose(2, 0, 1),
-                                                       photometric="minisblack", planarconfig="separate")),
+    "4band_tiff": (
+        4,
+        lambda path, a: tifffile.imwrite(
+            f"{path}.tif",
+            (a * 65535).astype(np.uint16).transpose(2, 0, 1),
+            photometric="minisblack",
+            planarconfig="separate",
+        ),
+    ),
     "5band_npy": (5, lambda path, a: np.save(f"{path}.npy", a.astype(np.float32) * 100.0)),  # physical units
-}  # fmt: skip
+}
 
 
 def _folder(root, kind: str, per_class: int = 6, size=(20, 24), seed: int = 0):
@@ -43,48 +49,64 @@ def _folder(root, kind: str, per_class: int = 6, size=(20, 24), seed: int = 0):
 def _run_config(tmp_path, root, stats: dict, name: str) -> dict:
     return {
         "seed_everything": 0,
-        "data": {"class_path": "mae.data.ImageFolderDataModule",
-                 "init_args": {"root": str(root), "img_size": 16, "batch_size": 4, "num_workers": 0, **stats}},
-        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "log_every_n_steps": 1,
-                    "logger": csv_logger(tmp_path, name)},
-    }  # fmt: skip
+        "data": {
+            "class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {"root": str(root), "img_size": 16, "batch_size": 4, "num_workers": 0, **stats},
+        },
+        "trainer": {
+            "max_epochs": 1,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "logger": csv_logger(tmp_path, name),
+        },
+    }
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_own_data__stats_pretrain_finetune_and_export_for_timm(tmp_path, kind, capsys):
     channels = KINDS[kind][0]
     root = _folder(tmp_path / "data", kind)
-    stats_main([str(root)])
+    invoke("stats", [str(root)])
     stats = yaml.safe_load(capsys.readouterr().out)["data"]["init_args"]
     assert stats["in_chans"] == channels and len(stats["mean"]) == channels
 
     pretrain = _run_config(tmp_path, root, stats, "pretrain")
     pretrain["model"] = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "warmup_epochs": 0}
     pretrain["reconstruction"] = {"every_n_epochs": 1, "num_images": 2}
-    cli = pretrain_main(["--config", str(write_config(tmp_path, pretrain, "pretrain"))])
+    cli = invoke("pretrain", ["--config", str(write_config(tmp_path, pretrain, "pretrain"))])
     assert cli.model.model.patch_embed.proj.in_channels == channels and cli.datamodule.array_mode
     run = tmp_path / "runs" / "pretrain" / "version_0"
     assert (run / "reconstructions" / "epoch_0001.png").exists()
 
     finetune = _run_config(tmp_path, root, {**stats, "augmentation": "finetune"}, "finetune")
-    finetune["model"] = {"checkpoint": str(run / "checkpoints" / "last.ckpt"), "warmup_epochs": 0, "mixup": 0,
-                         "cutmix": 0}  # fmt: skip
-    cli = finetune_main(["--config", str(write_config(tmp_path, finetune, "finetune"))])
+    finetune["model"] = {
+        "checkpoint": str(run / "checkpoints" / "last.ckpt"),
+        "warmup_epochs": 0,
+        "mixup": 0,
+        "cutmix": 0,
+    }
+    cli = invoke("finetune", ["--config", str(write_config(tmp_path, finetune, "finetune"))])
     assert cli.model.vit.patch_embed.proj.in_channels == channels
 
     weights, sidecar = export_encoder(run / "checkpoints" / "last.ckpt", tmp_path / "encoder.safetensors")
     args = json.loads(sidecar.read_text())
     assert args["model_args"]["in_chans"] == channels
-    vit = timm.create_model(args["architecture"], pretrained=True, pretrained_cfg_overlay={"file": str(weights)},
-                            **args["model_args"]).eval()  # fmt: skip
+    vit = timm.create_model(
+        args["architecture"], pretrained=True, pretrained_cfg_overlay={"file": str(weights)}, **args["model_args"]
+    ).eval()
     x = torch.randn(2, channels, 16, 16)
     ours = load_backbone(run / "checkpoints" / "last.ckpt").eval()
     torch.testing.assert_close(vit.forward_features(x), ours.forward_features(x))
 
 
 def test_reader__layouts_and_units(tmp_path):
-    tifffile.imwrite(tmp_path / "planar.tif", np.arange(3 * 4 * 5, dtype=np.uint16).reshape(3, 4, 5),
-                     photometric="minisblack", planarconfig="separate")  # fmt: skip
+    tifffile.imwrite(
+        tmp_path / "planar.tif",
+        np.arange(3 * 4 * 5, dtype=np.uint16).reshape(3, 4, 5),
+        photometric="minisblack",
+        planarconfig="separate",
+    )
     tifffile.imwrite(tmp_path / "rgb.tif", np.zeros((4, 5, 3), np.uint8), photometric="rgb")
     tifffile.imwrite(tmp_path / "gray.tif", np.zeros((4, 5), np.float32))
     np.save(tmp_path / "hw.npy", np.zeros((4, 5), np.float64))
@@ -103,7 +125,7 @@ def test_reader__layouts_and_units(tmp_path):
 def test_stats__exact_over_every_pixel(tmp_path, capsys):
     root = _folder(tmp_path, "4band_tiff")
     pixels = np.concatenate([read_array(p).reshape(-1, 4) for p in sorted((root / "train").rglob("*.tif"))]) / 65535
-    stats = stats_main([str(root)])
+    stats = invoke("stats", [str(root)])
     np.testing.assert_allclose(stats.mean, pixels.mean(0), rtol=1e-9)
     np.testing.assert_allclose(stats.std, pixels.std(0), rtol=1e-6)
     assert "in_chans: 4" in capsys.readouterr().out
@@ -153,8 +175,11 @@ def test_reconstruction_figure__gray_bands_and_the_data_range():
 
 
 def _official(model, path, encoder_only: bool = False):
-    state = {k: v for k, v in model.state_dict().items()
-             if not encoder_only or not (k.startswith("decoder") or k == "mask_token")}  # fmt: skip
+    state = {
+        k: v
+        for k, v in model.state_dict().items()
+        if not encoder_only or not (k.startswith("decoder") or k == "mask_token")
+    }
     torch.save({"model": state}, path)
     return path
 
@@ -195,8 +220,10 @@ def test_init_from__rgb_weights_into_one_channel_and_the_report_in_the_run_folde
 
 def test_init_from__classifier_other_patch_size_and_non_checkpoints_refused(tmp_path):
     classifier = create_model("mae_vit_tiny_patch4", img_size=16, **TINY_KWARGS).state_dict()
-    torch.save({"model": {**classifier, "head.weight": torch.zeros(10, 32), "head.bias": torch.zeros(10)}},
-               tmp_path / "finetuned.pth")  # fmt: skip
+    torch.save(
+        {"model": {**classifier, "head.weight": torch.zeros(10, 32), "head.bias": torch.zeros(10)}},
+        tmp_path / "finetuned.pth",
+    )
     with pytest.raises(ValueError, match="finetuned.pth is a fine-tuned classifier"):
         pretrain_module(init_from=str(tmp_path / "finetuned.pth"))
     other = create_model("mae_vit_tiny_patch4", img_size=16, patch_size=8, **TINY_KWARGS)

@@ -15,8 +15,8 @@ from tests.forked_commands import ForkedProcess
 from tests.helpers import (
     TINY_MODEL,
     csv_logger,
-    run_script,
-    start_script,
+    run_mae,
+    start_mae,
     write_config,
     write_id_images,
     write_image_folder,
@@ -30,13 +30,20 @@ def _config(tmp: Path, name: str, moment: str, data: dict, max_epochs: int = 3, 
         "seed_everything": 0,
         "model": TINY_MODEL,
         "data": data,
-        "trainer": {"max_epochs": max_epochs, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
-                    "log_every_n_steps": 1, "logger": csv_logger(tmp, name), "precision": "32-true",
-                    "callbacks": [{"class_path": "tests.helpers.PauseAt", "init_args": {"moment": moment}}],
-                    **trainer},
+        "trainer": {
+            "max_epochs": max_epochs,
+            "accelerator": "cpu",
+            "devices": 1,
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "logger": csv_logger(tmp, name),
+            "precision": "32-true",
+            "callbacks": [{"class_path": "tests.helpers.PauseAt", "init_args": {"moment": moment}}],
+            **trainer,
+        },
         "checkpoint": {"every_n_epochs": 1, "dirpath": str(tmp / name / "ckpts")},
         "reconstruction": {"every_n_epochs": 0},
-    }  # fmt: skip
+    }
     return write_config(tmp, config, name)
 
 
@@ -45,14 +52,16 @@ def _folder_data(tmp: Path, workers: int = 2) -> dict:
     if not root.exists():
         write_image_folder(root / "train", ["a", "b"], per_class=12, size=(24, 24))
         write_image_folder(root / "val", ["a", "b"], per_class=6, size=(24, 24), seed=1)  # 3 validation batches
-    return {"class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {"root": str(root), "img_size": 16, "batch_size": 4, "num_workers": workers}}  # fmt: skip
+    return {
+        "class_path": "mae.data.ImageFolderDataModule",
+        "init_args": {"root": str(root), "img_size": 16, "batch_size": 4, "num_workers": workers},
+    }
 
 
 def _start(config: Path, *extra: str) -> ForkedProcess:
     """``train.py`` as a scheduler starts a job: the leader of a process group of its own (a forked
     command in a new session; its loader workers and DDP processes join its group)."""
-    return start_script("train.py", "--config", str(config), *extra, new_session=True)
+    return start_mae("pretrain", "--config", str(config), *extra, new_session=True)
 
 
 def _signal_group_at_pause(proc: ForkedProcess, moment: str) -> tuple[str, int]:
@@ -85,7 +94,7 @@ def test_group_sigterm__folder_workers__checkpoint_at_the_current_step_and_exit_
         return
     # preempted inside validation: the same command line (plus --ckpt_path) completes the run
     last = str(tmp_path / moment / "ckpts" / "last.ckpt")
-    run_script("train.py", "--config", str(config), "--ckpt_path", last, "--trainer.callbacks", "[]")
+    run_mae("pretrain", "--config", str(config), "--ckpt_path", last, "--trainer.callbacks", "[]")
     assert _last(tmp_path, moment)["global_step"] == 3 * STEPS_PER_EPOCH
 
 
@@ -94,9 +103,16 @@ def test_group_sigterm__streaming_workers(tmp_path):
 
     shards = tmp_path / "shards"
     shard(write_id_images(tmp_path / "images", 24), str(shards))
-    data = {"class_path": "mae.data.StreamingDataModule",
-            "init_args": {"root": str(shards), "img_size": 16, "batch_size": 4, "num_workers": 2,
-                          "cache_dir": str(tmp_path / "cache")}}  # fmt: skip
+    data = {
+        "class_path": "mae.data.StreamingDataModule",
+        "init_args": {
+            "root": str(shards),
+            "img_size": 16,
+            "batch_size": 4,
+            "num_workers": 2,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+    }
     config = _config(tmp_path, "stream", "step", data)
     with _start(config) as proc:
         out, paused_at = _signal_group_at_pause(proc, "step")
@@ -136,8 +152,16 @@ def small_device(tmp_path):
 
 def test_disk_full__the_save_names_the_bytes_keeps_the_previous_checkpoint_and_no_temporary(tmp_path, small_device):
     config = _config(tmp_path, "full", "none", _folder_data(tmp_path, workers=0), max_epochs=6)
-    result = run_script("train.py", "--config", str(config), "--checkpoint.dirpath", str(small_device),
-                        "--checkpoint.save_top_k", "-1", check=False)  # fmt: skip
+    result = run_mae(
+        "pretrain",
+        "--config",
+        str(config),
+        "--checkpoint.dirpath",
+        str(small_device),
+        "--checkpoint.save_top_k",
+        "-1",
+        check=False,
+    )
     out = result.stdout + result.stderr
     assert result.returncode != 0, out[-3000:]
     assert "no space left on device" in out and "unexpected pos" not in out.splitlines()[-1], out[-3000:]
@@ -170,8 +194,16 @@ def test_slurm_requeue_conventions_stay(monkeypatch, tmp_path):
 
     from mae.training.callbacks import harden_trainer
 
-    slurm = {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "pretrain", "SLURM_JOB_ID": "1234",
-             "SLURM_NODELIST": "node1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}  # fmt: skip
+    slurm = {
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_JOB_NAME": "pretrain",
+        "SLURM_JOB_ID": "1234",
+        "SLURM_NODELIST": "node1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=tmp_path)

@@ -6,7 +6,7 @@ import torch
 from sklearn.datasets import make_classification
 from sklearn.linear_model import LogisticRegression
 
-from mae.cli import pretrain_main, probe_main
+from mae.cli.main import invoke
 from mae.eval.probe import FeatureStore, pooled, train_probe
 from tests.helpers import (
     TINY_MODEL,
@@ -19,8 +19,15 @@ from tests.helpers import (
 
 
 def _problem(separation: float, seed: int) -> tuple[FeatureStore, FeatureStore, np.ndarray]:
-    x, y = make_classification(n_samples=4000, n_features=64, n_informative=24, n_classes=10,
-                               n_clusters_per_class=1, class_sep=separation, random_state=seed)  # fmt: skip
+    x, y = make_classification(
+        n_samples=4000,
+        n_features=64,
+        n_informative=24,
+        n_classes=10,
+        n_clusters_per_class=1,
+        class_sep=separation,
+        random_state=seed,
+    )
     x = x.astype(np.float32) * 3 + 1  # not standardised: the probe must do it
     return FeatureStore(x[:3000], y[:3000]), FeatureStore(x[3000:], y[3000:]), x
 
@@ -42,7 +49,12 @@ def test_probe__selection_never_looks_at_the_validation_split_and_is_determinist
     shuffled = FeatureStore(val.feats, np.random.default_rng(0).permutation(val.labels))
     blind = train_probe(train, shuffled, 10)
     assert (blind.lr, blind.weight_decay, blind.epochs, blind.holdout_acc1, blind.grid) == (
-        first.lr, first.weight_decay, first.epochs, first.holdout_acc1, first.grid)  # fmt: skip
+        first.lr,
+        first.weight_decay,
+        first.epochs,
+        first.holdout_acc1,
+        first.grid,
+    )
     assert blind.val_acc1 < first.val_acc1 - 20  # only the score changed
 
 
@@ -76,10 +88,31 @@ def checkpoint(tmp_path_factory):
 
 @pytest.mark.parametrize("pool, extra", [("cls", []), ("both", ["--views", "2"])])
 def test_probe_command__on_a_checkpoint_and_a_folder(checkpoint, pool, extra, tmp_path, capsys):
-    data = ["--data.class_path", "mae.data.ImageFolderDataModule", "--data.root", str(checkpoint / "data"),
-            "--data.img_size", "16", "--data.num_workers", "0", "--data.batch_size", "8"]  # fmt: skip
-    result = probe_main(["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--pool", pool, *extra,
-                         "--cache", str(tmp_path / "cache")])  # fmt: skip
+    data = [
+        "--data.class_path",
+        "mae.data.ImageFolderDataModule",
+        "--data.root",
+        str(checkpoint / "data"),
+        "--data.img_size",
+        "16",
+        "--data.num_workers",
+        "0",
+        "--data.batch_size",
+        "8",
+    ]
+    result = invoke(
+        "probe",
+        [
+            "--checkpoint",
+            str(checkpoint / "last.ckpt"),
+            *data,
+            "--pool",
+            pool,
+            *extra,
+            "--cache",
+            str(tmp_path / "cache"),
+        ],
+    )
     assert 0 <= result.val_acc1 <= 100 and "on 9 validation images" in capsys.readouterr().out
     assert (tmp_path / "cache.train.feats.npy").is_file()
     views = 2 if extra else 1
@@ -87,15 +120,25 @@ def test_probe_command__on_a_checkpoint_and_a_folder(checkpoint, pool, extra, tm
 
 
 def test_probe_command__a_cache_prefix_over_the_users_files_is_refused_its_own_reused(checkpoint, tmp_path, capsys):
-    data = ["--data.class_path", "mae.data.ImageFolderDataModule", "--data.root", str(checkpoint / "data"),
-            "--data.img_size", "16", "--data.num_workers", "0", "--data.batch_size", "8"]  # fmt: skip
+    data = [
+        "--data.class_path",
+        "mae.data.ImageFolderDataModule",
+        "--data.root",
+        str(checkpoint / "data"),
+        "--data.img_size",
+        "16",
+        "--data.num_workers",
+        "0",
+        "--data.batch_size",
+        "8",
+    ]
     args = ["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--cache", str(tmp_path / "cache")]
-    probe_main(args)
-    probe_main(args)  # its own cache files are replaced
+    invoke("probe", args)
+    invoke("probe", args)  # its own cache files are replaced
     (tmp_path / "mine.val.labels.npy").write_text("my labels\n")
     args[-1] = str(tmp_path / "mine")
     with pytest.raises(ValueError, match=r"--cache .*mine.val.labels.npy holds a file that no run of mae.probe wrote"):
-        probe_main(args)
+        invoke("probe", args)
     assert (tmp_path / "mine.val.labels.npy").read_text() == "my labels\n"
     assert not (tmp_path / "mine.train.feats.npy").exists()
 
@@ -106,27 +149,44 @@ def test_probe_command__needs_labels_an_encoder_and_a_positive_lr(checkpoint, tm
     write_image_folder(one_class / "val", ["only"], per_class=2)
     data = ["--data.class_path", "mae.data.ImageFolderDataModule", "--data.img_size", "16", "--data.num_workers", "0"]
     with pytest.raises(ValueError, match="needs labelled data with 2 or more classes"):
-        probe_main(["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--data.root", str(one_class)])
+        invoke("probe", ["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--data.root", str(one_class)])
     (tmp_path / "notes.ckpt").write_text("an encoder lives here")
     with pytest.raises(ValueError, match="notes.ckpt is not a PyTorch/safetensors checkpoint"):
-        probe_main(["--checkpoint", str(tmp_path / "notes.ckpt"), *data, "--data.root", str(checkpoint / "data")])
+        invoke("probe", ["--checkpoint", str(tmp_path / "notes.ckpt"), *data, "--data.root", str(checkpoint / "data")])
     with pytest.raises(ValueError, match="probe.lrs must be positive"):
-        probe_main(["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--data.root", str(checkpoint / "data"),
-                    "--lrs", "[0.1, -1]"])  # fmt: skip
+        invoke(
+            "probe",
+            [
+                "--checkpoint",
+                str(checkpoint / "last.ckpt"),
+                *data,
+                "--data.root",
+                str(checkpoint / "data"),
+                "--lrs",
+                "[0.1, -1]",
+            ],
+        )
 
 
 def test_probe_monitor__logged_during_pretraining(checkpoint, tmp_path):
     config = {
         "seed_everything": 0,
         "model": {**TINY_MODEL, "warmup_epochs": 0},
-        "data": {"class_path": "mae.data.ImageFolderDataModule",
-                 "init_args": {"root": str(checkpoint / "data"), "img_size": 16, "batch_size": 8, "num_workers": 0}},
-        "trainer": {"max_epochs": 2, "accelerator": "cpu", "enable_progress_bar": False, "log_every_n_steps": 1,
-                    "logger": csv_logger(tmp_path, "probe")},
+        "data": {
+            "class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {"root": str(checkpoint / "data"), "img_size": 16, "batch_size": 8, "num_workers": 0},
+        },
+        "trainer": {
+            "max_epochs": 2,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "logger": csv_logger(tmp_path, "probe"),
+        },
         "reconstruction": {"every_n_epochs": 0},
         "probe": {"every_n_epochs": 1, "max_epochs": 5},
-    }  # fmt: skip
-    pretrain_main(["--config", str(write_config(tmp_path, config, "probe"))])
+    }
+    invoke("pretrain", ["--config", str(write_config(tmp_path, config, "probe"))])
     rows = [r for r in read_metrics(tmp_path / "runs" / "probe" / "version_0") if r.get("val/probe_acc1")]
     assert len(rows) == 2 and all(0 <= float(r["val/probe_acc1"]) <= 100 for r in rows)
 
@@ -139,8 +199,11 @@ def test_probe__augmented_views_of_a_held_out_image_are_never_trained_on(monkeyp
     seen = {}
     split, moments = probe._stratified_split, probe._moments
     monkeypatch.setattr(probe, "_stratified_split", lambda *a: seen.setdefault("split", split(*a)))
-    monkeypatch.setattr(probe, "_moments", lambda store, rows, chunk: seen.setdefault("fit", rows) is not None
-                        and moments(store, rows, chunk))  # fmt: skip
+    monkeypatch.setattr(
+        probe,
+        "_moments",
+        lambda store, rows, chunk: seen.setdefault("fit", rows) is not None and moments(store, rows, chunk),
+    )
     result = train_probe(two_views, val, 10, max_epochs=2)
     fit_images, held_images = seen["split"]
     assert len(held_images) > 250 and set(fit_images).isdisjoint(held_images)

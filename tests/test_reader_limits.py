@@ -9,12 +9,10 @@ import pytest
 import tifffile
 from PIL import Image
 
-from mae.cli import pretrain_main, reconstruct_main
+from mae.cli.main import invoke
 from mae.data import ImageFolderDataModule
 from mae.data.decoding.image import read_array, read_header
 from mae.data.decoding.units import to_unit_range
-from mae.data.tools.shard import main as shard_main
-from mae.data.tools.stats import main as stats_main
 from tests.helpers import TINY_KWARGS, csv_logger, read_metrics, tiny_pretraining_checkpoint, write_config
 
 GOOD = (20, 24, 1)  # the good images' (H, W, C), float32
@@ -80,14 +78,28 @@ def test_train__malformed_oversized_and_no_data_npy_files_are_skipped_by_name(ho
     config = {
         "seed_everything": 0,
         "model": {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "warmup_epochs": 0},
-        "data": {"class_path": "mae.data.ImageFolderDataModule",
-                 "init_args": {"root": str(hostile_npy), "img_size": 16, "batch_size": 5, "num_workers": 0,
-                               "in_chans": 1, "mean": [0.45], "std": [0.3]}},  # 15 training files: 3 whole batches
-        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "log_every_n_steps": 1,
-                    "logger": csv_logger(tmp_path, "hostile")},
-    }  # fmt: skip
+        "data": {
+            "class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {
+                "root": str(hostile_npy),
+                "img_size": 16,
+                "batch_size": 5,
+                "num_workers": 0,
+                "in_chans": 1,
+                "mean": [0.45],
+                "std": [0.3],
+            },
+        },  # 15 training files: 3 whole batches
+        "trainer": {
+            "max_epochs": 1,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "logger": csv_logger(tmp_path, "hostile"),
+        },
+    }
     with caplog.at_level("WARNING"):
-        pretrain_main(["--config", str(write_config(tmp_path, config, "pretrain"))])
+        invoke("pretrain", ["--config", str(write_config(tmp_path, config, "pretrain"))])
     metrics = read_metrics(tmp_path / "runs" / "hostile" / "version_0")
     assert any(row.get("train/loss_epoch") for row in metrics) and any(row.get("val/loss") for row in metrics)
     for name in [*BAD_NPY, "narrow.npy"]:
@@ -96,7 +108,7 @@ def test_train__malformed_oversized_and_no_data_npy_files_are_skipped_by_name(ho
 
 
 def test_stats__skips_malformed_oversized_and_no_data_files_by_name(hostile_npy, capsys):
-    stats = stats_main([str(hostile_npy), "--in-chans", "1"])
+    stats = invoke("stats", [str(hostile_npy), "--in-chans", "1"])
     err = capsys.readouterr().err
     for name in BAD_NPY:
         assert f"{name} (" in err, name
@@ -112,14 +124,21 @@ def test_stats__a_105_megapixel_zlib_tiff_is_skipped_not_averaged_in(tmp_path, c
     for i, pixels in enumerate(small):
         tifffile.imwrite(tmp_path / "train" / "a" / f"{i}.tif", pixels)
     tile = np.zeros((1024, 1024), np.uint8)  # 10240 x 10240 zeros in about 100 KB
-    tifffile.imwrite(tmp_path / "train" / "a" / "zz_bomb.tif", (tile for _ in range(100)), shape=(10240, 10240),
-                     dtype=np.uint8, tile=(1024, 1024), compression="zlib")  # fmt: skip
-    stats = stats_main([str(tmp_path)])
+    tifffile.imwrite(
+        tmp_path / "train" / "a" / "zz_bomb.tif",
+        (tile for _ in range(100)),
+        shape=(10240, 10240),
+        dtype=np.uint8,
+        tile=(1024, 1024),
+        compression="zlib",
+    )
+    stats = invoke("stats", [str(tmp_path)])
     assert "zz_bomb.tif" in capsys.readouterr().err and stats.images == 3
     np.testing.assert_allclose(stats.mean, [np.mean(small) / 255], rtol=1e-6)  # was 0.0001: the zeros counted
 
-    dm = ImageFolderDataModule(str(tmp_path), img_size=8, batch_size=2, num_workers=0, in_chans=1, mean=[0.5],
-                               std=[0.3], on_bad_image="raise")  # fmt: skip
+    dm = ImageFolderDataModule(
+        str(tmp_path), img_size=8, batch_size=2, num_workers=0, in_chans=1, mean=[0.5], std=[0.3], on_bad_image="raise"
+    )
     dm.setup()
     with pytest.raises(ValueError, match=r"zz_bomb.tif is 10240x10240 = 104,857,600 pixels, over data.max_image_pix"):
         dm.train_set[3]
@@ -127,8 +146,22 @@ def test_stats__a_105_megapixel_zlib_tiff_is_skipped_not_averaged_in(tmp_path, c
 
 @pytest.mark.slow  # the shard tool's worker process and litdata's polling: about 12 s
 def test_shard__malformed_and_oversized_npy_files_are_skipped_not_stored(hostile_npy, tmp_path, capfd):
-    metadata = shard_main([str(hostile_npy), "--out", str(tmp_path / "shards"), "--workers", "1", "--chunk-bytes",
-                           "2KB", "--start-method", "fork", "--val-split", ""])  # fmt: skip
+    metadata = invoke(
+        "shard",
+        [
+            str(hostile_npy),
+            "--out",
+            str(tmp_path / "shards"),
+            "--workers",
+            "1",
+            "--chunk-bytes",
+            "2KB",
+            "--start-method",
+            "fork",
+            "--val-split",
+            "",
+        ],
+    )
     err = capfd.readouterr().err
     for name in BAD_NPY:
         assert re.search(rf"skipping unreadable image {re.escape(str(hostile_npy))}\S*/{name} \(", err), name
@@ -140,27 +173,41 @@ def checkpoint(tmp_path_factory):
     return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("ckpt"))  # RGB, 16x16 inputs
 
 
-def test_reconstruct__bad_huge_and_narrow_files_skipped_by_name_and_the_rest_drawn(checkpoint, tmp_path, capsys,
-                                                                                  tmp_path_factory):  # fmt: skip
+def test_reconstruct__bad_huge_and_narrow_files_skipped_by_name_and_the_rest_drawn(
+    checkpoint, tmp_path, capsys, tmp_path_factory
+):
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(tmp_path / "ok.png")
     Image.new("RGB", (1_000_000, 1)).save(tmp_path / "narrow.png")  # 1 KB, its view 16 x 16,000,000 (12.3 GB)
-    tifffile.imwrite(tmp_path / "bands.tif", shape=(64, 4096, 4096), dtype="uint16", photometric="minisblack",
-                     planarconfig="separate")  # 4 GiB as float32, sparse on disk  # fmt: skip
+    tifffile.imwrite(
+        tmp_path / "bands.tif",
+        shape=(64, 4096, 4096),
+        dtype="uint16",
+        photometric="minisblack",
+        planarconfig="separate",
+    )  # 4 GiB as float32, sparse on disk
     for name in ("zero_d.npy", "empty.npy", "claims_huge.npy", "negative.npy", "no_data.npy"):
         BAD_NPY[name](tmp_path / name)
     out = tmp_path_factory.mktemp("figure") / "fig.png"  # outside the input folder
-    figure = reconstruct_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(out)])
+    figure = invoke("reconstruct", ["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(out)])
     err = capsys.readouterr().err
-    for name in ("narrow.png", "bands.tif", "zero_d.npy", "empty.npy", "claims_huge.npy", "negative.npy",
-                 "no_data.npy"):  # fmt: skip
+    for name in (
+        "narrow.png",
+        "bands.tif",
+        "zero_d.npy",
+        "empty.npy",
+        "claims_huge.npy",
+        "negative.npy",
+        "no_data.npy",
+    ):
         assert f"skipped {tmp_path / name}: " in err, name
     assert "evaluation view" in err and "max_image_pixels" in err and "4.00 GiB" in err
     assert len(figure.losses) == 1 and out.exists()
 
 
 @pytest.mark.parametrize("error", [MemoryError, RuntimeError, OverflowError])
-def test_reconstruct__anything_a_reader_raises_is_that_files_problem(checkpoint, tmp_path, capsys, monkeypatch,
-                                                                     error, tmp_path_factory):  # fmt: skip
+def test_reconstruct__anything_a_reader_raises_is_that_files_problem(
+    checkpoint, tmp_path, capsys, monkeypatch, error, tmp_path_factory
+):
     Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(tmp_path / "ok.png")
     tifffile.imwrite(tmp_path / "odd.tif", np.zeros((20, 20, 3), np.uint8), photometric="rgb")
 
@@ -172,7 +219,7 @@ def test_reconstruct__anything_a_reader_raises_is_that_files_problem(checkpoint,
     with pytest.raises(ValueError, match=rf"cannot read {odd} as a TIFF: {error.__name__}: the reader library"):
         read_array(tmp_path / "odd.tif")
     out = tmp_path_factory.mktemp("figure") / "fig.png"  # outside the input folder
-    figure = reconstruct_main(["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(out)])
+    figure = invoke("reconstruct", ["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(out)])
     assert f"skipped {tmp_path / 'odd.tif'}: cannot read" in capsys.readouterr().err and len(figure.losses) == 1
 
 
@@ -199,7 +246,7 @@ def test_validation__a_1_by_1000000_png_is_skipped_by_name_before_it_is_resized(
         (lambda p: np.save(p, np.ones((4, 4), np.complex64)), r"holds complex64 values, not pixels"),
         (lambda p: p.write_bytes(b"\x93NUMPY\x09\x00"), r"as an .npy array: format version \(9, 0\)"),
     ],
-)  # fmt: skip
+)
 def test_read_header__refuses_npy_headers_that_describe_no_image_by_name(tmp_path, write, message):
     path = tmp_path / "x.npy"
     write(path)

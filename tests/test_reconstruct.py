@@ -7,13 +7,13 @@ from PIL import Image
 
 from mae import create_model
 from mae.apps.reconstruction_figure import reconstruction_figure
-from mae.cli import reconstruct_main
+from mae.cli.main import invoke
 from mae.convert.export import export_encoder
 from mae.convert.huggingface import save_hf_pretrained
 from mae.inference.images import load_image
 from mae.inference.normalization import Normalization
 from mae.inference.reconstruction import mask_noise
-from tests.helpers import TINY_KWARGS, run_script, tiny_pretraining_checkpoint
+from tests.helpers import TINY_KWARGS, run_mae, tiny_pretraining_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +39,13 @@ def test_reconstruct__figure_losses_and_determinism(checkpoint, images, capsys):
         str(images / "scan16.png"),
         str(images / "more"),
     ]
-    first = reconstruct_main([*args, "--out", str(images / "a.png"), "--seed", "3"])
+    first = invoke("reconstruct", [*args, "--out", str(images / "a.png"), "--seed", "3"])
     out = capsys.readouterr().out
     assert "photo.jpg: masked-patch loss" in out and "gray.png: masked-patch loss" in out and "TRUE patches" in out
     assert len(first.losses) == 3 and Image.open(images / "a.png").size == first.image.size
-    reconstruct_main([*args, "--out", str(images / "b.png"), "--seed", "3"])
+    invoke("reconstruct", [*args, "--out", str(images / "b.png"), "--seed", "3"])
     assert (images / "a.png").read_bytes() == (images / "b.png").read_bytes()  # same seed, same figure
-    reconstruct_main([*args, "--out", str(images / "c.png"), "--seed", "4"])
+    invoke("reconstruct", [*args, "--out", str(images / "c.png"), "--seed", "4"])
     assert (images / "a.png").read_bytes() != (images / "c.png").read_bytes()
 
 
@@ -82,21 +82,37 @@ def test_reconstruct__official_and_hugging_face_files_and_another_input_size(tmp
     torch.save({"model": model.state_dict()}, tmp_path / "mae_visualize_tiny.pth")
     save_hf_pretrained(model, tmp_path / "hf")
     for source in (tmp_path / "mae_visualize_tiny.pth", tmp_path / "hf"):
-        small = reconstruct_main(
-            ["--checkpoint", str(source), str(images / "photo.jpg"), "--out", str(tmp_path / "s.png")]
+        small = invoke(
+            "reconstruct", ["--checkpoint", str(source), str(images / "photo.jpg"), "--out", str(tmp_path / "s.png")]
         )
-    large = reconstruct_main(["--checkpoint", str(tmp_path / "hf"), str(images / "photo.jpg"), "--img-size", "32",
-                              "--out", str(tmp_path / "l.png")])  # fmt: skip
+    large = invoke(
+        "reconstruct",
+        [
+            "--checkpoint",
+            str(tmp_path / "hf"),
+            str(images / "photo.jpg"),
+            "--img-size",
+            "32",
+            "--out",
+            str(tmp_path / "l.png"),
+        ],
+    )
     assert small.image.size[0] >= 4 * 160 and large.image.size[0] >= 4 * 160  # panels enlarged to >= 160 px
     assert "Pixel-target model" in small.caption  # the official visualisation models regress raw pixels
 
 
 def test_reconstruct__encoder_only_checkpoint_says_what_has_a_decoder(tmp_path, checkpoint, images):
     export_encoder(checkpoint, tmp_path / "encoder.safetensors")
-    result = run_script(
-        "-m mae.reconstruct", "--checkpoint", str(tmp_path / "encoder.safetensors"), str(images / "photo.jpg"),
-        "--out", str(tmp_path / "x.png"), timeout=120, check=False,
-    )  # fmt: skip
+    result = run_mae(
+        "reconstruct",
+        "--checkpoint",
+        str(tmp_path / "encoder.safetensors"),
+        str(images / "photo.jpg"),
+        "--out",
+        str(tmp_path / "x.png"),
+        timeout=120,
+        check=False,
+    )
     assert result.returncode != 0 and "reconstruction needs the full MAE" in result.stderr
     assert "mae_visualize_vit" in result.stderr and not (tmp_path / "x.png").exists()
 
@@ -104,14 +120,25 @@ def test_reconstruct__encoder_only_checkpoint_says_what_has_a_decoder(tmp_path, 
 def test_reconstruct__unreadable_and_huge_images_named_and_skipped(tmp_path, checkpoint, images, capsys):
     (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     Image.new("L", (120, 90)).save(tmp_path / "huge.png")  # over the limit given below
-    figure = reconstruct_main([
-        "--checkpoint", str(checkpoint), str(tmp_path / "broken.jpg"), str(tmp_path / "huge.png"),
-        str(images / "photo.jpg"), "--out", str(tmp_path / "x.png"), "--max-image-pixels", "10000",
-    ])  # fmt: skip
+    figure = invoke(
+        "reconstruct",
+        [
+            "--checkpoint",
+            str(checkpoint),
+            str(tmp_path / "broken.jpg"),
+            str(tmp_path / "huge.png"),
+            str(images / "photo.jpg"),
+            "--out",
+            str(tmp_path / "x.png"),
+            "--max-image-pixels",
+            "10000",
+        ],
+    )
     err = capsys.readouterr().err
     assert "skipped" in err and "broken.jpg" in err and "huge.png" in err and "max_image_pixels" in err
     assert len(figure.losses) == 1
     with pytest.raises(ValueError, match=r"no readable image among \S*broken\.jpg \(each skipped one"):
-        reconstruct_main(
-            ["--checkpoint", str(checkpoint), str(tmp_path / "broken.jpg"), "--out", str(tmp_path / "y.png")]
+        invoke(
+            "reconstruct",
+            ["--checkpoint", str(checkpoint), str(tmp_path / "broken.jpg"), "--out", str(tmp_path / "y.png")],
         )  # a project error: the command ends with "error: ..." and status 2

@@ -28,9 +28,9 @@ from tests.helpers import (
     make_trainer,
     pretrain_module,
     read_metrics,
-    run_process,
-    run_script,
-    start_script,
+    run_mae,
+    run_mae_process,
+    start_mae,
     write_config,
     write_image_folder,
 )
@@ -91,8 +91,8 @@ def test_data__empty_root_and_class_without_images_are_named(tmp_path):
 
 
 def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return run_script(
-        "train.py",
+    return run_mae(
+        "pretrain",
         "--config",
         "configs/pretrain/default.yaml",
         "--trainer.logger",
@@ -128,8 +128,13 @@ def test_resume_checkpoint__missing_corrupt_and_foreign_files(tmp_path):
     module = pretrain_module()
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_resume_checkpoint(tmp_path / "x.ckpt", module)
-    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0, enable_checkpointing=True,
-                       callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)])  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=1,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)],
+    )
     trainer.fit(pretrain_module(warmup_epochs=0), datamodule=RandomImages())
     last = tmp_path / "ck" / "last.ckpt"
     check_resume_checkpoint(last, pretrain_module())  # fits
@@ -164,9 +169,15 @@ class NaNAfter(RandomImages):
 
 def test_training__non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)
-    trainer = make_trainer(tmp_path, max_epochs=3, limit_train_batches=4, limit_val_batches=0,
-                           enable_checkpointing=True,
-                       callbacks=[ckpt], reload_dataloaders_every_n_epochs=1)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        max_epochs=3,
+        limit_train_batches=4,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=[ckpt],
+        reload_dataloaders_every_n_epochs=1,
+    )
     module = pretrain_module(warmup_epochs=0)
     with pytest.raises(FloatingPointError, match=r"non-finite training loss .* at step 4 \(epoch 1\).*last.ckpt"):
         trainer.fit(module, datamodule=NaNAfter())
@@ -179,8 +190,14 @@ def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
     def run(max_epochs, ckpt_path=None, folder="a"):
         record = RecordLR()
         callback = ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)
-        trainer = make_trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=5, limit_val_batches=0,
-                           enable_checkpointing=True, callbacks=[record, callback])  # fmt: skip
+        trainer = make_trainer(
+            tmp_path,
+            max_epochs=max_epochs,
+            limit_train_batches=5,
+            limit_val_batches=0,
+            enable_checkpointing=True,
+            callbacks=[record, callback],
+        )
         module = pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)
         trainer.fit(module, datamodule=RandomImages(), ckpt_path=ckpt_path)
         return record.lrs
@@ -188,9 +205,14 @@ def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
     full = run(4, folder="full")
     # the interrupted run plans the same 4 epochs but is stopped after 2 (as a kill would)
     first = _StopAfter(2)
-    trainer = make_trainer(tmp_path, max_epochs=4, limit_train_batches=5, limit_val_batches=0,
-                           enable_checkpointing=True,
-                       callbacks=[first, ModelCheckpoint(dirpath=tmp_path / "cut", save_last=True)])  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        max_epochs=4,
+        limit_train_batches=5,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=[first, ModelCheckpoint(dirpath=tmp_path / "cut", save_last=True)],
+    )
     trainer.fit(pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages())
     resumed = run(4, ckpt_path=tmp_path / "cut" / "last.ckpt", folder="resumed")
     assert len(resumed) == 10
@@ -203,10 +225,17 @@ def test_resume__with_more_epochs_follows_the_new_run_length_and_says_so(tmp_pat
 
     def run(max_epochs, folder, ckpt_path=None):
         record, saver = RecordLR(), ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)
-        trainer = make_trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=5, limit_val_batches=0,
-                               enable_checkpointing=True, callbacks=[record, saver])  # fmt: skip
-        trainer.fit(pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages(),
-                    ckpt_path=ckpt_path)  # fmt: skip
+        trainer = make_trainer(
+            tmp_path,
+            max_epochs=max_epochs,
+            limit_train_batches=5,
+            limit_val_batches=0,
+            enable_checkpointing=True,
+            callbacks=[record, saver],
+        )
+        trainer.fit(
+            pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages(), ckpt_path=ckpt_path
+        )
         return record.lrs
 
     full = run(4, "full")
@@ -235,26 +264,34 @@ def _config(tmp: Path, name: str, max_epochs: int = 6) -> Path:
     config = {
         "seed_everything": 0,
         "model": {**TINY_MODEL, "warmup_epochs": 1},
-        "data": {"class_path": "mae.data.ImageFolderDataModule",
-                 "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0}},
-        "trainer": {"max_epochs": max_epochs, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
-                    "log_every_n_steps": 1, "default_root_dir": str(tmp),
-                    "logger": csv_logger(tmp, name)},
+        "data": {
+            "class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},
+        },
+        "trainer": {
+            "max_epochs": max_epochs,
+            "accelerator": "cpu",
+            "devices": 1,
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "default_root_dir": str(tmp),
+            "logger": csv_logger(tmp, name),
+        },
         "checkpoint": {"every_n_epochs": 1, "dirpath": str(tmp / "ckpts")},
         "reconstruction": {"every_n_epochs": 0},
-    }  # fmt: skip
+    }
     return write_config(tmp, config, name)
 
 
 def _start(config: Path, *extra: str) -> ForkedProcess:
     """``train.py`` started as a forked command, to signal it (a signal to one process: SIGKILL, a
     scheduler's SIGTERM); the signals to a whole process group are in ``test_preemption.py``."""
-    return start_script("train.py", "--config", str(config), *extra)
+    return start_mae("pretrain", "--config", str(config), *extra)
 
 
 def _finish(config: Path, *extra: str) -> tuple[int, str]:
     """``train.py`` run to its end with no signal (a resume): a forked command; (exit status, output)."""
-    result = run_script("train.py", "--config", str(config), *extra, timeout=300, check=False)
+    result = run_mae("pretrain", "--config", str(config), *extra, timeout=300, check=False)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -374,7 +411,7 @@ def test_determinism__same_seed_same_losses_step_by_step(tmp_path):
     for name in ("one", "two"):
         config = _config(tmp_path, name, max_epochs=2)
         if name == "one":
-            result = run_process("train.py", "--config", str(config), timeout=300, check=False)
+            result = run_mae_process("pretrain", "--config", str(config), timeout=300, check=False)
             code, out = result.returncode, result.stdout + result.stderr
         else:
             code, out = _finish(config)

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mae.cli.main import invoke
 from mae.data.sources.shard_format import read_metadata
-from mae.data.tools.shard import main as shard_main
 from mae.io import storage
-from tests.helpers import TINY_MODEL, run_script, start_script, write_config, write_image_folder
+from tests.helpers import TINY_MODEL, run_mae, start_mae, write_config, write_image_folder
 from tests.test_streaming import s3  # noqa: F401  (the moto S3 server fixture)
 
 FAST = ("--workers", "1", "--start-method", "fork")  # fork: no re-import per worker
@@ -30,12 +30,12 @@ FAST = ("--workers", "1", "--start-method", "fork")  # fork: no re-import per wo
 
 def shard_cli(src: Path, out: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m mae.data.shard SRC OUT`` as a user runs it (not raising on failure)."""
-    return run_script("-m mae.data.shard", str(src), "--out", out, *FAST, *extra, check=False, env=env)
+    return run_mae("shard", str(src), "--out", out, *FAST, *extra, check=False, env=env)
 
 
 def shard_here(src: Path, out: str, *extra: str) -> dict:
     """The same conversion in this process, for setting up a destination."""
-    return shard_main([str(src), "--out", out, *FAST, *extra])
+    return invoke("shard", [str(src), "--out", out, *FAST, *extra])
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_shard__a_looping_or_dangling_link_is_skipped_by_name(tmp_path):
 
 def test_stats__a_looping_or_dangling_link_is_skipped_by_name(tmp_path):
     src = unfollowable_links(tmp_path / "src")
-    result = run_script("-m mae.data.stats", str(src), check=False)
+    result = run_mae("stats", str(src), check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "# 6 images" in result.stdout
     assert "loop.jpg" in result.stderr and "dangling.jpg" in result.stderr
@@ -79,12 +79,20 @@ def test_stats__a_looping_or_dangling_link_is_skipped_by_name(tmp_path):
 
 def test_train__a_looping_or_dangling_link_is_skipped_by_name(tmp_path):
     src = unfollowable_links(tmp_path / "src")
-    data = {"class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {"root": str(src), "img_size": 16, "batch_size": 4, "num_workers": 0}}  # fmt: skip
-    trainer = {"max_epochs": 2, "accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False,
-               "default_root_dir": str(tmp_path / "runs")}  # fmt: skip
+    data = {
+        "class_path": "mae.data.ImageFolderDataModule",
+        "init_args": {"root": str(src), "img_size": 16, "batch_size": 4, "num_workers": 0},
+    }
+    trainer = {
+        "max_epochs": 2,
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_progress_bar": False,
+        "default_root_dir": str(tmp_path / "runs"),
+    }
     config = write_config(tmp_path, {"seed_everything": 0, "model": TINY_MODEL, "data": data, "trainer": trainer}, "c")
-    result = run_script("train.py", "--config", str(config), check=False)
+    result = run_mae("pretrain", "--config", str(config), check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipping unreadable image" in result.stderr
     assert "loop.jpg" in result.stderr and "dangling.jpg" in result.stderr
@@ -206,7 +214,7 @@ def kill_mid_conversion(src: Path, out: str, moment: str, tmp: Path) -> list[str
     its workspace, is ``tmp``."""
     tmp.mkdir()
     command = ("-m mae.data.shard", str(src), "--out", out, *FAST, *SMALL_CHUNKS)
-    with start_script(*command, env={**os.environ, "TMPDIR": str(tmp)}, new_session=True) as proc:
+    with start_mae(*command, env={**os.environ, "TMPDIR": str(tmp)}, new_session=True) as proc:
         deadline = time.monotonic() + 300
         try:
             while not any(re.fullmatch(moment, f) for f in storage.list_files(out)):
@@ -327,8 +335,9 @@ def test_overwrite__on_s3_refuses_the_users_objects_then_replaces_exactly_its_ow
     assert "--overwrite" not in refused.stderr.splitlines()[-1]
     assert s3_keys("own") == before  # nothing deleted, the other prefix included
 
-    client.delete_objects(Bucket="shards", Delete={"Objects": [{"Key": "own/train/photo.jpg"},
-                                                                {"Key": "own/val/chunk-9-9.bin"}]})  # fmt: skip
+    client.delete_objects(
+        Bucket="shards", Delete={"Objects": [{"Key": "own/train/photo.jpg"}, {"Key": "own/val/chunk-9-9.bin"}]}
+    )
     old = set(s3_keys("own/"))
     shard_here(images, "s3://shards/own", "--overwrite")  # default chunk size: one chunk per split
     metadata = json.loads(client.get_object(Bucket="shards", Key="own/mae_shards.json")["Body"].read())

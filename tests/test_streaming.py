@@ -18,11 +18,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 
+from mae.cli.main import invoke
 from mae.data import StreamingDataModule
 from mae.data.decoding.formats import EncodedImage
 from mae.data.sources.shard_format import read_metadata
 from mae.data.sources.subsets import fixed_subset
-from mae.data.tools.shard import main as shard_main
 from mae.data.views.crop import PretrainCrop, resized_crop
 from mae.data.views.gpu import collate_encoded, decode_pretrain_batch, resolve_decode_on
 from mae.io.storage import StorageError
@@ -35,8 +35,8 @@ from tests.helpers import (
     make_trainer,
     pretrain_module,
     read_metrics,
-    run_process,
-    run_script,
+    run_mae,
+    run_mae_process,
     write_id_images,
     write_image_folder,
 )
@@ -56,8 +56,8 @@ class StopAfter(pl.Callback):
 
 def shard(src: Path, out: str, *extra: str) -> dict:
     """``python -m mae.data.shard`` in this process (fork workers: no re-import per worker)."""
-    return shard_main(
-        [str(src), "--out", out, "--workers", "1", "--chunk-bytes", "2KB", "--start-method", "fork", *extra]
+    return invoke(
+        "shard", [str(src), "--out", out, "--workers", "1", "--chunk-bytes", "2KB", "--start-method", "fork", *extra]
     )
 
 
@@ -201,8 +201,9 @@ def test_shard__16_bit_and_multi_band_data_streams_as_its_folder_reads(kind, tmp
     metadata = shard(tmp_path / "data", str(tmp_path / "shards"))
     assert metadata["array"] is True and metadata["pixels"] == [channels, "uint16"]
     assert metadata["splits"]["train"]["images"] == 16 and metadata["splits"]["train"]["skipped"] == 1
-    settings = dict(img_size=16, in_chans=channels, mean=[0.5] * channels, std=[0.25] * channels, batch_size=4,
-                    num_workers=0)  # fmt: skip
+    settings = dict(
+        img_size=16, in_chans=channels, mean=[0.5] * channels, std=[0.25] * channels, batch_size=4, num_workers=0
+    )
     folder = ImageFolderDataModule(str(tmp_path / "data"), **settings)
     folder.setup("fit")
     streamed = StreamingDataModule(str(tmp_path / "shards"), cache_dir=str(tmp_path / "cache"), **settings)
@@ -219,8 +220,9 @@ def test_shard__16_bit_and_multi_band_data_streams_as_its_folder_reads(kind, tmp
     assert torch.isfinite(torch.tensor(module.trainer.callback_metrics["train/loss"].item()))
     if channels == 4:  # (grayscale would repeat to RGB, as with folders)
         with pytest.raises(ValueError, match=r"has 4 channel\(s\) but data.in_chans is 3; set data.in_chans: 4"):
-            StreamingDataModule(str(tmp_path / "shards"), **{**settings, "in_chans": 3, "mean": None, "std": None})\
-                .setup("fit")  # fmt: skip
+            StreamingDataModule(
+                str(tmp_path / "shards"), **{**settings, "in_chans": 3, "mean": None, "std": None}
+            ).setup("fit")
 
 
 # ---------------------------------------------------------------- bad shard locations
@@ -301,11 +303,17 @@ def test_streaming__resume_after_the_shards_and_cache_moved_but_not_with_another
     assert first + module.seen == full
     trainer = make_trainer(tmp_path / "third", max_epochs=3, limit_val_batches=0)
     with pytest.raises(ValueError, match="data.shuffle_seed is 4 but the checkpoint's epoch was streamed with 3"):
-        trainer.fit(RecordIds(), datamodule=streaming_data(str(id_shards), tmp_path, shuffle_seed=4),
-                    ckpt_path=tmp_path / "first.ckpt")  # fmt: skip
+        trainer.fit(
+            RecordIds(),
+            datamodule=streaming_data(str(id_shards), tmp_path, shuffle_seed=4),
+            ckpt_path=tmp_path / "first.ckpt",
+        )
     # evaluating the checkpoint reads no stream: any seed will do
-    make_trainer(tmp_path / "eval").validate(RecordIds(), datamodule=streaming_data(str(id_shards), tmp_path,
-                                             shuffle_seed=4), ckpt_path=tmp_path / "first.ckpt")  # fmt: skip
+    make_trainer(tmp_path / "eval").validate(
+        RecordIds(),
+        datamodule=streaming_data(str(id_shards), tmp_path, shuffle_seed=4),
+        ckpt_path=tmp_path / "first.ckpt",
+    )
     resharded = tmp_path / "resharded"  # the same images converted again: another order
     shutil.copytree(id_shards.parent / "images", tmp_path / "images")
     shard(tmp_path / "images", str(resharded), "--seed", "1")
@@ -355,7 +363,7 @@ def test_streaming__ddp_ranks_see_disjoint_parts_that_cover_each_epoch(id_shards
     once across the ranks (7 images: uneven). kNN / probe feature sets: the whole split on each rank."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(repo=str(REPO), tmp=str(tmp_path), root=str(id_shards)))
-    run_process(str(script))
+    run_mae_process(str(script))
     ranks = [json.loads((tmp_path / f"ids_{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
         parts = [[i for e, i in rank["train"] if e == epoch] for rank in ranks]
@@ -382,8 +390,12 @@ def s3(tmp_path_factory):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}  # fmt: skip
+    env = {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     boto3.client("s3").create_bucket(Bucket="shards")
@@ -414,12 +426,30 @@ def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_pa
     images = write_id_images(tmp_path / "images", 24)
     write_id_images(images, 7, split="val", first=100)
     root = f"s3://shards/train_py_{workers}"
-    run_script("-m mae.data.shard", str(images), "--out", root, "--workers", "1", "--start-method", "fork")
-    run_script("train.py", "--config", "configs/pretrain/default.yaml", "--data", "mae.data.StreamingDataModule",
-               "--data.root", root, "--data.img_size", "16", "--data.batch_size", "8",
-               "--data.num_workers", str(workers), "--data.cache_dir", str(tmp_path / "cache"),
-               "--trainer.max_epochs", "2", "--model.warmup_epochs", "0", "--trainer.logger.init_args.save_dir",
-               str(tmp_path / "runs"))  # fmt: skip
+    run_mae("shard", str(images), "--out", root, "--workers", "1", "--start-method", "fork")
+    run_mae(
+        "pretrain",
+        "--config",
+        "configs/pretrain/default.yaml",
+        "--data",
+        "mae.data.StreamingDataModule",
+        "--data.root",
+        root,
+        "--data.img_size",
+        "16",
+        "--data.batch_size",
+        "8",
+        "--data.num_workers",
+        str(workers),
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        "--trainer.max_epochs",
+        "2",
+        "--model.warmup_epochs",
+        "0",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
+    )
     rows = read_metrics(tmp_path / "runs" / "pretrain_default" / "version_0")
     val_losses = [float(r["val/loss"]) for r in rows if r["val/loss"]]
     assert len(val_losses) == 2 and np.isfinite(val_losses).all()
@@ -428,9 +458,18 @@ def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_pa
 
 
 def test_s3__a_missing_bucket_ends_the_command_with_its_error_alone(s3, tmp_path):
-    result = run_script("train.py", "--config", "configs/pretrain/default.yaml", "--data",
-                        "mae.data.StreamingDataModule", "--data.root", "s3://nobucket/ids", "--trainer.logger",
-                        "false", check=False)  # fmt: skip
+    result = run_mae(
+        "pretrain",
+        "--config",
+        "configs/pretrain/default.yaml",
+        "--data",
+        "mae.data.StreamingDataModule",
+        "--data.root",
+        "s3://nobucket/ids",
+        "--trainer.logger",
+        "false",
+        check=False,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: bucket 'nobucket'")
@@ -528,35 +567,65 @@ def test_gpu_decode__encoded_batches_decode_in_the_batch_hook(id_shards, tmp_pat
 
 @pytest.mark.slow
 def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_path):
-    data = {"class_path": "mae.data.StreamingDataModule",
-            "init_args": {"root": str(local_shards), "img_size": 16, "batch_size": 4, "num_workers": 1,
-                          "cache_dir": str(tmp_path / "cache")}}  # fmt: skip
+    data = {
+        "class_path": "mae.data.StreamingDataModule",
+        "init_args": {
+            "root": str(local_shards),
+            "img_size": 16,
+            "batch_size": 4,
+            "num_workers": 1,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+    }
     config = {
         "seed_everything": 0,
-        "model": {"model": "mae_vit_tiny_patch4", "warmup_epochs": 0,
-                  "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2, "decoder_embed_dim": 32,
-                                   "decoder_depth": 1, "decoder_num_heads": 2}},
+        "model": {
+            "model": "mae_vit_tiny_patch4",
+            "warmup_epochs": 0,
+            "model_kwargs": {
+                "embed_dim": 32,
+                "depth": 1,
+                "num_heads": 2,
+                "decoder_embed_dim": 32,
+                "decoder_depth": 1,
+                "decoder_num_heads": 2,
+            },
+        },
         "data": data,
-        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "logger": False,
-                    "default_root_dir": str(tmp_path / "pretrain")},
+        "trainer": {
+            "max_epochs": 1,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "logger": False,
+            "default_root_dir": str(tmp_path / "pretrain"),
+        },
         "checkpoint": {"dirpath": str(tmp_path / "ckpt"), "monitor": None},
-    }  # fmt: skip
-    result = run_script("train.py", config=config, tmp=tmp_path)
+    }
+    result = run_mae("pretrain", config=config, tmp=tmp_path)
     assert "StreamingDataModule: 15 training images in 3 classes, 3 validation images" in result.stdout + result.stderr
     ckpt = tmp_path / "ckpt" / "last.ckpt"
     knn = ["--data", "mae.data.StreamingDataModule", "--data.root", str(local_shards), "--data.num_workers", "0"]
-    result = run_script("-m mae.knn", "--checkpoint", str(ckpt), *knn, "--data.img_size", "16")
+    result = run_mae("knn", "--checkpoint", str(ckpt), *knn, "--data.img_size", "16")
     assert "on 3 validation images" in result.stdout
     finetune = {
         "seed_everything": 0,
-        "model": {"model": "vit_tiny_patch4", "checkpoint": str(ckpt), "warmup_epochs": 0,
-                  "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2}},
+        "model": {
+            "model": "vit_tiny_patch4",
+            "checkpoint": str(ckpt),
+            "warmup_epochs": 0,
+            "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2},
+        },
         "data": {**data, "init_args": {**data["init_args"], "augmentation": "finetune"}},
-        "trainer": {"max_epochs": 1, "accelerator": "cpu", "enable_progress_bar": False, "logger": False,
-                    "default_root_dir": str(tmp_path / "finetune")},
+        "trainer": {
+            "max_epochs": 1,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "logger": False,
+            "default_root_dir": str(tmp_path / "finetune"),
+        },
         "checkpoint": {"dirpath": str(tmp_path / "finetuned")},
-    }  # fmt: skip
-    result = run_script("finetune.py", config=finetune, tmp=tmp_path)
+    }
+    result = run_mae("finetune", config=finetune, tmp=tmp_path)
     assert "val/acc1" in result.stdout + result.stderr
 
 
@@ -594,10 +663,12 @@ def test_streaming__sigterm_mid_epoch_then_resume_pretrains_on_the_rest_of_the_s
 
     def fit(record: RecordBatches, name: str, ckpt_path: Path | None = None) -> None:
         callbacks = [ModelCheckpoint(dirpath=ckpts / name, save_last=True), SigtermCheckpoint(), record]
-        trainer = make_trainer(tmp_path / name, max_epochs=2, limit_val_batches=0, enable_checkpointing=True,
-                               callbacks=callbacks)  # fmt: skip
-        trainer.fit(pretrain_module(), datamodule=streaming_data(str(id_shards), tmp_path, img_size=16),
-                    ckpt_path=ckpt_path)  # fmt: skip
+        trainer = make_trainer(
+            tmp_path / name, max_epochs=2, limit_val_batches=0, enable_checkpointing=True, callbacks=callbacks
+        )
+        trainer.fit(
+            pretrain_module(), datamodule=streaming_data(str(id_shards), tmp_path, img_size=16), ckpt_path=ckpt_path
+        )
 
     full = RecordBatches()
     fit(full, "full")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_process, run_script
+from tests.helpers import REPO, run_mae, run_mae_process
 
 pytest_plugins = ["pytester"]
 
@@ -27,7 +27,7 @@ def suite(pytester: pytest.Pytester) -> pytest.Pytester:
             """
             import subprocess, sys, time
             import pytest
-            from tests.helpers import run_process, run_script
+            from tests.helpers import run_mae_process, run_mae
 
             def _start_python():
                 subprocess.Popen([sys.executable, "-c", "pass"]).wait()
@@ -40,11 +40,11 @@ def suite(pytester: pytest.Pytester) -> pytest.Pytester:
 
             def test_with_run_process(tmp_path):
                 if False:
-                    run_process("train.py")
+                    run_mae_process("pretrain")
 
             def test_with_run_script():
                 if False:
-                    run_script("train.py")
+                    run_mae("pretrain")
 
             def test_an_unseen_interpreter():
                 subprocess.run([sys.executable, "-c", "pass"])
@@ -81,7 +81,7 @@ def test_tiers__an_unmarked_interpreter_fails_naming_the_fix_and_a_hang_fails_al
     result = suite.runpytest_inprocess("-m", "not slow", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=2)
     output = result.stdout.str()
-    assert "test_an_unseen_interpreter starts a fresh Python interpreter" in output and "run_script" in output
+    assert "test_an_unseen_interpreter starts a fresh Python interpreter" in output and "run_mae" in output
     assert "Timeout" in output and "test_hangs" in output
 
 
@@ -100,7 +100,7 @@ def test_tiers__an_unregistered_marker_is_refused(suite):
     ids=["project-error", "parser-error"],
 )
 def test_forked_command__same_exit_status_and_output_as_a_fresh_interpreter(command):
-    forked, fresh = run_script(*command, check=False), run_process(*command, check=False)
+    forked, fresh = run_mae(*command, check=False), run_mae_process(*command, check=False)
     assert forked.returncode == fresh.returncode
     assert forked.stdout == fresh.stdout
     assert forked.stderr.strip().splitlines()[-1:] == fresh.stderr.strip().splitlines()[-1:]
@@ -116,14 +116,14 @@ def test_forked_command__the_interpreter_state_of_a_fresh_one(tmp_path):
         "print(multiprocessing.get_start_method(allow_none=True), sys.stdout.line_buffering,\n"
         "      sys.stderr.line_buffering, sys.argv[1:], os.getcwd())\n"
     )
-    forked, fresh = run_script(str(script), "a", "b"), run_process(str(script), "a", "b")
+    forked, fresh = run_mae(str(script), "a", "b"), run_mae_process(str(script), "a", "b")
     assert forked.stdout == fresh.stdout
 
 
 def test_forked_command__an_uncaught_exception_prints_its_traceback_and_exits_1(tmp_path):
     script = tmp_path / "boom.py"
     script.write_text("import sys\nprint('before', sys.argv[1:])\nraise KeyError('boom')\n")
-    result = run_script(str(script), "a", check=False)
+    result = run_mae(str(script), "a", check=False)
     assert result.returncode == 1 and result.stdout == "before ['a']\n"
     assert "Traceback" in result.stderr and result.stderr.strip().endswith("KeyError: 'boom'")
 
@@ -132,5 +132,5 @@ def test_forked_command__past_its_time_limit_is_killed_and_raises_as_subprocess_
     script = tmp_path / "hang.py"
     script.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
     with pytest.raises(subprocess.TimeoutExpired) as info:
-        run_script(str(script), timeout=1)
+        run_mae(str(script), timeout=1)
     assert info.value.output == "started\n"

@@ -13,19 +13,33 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
+from lightning.pytorch.loggers import Logger
 
+from mae.errors import ConfigError
+from mae.training import trackers
 from mae.training.callbacks import PREEMPTED_EXIT_CODE
-from mae.training.trackers import TRACKER_FILE, build_tracker, tracker_spec
+from mae.training.trackers import (
+    TRACKER_FILE,
+    TRACKERS,
+    Tracker,
+    build_tracker,
+    log_figure,
+    register_tracker,
+    remember_run,
+    tracker_spec,
+    where_to_look,
+)
 from tests.helpers import (
     REPO,
     TINY_MODEL,
     csv_logger,
-    run_process,
-    run_script,
-    start_script,
+    run_mae,
+    run_mae_process,
+    start_mae,
     write_config,
     write_image_folder,
 )
@@ -43,21 +57,35 @@ def _config(tmp: Path, recipe: str, **tracker_args) -> Path:
     config = {
         "seed_everything": 0,
         "model": TINY_MODEL,
-        "data": {"class_path": "mae.data.ImageFolderDataModule",
-                 "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0}},
-        "trainer": {"max_epochs": EPOCHS, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
-                    "log_every_n_steps": 1, "logger": csv_logger(tmp, "tracked")},
+        "data": {
+            "class_path": "mae.data.ImageFolderDataModule",
+            "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},
+        },
+        "trainer": {
+            "max_epochs": EPOCHS,
+            "accelerator": "cpu",
+            "devices": 1,
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "logger": csv_logger(tmp, "tracked"),
+        },
         "checkpoint": {"every_n_epochs": 1},
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
         "tracker": tracker,
-    }  # fmt: skip
+    }
     return write_config(tmp, config, recipe)
 
 
 def _env(tmp: Path) -> dict[str, str]:
     """No network, and W&B's settings, cache and staging under ``tmp`` (not the user's home)."""
-    return {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp / "wb"),
-            "WANDB_CACHE_DIR": str(tmp / "wb"), "WANDB_DATA_DIR": str(tmp / "wb")}  # fmt: skip
+    return {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": str(tmp / "wb"),
+        "WANDB_CACHE_DIR": str(tmp / "wb"),
+        "WANDB_DATA_DIR": str(tmp / "wb"),
+    }
 
 
 def _sigterm_then_resume(tmp: Path, config: Path, fresh: bool = False) -> tuple[Path, str]:
@@ -74,7 +102,7 @@ def _sigterm_then_resume(tmp: Path, config: Path, fresh: bool = False) -> tuple[
             command, cwd=REPO, env=_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
     else:
-        start = start_script("train.py", *args, env=_env(tmp))
+        start = start_mae("pretrain", *args, env=_env(tmp))
     with start as proc:
         deadline = time.time() + 180
         while not (run / "checkpoints" / "epoch_0000.ckpt").exists() and time.time() < deadline:
@@ -84,7 +112,7 @@ def _sigterm_then_resume(tmp: Path, config: Path, fresh: bool = False) -> tuple[
         proc.send_signal(signal.SIGTERM)
         out = "".join(part or "" for part in proc.communicate(timeout=120))
     assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
-    finish = run_process if fresh else run_script
+    finish = run_mae_process if fresh else run_mae
     result = finish("train.py", *args, env=_env(tmp), check=False)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
@@ -142,9 +170,22 @@ def mlflow_server(tmp_path):
     port = _free_port()
     root = tmp_path / "mlflow"
     root.mkdir()
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-               "--backend-store-uri", f"sqlite:///{root / 'store.db'}", "--artifacts-destination",
-               str(root / "artifacts"), "--workers", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"sqlite:///{root / 'store.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--workers",
+        "1",
+    ]
     log = open(root / "server.log", "w")
     server = subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
@@ -257,9 +298,12 @@ def test_wandb__offline_scalars_figure_settings_and_one_run_across_a_sigterm_and
 
 @pytest.mark.parametrize(
     ("class_path", "key"),
-    [("lightning.pytorch.loggers.TensorBoardLogger", "name"), ("lightning.pytorch.loggers.MLFlowLogger", "run_id"),
-     ("lightning.pytorch.loggers.WandbLogger", "id")],
-)  # fmt: skip
+    [
+        ("lightning.pytorch.loggers.TensorBoardLogger", "name"),
+        ("lightning.pytorch.loggers.MLFlowLogger", "run_id"),
+        ("lightning.pytorch.loggers.WandbLogger", "id"),
+    ],
+)
 def test_spec__a_setting_the_run_folder_decides_is_refused_by_name(class_path, key):
     with pytest.raises(ValueError, match=rf"tracker.init_args.{key}: set by the run folder"):
         tracker_spec({"class_path": class_path, "init_args": {key: "x"}})
@@ -282,10 +326,12 @@ def test_mlflow__without_a_tracking_uri_a_sqlite_store_beside_the_run_folders(tm
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     spec = tracker_spec({"class_path": "lightning.pytorch.loggers.MLFlowLogger", "init_args": {"tracking_uri": None}})
     tracker = build_tracker(spec, tmp_path / "runs" / "pretrain_default" / "version_0", None)
-    assert tracker._tracking_uri == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
-    assert tracker._artifact_location == str(tmp_path / "runs" / "mlartifacts")
+    assert tracker.settings["tracking_uri"] == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert tracker.settings["artifact_location"] == str(tmp_path / "runs" / "mlartifacts")
+    assert tracker.where() is None  # its run not asked for yet: none made to name
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")  # the environment's store wins
-    assert build_tracker(spec, tmp_path / "runs" / "x" / "version_0", None)._tracking_uri == "http://127.0.0.1:1"
+    tracker = build_tracker(spec, tmp_path / "runs" / "x" / "version_0", None)
+    assert tracker.settings["tracking_uri"] == "http://127.0.0.1:1"
 
 
 def test_recipes__each_parses_on_top_of_the_default_recipe():
@@ -294,6 +340,102 @@ def test_recipes__each_parses_on_top_of_the_default_recipe():
 
     parser = build_parser()
     for recipe in ("tensorboard", "mlflow", "wandb"):
-        config = parser.parse_args(["--config", str(RECIPES.parent / "pretrain" / "default.yaml"),
-                                    "--config", str(RECIPES / f"{recipe}.yaml")])  # fmt: skip
+        config = parser.parse_args(
+            ["--config", str(RECIPES.parent / "pretrain" / "default.yaml"), "--config", str(RECIPES / f"{recipe}.yaml")]
+        )
         assert tracker_spec(config.tracker)["class_path"].endswith(("TensorBoardLogger", "MLFlowLogger", "WandbLogger"))
+
+
+# ----------------------------------------------------------------------------------------- the interface
+
+
+class RecordingLogger(Logger):
+    """A logger of a made-up tracker: it keeps what it is sent."""
+
+    def __init__(self, folder: str | None = None, project: str = "p") -> None:
+        super().__init__()
+        self.folder, self.project, self.figures = folder, project, []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_metrics(self, metrics, step=None) -> None:
+        pass
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+
+class RecordingTracker(Tracker):
+    """A fourth tracker, written as a new one would be: the class, its logger, what the run folder decides."""
+
+    name = "recording"
+    logger_class = f"{__name__}.RecordingLogger"
+    run_folder_settings = ("folder",)
+
+    @classmethod
+    def tie_to_run_folder(cls, init_args, run_folder, resume_step, saved):
+        folder = saved["folder"] if saved is not None else str(run_folder / "recording")
+        return {**init_args, "folder": folder}
+
+    def record(self):
+        return {"folder": self.logger.folder}
+
+    def log_figure(self, key, image, step):
+        self.logger.figures.append((key, tuple(image.shape), step))
+
+    def where(self):
+        return f"the recording in {self.logger.folder}"
+
+
+def test_interface__a_fourth_tracker_is_one_class_registered(tmp_path, monkeypatch):
+    """A new tracker is one ``Tracker`` subclass, registered: the config's checks, the logger tied to the
+    run folder, its record in tracker.json (read back on resume), the figures and the summary line."""
+    import torch
+    from lightning.pytorch.loggers import CSVLogger
+
+    monkeypatch.setattr(trackers.base, "TRACKERS", dict(TRACKERS))
+    register_tracker(RecordingTracker)
+    class_path = RecordingTracker.logger_class
+    with pytest.raises(ConfigError, match=r"tracker.init_args.folder: set by the run folder"):
+        tracker_spec({"class_path": class_path, "init_args": {"folder": "elsewhere"}})
+    spec = tracker_spec({"class_path": class_path, "init_args": {"project": "q"}})
+    run_folder = tmp_path / "runs" / "pretrain" / "version_0"
+    run_folder.mkdir(parents=True)
+    tracker = build_tracker(spec, run_folder, None)
+    assert isinstance(tracker, RecordingTracker) and isinstance(tracker.logger, RecordingLogger)
+    assert (tracker.logger.folder, tracker.logger.project) == (str(run_folder / "recording"), "q")
+    remember_run(tracker, run_folder)
+    assert json.loads((run_folder / TRACKER_FILE).read_text()) == {"recording": {"folder": tracker.logger.folder}}
+    resumed = build_tracker({"class_path": class_path, "init_args": {}}, run_folder, resume_step=8)
+    assert resumed.logger.folder == tracker.logger.folder  # the run folder's record, read back
+    trainer = SimpleNamespace(loggers=[CSVLogger(tmp_path), tracker.logger], global_step=8, callbacks=[])
+    log_figure(trainer, "reconstructions", torch.rand(3, 4, 5))
+    assert tracker.logger.figures == [("reconstructions", (3, 4, 5), 7)]  # the CSV logger is no tracker
+    assert where_to_look(trainer) == [("recording:", f"the recording in {tracker.logger.folder}")]
+
+
+def test_interface__a_logger_without_a_tracker_class_is_built_as_configured_and_records_nothing(tmp_path):
+    spec = tracker_spec({"class_path": f"{__name__}.RecordingLogger", "init_args": {"folder": "mine"}})
+    tracker = build_tracker(spec, tmp_path, None)
+    assert type(tracker) is Tracker and tracker.logger.folder == "mine"  # no setting refused, none filled in
+    remember_run(tracker, tmp_path)
+    assert not (tmp_path / TRACKER_FILE).exists()
+    trainer = SimpleNamespace(loggers=[tracker.logger], global_step=1, callbacks=[])
+    assert where_to_look(trainer) == []
+
+
+def test_interface__each_shipped_recipe_names_a_registered_tracker_of_its_own():
+    names = {
+        recipe.stem: yaml.safe_load(recipe.read_text())["tracker"]["class_path"] for recipe in RECIPES.glob("*.yaml")
+    }
+    assert {stem: TRACKERS[class_path].name for stem, class_path in names.items()} == {
+        "tensorboard": "tensorboard",
+        "mlflow": "mlflow",
+        "wandb": "wandb",
+    }

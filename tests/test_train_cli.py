@@ -12,7 +12,7 @@ from tests.helpers import (
     TINY_MODEL,
     csv_logger,
     read_metrics,
-    run_script,
+    run_mae,
     tensorboard_tracker,
     write_cifar,
     write_config,
@@ -41,11 +41,11 @@ def _config(tmp_path: Path, data: dict, max_epochs: int) -> Path:
 
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return run_script("train.py", *args, timeout=timeout, check=False)
+    return run_mae("pretrain", *args, timeout=timeout, check=False)
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return run_script("train.py", *args)
+    return run_mae("pretrain", *args)
 
 
 def test_train__image_folder_then_resume_continues_at_the_right_step(tmp_path):
@@ -135,9 +135,18 @@ def test_train__prints_no_advertisement_warning_or_uncounted_flops_and_a_step_bo
     "Total FLOPs: 0" and "Epoch 0/-2" for a run bounded by steps. The summary and the bar themselves stay."""
     data = {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 16, "batch_size": 16}}
     config = _config(tmp_path, data, max_epochs=-1)
-    result = _train("--config", str(config), "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "true",
-                    "--model.warmup_epochs", "0",
-                    "--trainer.limit_val_batches", "0")  # fmt: skip
+    result = _train(
+        "--config",
+        str(config),
+        "--trainer.max_steps",
+        "2",
+        "--trainer.enable_progress_bar",
+        "true",
+        "--model.warmup_epochs",
+        "0",
+        "--trainer.limit_val_batches",
+        "0",
+    )
     said = result.stdout + result.stderr
     for noise in ("💡", "litlogger", "litmodels", "LeafSpec", "Total Flops", "Total FLOPs", "/-2"):
         assert noise not in said, noise
@@ -159,8 +168,10 @@ def test_train__a_refused_run_with_trackers_leaves_no_database_or_event_folder(t
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     data = {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 16, "batch_size": 16}}
     config = _config(tmp_path, data, max_epochs=1)
-    for tracker in ({"class_path": "lightning.pytorch.loggers.MLFlowLogger"},
-                    tensorboard_tracker(tmp_path / "runs" / "tensorboard")):  # fmt: skip
+    for tracker in (
+        {"class_path": "lightning.pytorch.loggers.MLFlowLogger"},
+        tensorboard_tracker(tmp_path / "runs" / "tensorboard"),
+    ):
         result = _run("--config", str(config), "--model.warmup_epochs", "5", "--tracker", json.dumps(tracker))
         assert result.returncode == 2 and "is not shorter than the run" in result.stderr, result.stderr[-2000:]
         assert not (tmp_path / "runs").exists(), sorted(p.name for p in (tmp_path / "runs").rglob("*"))

@@ -10,7 +10,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_float, argparse_int, legacy_positionals
+from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.export import export_encoder, is_exported_encoder
 from mae.convert.sources import FORMATS, read_checkpoint
 from mae.errors import ConfigError, UsageError
@@ -30,10 +30,9 @@ def build_parser() -> ArgumentParser:
         "Export a pretrained encoder: --out OUT.safetensors writes a plain timm ViT (safetensors + a JSON of its timm "
         "arguments); --out OUT.onnx writes an ONNX file of the encoder, checked with onnxruntime against torch.",
     )
-    add_option(parser, "checkpoint", "the encoder (required)", required=False)
-    add_option(parser, "out", "OUT.safetensors (a .json with the timm arguments is written beside it) or OUT.onnx "
-               "(required)", type=str, required=False)  # fmt: skip
-    legacy_positionals(parser, ("checkpoint", "out"))
+    add_option(parser, "checkpoint", "the encoder", required=True)
+    add_option(parser, "out", "OUT.safetensors (a .json with the timm arguments is written beside it) or OUT.onnx",
+               type=str, required=True)  # fmt: skip
     add_option(parser, "checkpoint_format", "--out's suffix sets the output's", choices=FORMATS)
     parser.add_argument(
         "--num-heads", type=argparse_int, default=None, help="attention heads, for files that do not say"

@@ -68,8 +68,17 @@ def main(argv: list[str] | None = None) -> object:
         print(f"usage: mae <command> [options]\nmae: error: unknown command '{name}'{hint} (mae --help lists them)",
               file=sys.stderr)  # fmt: skip
         sys.exit(USAGE_ERROR_EXIT_CODE)
-    command_main = BY_NAME[name].load()
-    return run_command(lambda: command_main(rest))
+    return run_command(lambda: invoke(name, rest))
+
+
+def invoke(command: str, argv: list[str] | None = None) -> object:
+    """``mae <command> <argv>`` in this process, for Python callers and tests: the subcommand's ``main``,
+    with what it raises left raised (``main`` turns a ``mae.errors.UserError`` into an ``error:`` line).
+
+    Raises:
+        KeyError: ``command`` is not one of ``mae.cli.commands.COMMANDS``.
+    """
+    return BY_NAME[command].load()(list(argv or []))
 
 
 def console_main() -> None:

@@ -33,7 +33,7 @@ from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
 from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_int, legacy_positionals
+from mae.command_options import add_option, argparse_int
 from mae.data.decoding.formats import EncodedImage, dataset_extensions
 from mae.data.decoding.image import pixel_format, read_pixels
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
@@ -223,8 +223,7 @@ def shard(args: Namespace) -> dict[str, Any]:
 def build_parser() -> ArgumentParser:
     p = command_parser("mae shard", __doc__.split("\n\n")[0])
     p.add_argument("root", help="dataset folder: ROOT/<train-split>/<class>/<image> (and ROOT/<val-split>/...)")
-    add_option(p, "out", "output folder or s3://bucket/prefix (required)", type=str, required=False)
-    legacy_positionals(p, ("out",))
+    add_option(p, "out", "output folder or s3://bucket/prefix", type=str, required=True)
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default="val", help="sharded with the same classes when it exists ('' : none)")
     selection = p.add_mutually_exclusive_group()
