@@ -1,5 +1,5 @@
 """How long the ``mae`` command takes to answer, in fresh interpreters: ``mae --help`` (the subcommand list,
-issue 40's target: under 1 s), against the bare interpreter start-up measured in the same run (the
+the target: under 1 s), against the bare interpreter start-up measured in the same run (the
 reference), and a subcommand's ``--help`` (which builds its parser, so it imports torch and the project).
 
     python benchmarks/cli_startup.py                    # 7 rounds, median seconds and ratios printed

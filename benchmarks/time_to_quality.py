@@ -1,5 +1,5 @@
-"""Time to quality: the encoder each pretraining variant of issue 28 gives within the same wall-clock
-budget as the paper's default recipe.
+"""Time to quality: the encoder each pretraining variant (the decoder switches, low and progressive
+resolution) gives within the same wall-clock budget as the paper's default recipe.
 
 For each seed, every variant pretrains with the default job's recipe (``configs/pretrain/default.yaml``:
 model, mask ratio, lr, batch, epochs) changed only by its switches; the model is saved after every

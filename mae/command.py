@@ -7,10 +7,10 @@ the project's error in the exception chain and prints only its message, with exi
 failure that did not come from the project's checks (a bug, a library's error) keeps its traceback;
 ``--debug`` (or ``MAE_DEBUG=1``) keeps it for every error.
 
-How a command is written (every one but ``train.py`` / ``finetune.py``, which are LightningCLI's): a
+How a command is written (every one but the training commands, which are LightningCLI's): a
 module with ``build_parser()`` (from ``command_parser``), ``run(args)`` doing the work with the parsed
-arguments, and ``main(argv=None)`` = ``parse_and_run(build_parser(), run, argv)``; its launcher's
-``__main__`` block is ``run_command(main)``.
+arguments, and ``main(argv=None)`` = ``parse_and_run(build_parser(), run, argv)``, with its row in
+``mae.cli.commands``; the ``mae`` command (``mae.cli.main``) runs it through ``run_command``.
 """
 
 import os

@@ -164,10 +164,10 @@ def _command(command: str) -> list[str]:
     return ["-m", "mae", command]
 
 
-def _with_config(args: tuple[str, ...], command: list[str], config: dict | None, tmp: Path | None) -> tuple[str, ...]:
+def _with_config(args: tuple[str, ...], argv: list[str], config: dict | None, tmp: Path | None) -> tuple[str, ...]:
     if config is None:
         return args
-    path = write_config(tmp, config, f"{Path(command[-1]).stem}-{len(list(tmp.glob('*.yaml')))}")
+    path = write_config(tmp, config, f"{argv[-1]}-{len(list(tmp.glob('*.yaml')))}")
     return ("--config", str(path), *args)
 
 
@@ -198,7 +198,7 @@ def run_mae(
 
     argv = _command(command)
     args = _with_config(args, argv, config, tmp)
-    return _checked(run_forked([*command, *args], REPO, timeout, env), check)
+    return _checked(run_forked([*argv, *args], REPO, timeout, env), check)
 
 
 def start_mae(command: str, *args: str, env: dict | None = None, new_session: bool = False):
@@ -224,7 +224,7 @@ def run_mae_process(
     argv = _command(command)
     args = _with_config(args, argv, config, tmp)
     result = subprocess.run(
-        [sys.executable, *command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, *argv, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
     )
     return _checked(result, check)
 

@@ -1,4 +1,4 @@
-"""Anomaly maps from reconstruction error (``mae.apps.anomaly``, ``python -m mae.anomaly``): complementary
+"""Anomaly maps from reconstruction error (``mae.apps.anomaly``, ``mae anomaly``): complementary
 masks, the per-patch error against an independent computation, a planted defect lit up by a trained tiny
 MAE, the metrics against scikit-learn and the definition of AUPRO, the command line end to end on a tiny
 MVTec-layout tree, its bad-input errors, the built-in digit task and the benchmark at tiny size."""

@@ -1,5 +1,5 @@
 """Attention maps (``mae.inference.attention``): the last block's cls attention, against a plain softmax(q k^T)
-written here from the weights, in the ``python -m mae.reconstruct --attention`` figure and on the page."""
+written here from the weights, in the ``mae reconstruct --attention`` figure and on the page."""
 
 import numpy as np
 import pytest

@@ -14,20 +14,7 @@ from mae.cli.main import invoke
 from mae.command import USAGE_ERROR_EXIT_CODE, run_command
 from tests.helpers import REPO, run_mae
 
-ENTRY_POINTS = [
-    "train.py",
-    "finetune.py",
-    "mae/export.py",
-    "mae/knn.py",
-    "mae/probe.py",
-    "mae/reconstruct.py",
-    "mae/demo.py",
-    "mae/embed.py",
-    "mae/search.py",
-    "mae/anomaly.py",
-    "mae/data/stats.py",
-    "mae/data/shard.py",
-]
+ROOT_ENTRY_POINTS = {"train.py": "pretrain", "finetune.py": "finetune"}
 
 
 def _four_band_folder(root: Path) -> Path:
@@ -167,11 +154,55 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
         run_command(partial(int, "not ours"))
 
 
-@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
-def test_every_entry_point_runs_through_run_command(entry_point):
-    tree = ast.parse((REPO / entry_point).read_text())
+@pytest.mark.parametrize("script, command", sorted(ROOT_ENTRY_POINTS.items()))
+def test_root_entry_points__are_the_mae_command(script, command):
+    """``python train.py`` / ``finetune.py`` run ``mae pretrain`` / ``mae finetune``: the same main, errors and
+    exit statuses (``mae.cli.main.main``), nothing of their own."""
+    tree = ast.parse((REPO / script).read_text())
     main_block = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
-    assert main_block and "run_command(" in ast.unparse(main_block[0]), entry_point
+    assert main_block and ast.unparse(main_block[0].body[0]) == f"main(['{command}', *sys.argv[1:]])", script
+    assert {ast.unparse(node) for node in tree.body if isinstance(node, ast.ImportFrom)} == {
+        "from mae.cli.main import main"
+    }
+
+
+def test_user_errors__every_family_is_an_error_line_with_status_2(capsys, monkeypatch):
+    from mae import errors
+
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+    families = [errors.ConfigError, errors.InputError, errors.MissingFileError, errors.OutputExistsError]
+    for family in families:
+
+        def mistake(family=family):
+            raise family(f"a {family.__name__} naming the key and the fix")
+
+        with pytest.raises(SystemExit) as exit_:
+            run_command(mistake)
+        assert exit_.value.code == USAGE_ERROR_EXIT_CODE
+        _only_the_message(capsys.readouterr().err, f"a {family.__name__} naming the key and the fix")
+    assert issubclass(errors.ConfigError, ValueError) and issubclass(errors.MissingFileError, FileNotFoundError)
+
+
+def test_a_planted_bug__a_value_error_in_a_model_function_keeps_its_traceback(capsys, monkeypatch, tmp_path):
+    """A ``ValueError`` raised by the package's own code but not as a user error (a bug) is never shown as
+    a one-line message: run through the real command, it ends in its traceback (exit status 1)."""
+    import mae.models.mae as model_module
+
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def planted(*args, **kwargs):
+        raise ValueError("planted bug in the model")
+
+    monkeypatch.setattr(model_module.MaskedAutoencoderViT, "forward_loss", planted)
+    one_step = {"trainer.max_epochs": 1, "trainer.limit_train_batches": 1, "trainer.limit_val_batches": 0,
+                "trainer.enable_progress_bar": "false", "model.warmup_epochs": 0}  # fmt: skip
+    argv = ["pretrain", "--config", "default", *(f"--{key}={value}" for key, value in one_step.items())]
+    from mae.cli.main import main
+
+    with pytest.raises(ValueError, match="planted bug in the model"):
+        main(argv)
+    assert "error: planted bug" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("ends", ["returns", "raises"])

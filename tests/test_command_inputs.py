@@ -36,7 +36,7 @@ def _edited(checkpoint, tmp_path, **args):
     return path
 
 
-# ---------------------------------------------------------------- architecture records (item 18)
+# ---------------------------------------------------------------- architecture records
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_record__a_faithful_record_still_loads(checkpoint):
     assert model.config["embed_dim"] == 32 and load_backbone(checkpoint).embed_dim == 32
 
 
-# ---------------------------------------------------------------- python -m mae.reconstruct options (item 19)
+# ---------------------------------------------------------------- mae reconstruct options
 
 
 @pytest.mark.parametrize(
@@ -99,7 +99,7 @@ def test_reconstruct__options_that_would_draw_nonsense_are_refused(
     assert not out.exists()  # no figure of NaN losses
 
 
-# ---------------------------------------------------------------- python -m mae.probe (item 20)
+# ---------------------------------------------------------------- mae probe
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mae.cli import PretrainCLI, expand_stacked_configs
+from mae.cli.lightning import PretrainCLI, expand_stacked_configs
 from mae.data import ImageDataModule
 from mae.training.optim import effective_batch_size, scaled_lr
 from mae.training.pretrain import MAEPretrainModule

@@ -1,6 +1,6 @@
 """A decoder variant through the real commands: train.py (a subprocess), its resume, a resume with
 another variant refused at start-up, reconstruction and export; low-resolution pretraining probed and
-fine-tuned at the full size; the shipped recipes of issue 28."""
+fine-tuned at the full size; the shipped decoder-switch recipes."""
 
 from functools import partial
 

@@ -1,6 +1,6 @@
-"""Every decoder variant of issue 28 trains, checkpoints with its switches recorded, loads back
-(``load_mae``), reconstructs, exports the same encoder and resumes; a checkpoint of one variant in a
-config of another is refused naming the key."""
+"""Every decoder variant (partial reconstruction, the cross decoder) trains, checkpoints with its switches
+recorded, loads back (``load_mae``), reconstructs, exports the same encoder and resumes; a checkpoint of one
+variant in a config of another is refused naming the key."""
 
 import pytest
 import torch

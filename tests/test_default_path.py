@@ -1,5 +1,5 @@
 """The paper's default path stays bit-identical: loss, prediction, every gradient and the random numbers
-drawn, against a frozen copy of the forward pass as it was before the decoder switches (issue 28)."""
+drawn, against a frozen copy of the forward pass as it was before the decoder switches were added."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ from tests.helpers import TINY
 
 
 def reference_forward(model: MaskedAutoencoderViT, imgs: torch.Tensor, mask_ratio: float, noise=None):
-    """The forward pass of ``MaskedAutoencoderViT`` before issue 28, copied here so that it never changes:
+    """The forward pass of ``MaskedAutoencoderViT`` before the decoder switches, copied here so that it never changes:
     the encoder on the visible patches, the decoder on visible tokens plus every mask token, the loss
     on every masked patch. Uses the model's own modules, so the same weights run the same operations."""
     x = model.patch_embed(imgs)

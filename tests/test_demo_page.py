@@ -1,4 +1,4 @@
-"""The reconstruction page: its pieces alone, ``python -m mae.demo`` as a process, and the page in a
+"""The reconstruction page: its pieces alone, ``mae demo`` as a process, and the page in a
 real browser: headless Chromium (Debian's ``chromium`` and ``chromium-driver``) driven through
 Selenium, against the page served on localhost."""
 
@@ -153,7 +153,7 @@ def test_extras__dev_and_demo_require_the_same_huggingface_hub_range():
 
 
 # ---------------------------------------------------------------------------------------------------
-# python -m mae.demo as a process
+# mae demo as a process
 
 
 def _free_port() -> int:

@@ -305,12 +305,12 @@ def test_default_configs__parse(main, config, capsys):
 
 @pytest.mark.ddp
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("script", ["segment.py", "detect.py"])
-def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, script):
+@pytest.mark.parametrize("command", ["segment", "detect"])
+def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, command):
     tmp, checkpoint = setup
     scenes = dict(num_train=8, num_val=3, canvas=64, seed=1)  # 3 validation scenes: shards of 2 and 1
-    name = f"ddp_{Path(script).stem}"
-    if script == "detect.py":
+    name = f"ddp_{command}"
+    if command == "detect":
         config = _detect_config(tmp, checkpoint, name)
         metric = "val/map"
     else:
@@ -324,48 +324,66 @@ def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, s
         metric = "val/miou"
     config["data"]["init_args"].update(root=str(tmp / "scenes_ddp"), **scenes, batch_size=2)
     config["trainer"] = {**_trainer(tmp, name, epochs=1), "devices": 2, "strategy": "ddp"}
-    run_mae_process(script, config=config, tmp=tmp, timeout=400)
+    run_mae_process(command, config=config, tmp=tmp, timeout=400)
     logged = [float(r[metric]) for r in read_metrics(tmp / "runs" / name / "version_0") if r.get(metric)][-1]
     single = {**config, "trainer": _trainer(tmp, f"{name}_single", epochs=1)}
     last = str(tmp / name / "ckpts" / "last.ckpt")
-    again = run_mae(script, "--validate_only", "true", "--ckpt_path", last, config=single, tmp=tmp)
+    again = run_mae(command, "--validate_only", "true", "--ckpt_path", last, config=single, tmp=tmp)
     assert float(re.search(rf"{metric} ([\d.]+)", again.stdout).group(1)) == pytest.approx(logged, abs=1e-4)
 
 
 @pytest.mark.slow  # trains a step of each network (about 8 s)
 @pytest.mark.parametrize("module_class", [MAEDetectionModule, MAESegmentationModule])
-def test_trained_checkpoint__loads_anywhere_without_its_starting_checkpoint(setup, tmp_path, module_class):
-    """A trained checkpoint holds every weight: load_from_checkpoint rebuilds the network from the encoder
-    architecture it records, not from the pretraining file named in model.checkpoint (gone here)."""
+def test_trained_checkpoint__rebuilds_with_lightnings_load_from_checkpoint_elsewhere_without_its_start(
+    setup, tmp_path, monkeypatch, module_class
+):
+    """A trained checkpoint holds every weight and its hyperparameters record what the pretraining file
+    gave (the encoder's architecture, the input normalisation): Lightning's own load_from_checkpoint
+    rebuilds the network in another folder, the pretraining file (named relative to the run's folder)
+    gone, and it predicts exactly what the module that saved it did."""
+    import inspect
     import shutil
+
+    import lightning.pytorch as pl
 
     from mae.dense import DigitScenesDataModule, DigitScenesSegmentation
     from tests.helpers import make_trainer
 
+    own = inspect.getattr_static(pl.LightningModule, "load_from_checkpoint")
+    assert inspect.getattr_static(module_class, "load_from_checkpoint") is own
     tmp, checkpoint = setup
-    start = tmp_path / "pretrained.ckpt"
-    shutil.copy(checkpoint, start)
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir(), elsewhere.mkdir()
+    pretrained = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    normalisation = {"mean": [0.2, 0.3, 0.4], "std": [0.5, 0.6, 0.7]}  # the pretraining run's, not ImageNet's
+    pretrained["mae_data"] = {"in_chans": 3, "img_size": [16, 16], **normalisation}
+    torch.save(pretrained, run / "pretrained.ckpt")
+    monkeypatch.chdir(run)
     detection = module_class is MAEDetectionModule
     extra = {"detector": "faster_rcnn", "head_channels": 16, "rois_per_image": 16} if detection else {}
-    module = module_class(checkpoint=str(start), img_size=64, num_classes=11, **TINY_HEADS, **extra)
+    module = module_class(checkpoint="pretrained.ckpt", img_size=64, num_classes=11, **TINY_HEADS, **extra)
+    assert list(module.mean) == normalisation["mean"] and list(module.std) == normalisation["std"]
     data_class = DigitScenesDataModule if detection else DigitScenesSegmentation
     data = data_class(root=str(tmp / "scenes"), **SCENES, batch_size=4)
-    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer = make_trainer(run, max_steps=1, limit_val_batches=0)
     trainer.fit(module, datamodule=data)
-    trainer.save_checkpoint(tmp_path / "trained.ckpt")
-    start.unlink()
-    loaded = module_class.load_from_checkpoint(tmp_path / "trained.ckpt")
+    trainer.save_checkpoint(elsewhere / "trained.ckpt")
+    shutil.rmtree(run)
+    monkeypatch.chdir(elsewhere)
+    loaded = module_class.load_from_checkpoint("trained.ckpt")
+    assert loaded.hparams.checkpoint == "pretrained.ckpt"
     theirs, ours = loaded.state_dict(), module.state_dict()
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
-    assert list(loaded.mean) == list(module.mean) and list(loaded.std) == list(module.std)
+    assert list(loaded.mean) == normalisation["mean"] and list(loaded.std) == normalisation["std"]
     module.eval(), loaded.eval()
     images = torch.rand(2, 3, 64, 64)
     with torch.no_grad():
         if detection:
             first, second = module.network(list(images)), loaded.network(list(images))
-            assert all(torch.equal(a["boxes"], b["boxes"]) for a, b in zip(first, second, strict=True))
+            for a, b in zip(first, second, strict=True):
+                assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
         else:
-            torch.testing.assert_close(module.network(images), loaded.network(images))
+            assert torch.equal(module.network(images), loaded.network(images))
 
 
 def test_detection_run__says_its_augmentation_and_why_an_empty_validation_scores_map_0(setup, tmp_path, monkeypatch):

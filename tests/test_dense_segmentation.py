@@ -254,7 +254,7 @@ def test_data_module__flip_off_keeps_every_view_in_its_orientation(tmp_path):
 
 
 def test_digit_scenes__training_views_are_the_written_scenes_unflipped(tmp_path):
-    data = DigitScenesSegmentation(tmp_path / "scenes", num_train=6, num_val=2, batch_size=6)
+    data = DigitScenesSegmentation(root=tmp_path / "scenes", num_train=6, num_val=2, batch_size=6)
     data.setup("fit")
     assert not data.flip  # a mirrored digit is no digit
     torch.manual_seed(0)

@@ -23,7 +23,7 @@ from tests.helpers import (
 pytestmark = [pytest.mark.ddp, pytest.mark.timeout(900)]  # the module fixture runs two 400 s-limited commands
 
 
-def _run(script: str, config: dict, tmp: Path, name: str, devices: int, *extra: str) -> str:
+def _run(command: str, config: dict, tmp: Path, name: str, devices: int, *extra: str) -> str:
     """Global batch 8 either way: 8 per device on 1 process or 4 per device on 2."""
     config = yaml.safe_load(yaml.safe_dump(config))
     config["data"]["init_args"]["batch_size"] = 8 // devices
@@ -38,7 +38,7 @@ def _run(script: str, config: dict, tmp: Path, name: str, devices: int, *extra: 
         "monitor": None,
     }
     run = run_mae_process if devices > 1 else run_mae  # only DDP needs a fresh interpreter (its launcher re-runs it)
-    result = run(script, "--config", str(write_config(tmp, config, name)), *extra, timeout=400)
+    result = run(command, "--config", str(write_config(tmp, config, name)), *extra, timeout=400)
     return result.stdout + result.stderr
 
 
@@ -81,7 +81,7 @@ def setup(tmp_path_factory):
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
         "tracker": tensorboard_tracker(tmp / "tb"),
     }
-    outputs = {name: _run("train.py", base, tmp, name, devices) for name, devices in (("ddp", 2), ("single", 1))}
+    outputs = {name: _run("pretrain", base, tmp, name, devices) for name, devices in (("ddp", 2), ("single", 1))}
     return tmp, base, outputs
 
 
@@ -108,8 +108,8 @@ def test_ddp_pretraining__same_update_lr_and_validation_as_one_process(setup):
 def test_ddp_checkpoints__resume_across_process_counts_and_load_as_backbone(setup):
     tmp, base, _ = setup
     more = {**base, "trainer": {**base["trainer"], "max_epochs": 2}}
-    _run("train.py", more, tmp, "ddp_then_single", 1, "--ckpt_path", str(tmp / "ddp" / "ckpts" / "last.ckpt"))
-    _run("train.py", more, tmp, "single_then_ddp", 2, "--ckpt_path", str(tmp / "single" / "ckpts" / "last.ckpt"))
+    _run("pretrain", more, tmp, "ddp_then_single", 1, "--ckpt_path", str(tmp / "ddp" / "ckpts" / "last.ckpt"))
+    _run("pretrain", more, tmp, "single_then_ddp", 2, "--ckpt_path", str(tmp / "single" / "ckpts" / "last.ckpt"))
     a, b = _state(tmp, "ddp_then_single"), _state(tmp, "single_then_ddp")
     assert a["global_step"] == b["global_step"] == 2
     for key, value in a["state_dict"].items():
@@ -132,7 +132,7 @@ def test_ddp_finetuning__same_update_and_accuracy_as_one_process(setup):
         "data": base["data"],
         "trainer": base["trainer"],
     }
-    outputs = {name: _run("finetune.py", config, tmp, name, devices) for name, devices in (("ft_ddp", 2), ("ft", 1))}
+    outputs = {name: _run("finetune", config, tmp, name, devices) for name, devices in (("ft_ddp", 2), ("ft", 1))}
     assert _schedule(outputs["ft_ddp"]) == _schedule(outputs["ft"])
     ddp, single = _state(tmp, "ft_ddp"), _state(tmp, "ft")
     for key, value in single["state_dict"].items():

@@ -1,4 +1,4 @@
-"""``python -m mae.embed`` and ``python -m mae.search``: embeddings of image folders, resumable, and exact
+"""``mae embed`` and ``mae search``: embeddings of image folders, resumable, and exact
 cosine neighbours, checked against the encoder run directly and against numpy."""
 
 import importlib.util

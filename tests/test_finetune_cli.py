@@ -16,8 +16,8 @@ from tests.helpers import (
 )
 
 
-def _run(script: str, config: dict, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run_mae(script, *extra, config=config, tmp=tmp)
+def _run(command: str, config: dict, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_mae(command, *extra, config=config, tmp=tmp)
 
 
 def _trainer(tmp: Path, name: str) -> dict:
@@ -48,7 +48,7 @@ def pretrained(tmp_path_factory):
         "knn": {"every_n_epochs": 1, "k": 3},
         "tracker": tensorboard_tracker(tmp / "tb"),
     }
-    _run("train.py", config, tmp)
+    _run("pretrain", config, tmp)
     run = tmp / "runs" / "pretrain" / "version_0"
     with open(run / "metrics.csv") as f:
         assert any(r.get("val/knn_acc1") for r in csv.DictReader(f))  # the kNN monitor during pretraining
@@ -81,7 +81,7 @@ def _finetune_config(tmp: Path, ckpt: Path, mode: str) -> dict:
 def finetuned(pretrained):
     tmp, ckpt = pretrained
     config = _finetune_config(tmp, ckpt, "finetune")
-    result = _run("finetune.py", config, tmp)
+    result = _run("finetune", config, tmp)
     return tmp, config, result, tmp / "runs" / "finetune" / "version_0" / "checkpoints" / "last.ckpt"
 
 
@@ -93,7 +93,7 @@ def test_finetune__from_pretraining_checkpoint_then_evaluate_only(finetuned):
     assert checkpoint.exists()
     run = checkpoint.parent.parent
     metrics, saved = (run / "metrics.csv").read_text(), checkpoint.read_bytes()
-    evaluated = _run("finetune.py", config, tmp, "--validate_only", "true", "--ckpt_path", str(checkpoint))
+    evaluated = _run("finetune", config, tmp, "--validate_only", "true", "--ckpt_path", str(checkpoint))
     assert "validation top-1" in evaluated.stdout
     # an evaluation logs into a folder of its own: the training run's metrics and checkpoint stay
     assert (run / "metrics.csv").read_text() == metrics and checkpoint.read_bytes() == saved
@@ -105,7 +105,7 @@ def test_finetune__from_pretraining_checkpoint_then_evaluate_only(finetuned):
 
 def test_linprobe__from_pretraining_checkpoint(pretrained):
     tmp, ckpt = pretrained
-    result = _run("finetune.py", _finetune_config(tmp, ckpt, "linprobe"), tmp)
+    result = _run("finetune", _finetune_config(tmp, ckpt, "linprobe"), tmp)
     assert "validation top-1" in result.stdout
     with open(tmp / "runs" / "linprobe" / "version_0" / "metrics.csv") as f:
         assert any(r.get("val/acc1") for r in csv.DictReader(f))

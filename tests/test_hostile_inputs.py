@@ -246,7 +246,7 @@ def test_ckpt_path_last__found_where_lightning_writes_it_without_a_logger_or_wit
 
 
 def test_short_config_flag__stacked_configs_expand_too(tmp_path):
-    from mae.cli import expand_stacked_configs
+    from mae.cli.lightning import expand_stacked_configs
 
     (tmp_path / "base.yaml").write_text("model:\n  mask_ratio: 0.6\n")
     (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\n")

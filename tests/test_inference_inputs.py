@@ -48,7 +48,7 @@ def last_error(result) -> str:
 def test_nan_weights__refused_by_name_in_every_inference_command(nan_checkpoint, image, tmp_path):
     commands = {
         "embed": (
-            "-m mae.embed",
+            "embed",
             "--checkpoint",
             str(nan_checkpoint),
             str(image),
@@ -59,14 +59,14 @@ def test_nan_weights__refused_by_name_in_every_inference_command(nan_checkpoint,
             "--no-progress",
         ),
         "reconstruct": (
-            "-m mae.reconstruct",
+            "reconstruct",
             "--checkpoint",
             str(nan_checkpoint),
             str(image),
             "--out",
             str(tmp_path / "r.png"),
         ),
-        "export": ("-m mae.export", "--checkpoint", str(nan_checkpoint), "--out", str(tmp_path / "e.safetensors")),
+        "export": ("export", "--checkpoint", str(nan_checkpoint), "--out", str(tmp_path / "e.safetensors")),
     }
     for name, command in commands.items():
         error = last_error(run_mae(*command, check=False))
@@ -100,7 +100,7 @@ def test_img_size_off_the_patch_grid__one_check_for_every_command(checkpoint, im
     message = "img_size 30x30 is not divisible by patch_size 4; use a multiple of 4 (e.g. 28)"
     commands = {
         "embed": (
-            "-m mae.embed",
+            "embed",
             "--checkpoint",
             str(checkpoint),
             str(image),
@@ -113,7 +113,7 @@ def test_img_size_off_the_patch_grid__one_check_for_every_command(checkpoint, im
             "30",
         ),
         "reconstruct": (
-            "-m mae.reconstruct",
+            "reconstruct",
             "--checkpoint",
             str(checkpoint),
             str(image),
@@ -123,7 +123,7 @@ def test_img_size_off_the_patch_grid__one_check_for_every_command(checkpoint, im
             str(tmp_path / "r.png"),
         ),
         "onnx": (
-            "-m mae.export",
+            "export",
             "--checkpoint",
             str(checkpoint),
             "--out",

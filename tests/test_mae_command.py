@@ -27,7 +27,7 @@ from mae.command_options import (
     resolve_device,
 )
 from mae.convert.sources import FORMATS
-from tests.helpers import REPO, tiny_pretraining_checkpoint, write_image_folder
+from tests.helpers import REPO, tiny_pretraining_checkpoint
 
 # Spellings a command must not use for a shared option (the old ones, and the synonyms users guess).
 FORBIDDEN = {*REMOVED, "--ckpt", "--weights", "--output", "--output-dir", "--num-workers", "--image-size", "--size",
@@ -148,9 +148,7 @@ def test_removed_spellings__export_and_knn_stop_before_any_work_naming_the_new_s
 def test_removed_positionals__export_and_shard_need_their_options(checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["export", str(checkpoint), str(tmp_path / "a.safetensors")])
-    assert exit_.value.code == 2 and "unrecognized arguments: " in (
-        capsys.readouterr().err
-    )
+    assert exit_.value.code == 2 and "unrecognized arguments: " in (capsys.readouterr().err)
     with pytest.raises(SystemExit) as exit_:
         main(["export", "--checkpoint", str(checkpoint)])
     assert exit_.value.code == 2 and "the following arguments are required: out" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""``python -m mae.export CHECKPOINT OUT.onnx``: the encoder as ONNX, run by onnxruntime, against the
+"""``mae export CHECKPOINT OUT.onnx``: the encoder as ONNX, run by onnxruntime, against the
 MAE model's own ``forward_features`` (not the exporter's ``load_backbone`` path)."""
 
 import json

@@ -151,7 +151,7 @@ def test_reconstruct__replaces_its_own_figure_never_the_users_image(checkpoint, 
 
 def test_search__replaces_its_own_figure_never_the_users_image(checkpoint, images, tmp_path):
     embed(checkpoint, str(images), "--out", str(tmp_path / "index.npy"))
-    search = ("-m mae.search", "--index", str(tmp_path / "index.npy"), str(images / "a" / "0.png"), "--device", "cpu")
+    search = ("search", "--index", str(tmp_path / "index.npy"), str(images / "a" / "0.png"), "--device", "cpu")
     for _ in range(2):
         result = run_mae(*search, "--out", str(tmp_path / "grid.png"), check=False)
         assert result.returncode == 0, result.stderr[-2000:]

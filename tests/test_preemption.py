@@ -192,6 +192,7 @@ def test_slurm_requeue_conventions_stay(monkeypatch, tmp_path):
     still installed beside ours, and a SIGTERM still stops a single process after its step."""
     import lightning.pytorch as pl
 
+    from mae.compat.lightning import signal_connector
     from mae.training.callbacks import harden_trainer
 
     slurm = {
@@ -208,7 +209,7 @@ def test_slurm_requeue_conventions_stay(monkeypatch, tmp_path):
         monkeypatch.setenv(key, value)
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=tmp_path)
     harden_trainer(trainer)
-    signals = trainer._signal_connector
+    signals = signal_connector(trainer)
     signals.register_signal_handlers()
     try:
         requeue = signal.getsignal(signal.SIGUSR1)

@@ -1,4 +1,4 @@
-"""``python -m mae.reconstruct``: your own images through a pretrained MAE, as a captioned figure."""
+"""``mae reconstruct``: your own images through a pretrained MAE, as a captioned figure."""
 
 import numpy as np
 import pytest

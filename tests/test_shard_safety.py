@@ -29,7 +29,7 @@ FAST = ("--workers", "1", "--start-method", "fork")  # fork: no re-import per wo
 
 
 def shard_cli(src: Path, out: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m mae.data.shard SRC OUT`` as a user runs it (not raising on failure)."""
+    """``mae shard SRC --out OUT`` as a user runs it (not raising on failure)."""
     return run_mae("shard", str(src), "--out", out, *FAST, *extra, check=False, env=env)
 
 
@@ -55,7 +55,7 @@ def unfollowable_links(root: Path) -> Path:
     return root
 
 
-# ---------------------------------------------------------------- item 2: links that cannot be followed
+# ---------------------------------------------------------------- links that cannot be followed
 
 
 def test_shard__a_looping_or_dangling_link_is_skipped_by_name(tmp_path):
@@ -98,7 +98,7 @@ def test_train__a_looping_or_dangling_link_is_skipped_by_name(tmp_path):
     assert "loop.jpg" in result.stderr and "dangling.jpg" in result.stderr
 
 
-# ---------------------------------------------------------------- item 16: names are data
+# ---------------------------------------------------------------- names are data
 
 
 def test_shard__file_names_with_newlines_are_data(tmp_path):
@@ -126,7 +126,7 @@ def test_shard__file_names_with_newlines_are_data(tmp_path):
     assert samples["cat/not_utf8_\\xff.jpg"] == not_utf8
 
 
-# ---------------------------------------------------------------- item 13: overwrite deletes only its own files
+# ---------------------------------------------------------------- overwrite deletes only its own files
 
 
 def local_files(folder: Path) -> dict[str, bytes]:
@@ -208,12 +208,12 @@ def killable(tmp_path_factory) -> tuple[Path, list[str]]:
 
 
 def kill_mid_conversion(src: Path, out: str, moment: str, tmp: Path) -> list[str]:
-    """Start ``python -m mae.data.shard SRC OUT`` as the leader of a process group (a forked command,
+    """Start ``mae shard SRC --out OUT`` as the leader of a process group (a forked command,
     ``tests.forked_commands``), SIGKILL the whole group (litdata's workers too) as soon as a file matching
     ``moment`` is stored under OUT, and return what the kill left there. Its TMPDIR, where the kill leaves
     its workspace, is ``tmp``."""
     tmp.mkdir()
-    command = ("-m mae.data.shard", str(src), "--out", out, *FAST, *SMALL_CHUNKS)
+    command = ("shard", str(src), "--out", out, *FAST, *SMALL_CHUNKS)
     with start_mae(*command, env={**os.environ, "TMPDIR": str(tmp)}, new_session=True) as proc:
         deadline = time.monotonic() + 300
         try:

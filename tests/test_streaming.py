@@ -1,4 +1,4 @@
-"""Streaming shards (issue 19): the shard tool, the streaming data module on local disk and on an S3
+"""Streaming shards: the shard tool, the streaming data module on local disk and on an S3
 server started on localhost (moto), mid-epoch resume, two-process DDP, GPU-decode equivalence on the
 CPU, and clear start-up errors for bad shard locations."""
 
@@ -55,7 +55,7 @@ class StopAfter(pl.Callback):
 
 
 def shard(src: Path, out: str, *extra: str) -> dict:
-    """``python -m mae.data.shard`` in this process (fork workers: no re-import per worker)."""
+    """``mae shard`` in this process (fork workers: no re-import per worker)."""
     return invoke(
         "shard", [str(src), "--out", out, "--workers", "1", "--chunk-bytes", "2KB", "--start-method", "fork", *extra]
     )

@@ -3,12 +3,28 @@ that starts an interpreter fails naming the fix, a hung test fails alone, and a 
 behaves as the same command in a fresh interpreter."""
 
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.forked_commands import run_forked
 from tests.helpers import REPO, run_mae, run_mae_process
+
+
+def _forked(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` as a forked child of the preloaded server (what ``run_mae`` runs ``mae`` in)."""
+    return run_forked([script, *args], REPO, timeout)
+
+
+def _fresh(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` in a fresh interpreter (``Popen``: the tier rule marks its tests slow)."""
+    command = [sys.executable, script, *args]
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        stdout, stderr = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
 
 pytest_plugins = ["pytester"]
 
@@ -94,8 +110,8 @@ def test_tiers__an_unregistered_marker_is_refused(suite):
 @pytest.mark.parametrize(
     "command",
     [
-        ["-m mae.data.stats", "/nonexistent/folder"],  # a project error: exit 2, the message alone
-        ["-m mae.knn", "--no-such-flag"],  # the parser's error
+        ["stats", "/nonexistent/folder"],  # a project error: exit 2, the message alone
+        ["knn", "--no-such-flag"],  # the parser's error
     ],
     ids=["project-error", "parser-error"],
 )
@@ -116,14 +132,14 @@ def test_forked_command__the_interpreter_state_of_a_fresh_one(tmp_path):
         "print(multiprocessing.get_start_method(allow_none=True), sys.stdout.line_buffering,\n"
         "      sys.stderr.line_buffering, sys.argv[1:], os.getcwd())\n"
     )
-    forked, fresh = run_mae(str(script), "a", "b"), run_mae_process(str(script), "a", "b")
+    forked, fresh = _forked(str(script), "a", "b"), _fresh(str(script), "a", "b")
     assert forked.stdout == fresh.stdout
 
 
 def test_forked_command__an_uncaught_exception_prints_its_traceback_and_exits_1(tmp_path):
     script = tmp_path / "boom.py"
     script.write_text("import sys\nprint('before', sys.argv[1:])\nraise KeyError('boom')\n")
-    result = run_mae(str(script), "a", check=False)
+    result = _forked(str(script), "a")
     assert result.returncode == 1 and result.stdout == "before ['a']\n"
     assert "Traceback" in result.stderr and result.stderr.strip().endswith("KeyError: 'boom'")
 
@@ -132,5 +148,5 @@ def test_forked_command__past_its_time_limit_is_killed_and_raises_as_subprocess_
     script = tmp_path / "hang.py"
     script.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
     with pytest.raises(subprocess.TimeoutExpired) as info:
-        run_mae(str(script), timeout=1)
+        _forked(str(script), timeout=1)
     assert info.value.output == "started\n"

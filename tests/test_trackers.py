@@ -97,7 +97,7 @@ def _sigterm_then_resume(tmp: Path, config: Path, fresh: bool = False) -> tuple[
     run = tmp / "runs" / "tracked" / "version_0"
     args = ("--config", str(config), "--ckpt_path", "last")
     if fresh:
-        command = [sys.executable, str(REPO / "train.py"), *args]
+        command = [sys.executable, "-m", "mae", "pretrain", *args]
         start = subprocess.Popen(
             command, cwd=REPO, env=_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -113,7 +113,7 @@ def _sigterm_then_resume(tmp: Path, config: Path, fresh: bool = False) -> tuple[
         out = "".join(part or "" for part in proc.communicate(timeout=120))
     assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
     finish = run_mae_process if fresh else run_mae
-    result = finish("train.py", *args, env=_env(tmp), check=False)
+    result = finish("pretrain", *args, env=_env(tmp), check=False)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # one run folder

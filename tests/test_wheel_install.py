@@ -1,4 +1,4 @@
-"""Installed anywhere, it runs (issue 40): the wheel built from the repository, installed into a fresh
+"""Installed anywhere, it runs: the wheel built from the repository, installed into a fresh
 environment outside the clone, runs ``mae --help``, a few steps of the default pretraining job from an
 empty folder with its recipe found by name, and a fine-tune from that run's checkpoint."""
 

@@ -1,5 +1,5 @@
-"""The LightningCLI machinery of ``train.py`` and ``finetune.py`` (every model, data and trainer key
-from YAML or flags): stacked configs, the linked model keys, trainer defaults and hardening,
+"""The LightningCLI machinery of ``mae pretrain``, ``finetune``, ``detect`` and ``segment`` (every model, data
+and trainer key from YAML or flags): stacked configs, the linked model keys, trainer defaults and hardening,
 ``--ckpt_path`` resume, and what a finished run prints."""
 
 import re
@@ -97,7 +97,7 @@ class _MAECLI(LightningCLI):
 
 
 class PretrainCLI(_MAECLI):
-    """``train.py``: adds reconstruction figures and the kNN monitor."""
+    """``mae pretrain``: adds reconstruction figures and the kNN monitor."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
@@ -108,7 +108,7 @@ class PretrainCLI(_MAECLI):
 
 
 class FinetuneCLI(_MAECLI):
-    """``finetune.py``: the class count comes from the data too; the best checkpoint by ``val/acc1``."""
+    """``mae finetune``: the class count comes from the data too; the best checkpoint by ``val/acc1``."""
 
     linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
     command = "finetune"
@@ -127,7 +127,7 @@ class FinetuneCLI(_MAECLI):
 
 
 class DenseCLI(_MAECLI):
-    """``detect.py``: the class count comes from the data; the best checkpoint by ``val/map``;
+    """``mae detect``: the class count comes from the data; the best checkpoint by ``val/map``;
     prediction figures under ``figures``."""
 
     linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
@@ -149,7 +149,7 @@ class DenseCLI(_MAECLI):
 
 
 class SegmentCLI(DenseCLI):
-    """``segment.py``: as ``detect.py``, with the ignored label from the data too; the best checkpoint by
+    """``mae segment``: as ``mae detect``, with the ignored label from the data too; the best checkpoint by
     ``val/miou``."""
 
     linked = {**DenseCLI.linked, "ignore_index": "data.ignore_index"}

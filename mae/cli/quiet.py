@@ -10,7 +10,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar
 from lightning.pytorch.callbacks.model_summary import log  # Lightning's logger: its handler prints
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+from mae.compat.lightning import DescribedRichProgressBar, format_summary_table
 
 # Lightning's rank-zero messages that advertise its services ("💡 Tip: ... litlogger / litmodels").
 ADVERTISEMENT = "💡 Tip:"
@@ -47,7 +48,7 @@ class ModelSummaryWithoutUncountedFlops(ModelSummary):
     ) -> None:
         if total_flops == 0:
             summary_data = [(header, values) for header, values in summary_data if header != "FLOPs"]
-        table = _format_summary_table(
+        table = format_summary_table(
             total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *summary_data
         )
         if total_flops == 0:
@@ -55,19 +56,19 @@ class ModelSummaryWithoutUncountedFlops(ModelSummary):
         log.info("\n" + table)
 
 
-class StepBoundedProgressBar(RichProgressBar):
+class StepBoundedProgressBar(DescribedRichProgressBar):
     """Lightning's rich progress bar; "Epoch N" alone when the run has no last epoch (``max_epochs -1``)."""
 
-    def _get_train_description(self, current_epoch: int) -> str:
+    def train_description(self, current_epoch: int) -> str:
         if self.trainer.max_epochs is None or self.trainer.max_epochs < 0:
             return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
-        return super()._get_train_description(current_epoch)
+        return super().train_description(current_epoch)
 
 
 def quiet_trainer(trainer: pl.Trainer) -> None:
     """Swap the trainer's default model summary and rich progress bar for the quiet ones above."""
-    for index, callback in enumerate(trainer.callbacks):
+    for callback in trainer.callbacks:
         if type(callback) in (ModelSummary, RichModelSummary):
-            trainer.callbacks[index] = ModelSummaryWithoutUncountedFlops(max_depth=callback._max_depth)
+            callback.__class__ = ModelSummaryWithoutUncountedFlops  # the same summary, its settings kept
         elif type(callback) is RichProgressBar:
             callback.__class__ = StepBoundedProgressBar  # the same bar, its settings kept; one method differs

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from mae.errors import ConfigError
+
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "configs"
 _SUMMARY = re.compile(r"^# recipe: (.+)$", re.MULTILINE)
 
@@ -38,7 +40,7 @@ def all_recipes(folders: tuple[str, ...] | None = None) -> list[Recipe]:
     return [r for r in found if folders is None or r.folder in folders]
 
 
-class RecipeNotFound(ValueError):
+class RecipeNotFound(ConfigError):
     """``--config`` named neither a file nor a recipe."""
 
 

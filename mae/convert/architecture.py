@@ -1,6 +1,6 @@
 """The checkpoint contract: every checkpoint we write records the architecture it holds.
 
-A checkpoint written by ``train.py`` or ``finetune.py`` has, next to Lightning's own keys::
+A checkpoint written by ``mae pretrain`` or ``mae finetune`` has, next to Lightning's own keys::
 
     checkpoint["mae_architecture"] = {
         "class": "MaskedAutoencoderViT" | "VisionTransformer",

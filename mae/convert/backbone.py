@@ -15,6 +15,7 @@ from mae.convert.report import LoadReport, load_checked
 from mae.convert.sources import MAECheckpoint, check_finite, read_checkpoint
 from mae.errors import ConfigError
 from mae.models.decoder_switches import switch_differences
+from mae.models.factory import build_mae
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.patch_grid import check_img_size
 
@@ -130,7 +131,7 @@ def load_backbone(
         raise ConfigError(
             f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final norm), so "
             f"its cls token has no trained norm to pass through: load it with global_pool='avg' (the mean of the "
-            f"patch tokens through its fc_norm; --model.global_pool avg for finetune.py). Embedding, kNN / probe "
+            f"patch tokens through its fc_norm; --model.global_pool avg for mae finetune). Embedding, kNN / probe "
             f"features and the ONNX export read the final norm: give them the pretraining checkpoint it came from"
         )
     config = dict(ckpt.config)
@@ -197,7 +198,7 @@ def load_mae(
     config = {**ckpt.config, **overrides}
     state = dict(ckpt.state_dict)
     check_finite(state, ckpt.source)
-    model = MaskedAutoencoderViT(**config)
+    model = build_mae(**config)
     report = LoadReport(ckpt.source, ckpt.format, notes=list(ckpt.notes), config=config)
     if model.pos_embed.shape != state["pos_embed"].shape:
         # Fixed sin-cos embeddings: the new grid's are exact, nothing to interpolate.

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mae.compat.torch import onnx_opset_range
 from mae.errors import ConfigError
 from mae.io.atomic import atomic_write
 
@@ -35,13 +36,7 @@ def supported_opsets() -> tuple[int, int]:
     """(lowest, highest) ONNX opset the installed torch exporter writes natively: the opset its
     operator library (torchlib) is written in, up to torch's declared maximum. Below it the exporter
     tries a version converter that, when it fails, silently keeps its own opset."""
-    from torch.onnx import _constants  # private: torch has no public name for these
-
-    try:
-        from torch.onnx._internal.exporter._constants import TORCHLIB_OPSET as lowest
-    except ImportError:  # another layout: the opset torch 2.5 to 2.14 implement
-        lowest = 18
-    return lowest, _constants.ONNX_MAX_OPSET
+    return onnx_opset_range()
 
 
 def check_opset(opset: int | None) -> None:

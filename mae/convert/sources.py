@@ -2,7 +2,7 @@
 
 Formats (auto-detected from the file's structure, or named explicitly):
 
-- ``lightning``: our checkpoints (``train.py``, ``finetune.py``): the architecture is read from the
+- ``lightning``: our checkpoints (``mae pretrain``, ``mae finetune``): the architecture is read from the
   record of ``mae.convert.architecture``; files written before it (version 0.1) from the module's
   hyperparameters or the fine-tuning module's encoder config.
 - ``official``: files of the official MAE code, ``{"model": state_dict, ["optimizer", "epoch", "args"]}``,
@@ -246,7 +246,7 @@ def _read_lightning_v0_1(path: Path, obj: dict) -> MAECheckpoint:
     state = {k[len("model.") :]: v for k, v in obj["state_dict"].items() if k.startswith("model.")}
     if not state:
         raise InputError(
-            f"{path} is a Lightning checkpoint without 'model.*' weights: not written by mae's train.py or finetune.py"
+            f"{path} is a Lightning checkpoint without 'model.*' weights: not written by mae pretrain or mae finetune"
         )
     hp = obj.get("hyper_parameters", {})
     config, notes = None, []

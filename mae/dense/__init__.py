@@ -7,7 +7,7 @@
   each with a data module on the built-in digit scenes (``mae.data.sources.digit_scenes``);
 - ``metrics``: COCO mAP (``detection``), mIoU (``segmentation``);
 - ``tasks``: the detection and segmentation Lightning modules on one base (``base``), and their
-  prediction figures (``figures``), run by ``detect.py`` and ``segment.py``.
+  prediction figures (``figures``), run by ``mae detect`` and ``mae segment``.
 
 Configs name the classes from here (``class_path: mae.dense.DigitScenesDataModule``), so files can move
 without breaking users' YAML; the old module paths still load (``mae.moved``).

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mae.errors import ConfigError
+
 # A folder a command writes into holds this record (written first), which makes the folder its own.
 OUTPUT_RECORD = ".mae_output.json"
 # The PNG text key of a figure a command wrote: its value is the command's name.
 PNG_KEY = "mae-command"
 
 
-class OutputError(ValueError):
+class OutputError(ConfigError):
     """An output a command may not write; the message names the option, the path and what to do."""
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from mae.compat.litdata import allow_http_downloads
 from mae.errors import InputError, UserError
 
 SCHEMES = ("s3",)
@@ -48,11 +49,7 @@ def allow_plain_http(storage_options: dict[str, Any] | None) -> None:
     url = endpoint(storage_options)
     if url is None or urlparse(url).scheme != "http":
         return
-    from litdata.streaming import downloader
-
-    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
-    if isinstance(options, dict):
-        options["allow_http"] = "true"
+    allow_http_downloads()
 
 
 def s3_client(storage_options: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:

@@ -11,6 +11,7 @@ from timm.scheduler import CosineLRScheduler
 from torch import nn
 from torch.optim import Optimizer
 
+from mae.compat.torch import WRAPPER_MODULE_NAMES
 from mae.errors import ConfigError
 
 
@@ -51,7 +52,7 @@ def encoder_decoder_groups(model: nn.Module, groups: list[dict]) -> list[dict]:
 
 
 # Name segments that wrappers insert (FSDP, activation checkpointing, torch.compile).
-_WRAPPER_SEGMENTS = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
+_WRAPPER_SEGMENTS = re.compile(rf"({'|'.join(WRAPPER_MODULE_NAMES)})\.")
 
 
 @dataclass

@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from mae.compat.lightning import keeps_versions, set_version, version_chosen
 from mae.training.checkpointing import check_resume_checkpoint
 
 RESUME_LAST = "last"
@@ -22,7 +23,7 @@ def _versioned_logger(trainer: pl.Trainer):
     """The trainer's logger if it keeps each run in a folder of its own (``root_dir/<version>``, as
     the CSV and TensorBoard loggers do), else None."""
     logger = trainer.logger
-    return logger if logger is not None and hasattr(logger, "root_dir") and hasattr(logger, "_version") else None
+    return logger if keeps_versions(logger) else None
 
 
 def find_last_checkpoint(trainer: pl.Trainer) -> Path | None:
@@ -62,7 +63,7 @@ def continue_in_run_folder(trainer: pl.Trainer, ckpt_path: str, global_step: int
     CSV writer would delete the file), or None when the run folder is not continued.
     """
     logger = _versioned_logger(trainer)
-    if logger is None or logger._version is not None:
+    if logger is None or version_chosen(logger):
         return None
     root = Path(logger.root_dir).resolve()
     path = Path(ckpt_path).resolve()
@@ -70,7 +71,7 @@ def continue_in_run_folder(trainer: pl.Trainer, ckpt_path: str, global_step: int
         return None
     folder = path.parent.parent.name
     match = re.fullmatch(r"version_(\d+)", folder)
-    logger._version = int(match.group(1)) if match else folder
+    set_version(logger, int(match.group(1)) if match else folder)
     rank_zero_info(f"resuming in the run folder {path.parent.parent}")
     metrics = path.parent.parent / "metrics.csv"
     if not isinstance(logger, CSVLogger) or not metrics.is_file():

@@ -47,7 +47,8 @@ def native_bf16(device: torch.device | str) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type == "cpu":
-        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        capabilities = torch.cpu.get_capabilities()
+        return bool(capabilities.get("avx512_bf16") or capabilities.get("amx_tile"))
     return False
 
 

@@ -41,8 +41,8 @@ def reconstruction_errors(model: MaskedAutoencoderViT, imgs: torch.Tensor, masks
     N, (M, L) = imgs.shape[0], masks.noise.shape
     x = imgs[:, None].expand(N, M, *imgs.shape[1:]).reshape(N * M, *imgs.shape[1:])
     noise = masks.noise.to(imgs.device).repeat(N, 1)  # row n * M + m: image n under mask m
-    latent, mask, ids_restore = model.forward_encoder(x, masks.mask_ratio, noise)
-    pred = model.forward_decoder(latent, ids_restore).float()
+    _, pred, mask = model(x, masks.mask_ratio, noise)  # evaluation mode: every masked patch reconstructed
+    pred = pred.float()
     target = model.patchify(x.float())
     if model.norm_pix_loss:
         target = normalize_patches(target)

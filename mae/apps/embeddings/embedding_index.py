@@ -271,9 +271,9 @@ class EmbeddingIndex:
                              f"the files are of different runs or one was cut short; {REBUILD}")  # fmt: skip
 
     @staticmethod
-    def _damaged(path: Path, err: BaseException) -> ValueError:
+    def _damaged(path: Path, err: BaseException) -> InputError:
         said = " ".join(str(err).split())  # pyarrow's messages run over several lines
-        return ValueError(f"{path} is damaged or cut short ({type(err).__name__}: {said}); {REBUILD}")
+        return InputError(f"{path} is damaged or cut short ({type(err).__name__}: {said}); {REBUILD}")
 
     def vector_chunks(self, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
         """(first row, (n, D) float32 vectors) of ``rows`` rows at a time, in order.

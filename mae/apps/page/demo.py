@@ -30,7 +30,7 @@ from mae.data import DEFAULT_MAX_PIXELS
 from mae.data.decoding.formats import ARRAY_EXTENSIONS
 from mae.data.decoding.image import read_header
 from mae.data.decoding.limits import resized_size
-from mae.errors import ConfigError
+from mae.errors import ConfigError, InputError
 from mae.inference.attention import attention_caption, attention_panels, cls_attention_maps
 from mae.inference.images import IMAGE_ERRORS, display_range, image_paths, load_image
 from mae.inference.reconstruction import (
@@ -106,7 +106,7 @@ def _shown(value) -> str:
     return "empty" if value is None or value == "" else repr(value)
 
 
-class ImageTooLarge(ValueError):
+class ImageTooLarge(InputError):
     """An image over the page's ``--max-image-pixels``."""
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from mae.data.decoding.formats import EncodedImage, Reader, Source
+from mae.errors import InputError
 
 # PIL modes -> (channels, numpy dtype of their pixels); others are converted to RGB first.
 PIL_MODES = {
@@ -43,7 +44,7 @@ class ImageHeader:
         return self.height, self.width, self.channels
 
 
-class ImageFileError(ValueError):
+class ImageFileError(InputError):
     """An error about one image file that already names it: ``reading`` passes it as it is."""
 
 
@@ -76,10 +77,10 @@ def unlimited_pil() -> Iterator[None]:
         Image.MAX_IMAGE_PIXELS = previous
 
 
-def unreadable(path: Source, reader: Reader, err: Exception) -> ValueError:
+def unreadable(path: Source, reader: Reader, err: Exception) -> InputError:
     """The error for a file its library could not parse (corrupt, truncated, misnamed): names it, and
-    is a ``ValueError`` so the datasets skip it by name like any unreadable image."""
-    return ValueError(f"cannot read {path} as {_KINDS[reader]}: {type(err).__name__}: {err}")
+    is a ``ValueError`` (an ``InputError``) so the datasets skip it by name like any unreadable image."""
+    return InputError(f"cannot read {path} as {_KINDS[reader]}: {type(err).__name__}: {err}")
 
 
 @contextlib.contextmanager

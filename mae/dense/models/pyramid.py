@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from mae.compat.timm import embed_positions
 from mae.convert.backbone import load_backbone, pooling_of
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.dense.models.windows import block_in_windows, default_global_blocks, window_position_bias
@@ -225,7 +226,7 @@ class SimpleFeaturePyramid(nn.Module):
         """The chosen blocks' outputs for (N, C, H, W) images (H, W multiples of the patch size):
         ``{block: (N, D, H / p, W / p)}``, the encoder run on patch tokens only."""
         vit = self.vit
-        tokens = vit._pos_embed(vit.patch_embed(images))  # (N, prefix + h * w, D), embeddings resampled
+        tokens = embed_positions(vit, vit.patch_embed(images))  # (N, prefix + h * w, D), embeddings resampled
         tokens = vit.norm_pre(vit.patch_drop(tokens))[:, vit.num_prefix_tokens :]  # ViTDet drops the cls token
         n, _, height, width = images.shape
         h, w = height // self.patch_size[0], width // self.patch_size[1]

@@ -13,26 +13,25 @@ process stops after the same step and saves the same checkpoint.
 import logging
 import signal
 from pathlib import Path
-from types import FrameType
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from mae.compat.lightning import SignalConnector, install_signal_connector, signal_connector
 from mae.training.checkpointing import AtomicCheckpointIO, remove_orphan_temporaries
 
 # The exit status after a SIGTERM checkpoint: 128 + SIGTERM, the shell's own code for a process
-# ended by SIGTERM, so `train.py ... && next_step` and schedulers see an unfinished run.
+# ended by SIGTERM, so `mae pretrain ... && next_step` and schedulers see an unfinished run.
 PREEMPTED_EXIT_CODE = 143
 
 
 log = logging.getLogger(__name__)
 
 
-class PreemptionSignals(_SignalConnector):
+class PreemptionSignals(SignalConnector):
     """Lightning's signal handling (SLURM's requeue signal included) with a SIGTERM handler that does
     no collective: it records the signal, forwards it once to the ranks this process launched, and
     in a single process stops the run as Lightning does (after the running step or validation batch).
@@ -46,7 +45,7 @@ class PreemptionSignals(_SignalConnector):
         self.requested = False
         super().register_signal_handlers()
 
-    def _sigterm_notifier_fn(self, signum: int | signal.Signals, _: FrameType | None) -> None:
+    def on_sigterm(self, signum: int | signal.Signals) -> None:
         if not self.requested:
             log.info(f"[rank: {self.trainer.global_rank}] Received SIGTERM: stopping after the running step")
             launcher = self.trainer.strategy.launcher
@@ -69,7 +68,7 @@ class SigtermCheckpoint(pl.Callback):
     """
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:
-        signals = trainer._signal_connector
+        signals = signal_connector(trainer)
         if trainer.world_size > 1 and isinstance(signals, PreemptionSignals):
             if trainer.strategy.reduce_boolean_decision(signals.requested, all=False):
                 signals.requested = signals.received_sigterm = True
@@ -108,5 +107,5 @@ def harden_trainer(trainer: pl.Trainer) -> None:
     process or to the whole job), and no temporary files left over from a kill during an earlier save."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-    trainer._signal_connector = PreemptionSignals(trainer)
+    install_signal_connector(trainer, PreemptionSignals(trainer))
     trainer.callbacks += [SigtermCheckpoint(), RemoveOrphanTemporaries()]

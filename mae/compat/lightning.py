@@ -1,0 +1,116 @@
+"""Private names of Lightning (tested with lightning 2.6.6).
+
+- ``lightning.pytorch.trainer.connectors.signal_connector._SignalConnector``, its SIGTERM handler
+  ``_sigterm_notifier_fn`` and the trainer's ``_signal_connector``: Lightning's SIGTERM handler runs a
+  collective inside the handler, and no public setting replaces it.
+- ``_version`` of a logger that keeps each run in a version folder (``CSVLogger``,
+  ``TensorBoardLogger``): the public ``version`` chooses a new version when read, and none is set
+  after construction.
+- ``lightning.pytorch.utilities.model_summary.model_summary._format_summary_table``: the text of the
+  model summary, which ``ModelSummary.summarize`` only logs.
+- ``RichProgressBar._get_train_description``: the progress bar's "Epoch N/M" text; no public hook.
+- ``lightning.fabric.utilities.logger._convert_params`` and ``_flatten_dict``: how every Lightning
+  logger turns nested settings into flat ``a/b`` keys; the trackers compare what an MLflow run already
+  holds, and write TensorBoard's HPARAMS tab, under the same keys.
+- ``TensorBoardLogger._sanitize_params``: the values TensorBoard's hyperparameters accept, as that
+  logger converts them.
+- ``MLFlowLogger._initialized`` and ``WandbLogger._experiment``: whether the logger has started its
+  run; the public ``experiment`` (and what reads it: ``run_id``) starts one when asked.
+"""
+
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+
+class SignalConnector(_SignalConnector):
+    """Lightning's signal handling (SLURM's requeue signal included), with its SIGTERM handler as the
+    overridable ``on_sigterm``; ``install_signal_connector`` puts one on a trainer."""
+
+    def on_sigterm(self, signum: int) -> None:
+        """Lightning's SIGTERM handler: record the signal, forward it to the launched processes and
+        broadcast it to the other ranks."""
+        super()._sigterm_notifier_fn(signum, None)
+
+    def _sigterm_notifier_fn(self, signum: int, frame: FrameType | None) -> None:
+        self.on_sigterm(signum)
+
+
+def signal_connector(trainer: pl.Trainer) -> _SignalConnector:
+    """The trainer's signal connector (a ``SignalConnector`` once installed)."""
+    return trainer._signal_connector
+
+
+def install_signal_connector(trainer: pl.Trainer, connector: SignalConnector) -> None:
+    """Make ``connector`` the trainer's signal handling from its next ``fit`` / ``validate`` on."""
+    trainer._signal_connector = connector
+
+
+def keeps_versions(logger: Any) -> bool:
+    """Whether ``logger`` keeps each run in a folder of its own (``root_dir/<version>``)."""
+    return logger is not None and hasattr(logger, "root_dir") and hasattr(logger, "_version")
+
+
+def version_chosen(logger: Any) -> bool:
+    """Whether a versioned logger's version is fixed (given, or chosen on first use)."""
+    return logger._version is not None
+
+
+def set_version(logger: Any, version: int | str) -> None:
+    """Make a versioned logger write into ``version`` (``version_N`` for an int) before its first use."""
+    logger._version = version
+
+
+def format_summary_table(
+    total_parameters: int,
+    trainable_parameters: int,
+    model_size: float,
+    total_training_modes: dict[str, int],
+    total_flops: int,
+    *columns: tuple[str, list[str]],
+) -> str:
+    """The text ``ModelSummary.summarize`` logs, of the given columns (header, values)."""
+    return _format_summary_table(
+        total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
+    )
+
+
+class DescribedRichProgressBar(RichProgressBar):
+    """Lightning's rich progress bar with the training bar's description as the overridable
+    ``train_description``."""
+
+    def train_description(self, current_epoch: int) -> str:
+        """Lightning's description: "Epoch N/M"."""
+        return super()._get_train_description(current_epoch)
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return self.train_description(current_epoch)
+
+
+def flatten_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` (nested dicts) as Lightning's loggers log them: one level, keys joined by ``/``."""
+    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+    return _flatten_dict(_convert_params(params))
+
+
+def tensorboard_param_values(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` (``flatten_params``) with each value as ``TensorBoardLogger`` logs it: numbers, strings,
+    booleans and tensors as they are, anything else as its text."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return TensorBoardLogger._sanitize_params(flat)
+
+
+def mlflow_run_started(logger: Any) -> bool:
+    """Whether an ``MLFlowLogger`` has found or created its run (reading ``logger.run_id`` would create it)."""
+    return bool(logger._initialized)
+
+
+def wandb_run_started(logger: Any) -> bool:
+    """Whether a ``WandbLogger`` has started its run (reading ``logger.experiment`` would start it)."""
+    return logger._experiment is not None

@@ -1,0 +1,61 @@
+"""Private names of PyTorch (tested with torch 2.14.1).
+
+- ``torch.utils.data._utils.collate``: ``collate`` with a ``collate_fn_map`` is how torch's own docs
+  show a ``default_collate`` with one type collated differently; only ``default_collate`` is public.
+- ``torch.utils.data._utils.signal_handling._set_worker_signal_handlers``: the SIGTERM / SIGSEGV /
+  SIGBUS handlers of a loader worker; no public function installs them again.
+- ``DataLoader._get_iterator``: the one method that starts a loader's workers. ``__iter__`` is no
+  hook for it: litdata's ``StreamingDataLoader.__iter__`` is a generator, which starts them later.
+- ``torch.onnx._constants.ONNX_MAX_OPSET`` and ``torch.onnx._internal.exporter._constants.TORCHLIB_OPSET``:
+  the opsets the exporter writes; ``torch.onnx`` exports no name for them.
+- The module names that wrappers insert into parameter names (FSDP, activation checkpointing,
+  ``torch.compile``): torch defines them in private modules.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data._utils import collate as _collate
+from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
+
+# FSDP (torch.distributed.fsdp._common_utils.FSDP_WRAPPED_MODULE), activation checkpointing
+# (torch.distributed.algorithms._checkpoint.checkpoint_wrapper._CHECKPOINT_WRAPPED_MODULE) and
+# torch.compile (OptimizedModule._orig_mod).
+WRAPPER_MODULE_NAMES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+
+
+def collate_with(batch: list, collate_fn_map: dict[type, Callable]) -> Any:
+    """``torch.utils.data.default_collate`` of ``batch``, with the functions of ``collate_fn_map``
+    (type -> ``fn(batch, *, collate_fn_map)``) in place of its own for those types."""
+    return _collate.collate(batch, collate_fn_map={**_collate.default_collate_fn_map, **collate_fn_map})
+
+
+def stack_tensors(batch: list[torch.Tensor], **kwargs: Any) -> torch.Tensor:
+    """How ``default_collate`` stacks tensors (into shared memory in a loader worker)."""
+    return _collate.collate_tensor_fn(batch, **kwargs)
+
+
+def restore_worker_signal_handlers() -> None:
+    """Install PyTorch's own signal handlers of a loader worker again."""
+    _set_worker_signal_handlers()
+
+
+class IteratorStartHook:
+    """A ``DataLoader`` mixin: ``start_iterator(start)`` runs around every start of the loader's
+    iterator (and so of its workers); ``start()`` makes the iterator."""
+
+    def start_iterator(self, start: Callable[[], Any]) -> Any:
+        return start()
+
+    def _get_iterator(self):
+        return self.start_iterator(super()._get_iterator)
+
+
+def onnx_opset_range() -> tuple[int, int]:
+    """(lowest, highest) ONNX opset the installed exporter writes natively: the opset its operator
+    library (torchlib) is written in, up to torch's declared maximum."""
+    from torch.onnx import _constants
+    from torch.onnx._internal.exporter._constants import TORCHLIB_OPSET
+
+    return TORCHLIB_OPSET, _constants.ONNX_MAX_OPSET
