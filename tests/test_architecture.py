@@ -1,27 +1,25 @@
-"""The house's drawing (README, "Layout"), checked on the source: each layer imports only the layers below
-it, no two modules import each other through any chain (lazy imports inside functions included), and
-``mae/eval/`` holds only what measures."""
+"""The house's drawing (the architecture page's "Layout", from ``docs/hooks/layers.py``), checked on the
+source: each layer imports only the layers below it, no two modules import each other through any chain
+(lazy imports inside functions included), every module belongs to a layer, ``mae/eval/`` holds only what
+measures, and the drawing on the page is the one the table makes."""
 
 import ast
+import importlib.util
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# Lowest first, as README's layout table lists them; a module belongs to the longest prefix it matches.
-LAYERS = [
-    ("mae.compat", "mae.errors", "mae.io", "mae.command", "mae.command_options"),
-    ("mae.models",),
-    ("mae.data.decoding",),
-    ("mae.data.views",),
-    ("mae.data.sources", "mae.data"),
-    ("mae.data.tools", "mae.data.shard", "mae.data.stats"),
-    ("mae.convert",),
-    ("mae.inference",),
-    ("mae.eval",),
-    ("mae.training",),
-    ("mae.dense",),
-    ("mae.apps",),
-    ("mae.cli", "mae"),  # every command, and the ``mae`` command over them
-]
+
+
+def _layers_table():
+    """``docs/hooks/layers.py``: the one table of layers (lowest first), also drawn on the architecture page."""
+    spec = importlib.util.spec_from_file_location("docs_layers", REPO / "docs" / "hooks" / "layers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LAYERS_TABLE = _layers_table()
+LAYERS = [modules for modules, _ in LAYERS_TABLE.LAYERS]
 MEASUREMENT = {"mae.eval", "mae.eval.features", "mae.eval.knn", "mae.eval.probe"}
 
 
@@ -106,3 +104,23 @@ def test_eval__holds_only_what_measures():
         f"{extra} in mae/eval/, which holds what measures a trained encoder (features, kNN, probe): an "
         f"application of a trained model goes in mae/apps/, what both share in mae/inference/"
     )
+
+
+def test_layers__every_module_of_the_package_is_in_a_layer():
+    prefixes = [prefix for modules in LAYERS for prefix in modules]
+    placed = [m for m in _modules() if any(m == p or m.startswith(p + ".") for p in prefixes)]
+    assert sorted(placed) == sorted(_modules()), f"modules in no layer: {sorted(set(_modules()) - set(placed))}"
+
+
+def test_drawing__the_architecture_page_shows_the_layers_table_as_it_is():
+    drawing = LAYERS_TABLE.DRAWING
+    assert drawing.read_text(encoding="utf-8") == LAYERS_TABLE.svg(), (
+        f"{drawing} differs from docs/hooks/layers.py's table: run `python docs/hooks/layers.py`"
+    )
+    assert "](layers.svg)" in (REPO / "docs" / "architecture.md").read_text()
+
+
+def test_drawing__a_changed_table_draws_another_picture():
+    changed = [*LAYERS_TABLE.LAYERS[:-1], (("mae.cli",), "the commands")]
+    assert LAYERS_TABLE.svg(changed) != LAYERS_TABLE.svg()
+    assert ">cli</tspan>" in LAYERS_TABLE.svg(changed) and "the commands" in LAYERS_TABLE.svg(changed)

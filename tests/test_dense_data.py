@@ -447,7 +447,7 @@ def test_detection_data__splits_with_other_categories_are_refused_naming_both(tm
 
 
 def test_digit_scenes_data__written_on_first_use_and_one_step_of_mask_rcnn_over_the_pyramid(tmp_path):
-    data = DigitScenesDataModule(str(tmp_path / "scenes"), **SCENES, masks=True, augmentation="lsj", batch_size=4)
+    data = DigitScenesDataModule(root=str(tmp_path / "scenes"), **SCENES, masks=True, augmentation="lsj", batch_size=4)
     assert data.num_classes == 11 and not (tmp_path / "scenes").exists()  # known before anything is written
     data.setup("fit")
     assert (tmp_path / "scenes" / "scenes.json").is_file()

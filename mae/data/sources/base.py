@@ -1,6 +1,6 @@
-"""The base of every data module: loader settings, the recipes' transforms, the reading path
-(8-bit RGB or arrays, decided by the source's ``configure_pixels``), and normalisation of every
-batch on the device, in one place. Batches are ``(images (N, in_chans, H, W), labels (N,))``.
+"""The base of every image data module: the loader settings (``SplitLoaders``), the recipes' transforms,
+the reading path (8-bit RGB or arrays, decided by the source's ``configure_pixels``), and normalisation of
+every batch on the device, in one place. Batches are ``(images (N, in_chans, H, W), labels (N,))``.
 
 The training split gets the augmentation of the chosen recipe (``augmentation``: pretrain,
 finetune or linprobe); the validation split a resize + center-crop view. ``img_size`` is the
@@ -16,8 +16,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
-from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
+from mae.compat.torch import collate_with, stack_tensors
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.sources.loader_workers import SplitLoaders
 from mae.data.sources.subsets import labelled_fraction
@@ -32,24 +32,20 @@ def collate_images(batch: list) -> Any:
     crops) are stacked into a channels-last (N, C, H, W) batch instead of a contiguous one: the
     transposition would cost a loader worker about 0.1 ms per 224 px image, while normalising the
     batch and the patch-embedding convolution take channels-last input as it is."""
-    return collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: _collate_tensors})
+    return collate_with(batch, {torch.Tensor: _collate_tensors})
 
 
 def _collate_tensors(batch: list[torch.Tensor], **kwargs: Any) -> torch.Tensor:
     if batch[0].dim() == 3 and all(x.permute(1, 2, 0).is_contiguous() and not x.is_contiguous() for x in batch):
-        return collate_tensor_fn([x.permute(1, 2, 0) for x in batch], **kwargs).permute(0, 3, 1, 2)
-    return collate_tensor_fn(batch, **kwargs)
+        return stack_tensors([x.permute(1, 2, 0) for x in batch], **kwargs).permute(0, 3, 1, 2)
+    return stack_tensors(batch, **kwargs)
 
 
 class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
-    """Shared loader settings; subclasses build ``self.train_set`` / ``self.val_set`` in ``setup``.
+    """Shared image settings; subclasses build ``self.train_set`` / ``self.val_set`` in ``setup``.
 
     Args:
         img_size: input side (or (H, W)) in pixels, shared with the model.
-        batch_size: images per device per step.
-        num_workers: loader worker processes per device.
-        pin_memory: page-locked host memory for faster host-to-GPU copies.
-        persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
         augmentation: training augmentation recipe: "pretrain" (MAE pretraining), "finetune"
             (RandAugment + random erasing), "linprobe" (crop + flip) or "none" (resize only).
         auto_augment: timm RandAugment policy of the finetune recipe.
@@ -64,6 +60,8 @@ class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
         mean, std: per-channel normalisation in [0, 1] units (16-bit data: value / 65535; float data:
             its own units); ImageNet's for 3 channels when not set, required otherwise (compute them
             with ``mae stats ROOT``).
+        **loader: the loader settings of ``SplitLoaders`` (batch_size, num_workers, pin_memory,
+            persistent_workers).
     """
 
     default_eval_crop_ratio = 224 / 256
@@ -73,10 +71,6 @@ class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
-        batch_size: int = 64,
-        num_workers: int = 4,
-        pin_memory: bool = True,
-        persistent_workers: bool = True,
         augmentation: Augmentation = "pretrain",
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         re_prob: float = 0.25,
@@ -87,8 +81,9 @@ class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
         in_chans: int = 3,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        **loader: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**loader)
         self.in_chans, self.mean, self.std = in_chans, *normalization(in_chans, mean, std)
         if max_image_pixels is not None and max_image_pixels < 1:
             raise ConfigError(f"data.max_image_pixels must be positive or null, got {max_image_pixels}")
@@ -104,15 +99,7 @@ class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
         self.auto_augment = auto_augment
         self.re_prob = re_prob
         self.eval_crop_ratio = eval_crop_ratio or self.default_eval_crop_ratio
-        if batch_size < 1:
-            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
-        if num_workers < 0:
-            raise ConfigError(f"data.num_workers must be >= 0, got {num_workers}")
         self.img_size = img_size
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.persistent_workers = persistent_workers
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
 
@@ -188,15 +175,11 @@ class SplitDataModule(ImageDataModule, ABC):
         root: the dataset's folder or URL.
         train_split: the training split's name under ``root``.
         val_split: the validation split's name; skipped when the data has none.
-        num_workers: loader worker processes per device (more than ``ImageDataModule``'s: files are
-            decoded in the workers).
         **kwargs: the loader and augmentation settings of ``ImageDataModule``.
     """
 
-    def __init__(
-        self, root: Any, train_split: str = "train", val_split: str | None = "val", num_workers: int = 8, **kwargs: Any
-    ) -> None:
-        super().__init__(num_workers=num_workers, **kwargs)
+    def __init__(self, root: Any, train_split: str = "train", val_split: str | None = "val", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.root = root
         self.train_split = train_split
         self.val_split = val_split

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from mae.data.sources.base import ImageDataModule
+from mae.data.sources.loader_workers import MainProcessLoading
 from mae.errors import InputError, MissingFileError
 
 
@@ -70,27 +71,21 @@ def cifar_files(name: str) -> tuple[str, list[str]]:
     return cls.base_folder, files
 
 
-class DigitsDataModule(ImageDataModule):
+class DigitsDataModule(MainProcessLoading, ImageDataModule):
     """Built-in offline data: scikit-learn's 1,797 handwritten digits (10 classes), upsampled to ``img_size``.
 
     The 8x8 source has no border to crop away, so evaluation just resizes (crop ratio 1).
+
+    Args:
+        img_size: input side (or (H, W)) in pixels, shared with the model.
+        **kwargs: the settings of ``ImageDataModule`` (augmentation, ...) and the loader settings, with the
+            built-in data's defaults (``MainProcessLoading``).
     """
 
     default_eval_crop_ratio = 1.0
 
-    def __init__(
-        self,
-        img_size: int | tuple[int, int] = 32,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        """Other arguments: those of ``ImageDataModule`` (batch_size, augmentation, ...)."""
-        super().__init__(
-            img_size=img_size, num_workers=num_workers, pin_memory=pin_memory,
-            persistent_workers=persistent_workers, **kwargs,
-        )  # fmt: skip
+    def __init__(self, img_size: int | tuple[int, int] = 32, **kwargs: Any) -> None:
+        super().__init__(img_size=img_size, **kwargs)
 
     @property
     def num_labels(self) -> int:

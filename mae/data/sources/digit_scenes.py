@@ -20,12 +20,14 @@ no digit scan is in both. Layout under ``root``::
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.nn import functional as F
 
+from mae.data.sources.loader_workers import MainProcessLoading
 from mae.errors import ConfigError
 from mae.io.atomic import write_folder_once
 
@@ -34,6 +36,10 @@ THRESHOLD = 0.3  # an upscaled digit's pixel belongs to its mask above this inte
 PLACEMENT_TRIES = 100  # random positions tried per digit before the scene keeps fewer digits
 CATEGORIES = [{"id": d + 1, "name": str(d), "supercategory": "digit"} for d in range(10)]
 SPLITS = ("train", "val")
+# Where each split's files are under ``root`` (the layout in the module docstring); the data modules read these.
+IMAGES = "images/{split}"
+MASKS = "masks/{split}"
+ANNOTATIONS = "annotations/instances_{split}.json"
 RECORD = "scenes.json"  # the parameters the task was written with, written last
 
 
@@ -108,8 +114,8 @@ def _write_task(folder: Path, params: dict) -> None:
         for number in range(params[f"num_{split}"]):
             image, semantic, instances = _scene(rng, pool, intensity, digits.target, params)
             name = f"{number:06d}.png"
-            _save_png(Image.fromarray(image).convert("RGB"), folder / "images" / split / name)
-            _save_png(Image.fromarray(semantic), folder / "masks" / split / name)
+            _save_png(Image.fromarray(image).convert("RGB"), folder / IMAGES.format(split=split) / name)
+            _save_png(Image.fromarray(semantic), folder / MASKS.format(split=split) / name)
             canvas = params["canvas"]
             images.append({"id": number + 1, "file_name": name, "width": canvas, "height": canvas})
             for mask, digit, source in instances:
@@ -118,7 +124,7 @@ def _write_task(folder: Path, params: dict) -> None:
             "info": {"description": f"mae digit scenes ({split}): scikit-learn digits on a dark canvas"},
             "images": images, "annotations": annotations, "categories": CATEGORIES,
         }  # fmt: skip
-        path = folder / "annotations" / f"instances_{split}.json"
+        path = folder / ANNOTATIONS.format(split=split)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(coco))
     (folder / RECORD).write_text(json.dumps(params, indent=2) + "\n")  # written last: the task is whole
@@ -204,14 +210,34 @@ def _save_png(image: Image.Image, path: Path) -> None:
     image.save(path, format="PNG")
 
 
-class DigitScenesOnDisk:
+class DigitScenesOnDisk(MainProcessLoading):
     """What every data module of the built-in digit scenes shares (detection, segmentation, their images
-    for pretraining): the scenes' parameters (``keep_scenes``), and the scenes written to ``root`` when
-    first prepared, then reused: the same parameters give the same files whichever module wrote them.
-    Put it before the data module's base class."""
+    for pretraining): the scenes' parameters, the input size and the loader defaults of built-in data
+    (``MainProcessLoading``), and the scenes written to ``root`` when first prepared, then reused: the same
+    parameters give the same files whichever module wrote them. Put it before the data module's base class,
+    which takes ``root`` (kept as ``self.root``) and ``img_size``.
 
-    def keep_scenes(self, root: str | Path, num_train: int, num_val: int, canvas: int, seed: int) -> None:
-        self.root = Path(root)
+    Args:
+        root: where the scenes are written, or found.
+        num_train: training scenes.
+        num_val: validation scenes.
+        canvas: side of every scene in pixels.
+        seed: the scenes' random seed: the same parameters write the same files (``write_digit_scenes``).
+        img_size: the input side in pixels; the canvas side keeps the digits at the size they were written.
+        **kwargs: the settings of the data module's base class.
+    """
+
+    def __init__(
+        self,
+        root: str = "data/digit_scenes",
+        num_train: int = 1000,
+        num_val: int = 200,
+        canvas: int = 64,
+        seed: int = 0,
+        img_size: int = 64,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(root=root, img_size=img_size, **kwargs)
         self.scene_kwargs = dict(num_train=num_train, num_val=num_val, canvas=canvas, seed=seed)
 
     def prepare_data(self) -> None:

@@ -175,10 +175,9 @@ class ImageFolderDataModule(SplitDataModule):
         max_images_per_class: int | None = None,
         subset_seed: int = 0,
         on_bad_image: Literal["skip", "raise"] = "skip",
-        num_workers: int = 8,
         **kwargs: Any,
     ) -> None:
-        super().__init__(Path(root), train_split, val_split, num_workers=num_workers, subset_seed=subset_seed, **kwargs)
+        super().__init__(Path(root), train_split, val_split, subset_seed=subset_seed, **kwargs)
         if class_list is not None and num_classes is not None:
             raise InputError("set data.class_list or data.num_classes, not both")
         if max_images_per_class is not None and max_images_per_class < 1:

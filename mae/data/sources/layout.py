@@ -27,12 +27,12 @@ SHIPPED_LISTS = Path(__file__).resolve().parents[2] / "configs"  # mae/configs: 
 
 def missing_train_split(
     root: str | Path, split: str, available: Sequence[str], setting: str, layout: str
-) -> FileNotFoundError:
+) -> MissingFileError:
     """The one error for a dataset without its training split (a folder's sub-folder, a shard split):
     names it, ``setting`` (the option or key that sets it), the ``layout`` expected and the splits
     (``available``) there are."""
     there = f"it has {', '.join(sorted(available))}" if available else "it has none"
-    return FileNotFoundError(
+    return MissingFileError(
         f"{root} has no split {split!r}: training folder {root}/{split} does not exist; expected {layout} "
         f"(set {setting}); {there}"
     )

@@ -1,5 +1,5 @@
-"""Data loaders: one rule for a split's loader (``split_loader``), and workers that leave a scheduler's
-SIGTERM to the main process.
+"""Data loaders: the loader settings every data module shares and one rule for a split's loader
+(``SplitLoaders``, ``split_loader``), and workers that leave a scheduler's SIGTERM to the main process.
 
 A cluster scheduler (SLURM on preemption, ``scancel``, a time limit) sends SIGTERM to every process
 of the job, loader workers included. PyTorch's workers die on a SIGTERM that does not come from
@@ -13,14 +13,15 @@ import os
 import signal
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
+from mae.compat.torch import IteratorStartHook, restore_worker_signal_handlers
 from mae.errors import ConfigError
 
 
@@ -28,7 +29,7 @@ def _leave_first_sigterm_to_main(signum: int, frame: FrameType | None) -> None:
     """The first SIGTERM is the job-wide signal: the main process saves and then shuts this worker
     down itself. Any later SIGTERM (the loader's own ``terminate()`` of a worker that did not stop)
     gets PyTorch's worker handler again: from the parent it exits, from anyone else it kills."""
-    _set_worker_signal_handlers()
+    restore_worker_signal_handlers()
 
 
 def worker_init(worker_id: int) -> None:
@@ -41,17 +42,17 @@ def worker_init(worker_id: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by SigtermSafeLoader at the fork
 
 
-class SigtermSafeLoader:
+class SigtermSafeLoader(IteratorStartHook):
     """A ``DataLoader`` mixin: workers are forked with SIGTERM blocked, so a job-wide SIGTERM that
     arrives while they start waits until ``worker_init`` has taken it over (PyTorch's own worker
     handler would end them). The main process's SIGTERM waits those milliseconds too."""
 
-    def _get_iterator(self):
+    def start_iterator(self, start: Callable):
         if self.num_workers == 0:
-            return super()._get_iterator()
+            return start()
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
-            return super()._get_iterator()
+            return start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
@@ -92,20 +93,37 @@ def split_loader(
 
 
 class SplitLoaders:
-    """The loaders of a data module with a ``train_set`` and a ``val_set`` (None: no validation), for
-    every data module (images, detection, segmentation): ``split_loader`` with its ``collate_fn()``, and
-    the check that the training split holds one batch at least.
+    """The loader settings of every data module (images, detection, segmentation), with their defaults and
+    checks, and the loaders of a data module with a ``train_set`` and a ``val_set`` (None: no validation):
+    ``split_loader`` with its ``collate_fn()``, and the check that the training split holds one batch at least.
 
-    A data module sets ``batch_size``, ``num_workers``, ``pin_memory`` and ``persistent_workers``;
-    it may override ``collate_fn``, ``training_set`` (built lazily) and ``training_set_name``.
+    A data module takes these settings as keywords (``**loader``) and hands them on to this ``__init__``,
+    so they are the same config keys (``data.batch_size``, ...) everywhere; it may override ``collate_fn``,
+    ``training_set`` (built lazily) and ``training_set_name``. A family whose images are larger lowers the
+    ``batch_size`` default in its own signature; the built-in data takes ``MainProcessLoading``'s defaults.
+
+    Args:
+        batch_size: images per device per step.
+        num_workers: loader worker processes per device; 0: batches are made in the main process.
+        pin_memory: page-locked host memory for faster host-to-GPU copies (only when CUDA is available).
+        persistent_workers: keep the workers alive between epochs (only when ``num_workers > 0``).
     """
 
-    batch_size: int
-    num_workers: int
-    pin_memory: bool
-    persistent_workers: bool
     train_set: Dataset | None
     val_set: Dataset | None
+
+    def __init__(
+        self, batch_size: int = 64, num_workers: int = 8, pin_memory: bool = True, persistent_workers: bool = True
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
+        if num_workers < 0:
+            raise ConfigError(f"data.num_workers must be >= 0, got {num_workers}")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
 
     def collate_fn(self) -> Callable:
         """How a batch is put together from its items."""
@@ -134,3 +152,23 @@ class SplitLoaders:
 
     def val_dataloader(self) -> DataLoader | list:
         return self._loader(self.val_set, train=False) if self.val_set is not None else []
+
+
+class MainProcessLoading:
+    """The loader defaults of the built-in data (the digits and the digit scenes: a few MB, decoded in
+    microseconds): batches made in the main process, where worker processes would cost more time to start
+    than they save, and no page-locked copies (a CPU run on a machine with a GPU would start CUDA for them).
+    Put it before the data module's base class; the settings stay ``SplitLoaders``' keys.
+
+    Args:
+        num_workers: loader worker processes per device; 0: batches are made in the main process.
+        pin_memory: page-locked host memory for faster host-to-GPU copies (only when CUDA is available).
+        persistent_workers: keep worker processes between epochs (when ``num_workers > 0``).
+    """
+
+    def __init__(
+        self, num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(
+            num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers, **kwargs
+        )

@@ -3,6 +3,7 @@ detector and the segmenter are trained on (several digits anywhere on a larger c
 on ImageNet sees scenes that COCO and ADE20K resemble. The default run's single, centred 32 px digits do not:
 see docs/dense.md, "Does pretraining help here?"."""
 
+from abc import ABC
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,39 +33,28 @@ class SceneImages(Dataset):
         return self.transform(Image.open(self.paths[index])), 0
 
 
-class DigitSceneImagesDataModule(DigitScenesOnDisk, ImageDataModule):
+class ImagesUnderRoot(ImageDataModule, ABC):
+    """An ``ImageDataModule`` read from the folder ``root``: a base ``DigitScenesOnDisk`` can hand its ``root``
+    on to, as it does to the detection and segmentation data modules."""
+
+    def __init__(self, root: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root = Path(root)
+
+
+class DigitSceneImagesDataModule(DigitScenesOnDisk, ImagesUnderRoot):
     """Pretraining data: the training images of the built-in digit scenes (``mae.data.sources.digit_scenes``), written
     to ``root`` on first use (reused after, the same files the detection and segmentation data modules
     read with the same parameters); the validation scenes give ``val/loss`` only.
 
     Args:
-        root, num_train, num_val, canvas, seed: the scenes' folder and parameters (``write_digit_scenes``).
-        img_size: the pretraining input side; the canvas side keeps the digits at the size the dense
-            tasks see them (the pretraining crop enlarges them up to 2.2x, as it does any image).
+        root, num_train, num_val, canvas, seed, img_size: the scenes' folder and parameters and the input side
+            (``DigitScenesOnDisk``); the canvas side keeps the digits at the size the dense tasks see them (the
+            pretraining crop enlarges them up to 2.2x, as it does any image).
         **kwargs: the loader and augmentation settings of ``ImageDataModule``.
     """
 
     default_eval_crop_ratio = 1.0  # a scene has no border to crop away
-
-    def __init__(
-        self,
-        root: str = "data/digit_scenes",
-        num_train: int = 1000,
-        num_val: int = 200,
-        canvas: int = 64,
-        seed: int = 0,
-        img_size: int = 64,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            img_size=img_size, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
-            persistent_workers=persistent_workers, **kwargs,
-        )  # fmt: skip
-        self.keep_scenes(root, num_train, num_val, canvas, seed)
 
     @property
     def num_labels(self) -> int:

@@ -15,6 +15,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader, Dataset
 
+from mae.compat.litdata import read_whole_chunks
 from mae.data.decoding.formats import EncodedImage
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.decoding.rgb import open_image, to_rgb
@@ -65,7 +66,7 @@ class ShardedImages(StreamingDataset):
 
     def __init__(self, url: str, classes: list[str], decode: DecodeSample, **kwargs: Any) -> None:
         super().__init__(url, transform=decode, **kwargs)
-        self._on_demand_bytes = False  # the reader litdata builds on first use takes this (see below)
+        read_whole_chunks(self)  # also in the reader litdata builds on first use (see below)
         self.url = url
         self.classes = classes
 
@@ -84,9 +85,7 @@ class ShardedImages(StreamingDataset):
 
     @on_demand_bytes.setter
     def on_demand_bytes(self, value: bool) -> None:
-        self._on_demand_bytes = False
-        if self.cache is not None:
-            self.cache._reader.on_demand_bytes = False
+        read_whole_chunks(self)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A loader worker started by spawn (not fork) has a fresh litdata: allow http endpoints there too.
@@ -187,11 +186,10 @@ class StreamingDataModule(SplitDataModule):
         shuffle_seed: int = 42,
         storage_options: dict[str, Any] | None = None,
         decode_on: DecodeOn = "auto",
-        num_workers: int = 8,
         **kwargs: Any,
     ) -> None:
         root = str(root).rstrip("/") if storage.is_remote(root) else str(root)
-        super().__init__(root, train_split, val_split, num_workers, **kwargs)
+        super().__init__(root, train_split, val_split, **kwargs)
         if self.train_fraction != 1.0:
             raise ConfigError(
                 "data.train_fraction is not supported with streamed shards; write a labelled subset with "

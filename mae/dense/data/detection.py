@@ -21,7 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from mae.data.sources.digit_scenes import CATEGORIES, DigitScenesOnDisk
+from mae.data.sources.digit_scenes import ANNOTATIONS, CATEGORIES, IMAGES, DigitScenesOnDisk
 from mae.data.sources.loader_workers import SplitLoaders
 from mae.dense.data.coco import MAX_ANNOTATIONS_PER_IMAGE, CocoDetection
 from mae.errors import ConfigError
@@ -102,13 +102,11 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
         img_size: the LSJ crop side in pixels (only "lsj" uses it; the detector's own resize sets the
             size it sees).
         augmentation: the training split's augmentation: "flip", "lsj" or "none" (module docstring).
-        batch_size: images per device per step.
-        num_workers: loader worker processes per device.
-        pin_memory: page-locked host memory for faster host-to-GPU copies.
-        persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
         max_annotations_per_image: the most (kept) annotations an image may have, or the split is refused at
             start-up naming the images: torchvision's box matching needs memory in proportion (2.2 GB per image
             for 250 annotations at 1024 px), so an image of 100,000 boxes would run out of it mid-run.
+        batch_size: images per device per step (fewer than ``SplitLoaders``' default: the images are large).
+        **loader: the other loader settings of ``SplitLoaders`` (num_workers, pin_memory, persistent_workers).
 
     The data is read and checked when first needed (``num_classes``, ``category_names`` or ``setup``), so a
     problem in it stops the run at start-up, naming the file and the entries.
@@ -126,28 +124,18 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
         masks: bool = False,
         img_size: int = 1024,
         augmentation: DetectionAugmentation = "lsj",
-        batch_size: int = 2,
-        num_workers: int = 4,
-        pin_memory: bool = True,
-        persistent_workers: bool = True,
         max_annotations_per_image: int = MAX_ANNOTATIONS_PER_IMAGE,
+        batch_size: int = 2,
+        **loader: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size=batch_size, **loader)
         self.train_transform = detection_transform(augmentation, img_size)  # a bad name fails here
-        if batch_size < 1:
-            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
-        if num_workers < 0:
-            raise ConfigError(f"data.num_workers must be >= 0, got {num_workers}")
         self.root = Path(root)
         self.train_annotations, self.val_annotations = train_annotations, val_annotations
         self.train_images, self.val_images = train_images, val_images
         self.masks = masks
         self.img_size = img_size
         self.augmentation = augmentation
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.persistent_workers = persistent_workers
         self.max_annotations_per_image = max_annotations_per_image
         self.train_set: CocoDetection | None = None
         self.val_set: CocoDetection | None = None
@@ -209,33 +197,25 @@ class DigitScenesDataModule(DigitScenesOnDisk, DetectionDataModule):
     ``root`` on first use (reused after), then read through the COCO path like any other data.
 
     Args:
-        root: where the scenes are written, or found.
-        num_train, num_val, canvas, seed: the scenes' parameters (``write_digit_scenes``).
         augmentation: "none" by default: a flip turns digits into mirror images that are no digits, and
             LSJ's smallest scales shrink them below a patch.
-        **kwargs: the other settings of ``DetectionDataModule`` (masks, batch_size, ...).
+        batch_size: images per device per step.
+        **kwargs: the scenes (``root``, ``num_train``, ``num_val``, ``canvas``, ``seed``, ``img_size``:
+            ``DigitScenesOnDisk``), ``masks`` and the loader settings.
     """
 
-    def __init__(
-        self,
-        root: str = "data/digit_scenes",
-        num_train: int = 1000,
-        num_val: int = 200,
-        canvas: int = 64,
-        seed: int = 0,
-        masks: bool = False,
-        img_size: int = 64,
-        augmentation: DetectionAugmentation = "none",
-        batch_size: int = 16,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-    ) -> None:
+    def __init__(self, *, augmentation: DetectionAugmentation = "none", batch_size: int = 16, **kwargs: Any) -> None:
+        # The scenes' layout and annotation count are fixed, passed here so they are no settings of this module.
         super().__init__(
-            root, masks=masks, img_size=img_size, augmentation=augmentation, batch_size=batch_size,
-            num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
-        )  # fmt: skip
-        self.keep_scenes(root, num_train, num_val, canvas, seed)
+            train_annotations=ANNOTATIONS.format(split="train"),
+            val_annotations=ANNOTATIONS.format(split="val"),
+            train_images=IMAGES.format(split="train"),
+            val_images=IMAGES.format(split="val"),
+            max_annotations_per_image=MAX_ANNOTATIONS_PER_IMAGE,
+            augmentation=augmentation,
+            batch_size=batch_size,
+            **kwargs,
+        )
 
     @property
     def category_names(self) -> tuple[str, ...]:

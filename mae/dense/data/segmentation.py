@@ -12,6 +12,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -26,14 +27,15 @@ from torchvision.transforms.v2 import functional as TF
 
 from mae.data.decoding.formats import dataset_extensions
 from mae.data.decoding.rgb import open_image, read_rgb
-from mae.data.sources.digit_scenes import CATEGORIES, DigitScenesOnDisk
+from mae.data.sources.digit_scenes import CATEGORIES, IMAGES, MASKS, DigitScenesOnDisk
 from mae.data.sources.loader_workers import SplitLoaders
-from mae.errors import InputError, MissingFileError
+from mae.errors import ConfigError, InputError, MissingFileError
 
 # Modes of PNGs whose pixel values are indices: 8-bit, palette (the index, not its colour), 16-bit, 32-bit
 # integer (how older Pillow opens 16-bit PNGs), bilevel.
 INDEX_MODES = ("L", "P", "I;16", "I;16L", "I;16B", "I", "1")
 MASK_EXTENSION = ".png"  # lossless: a JPEG "mask" would hold values between the classes at every edge
+IGNORE_INDEX = 255  # the usual label of unlabelled pixels and padding (ADE20K's, mmsegmentation's)
 _INVALID = np.iinfo(np.int64).min  # lookup-table entry of a mask value that is no class
 _NAMED = 5  # files named in a message before "and N more"
 
@@ -85,7 +87,7 @@ class SegmentationFolder(Dataset):
         images: str | Path,
         masks: str | Path,
         num_classes: int,
-        ignore_index: int = 255,
+        ignore_index: int = IGNORE_INDEX,
         reduce_zero_label: bool = False,
         transforms: Callable | None = None,
         check_labels: int | None = 100,
@@ -245,7 +247,7 @@ def _named_errors(kind: str, path: Path) -> Iterator[None]:
         raise InputError(f"cannot read {kind} {path}: {err}; replace the file with a readable copy") from err
 
 
-def collate_padded(batch: list[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = 255) -> tuple:
+def collate_padded(batch: list[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX) -> tuple:
     """(images (N, 3, H, W), masks (N, H, W)) of items of different sizes, each padded at the right and
     bottom to the largest height and width in the batch: images with 0, masks with ``ignore_index``."""
     height = max(image.shape[-2] for image, _ in batch)
@@ -283,10 +285,9 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
         scale_range: (low, high) ratio of the training rescale's short side to ``img_size``.
         flip: the training views' random horizontal flip (mmseg's, on by default); off where a mirrored
             object is another class or none (digits, text, left / right classes).
-        batch_size: images per device per step.
-        num_workers: loader worker processes per device.
-        pin_memory: page-locked host memory for faster host-to-GPU copies.
         check_labels: masks per split whose values are checked at start-up (``SegmentationFolder``); None: all.
+        batch_size: images per device per step (fewer than ``SplitLoaders``' default: the images are large).
+        **loader: the other loader settings of ``SplitLoaders`` (num_workers, pin_memory, persistent_workers).
     """
 
     def __init__(
@@ -297,28 +298,24 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
         masks: str = "annotations/{split}",
         train_split: str = "training",
         val_split: str | None = "validation",
-        ignore_index: int = 255,
+        ignore_index: int = IGNORE_INDEX,
         reduce_zero_label: bool = False,
         class_names: list[str] | None = None,
         img_size: int = 512,
         scale_range: tuple[float, float] = (0.5, 2.0),
         flip: bool = True,
-        batch_size: int = 16,
-        num_workers: int = 8,
-        pin_memory: bool = True,
         check_labels: int | None = 100,
+        batch_size: int = 16,
+        **loader: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size=batch_size, **loader)
         if class_names is not None and len(class_names) != num_classes:
             raise InputError(f"data.class_names has {len(class_names)} names for num_classes={num_classes}")
         low, high = scale_range
         if not 0 < low <= high:
             raise InputError(f"data.scale_range must be (low, high) with 0 < low <= high, got {tuple(scale_range)}")
-        if img_size < 1 or batch_size < 1 or num_workers < 0:
-            raise InputError(
-                f"data.img_size and data.batch_size must be >= 1 and data.num_workers >= 0, got {img_size}, "
-                f"{batch_size} and {num_workers}"
-            )
+        if img_size < 1:
+            raise ConfigError(f"data.img_size must be >= 1, got {img_size}")
         self.root = Path(root)
         self.image_template, self.mask_template = images, masks
         self.train_split, self.val_split = train_split, val_split
@@ -326,8 +323,6 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
         self.reduce_zero_label = reduce_zero_label
         self._class_names = class_names
         self.img_size, self.scale_range, self.flip = img_size, (low, high), flip
-        self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
-        self.persistent_workers = True
         self.check_labels = check_labels
         self.train_set: SegmentationFolder | None = None
         self.val_set: SegmentationFolder | None = None
@@ -387,32 +382,36 @@ class DigitScenesSegmentation(DigitScenesOnDisk, SegmentationDataModule):
     (0 background, d + 1 for digit d: 11 classes) read through the folder path like any other data.
 
     Args:
-        root, num_train, num_val, canvas, seed: the scenes (``write_digit_scenes``).
-        img_size: the training crop; 64 keeps whole scenes.
         scale_range: the training rescale (default (1, 1): the scenes as they are; the digits were
             pretrained at one scale).
         flip: off by default, as in ``DigitScenesDataModule``: a mirrored digit is no digit (and trained
             with its digit's label, it teaches the segmenter a second, false shape of each class).
-        batch_size, num_workers: the loaders'.
+        batch_size: images per device per step.
+        **kwargs: the scenes (``root``, ``num_train``, ``num_val``, ``canvas``, ``seed``, ``img_size``, the
+            training crop; 64 keeps whole scenes: ``DigitScenesOnDisk``) and the loader settings.
     """
 
     def __init__(
         self,
-        root: str = "data/digit_scenes",
-        num_train: int = 1000,
-        num_val: int = 200,
-        canvas: int = 64,
-        seed: int = 0,
-        img_size: int = 64,
+        *,
         scale_range: tuple[float, float] = (1.0, 1.0),
         flip: bool = False,
         batch_size: int = 16,
-        num_workers: int = 0,
+        **kwargs: Any,
     ) -> None:
+        # The scenes' classes, layout and checks are fixed, passed here so they are no settings of this module.
         super().__init__(
-            root, num_classes=len(CATEGORIES) + 1, images="images/{split}", masks="masks/{split}", train_split="train",
-            val_split="val", class_names=["background", *(c["name"] for c in CATEGORIES)], img_size=img_size,
-            scale_range=scale_range, flip=flip, batch_size=batch_size, num_workers=num_workers, pin_memory=False,
+            num_classes=len(CATEGORIES) + 1,
+            images=IMAGES,
+            masks=MASKS,
+            train_split="train",
+            val_split="val",
+            class_names=["background", *(c["name"] for c in CATEGORIES)],
+            ignore_index=IGNORE_INDEX,
+            reduce_zero_label=False,
             check_labels=None,
-        )  # fmt: skip
-        self.keep_scenes(root, num_train, num_val, canvas, seed)
+            scale_range=scale_range,
+            flip=flip,
+            batch_size=batch_size,
+            **kwargs,
+        )
