@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# The GPU smoke check of issue 44, as one script of at most 8 minutes on one H200 (installs included): every
-# GPU-only path run once, briefly, each part under its own time limit (benchmarks/gpu_smoke.py: the parts,
-# their limits and what each checks). Parts: throughput (ViT-B/16 bf16 step, ours vs Hugging Face's best),
-# train_shards (300 steps of train.py from litdata shards, data.decode_on: gpu), decoders (every decoder
-# switch, 50 steps each), fsdp (save / load / resume under trainer.strategy: fsdp), detect (detect.py with the
-# COCO ViTDet recipe's model, bf16, 30 steps), onnx (a GPU-trained encoder exported and checked with
-# onnxruntime), sigterm (SIGTERM mid-step of train.py, then --ckpt_path last).
+# The GPU smoke check, as one command of at most 8 minutes on one H200 (installs included): every GPU-only
+# path run once, briefly, as the pytest tests of tests/gpu (one module per part, each under its own time
+# limit: tests/gpu/parts.py). Parts: throughput (ViT-B/16 bf16 step, ours vs Hugging Face's best),
+# train_shards (300 steps of mae pretrain from litdata shards, data.decode_on: gpu), decoders (every decoder
+# switch, 50 steps each), fsdp (save / load / resume under trainer.strategy: fsdp), detect (mae detect with
+# the COCO ViTDet recipe's model, bf16, 30 steps), onnx (a GPU-trained encoder exported and checked with
+# onnxruntime), sigterm (SIGTERM mid-step of mae pretrain, then --ckpt_path last).
 #
 #     bash benchmarks/gpu_smoke.sh                          # on the GPU machine (OUT is relative to the current folder)
-#     bash benchmarks/gpu_smoke.sh --dry-run                # every part on the CPU with tiny sizes (~1 minute)
+#     bash benchmarks/gpu_smoke.sh --dry-run                # every part on the CPU with tiny sizes (~2 minutes)
 #     bash benchmarks/gpu_smoke.sh --parts "fsdp sigterm"   # some parts only
 #
 # Results in $OUT (default ./gpu_smoke_results): <part>.json (status ok / failed / timeout / skipped, seconds,
-# results, notes, error) and <part>.log (plus <part>.<run>.log for each train.py / detect.py it ran),
+# limit_s, results, notes, error) and <part>.log (plus <part>.<run>.log for each mae command it ran),
 # summary.json (every part's status and seconds), machine.txt, install.log and run.log.
 # Environment: OUT, BUDGET (seconds for the parts' deadline from the script's start, default 455, so that
-# the last kill and the summary end within 8 minutes; dry run 600), DRY_RUN=1, PARTS,
-# GPU_SMOKE_LIMIT_<PART> / GPU_SMOKE_MIN_<PART> (a part's time limit / the least time left to start it),
-# GPU_SMOKE_FRESH=1 (fresh interpreters instead of forked ones for the parts and the entry points).
+# the last part and the summary end within 8 minutes; dry run 600), DRY_RUN=1, PARTS,
+# GPU_SMOKE_LIMIT_<PART> / GPU_SMOKE_MIN_<PART> (a part's time limit / the least time left to start it).
 # Exit status 0 when every part is ok.
 set -u -o pipefail
 START=$(date +%s)
@@ -36,6 +35,10 @@ while (($#)); do
     esac
     shift
 done
+ALL_PARTS="throughput train_shards decoders fsdp detect onnx sigterm"
+for part in $PARTS; do
+    [[ " $ALL_PARTS " == *" $part "* ]] || { echo "gpu_smoke.sh: unknown part $part (parts: $ALL_PARTS)" >&2; exit 2; }
+done
 [[ $DRY_RUN == 1 ]] && BUDGET=${BUDGET:-600} || BUDGET=${BUDGET:-455}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -47,7 +50,8 @@ log() { echo "$*" | tee -a "$OUT/run.log"; }
 # 1. Installs only when a package is missing (the check imports nothing), at most 150 s.
 missing=$(python3 - <<'EOF'
 import importlib.util
-names = ["mae", "lightning", "litdata", "transformers", "onnx", "onnxscript", "onnxruntime", "pycocotools"]
+names = ["mae", "pytest", "pytest_timeout", "lightning", "litdata", "transformers", "onnx", "onnxscript", "onnxruntime",
+         "pycocotools"]
 print(" ".join(n for n in names if importlib.util.find_spec(n) is None))
 EOF
 )
@@ -83,15 +87,17 @@ torch.backends.cudnn.version(), 'device', torch.cuda.get_device_name(), torch.cu
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt" >> "$OUT/run.log"
 
-# 3. The parts, each in a process group of its own under its time limit (killed with what it started when
-# the limit passes), skipped when too little of the budget is left; the outer timeout is a last resort.
-args=(run --out "$OUT" --deadline $((START + BUDGET)))
-[[ $DRY_RUN == 1 ]] && args+=(--dry-run)
-# shellcheck disable=SC2206  # PARTS is a space-separated list of names
-[[ -n $PARTS ]] && args+=(--parts $PARTS)
+# 3. The parts: the tests of tests/gpu, on the GPU (-m gpu) or their dry run (-m "not gpu"), in the order
+# of ALL_PARTS; a part that no longer fits before the deadline is skipped; the outer timeout is a last resort.
+files=()
+for part in $ALL_PARTS; do
+    [[ -z $PARTS || " $PARTS " == *" $part "* ]] && files+=("tests/gpu/test_$part.py")
+done
+[[ $DRY_RUN == 1 ]] && select="not gpu" || select="gpu"
 left=$((START + BUDGET + 15 - $(date +%s)))
-timeout -k 5 "$left" python3 benchmarks/gpu_smoke.py "${args[@]}" 2>&1 | tee -a "$OUT/run.log"
+timeout -k 5 "$left" python3 -m pytest -p tests.gpu.results --json-out "$OUT" --smoke-deadline $((START + BUDGET)) \
+    -m "$select" -q -rA --basetemp "$OUT/work" "${files[@]}" 2>&1 | tee -a "$OUT/run.log"
 status=${PIPESTATUS[0]}
-[[ -f $OUT/summary.json ]] || log "no summary.json: the driver ended early (exit $status)"
+[[ -f $OUT/summary.json ]] || log "no summary.json: pytest ended early (exit $status)"
 log "gpu_smoke.sh: exit $status after $(($(date +%s) - START)) s; results in $OUT (summary.json)"
 exit "$status"
