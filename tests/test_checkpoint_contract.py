@@ -87,3 +87,80 @@ def test_pretraining_checkpoint_written_before_the_record__resumes(tmp_path):
     trainer = make_trainer(tmp_path, max_epochs=2, limit_val_batches=0, precision="32-true")
     trainer.fit(module, datamodule=DigitsDataModule(img_size=8, batch_size=256), ckpt_path=LEGACY_PRETRAIN)
     assert trainer.global_step == 10  # 5 steps per epoch, the first epoch from the file
+
+
+def _write_as_version_0_2(module, path: Path) -> None:
+    """``module``'s checkpoint as version 0.2 wrote it: the encoder's architecture beside the
+    hyperparameters, and the input normalisation a dense module resolved in ``mae_data`` only."""
+    import lightning
+
+    settings = dict(module.hparams)
+    record = settings.pop("encoder_config")
+    data = {"in_chans": 3, "img_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}  # a data module's
+    if "mean" in settings:  # a dense module's hyperparameters kept what it was given, mae_data what it resolved
+        data.update(mean=settings["mean"], std=settings["std"])
+        settings["mean"] = settings["std"] = None
+    saved = {
+        "state_dict": module.state_dict(),
+        "hyper_parameters": settings,
+        "mae_encoder_config": record,
+        "mae_data": data,
+        "pytorch-lightning_version": lightning.__version__,
+    }
+    torch.save(saved, path)
+
+
+@pytest.mark.parametrize("kind", ["finetune", "segmentation"])
+def test_trained_checkpoint_of_version_0_2__loads_without_its_pretraining_file_given_restore_kwargs(tmp_path, kind):
+    """0.2 kept the encoder's architecture beside the hyperparameters: Lightning's load_from_checkpoint then
+    needs the pretraining file, or ``restore_kwargs_v0_2``, which reads that record (and a dense module's
+    input normalisation) back; a newer checkpoint needs none."""
+    import shutil
+
+    from mae.dense.tasks.segmentation import MAESegmentationModule
+    from mae.training.finetune import MAEFinetuneModule
+    from mae.training.transfer import restore_kwargs_v0_2
+    from tests.helpers import tiny_pretraining_checkpoint
+
+    start = tiny_pretraining_checkpoint(tmp_path / "pre")
+    pretrained = torch.load(start, map_location="cpu", weights_only=True)
+    pretrained["mae_data"] = {"in_chans": 3, "img_size": [16, 16], "mean": [0.2, 0.3, 0.4], "std": [0.5, 0.6, 0.7]}
+    torch.save(pretrained, start)
+    module_class = MAEFinetuneModule if kind == "finetune" else MAESegmentationModule
+    extra = {"out_channels": 16} if kind == "segmentation" else {}
+    module = module_class(checkpoint=str(start), img_size=16, num_classes=3, **extra).eval()
+    _write_as_version_0_2(module, tmp_path / "v0_2.ckpt")
+    shutil.rmtree(tmp_path / "pre")
+    with pytest.raises(FileNotFoundError, match="model.checkpoint"):
+        module_class.load_from_checkpoint(tmp_path / "v0_2.ckpt")
+    restore = restore_kwargs_v0_2(tmp_path / "v0_2.ckpt")
+    assert sorted(restore) == (["encoder_config"] if kind == "finetune" else ["encoder_config", "mean", "std"])
+    loaded = module_class.load_from_checkpoint(tmp_path / "v0_2.ckpt", **restore).eval()
+    ours, theirs = module.state_dict(), loaded.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    images = torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(module(images), loaded(images))
+    if kind == "segmentation":
+        assert list(loaded.mean) == [0.2, 0.3, 0.4] and list(loaded.std) == [0.5, 0.6, 0.7]
+    newer = {**torch.load(tmp_path / "v0_2.ckpt", weights_only=True), "hyper_parameters": dict(loaded.hparams)}
+    torch.save(newer, tmp_path / "new.ckpt")
+    assert restore_kwargs_v0_2(tmp_path / "new.ckpt") == {}
+
+
+def test_pretraining_checkpoint_of_a_run_started_from_weights__loads_with_init_from_none(tmp_path):
+    """model.init_from is read when the module is built: without the file, Lightning's load_from_checkpoint
+    of the run's checkpoint says to pass init_from=None (the checkpoint holds every weight)."""
+    import shutil
+
+    from mae.training.pretrain import MAEPretrainModule
+    from tests.helpers import tiny_pretraining_checkpoint
+
+    module = pretrain_module(init_from=str(tiny_pretraining_checkpoint(tmp_path / "init")), warmup_epochs=0)
+    _saved(tmp_path, module, RandomImages())
+    shutil.rmtree(tmp_path / "init")
+    with pytest.raises(FileNotFoundError, match="pass init_from=None"):
+        MAEPretrainModule.load_from_checkpoint(tmp_path / "c.ckpt")
+    loaded = MAEPretrainModule.load_from_checkpoint(tmp_path / "c.ckpt", init_from=None)
+    ours, theirs = module.state_dict(), loaded.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -1,8 +1,7 @@
-"""detect.py and segment.py end to end on tiny digit scenes, the dense modules' parameter groups and
+"""``mae detect`` and ``mae segment`` end to end on tiny digit scenes, the dense modules' parameter groups and
 settings, and the paper recipes (COCO Mask R-CNN, ADE20K UperNet) parsed and built on a tiny input."""
 
 import re
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -236,17 +235,13 @@ def _scenes_as_recipe_data(scenes: Path, segmentation: bool) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "main, recipe",
+    "command, recipe",
     [
-        pytest.param(
-            partial(invoke, "detect"), "configs/detect/coco_vitdet_base_mask_rcnn.yaml", marks=pytest.mark.slow
-        ),
-        pytest.param(
-            partial(invoke, "segment"), "configs/segment/ade20k_upernet_vit_base.yaml", marks=pytest.mark.slow
-        ),
+        pytest.param("detect", "configs/detect/coco_vitdet_base_mask_rcnn.yaml", marks=pytest.mark.slow),
+        pytest.param("segment", "configs/segment/ade20k_upernet_vit_base.yaml", marks=pytest.mark.slow),
     ],
 )
-def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_input(setup, main, recipe, monkeypatch):
+def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_input(setup, command, recipe, monkeypatch):
     tmp, _ = setup
     monkeypatch.chdir(tmp)
     args = [
@@ -278,12 +273,12 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
         "false",
         "--model.warmup_epochs",
         "0",
-        *_scenes_as_recipe_data(tmp / "scenes", main is partial(invoke, "segment")),
+        *_scenes_as_recipe_data(tmp / "scenes", command == "segment"),
     ]
-    cli = main(args)
+    cli = invoke(command, args)
     model = cli.model
     assert model.encoder.embed_dim == 768 and len(model.encoder.blocks) == 12  # ViT-B
-    if main is partial(invoke, "detect"):
+    if command == "detect":
         assert model.pyramid.window_size == 14 and model.pyramid.global_blocks == (2, 5, 8, 11)
         assert model.pyramid.relative_position and hasattr(model.encoder.blocks[0], "window_position_bias")
         assert model.pyramid.activation_checkpointing and model.hparams.layer_decay == 0.7
@@ -292,13 +287,10 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
     assert cli.trainer.global_step == 1
 
 
-@pytest.mark.parametrize(
-    "main, config",
-    [(partial(invoke, "detect"), "detect/default.yaml"), (partial(invoke, "segment"), "segment/default.yaml")],
-)
-def test_default_configs__parse(main, config, capsys):
+@pytest.mark.parametrize("command, config", [("detect", "detect/default.yaml"), ("segment", "segment/default.yaml")])
+def test_default_configs__parse(command, config, capsys):
     with pytest.raises(SystemExit) as exit:
-        main(["--config", str(REPO / "configs" / config), "--print_config"])
+        invoke(command, ["--config", str(REPO / "configs" / config), "--print_config"])
     assert exit.value.code == 0
     assert "class_path: mae.dense." in capsys.readouterr().out
 

@@ -143,7 +143,7 @@ def test_finetune_configs__the_required_recipes_exist():
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
-    from mae.cli import FinetuneCLI
+    from mae.cli.lightning import FinetuneCLI
     from mae.data import ImageDataModule
     from tests.helpers import write_cifar, write_image_folder
 
@@ -166,24 +166,74 @@ def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
     assert cli.datamodule.augmentation in (cli.model.hparams.mode, "none")  # none: the digits probe (plain scans)
 
 
+def _uses_lightnings_own_load(module_class: type) -> bool:
+    import inspect
+
+    import lightning.pytorch as pl
+
+    own = inspect.getattr_static(pl.LightningModule, "load_from_checkpoint")
+    return inspect.getattr_static(module_class, "load_from_checkpoint") is own
+
+
 @pytest.mark.parametrize("mode", ["finetune", "linprobe"])
-def test_trained_classifier__loads_without_its_pretraining_checkpoint(tmp_path, mode):
-    """The fine-tuned checkpoint records its encoder's architecture: load_from_checkpoint needs nothing else."""
+def test_trained_classifier__rebuilds_with_lightnings_load_from_checkpoint_elsewhere_without_its_start(
+    tmp_path, monkeypatch, mode
+):
+    """The fine-tuned checkpoint's hyperparameters record its encoder's architecture: Lightning's own
+    load_from_checkpoint rebuilds the classifier in another folder, with the pretraining file (named
+    relative to the run's folder) gone, and it computes exactly what the module that saved it did."""
     import shutil
 
     from tests.helpers import tiny_pretraining_checkpoint
 
-    start = tmp_path / "start.ckpt"
-    shutil.copy(tiny_pretraining_checkpoint(tmp_path / "pre"), start)
-    settings = dict(mixup=0.0, cutmix=0.0, drop_path_rate=0.0) if mode == "linprobe" else {}
-    module = MAEFinetuneModule(checkpoint=str(start), mode=mode, img_size=16, num_classes=3, warmup_epochs=0,
-                               **settings)  # fmt: skip
-    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    assert _uses_lightnings_own_load(MAEFinetuneModule)
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copytree(tiny_pretraining_checkpoint(tmp_path / "pre").parent, run)
+    monkeypatch.chdir(run)
+    settings = dict(mode=mode, img_size=16, num_classes=3, warmup_epochs=0)
+    if mode == "linprobe":
+        settings.update(mixup=0.0, cutmix=0.0, drop_path_rate=0.0)
+    module = MAEFinetuneModule(checkpoint="last.ckpt", **settings)
+    assert module.hparams.encoder_config["embed_dim"] == module.vit.embed_dim  # filled in from the file
+    trainer = make_trainer(run, max_steps=1, limit_val_batches=0)
     trainer.fit(module, datamodule=LabelledImages(batch_size=8))
-    trainer.save_checkpoint(tmp_path / "trained.ckpt")
-    start.unlink()
-    loaded = MAEFinetuneModule.load_from_checkpoint(tmp_path / "trained.ckpt")
+    trainer.save_checkpoint(elsewhere / "trained.ckpt")
+    shutil.rmtree(run)
+    monkeypatch.chdir(elsewhere)
+    loaded = MAEFinetuneModule.load_from_checkpoint("trained.ckpt")
+    assert loaded.hparams.checkpoint == "last.ckpt" and loaded.mode == mode
     ours, theirs = module.state_dict(), loaded.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     images = torch.randn(2, 3, 16, 16)
-    torch.testing.assert_close(module.eval()(images), loaded.eval()(images))
+    with torch.no_grad():
+        assert torch.equal(module.eval()(images), loaded.eval()(images))
+
+
+def test_trained_classifier_built_by_the_cli__loads_with_lightnings_load_from_checkpoint(tmp_path, monkeypatch):
+    """A module LightningCLI built records the CLI's instantiator with its hyperparameters, so
+    load_from_checkpoint parses them back through jsonargparse: the encoder's architecture among them."""
+    import shutil
+
+    from mae.cli.lightning import FinetuneCLI
+    from mae.data import ImageDataModule
+    from tests.helpers import tiny_pretraining_checkpoint
+
+    start = tmp_path / "start.ckpt"
+    shutil.copy(tiny_pretraining_checkpoint(tmp_path / "pre"), start)
+    monkeypatch.setattr("sys.argv", ["mae"])
+    recipe = next(p for p in CONFIGS if p.parent.name == "finetune" and p.name == "default.yaml")
+    args = ["--config", str(recipe), *LIGHT, "--model.checkpoint", str(start), "--model.warmup_epochs", "0"]
+    cli = FinetuneCLI(MAEFinetuneModule, ImageDataModule, subclass_mode_data=True, run=False, args=args)
+    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(cli.model, datamodule=cli.datamodule)
+    trainer.save_checkpoint(tmp_path / "trained.ckpt")
+    saved = torch.load(tmp_path / "trained.ckpt", map_location="cpu", weights_only=True)["hyper_parameters"]
+    assert "_instantiator" in saved and saved["encoder_config"]["img_size"] == [16, 16]  # the pretraining size
+    start.unlink()
+    loaded = MAEFinetuneModule.load_from_checkpoint(tmp_path / "trained.ckpt")
+    ours, theirs = cli.model.state_dict(), loaded.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    images = torch.randn(2, loaded.in_chans, loaded.img_size, loaded.img_size)
+    with torch.no_grad():
+        assert torch.equal(cli.model.eval()(images), loaded.eval()(images))

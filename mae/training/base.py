@@ -2,7 +2,8 @@
 schedule, the training-loss guard and logging, the lr monitor and the checkpoint's architecture record."""
 
 from abc import ABC, abstractmethod
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 
 from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, data_record
 from mae.errors import ConfigError
-from mae.training.optim import resolve_schedule, stepwise_schedule
+from mae.training.optim import check_schedule_settings, resolve_schedule, stepwise_schedule
 from mae.training.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
 
 
@@ -47,20 +48,56 @@ def check_kernel_settings(attention: Any, compile: Any, fused_adamw: Any) -> Non
     check_setting("fused_adamw", fused_adamw, (True, False, "auto"))
 
 
-class MAETrainingModule(pl.LightningModule, ABC):
-    """Base of ``MAEPretrainModule`` and ``MAEFinetuneModule``.
+@dataclass(frozen=True)
+class LrSchedule:
+    """The warmup + cosine every module trains with (``model.base_lr``, ``lr``, ``min_lr``,
+    ``warmup_epochs``), checked when built; its step counts come from the trainer (``configure_optimizers``)."""
 
-    A subclass sets ``self.network`` (the ``nn.Module`` trained and checkpointed, under the
-    attribute named by ``network_attribute``), implements ``build_optimizer(lr)`` and
-    ``architecture_record()``, and calls ``log_training_loss`` in its ``training_step``.
-    Hyperparameters ``base_lr``, ``lr``, ``min_lr``, ``warmup_epochs`` and, when present,
-    ``attention`` / ``compile`` / ``fused_adamw`` ("auto" or a value) are read from ``self.hparams``.
+    base_lr: float
+    lr: float | None
+    min_lr: float
+    warmup_epochs: float
+
+    def __post_init__(self) -> None:
+        check_schedule_settings(self.base_lr, self.lr, self.min_lr, self.warmup_epochs)
+
+
+@dataclass(frozen=True)
+class KernelChoices:
+    """``model.attention``, ``model.compile`` and ``model.fused_adamw``: "auto" (what
+    ``mae.training.runtime`` measured for the device) or a value, checked when built."""
+
+    attention: Literal["auto", "sdpa", "explicit"] = "auto"
+    compile: bool | Literal["auto"] = "auto"
+    fused_adamw: bool | Literal["auto"] = "auto"
+
+    def __post_init__(self) -> None:
+        check_kernel_settings(self.attention, self.compile, self.fused_adamw)
+
+    def resolve(self, measured: TrainingSettings) -> TrainingSettings:
+        """The ``measured`` settings with every choice that is not "auto" put in."""
+        chosen = asdict(self)
+        return TrainingSettings(
+            precision=measured.precision,
+            **{name: getattr(measured, name) if value == "auto" else value for name, value in chosen.items()},
+        )
+
+
+class MAETrainingModule(pl.LightningModule, ABC):
+    """Base of ``MAEPretrainModule`` and the transfers (``mae.training.transfer.TransferModule``).
+
+    A subclass passes its ``schedule`` and ``kernels``, sets ``self.network`` (the ``nn.Module`` trained
+    and checkpointed, under the attribute named by ``network_attribute``), implements
+    ``build_optimizer(lr)`` and ``architecture_record()``, and calls ``log_training_loss`` in its
+    ``training_step``.
     """
 
     network_attribute: str
 
-    def __init__(self) -> None:
+    def __init__(self, schedule: LrSchedule, kernels: KernelChoices) -> None:
         super().__init__()
+        self.schedule = schedule
+        self.kernels = kernels
         self.settings: TrainingSettings | None = None  # resolved for the training device in setup()
         self.effective_batch: int | None = None
         self.resolved_lr: float | None = None
@@ -87,12 +124,7 @@ class MAETrainingModule(pl.LightningModule, ABC):
     def resolve_settings(self, steps: float | None = None) -> TrainingSettings:
         """The run's kernel choices: the measured defaults for the device, precision and run length
         (``steps`` optimizer steps), with this module's overrides."""
-        auto = settings_for_trainer(self.trainer, steps)
-        chosen = {name: self.hparams.get(name, "auto") for name in ("attention", "compile", "fused_adamw")}
-        return TrainingSettings(
-            precision=auto.precision,
-            **{name: getattr(auto, name) if value == "auto" else value for name, value in chosen.items()},
-        )
+        return self.kernels.resolve(settings_for_trainer(self.trainer, steps))
 
     def setup(self, stage: str) -> None:
         self.settings = self.resolve_settings(self.trainer.estimated_stepping_batches if stage == "fit" else 0)
@@ -107,11 +139,11 @@ class MAETrainingModule(pl.LightningModule, ABC):
         return [LearningRateMonitor(logging_interval="step")] if self.trainer.loggers else []
 
     def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        schedule = resolve_schedule(self.trainer, hp.base_lr, hp.lr, hp.warmup_epochs)
-        self.effective_batch, self.resolved_lr = schedule.effective_batch, schedule.lr
-        config = stepwise_schedule(self.build_optimizer(schedule.lr), schedule, self.trainer, hp.base_lr, hp.lr,
-                                   hp.min_lr)  # fmt: skip
+        base_lr, lr = self.schedule.base_lr, self.schedule.lr
+        resolved = resolve_schedule(self.trainer, base_lr, lr, self.schedule.warmup_epochs)
+        self.effective_batch, self.resolved_lr = resolved.effective_batch, resolved.lr
+        optimizer = self.build_optimizer(resolved.lr)
+        config = stepwise_schedule(optimizer, resolved, self.trainer, base_lr, lr, self.schedule.min_lr)
         config["lr_scheduler"]["name"] = "train/lr"
         return config
 

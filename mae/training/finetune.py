@@ -34,11 +34,12 @@ class MAEFinetuneModule(TransferModule):
         cutmix: cutmix alpha (paper 1.0); 0 disables.
         label_smoothing: (paper 0.1).
         head_init_std: std of the new head's trunc-normal init (paper: 2e-5; linear probe 0.01).
-        **kwargs: the encoder, optimiser and kernel settings every transfer shares, with the paper's
-            fine-tuning defaults (``mae.training.transfer.TransferModule``: checkpoint, model, img_size,
-            num_classes, drop_path_rate, layer_decay, base_lr (paper: 5e-4 B, 1e-3 L/H; linear probe 0.1),
-            min_lr (1e-6; linear probe 0), weight_decay (0.05; linear probe 0), warmup_epochs (5; linear
-            probe 10), ...).
+        **kwargs: passed on whole to ``mae.training.transfer.TransferModule``, which takes and keeps them:
+            the encoder (checkpoint, checkpoint_format, model, model_kwargs, encoder_config), the input and
+            classes (img_size, in_chans, num_classes), drop_path_rate, layer_decay, the schedule with the
+            paper's fine-tuning defaults (base_lr (paper: 5e-4 B, 1e-3 L/H; linear probe 0.1), lr, min_lr
+            (1e-6; linear probe 0), weight_decay (0.05; linear probe 0), warmup_epochs (5; linear probe 10))
+            and the kernel choices (attention, compile, fused_adamw).
     """
 
     network_attribute = "vit"
@@ -54,14 +55,14 @@ class MAEFinetuneModule(TransferModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        hp = self.hparams
         if mode not in ("finetune", "linprobe"):
             raise ConfigError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
-        if mode == "linprobe" and (mixup > 0 or cutmix > 0 or hp.drop_path_rate > 0):
+        if mode == "linprobe" and (mixup > 0 or cutmix > 0 or self.drop_path_rate > 0):
             raise ConfigError("linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0")
+        self.mode = mode
 
-        num_classes = hp.num_classes
-        vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=hp.drop_path_rate)
+        num_classes = self.num_classes
+        vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=self.drop_path_rate)
         self.vit, config, ckpt = self.pretrained_vit(**vit_kwargs)
         new_head = ckpt is None or "head.weight" in self.vit.load_report.missing
         # The classifier's timm arguments, recorded in checkpoints so mae.load_backbone rebuilds it exactly.
@@ -97,7 +98,7 @@ class MAEFinetuneModule(TransferModule):
 
     def architecture_record(self) -> dict[str, Any]:
         record = vit_record(self.vit_args, self.layer_norm_eps, prefix="vit.")
-        record["args"]["head"] = "batchnorm_linear" if self.hparams.mode == "linprobe" else "linear"
+        record["args"]["head"] = "batchnorm_linear" if self.mode == "linprobe" else "linear"
         return record
 
     def forward(self, imgs: torch.Tensor) -> torch.Tensor:
@@ -111,8 +112,8 @@ class MAEFinetuneModule(TransferModule):
         if self.mixup is not None and batch_size % 2:
             raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {batch_size}")
         augmentation = getattr(datamodule, "augmentation", None)
-        if augmentation not in (None, self.hparams.mode):
-            rank_zero_info(f"note: model.mode is {self.hparams.mode!r} but data.augmentation is {augmentation!r}")
+        if augmentation not in (None, self.mode):
+            rank_zero_info(f"note: model.mode is {self.mode!r} but data.augmentation is {augmentation!r}")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         imgs, targets = batch
@@ -135,20 +136,18 @@ class MAEFinetuneModule(TransferModule):
     def _param_groups(self) -> list[dict]:
         """The recipe's groups on the unwrapped classifier: LARS on the probe's head (trust ratio on its
         weight only), or layer-wise lr decay with weight decay on weights only."""
-        hp = self.hparams
-        if hp.mode == "linprobe":
+        if self.mode == "linprobe":
             head = [p for p in self.vit.head.parameters() if p.requires_grad]
             return [
                 {"params": [p for p in head if p.ndim > 1], "always_adapt": True, "name": "weights"},
                 {"params": [p for p in head if p.ndim <= 1], "always_adapt": False, "name": "biases"},
             ]
         return param_groups_layer_decay(
-            self.vit, hp.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=hp.layer_decay
+            self.vit, self.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=self.layer_decay
         )
 
     def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
-        hp = self.hparams
         groups = self.param_groups.groups(self.vit)
-        if hp.mode == "linprobe":
-            return Lars(groups, lr=lr, momentum=0.9, weight_decay=hp.weight_decay, trust_coeff=0.001)
+        if self.mode == "linprobe":
+            return Lars(groups, lr=lr, momentum=0.9, weight_decay=self.weight_decay, trust_coeff=0.001)
         return torch.optim.AdamW(groups, lr=lr, fused=(self.settings or self.resolve_settings()).fused_adamw)

@@ -16,10 +16,9 @@ from mae.models import create_model
 from mae.models.decoder_switches import DecoderType
 from mae.models.flops import mae_train_flops
 from mae.models.masking import MaskStrategy, sample_noise
-from mae.training.base import MAETrainingModule, check_kernel_settings
+from mae.training.base import KernelChoices, LrSchedule, MAETrainingModule
 from mae.training.optim import (
     ParamGroupPlan,
-    check_schedule_settings,
     encoder_decoder_groups,
     per_device_batch_size,
     weight_decay_groups,
@@ -76,7 +75,9 @@ class MAEPretrainModule(MAETrainingModule):
         fused_adamw: the single-kernel AdamW ("auto": as ``mae.training.runtime.training_settings`` says).
         in_chans: image channels; linked from ``data.in_chans`` by the CLI.
         init_from: start from these pretrained weights (any format ``mae.load_mae`` reads; see
-            ``mae.convert.backbone.init_mae_from``): a new run, with a new optimizer and schedule.
+            ``mae.convert.backbone.init_mae_from``): a new run, with a new optimizer and schedule. Read when
+            the module is built: ``load_from_checkpoint`` of such a run's checkpoint without the file takes
+            ``init_from=None`` (the checkpoint holds every weight).
         init_format: "auto" or the format of ``init_from``.
         freeze_encoder_epochs: train only the decoder for this many first epochs (the encoder's lr is
             0; its gradients are still computed, so multi-GPU runs stay in step): a fresh decoder on a
@@ -116,16 +117,14 @@ class MAEPretrainModule(MAETrainingModule):
         freeze_encoder_epochs: int = 0,
         resolution_schedule: list[list] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(LrSchedule(base_lr, lr, min_lr, warmup_epochs), KernelChoices(attention, compile, fused_adamw))
         self.save_hyperparameters()
-        check_kernel_settings(attention, compile, fused_adamw)
         model_kwargs = dict(model_kwargs or {})
         clash = [k for k in _OWN_ARGS if k in model_kwargs]
         if clash:
             raise ConfigError(
                 f"model.model_kwargs sets {clash}; set model.{clash[0]} (img_size: data.img_size) instead"
             )
-        check_schedule_settings(base_lr, lr, min_lr, warmup_epochs)
         if freeze_encoder_epochs < 0:
             raise ConfigError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
         self.model = create_model(
@@ -145,7 +144,10 @@ class MAEPretrainModule(MAETrainingModule):
         self.init_report = None
         if init_from is not None:
             if not Path(init_from).exists():
-                raise MissingFileError(f"model.init_from {init_from} does not exist")
+                raise MissingFileError(
+                    f"model.init_from {init_from} does not exist (to load a trained checkpoint of a run that started "
+                    f"from it, pass init_from=None: the checkpoint holds every weight)"
+                )
             self.init_report = init_mae_from(self.model, init_from, init_format)
             rank_zero_info(f"model.init_from: {self.init_report}")
         # Decay on weights only, fixed by name now: a strategy may flatten parameters before the optimizer.
@@ -154,6 +156,9 @@ class MAEPretrainModule(MAETrainingModule):
             groups = encoder_decoder_groups(self.model, groups)
         self.param_groups = ParamGroupPlan.from_groups(self.model, groups)
         self.mask_ratio = mask_ratio
+        self.betas = tuple(betas)
+        self.init_from = init_from
+        self.freeze_encoder_epochs = freeze_encoder_epochs
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
         self.val_loss = MeanMetric()
 
@@ -218,12 +223,12 @@ class MAEPretrainModule(MAETrainingModule):
         folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)  # on every rank: a collective
         if self.trainer.is_global_zero:
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / "init_from.txt").write_text(f"{self.hparams.init_from}\n{self.init_report}\n")
+            (folder / "init_from.txt").write_text(f"{self.init_from}\n{self.init_report}\n")
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        if not self.hparams.freeze_encoder_epochs:
+        if not self.freeze_encoder_epochs:
             return
-        frozen = self.current_epoch < self.hparams.freeze_encoder_epochs
+        frozen = self.current_epoch < self.freeze_encoder_epochs
         for group in self.trainer.optimizers[0].param_groups:
             if group.get("encoder"):
                 group["lr_scale"] = 0.0 if frozen else 1.0
@@ -255,6 +260,6 @@ class MAEPretrainModule(MAETrainingModule):
         return torch.optim.AdamW(
             self.param_groups.groups(self.model),
             lr=lr,
-            betas=tuple(self.hparams.betas),
+            betas=self.betas,
             fused=(self.settings or self.resolve_settings()).fused_adamw,
         )

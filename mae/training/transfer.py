@@ -5,34 +5,35 @@ start from.
 LightningCLI reads these settings through each subclass's ``**kwargs`` (jsonargparse follows them to
 this signature), so a config keeps its keys (``model.base_lr``, ``model.layer_decay``, ...) and a new
 shared option is added here alone. A subclass restates a setting only to give it its task's default.
+
+A trained module rebuilds itself with Lightning's own ``load_from_checkpoint``: its hyperparameters
+record the encoder's architecture (``encoder_config``), filled in when the encoder is first built, so
+the pretraining file named by ``model.checkpoint`` is read once, when training starts, and never again.
 """
 
-import pickle
-from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from timm.layers import to_2tuple
 from timm.models import VisionTransformer
 
+from mae.convert.architecture import DATA_KEY
 from mae.convert.backbone import build_vit, load_backbone, pooling_of
+from mae.convert.safe_load import safe_torch_load
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.errors import ConfigError, MissingFileError
 from mae.models import create_model
-from mae.training.base import MAETrainingModule, check_kernel_settings
-from mae.training.optim import check_schedule_settings
+from mae.training.base import KernelChoices, LrSchedule, MAETrainingModule
 
-# The encoder architecture a trained checkpoint records (its MAE config), so that it loads anywhere.
-ENCODER_KEY = "mae_encoder_config"
-# Set while ``load_from_checkpoint`` rebuilds a trained module: the encoder config it recorded.
-_RESTORING: ContextVar[dict[str, Any] | None] = ContextVar("restoring_encoder", default=None)
+# Where version 0.2 kept the encoder's architecture in a trained checkpoint: beside its hyperparameters.
+ENCODER_KEY_V0_2 = "mae_encoder_config"
 
 
 def check_checkpoint_exists(checkpoint: str | None) -> None:
-    """Raises FileNotFoundError naming ``model.checkpoint`` and the two ways on, when it is missing."""
+    """Raises MissingFileError naming ``model.checkpoint`` and the two ways on, when it is missing."""
     if checkpoint is not None and not Path(checkpoint).exists():
         raise MissingFileError(
             f"model.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
@@ -41,8 +42,56 @@ def check_checkpoint_exists(checkpoint: str | None) -> None:
         )
 
 
+@dataclass(frozen=True)
+class EncoderSource:
+    """Where a transfer's encoder comes from: its recorded architecture (``record``: a trained module's
+    ``encoder_config``; every weight then comes from the trained checkpoint's state dict), else the
+    pretrained weights in ``checkpoint``, else a fresh encoder of the size ``model`` with ``model_kwargs``."""
+
+    checkpoint: str | None = None
+    checkpoint_format: str = "auto"
+    model: str = "mae_vit_base_patch16"
+    model_kwargs: dict[str, Any] | None = None
+    record: dict[str, Any] | None = None
+
+    def build(
+        self, img_size: int | tuple[int, int], in_chans: int, global_pool: str | None = None, **vit_kwargs: Any
+    ) -> tuple[VisionTransformer, dict[str, Any], MAECheckpoint | None]:
+        """The encoder as a timm ViT at ``img_size`` with ``vit_kwargs``, its MAE config and the read
+        checkpoint (None unless built from ``checkpoint``, which is then read once and its load report
+        logged). ``global_pool``: None loads every norm the checkpoint holds (``pooling_of``; "token" otherwise).
+
+        Raises:
+            MissingFileError: ``checkpoint`` is needed and does not exist, naming ``model.checkpoint``.
+        """
+        if self.record is not None:
+            return build_vit(self.record, img_size, global_pool or "token", **vit_kwargs), dict(self.record), None
+        check_checkpoint_exists(self.checkpoint)
+        if self.checkpoint is None:
+            with torch.device("meta"):
+                sized = create_model(self.model, img_size=img_size, in_chans=in_chans, **(self.model_kwargs or {}))
+            return build_vit(sized.config, img_size, global_pool or "token", **vit_kwargs), sized.config, None
+        ckpt = read_checkpoint(self.checkpoint, self.checkpoint_format)
+        vit = load_backbone(ckpt, img_size, global_pool or pooling_of(ckpt), in_chans=in_chans, **vit_kwargs)
+        rank_zero_info(str(vit.load_report))
+        return vit, vit.load_report.config, ckpt
+
+
+def encoder_record(config: dict[str, Any], in_chans: int) -> dict[str, Any]:
+    """The ``encoder_config`` hyperparameter of an encoder with MAE ``config`` taking ``in_chans``
+    channels: plain values (lists, not tuples), as a checkpoint and a YAML file hold them."""
+    record = {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
+    record["img_size"] = list(to_2tuple(config["img_size"]))
+    record["in_chans"] = in_chans
+    return record
+
+
 class TransferModule(MAETrainingModule):
     """A network trained from a pretrained MAE encoder (or the same encoder freshly initialised).
+
+    Every argument is kept where it is used: the encoder's origin in ``self.encoder_source``, the
+    schedule and kernel choices in ``self.schedule`` / ``self.kernels``, the rest as attributes of the
+    same names.
 
     Args:
         checkpoint: pretrained weights (ours, an export, official MAE, timm or Hugging Face; see
@@ -65,6 +114,11 @@ class TransferModule(MAETrainingModule):
         attention: attention kernel, "sdpa" or "explicit"; "auto" as ``mae.training.runtime`` measured.
         compile: ``torch.compile`` the network (off by default; "auto" as for pretraining).
         fused_adamw: the single-kernel AdamW ("auto": where the device has it).
+        encoder_config: the encoder's architecture (``MaskedAutoencoderViT`` arguments). Leave it None: the
+            module fills it in from ``checkpoint`` (or ``model``) when it builds the encoder, and its
+            checkpoints record it, so that ``load_from_checkpoint`` builds the same encoder (its weights
+            from the checkpoint's state dict) without reading ``checkpoint`` again. When set,
+            ``checkpoint``, ``model`` and ``model_kwargs`` are not read.
     """
 
     num_classes_rule = "a classifier"  # what the two classes at least are, for the error message
@@ -88,75 +142,42 @@ class TransferModule(MAETrainingModule):
         attention: Literal["auto", "sdpa", "explicit"] = "auto",
         compile: bool | Literal["auto"] = False,
         fused_adamw: bool | Literal["auto"] = "auto",
+        encoder_config: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(LrSchedule(base_lr, lr, min_lr, warmup_epochs), KernelChoices(attention, compile, fused_adamw))
         self.save_hyperparameters()  # with the subclasses' own arguments: Lightning reads every __init__ frame
-        check_kernel_settings(attention, compile, fused_adamw)
-        check_schedule_settings(base_lr, lr, min_lr, warmup_epochs)
         if not 0 < layer_decay <= 1:
             raise ConfigError(f"model.layer_decay must be in (0, 1], got {layer_decay}")
         if num_classes < 2:
             raise ConfigError(f"model.num_classes must be >= 2 ({self.num_classes_rule}), got {num_classes}")
+        self.encoder_source = EncoderSource(checkpoint, checkpoint_format, model, model_kwargs, encoder_config)
+        self.img_size = img_size
+        self.in_chans = in_chans
+        self.num_classes = num_classes
+        self.drop_path_rate = drop_path_rate
+        self.layer_decay = layer_decay
+        self.weight_decay = weight_decay
 
     def pretrained_vit(
         self, global_pool: str | None = None, **vit_kwargs: Any
     ) -> tuple[VisionTransformer, dict[str, Any], MAECheckpoint | None]:
-        """The encoder as a timm ViT at ``img_size`` with ``vit_kwargs``: loaded from ``checkpoint`` (read
-        once; its load report logged), or freshly initialised at the size of ``model``; with its MAE config
-        and the read checkpoint (None without one). ``global_pool``: None loads every norm the checkpoint
-        holds (``pooling_of``; "token" for a fresh encoder).
+        """The encoder at ``img_size`` with ``vit_kwargs`` (``EncoderSource.build``), its MAE config and
+        the read checkpoint; records its architecture in the hyperparameters (``encoder_config``)."""
+        vit, config, ckpt = self.encoder_source.build(self.img_size, self.in_chans, global_pool, **vit_kwargs)
+        self.hparams.encoder_config = encoder_record(config, self.in_chans)
+        return vit, config, ckpt
 
-        Raises:
-            FileNotFoundError: ``checkpoint`` does not exist, naming ``model.checkpoint``.
-        """
-        hp = self.hparams
-        restoring = _RESTORING.get()
-        if restoring is not None:  # a trained checkpoint: every weight comes from its state dict
-            self.encoder_config = restoring
-            return build_vit(restoring, hp.img_size, global_pool or "token", **vit_kwargs), restoring, None
-        check_checkpoint_exists(hp.checkpoint)
-        if hp.checkpoint is None:
-            with torch.device("meta"):
-                config = create_model(hp.model, img_size=hp.img_size, in_chans=hp.in_chans,
-                                      **(hp.model_kwargs or {})).config  # fmt: skip
-            self.encoder_config = config
-            return build_vit(config, hp.img_size, global_pool or "token", **vit_kwargs), config, None
-        ckpt = read_checkpoint(hp.checkpoint, hp.checkpoint_format)
-        vit = load_backbone(ckpt, hp.img_size, global_pool or pooling_of(ckpt), in_chans=hp.in_chans, **vit_kwargs)
-        rank_zero_info(str(vit.load_report))
-        self.encoder_config = {**vit.load_report.config, "in_chans": hp.in_chans}
-        return vit, vit.load_report.config, ckpt
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        config = dict(self.encoder_config)
-        config["img_size"] = list(to_2tuple(config["img_size"]))
-        checkpoint[ENCODER_KEY] = config
-
-    @classmethod
-    def restored_kwargs(cls, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        """Settings ``load_from_checkpoint`` takes from the trained checkpoint beyond its hyperparameters
-        (what the starting checkpoint used to give: e.g. the dense tasks' input normalisation)."""
+def restore_kwargs_v0_2(path: str | Path) -> dict[str, Any]:
+    """What ``load_from_checkpoint`` needs beyond the hyperparameters of a trained checkpoint written by
+    version 0.2, which kept its encoder's architecture (and a dense module's input normalisation) beside
+    them: ``MAEDetectionModule.load_from_checkpoint(path, **restore_kwargs_v0_2(path))`` then loads it
+    without its pretraining file. Empty for a newer checkpoint, which records both in its hyperparameters."""
+    saved = safe_torch_load(path)
+    settings = saved.get("hyper_parameters", {})
+    if "encoder_config" in settings or ENCODER_KEY_V0_2 not in saved:
         return {}
-
-    @_restricted_classmethod  # as Lightning's: called on the class, not on an instance
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any):
-        """Lightning's ``load_from_checkpoint``, without the starting checkpoint: a trained checkpoint
-        holds every weight and records its encoder's architecture, so it loads on any machine and in any
-        folder, also when ``model.checkpoint`` (the pretraining file it started from) is not there.
-        A checkpoint written before that record existed still needs its starting checkpoint."""
-        from lightning.fabric.utilities.cloud_io import _load as pl_load
-
-        try:  # tensors and plain values only: a file whose unpickling would run code is left to Lightning's rules
-            saved = pl_load(checkpoint_path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            saved = {}
-        record, restored = saved.get(ENCODER_KEY), cls.restored_kwargs(saved)
-        del saved  # Lightning reads the file again: not two copies of its weights at once
-        if record is None:
-            return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
-        token = _RESTORING.set(record)
-        try:
-            return super().load_from_checkpoint(checkpoint_path, *args, **{**restored, **kwargs})
-        finally:
-            _RESTORING.reset(token)
+    # A module with input normalisation settings (the dense ones) recorded what it resolved in mae_data.
+    data = saved.get(DATA_KEY) or {}
+    resolved = {key: data[key] for key in ("mean", "std") if key in settings and key in data}
+    return {"encoder_config": saved[ENCODER_KEY_V0_2], **resolved}

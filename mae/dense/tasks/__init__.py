@@ -1,4 +1,4 @@
-"""The detection and segmentation Lightning modules (``detect.py``, ``segment.py``) and their figures."""
+"""The detection and segmentation Lightning modules (``mae detect``, ``mae segment``) and their figures."""
 
 from mae.dense.tasks.detection import MAEDetectionModule
 from mae.dense.tasks.figures import PredictionFigures

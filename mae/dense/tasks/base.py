@@ -60,13 +60,19 @@ class DenseTrainingModule(TransferModule):
     Args:
         out_channels, block, window_size, global_blocks, relative_position, activation_checkpointing, scales:
             the pyramid's (``mae.dense.models.pyramid.SimpleFeaturePyramid``; ViTDet ViT-B: 256, last block,
-            window 14, global blocks 2, 5, 8, 11, relative positions on).
+            window 14, global blocks 2, 5, 8, 11, relative positions on); kept in ``self.pyramid_args``.
         mean, std: input normalisation; None: the pretraining run's (from the checkpoint), else ImageNet's.
+            The module's hyperparameters record the values it resolved, so a trained checkpoint needs no
+            pretraining file for them either.
         min_lr, warmup_epochs: as ``TransferModule``, with the dense recipes' defaults (0 and 1 epoch).
-        **kwargs: the other settings of ``TransferModule`` (checkpoint, model, img_size, layer_decay, ...).
+        **kwargs: passed on whole to ``TransferModule`` (the encoder, input, classes, schedule and kernel
+            settings: checkpoint, model, img_size, num_classes, layer_decay, base_lr, ...).
     """
 
     num_classes_rule = "background or one class, and one more"
+    # Hyperparameters the module fills in when it builds: not settings a config chose, so not named when a
+    # checkpoint does not fit.
+    RESOLVED_AT_BUILD = ("encoder_config", "mean", "std")
     pyramid: SimpleFeaturePyramid
 
     def __init__(
@@ -85,25 +91,30 @@ class DenseTrainingModule(TransferModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(min_lr=min_lr, warmup_epochs=warmup_epochs, **kwargs)
+        self.pyramid_args = dict(
+            out_channels=out_channels,
+            block=block,
+            window_size=window_size,
+            global_blocks=global_blocks,
+            relative_position=relative_position,
+            activation_checkpointing=activation_checkpointing,
+            scales=tuple(scales or SCALES),
+        )
+        self.given_mean, self.given_std = mean, std
 
     def build_encoder(self) -> None:
         """``self.pyramid``: the encoder (``TransferModule.pretrained_vit``, any input size) under the
         pyramid; ``self.mean`` / ``self.std``: ``model.mean`` / ``model.std``, or the pretraining run's
-        (``input_normalization``)."""
-        hp = self.hparams
-        vit, _, ckpt = self.pretrained_vit(dynamic_img_size=True, drop_path_rate=hp.drop_path_rate)
-        self.pyramid = SimpleFeaturePyramid(vit, out_channels=hp.out_channels, block=hp.block,
-                                            window_size=hp.window_size, global_blocks=hp.global_blocks,
-                                            relative_position=hp.relative_position,
-                                            activation_checkpointing=hp.activation_checkpointing,
-                                            scales=tuple(hp.scales or SCALES),
-                                            max_tokens=self._largest_input(vit))  # fmt: skip
-        self.mean, self.std = input_normalization(ckpt and ckpt.data, hp.in_chans, hp.mean, hp.std)
+        (``input_normalization``), recorded in the hyperparameters."""
+        vit, _, ckpt = self.pretrained_vit(dynamic_img_size=True, drop_path_rate=self.drop_path_rate)
+        self.pyramid = SimpleFeaturePyramid(vit, **self.pyramid_args, max_tokens=self._largest_input(vit))
+        self.mean, self.std = input_normalization(ckpt and ckpt.data, self.in_chans, self.given_mean, self.given_std)
+        self.hparams.mean, self.hparams.std = list(self.mean), list(self.std)
 
     def _largest_input(self, vit: nn.Module) -> int:
         """The pyramid's ``max_tokens``: its default, or the patches of the largest input this module feeds
         it if more (``img_size`` on each side, padded to a multiple of 32 as torchvision batches images)."""
-        side = -(-max(to_2tuple(self.hparams.img_size)) // 32) * 32
+        side = -(-max(to_2tuple(self.img_size)) // 32) * 32
         patch = vit.patch_embed.patch_size[0]
         return max(default_max_tokens(vit), (-(-side // patch)) ** 2)
 
@@ -123,8 +134,11 @@ class DenseTrainingModule(TransferModule):
         reshaped = sorted(name for name in set(ours) & set(theirs) if ours[name] != theirs[name])
         mismatched = sorted(set(ours) ^ set(theirs)) + reshaped
         saved = checkpoint.get("hyper_parameters", {})
-        differ = [f"model.{k}: {saved[k]!r} there, {v!r} here" for k, v in self.hparams.items()
-                  if k in saved and saved[k] != v]  # fmt: skip
+        differ = [
+            f"model.{k}: {saved[k]!r} there, {v!r} here"
+            for k, v in self.hparams.items()
+            if k in saved and saved[k] != v and k not in self.RESOLVED_AT_BUILD
+        ]
         raise ConfigError(
             f"the checkpoint's network does not fit this config's ({len(mismatched)} tensors missing, extra or "
             f"of another shape, e.g. {', '.join(mismatched[:3])}); settings that differ from the checkpoint's: "
@@ -134,8 +148,7 @@ class DenseTrainingModule(TransferModule):
 
     def plan_param_groups(self) -> None:
         """The parameter groups, fixed by name now (a strategy may wrap the parameters later)."""
-        hp = self.hparams
-        groups = layer_decay_groups(self.network, self.pyramid.vit, hp.weight_decay, hp.layer_decay)
+        groups = layer_decay_groups(self.network, self.pyramid.vit, self.weight_decay, self.layer_decay)
         self.param_groups = ParamGroupPlan.from_groups(self.network, groups)
 
     @property
@@ -148,19 +161,19 @@ class DenseTrainingModule(TransferModule):
 
     def architecture_record(self) -> dict[str, Any]:
         """What the checkpoint holds (not a file ``mae.load_backbone`` reads: it names this class)."""
-        hp = self.hparams
-        args = {k: hp[k] for k in ("checkpoint", "model", "img_size", "in_chans", "num_classes")}
+        args = {
+            "checkpoint": self.encoder_source.checkpoint,
+            "model": self.encoder_source.model,
+            "img_size": self.img_size,
+            "in_chans": self.in_chans,
+            "num_classes": self.num_classes,
+        }
         return {"class": DENSE_CLASS, "args": {**args, "module": type(self).__name__},
                 "state_dict_prefix": f"{self.network_attribute}."}  # fmt: skip
 
-    @classmethod
-    def restored_kwargs(cls, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        data = checkpoint.get("mae_data") or {}
-        return {key: data[key] for key in ("mean", "std") if key in data}  # the normalisation it trained with
-
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        size = self.hparams.img_size
-        checkpoint["mae_data"] = {"in_chans": self.hparams.in_chans,
+        size = self.img_size
+        checkpoint["mae_data"] = {"in_chans": self.in_chans,
                                   "img_size": [size, size] if isinstance(size, int) else list(size),
                                   "mean": list(self.mean), "std": list(self.std)}  # fmt: skip

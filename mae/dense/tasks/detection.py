@@ -34,9 +34,11 @@ class MAEDetectionModule(DenseTrainingModule):
         proposals_per_image: the RPN's proposals kept after non-maximum suppression, per image (1000);
             the box head runs on all of them at inference.
         layer_decay, base_lr, weight_decay: ViTDet ViT-B's (0.7, 4e-4, 0.1); see ``TransferModule``.
-        **kwargs: the pyramid's settings and input normalisation (``DenseTrainingModule``), the encoder,
-            schedule and kernel settings (``mae.training.transfer.TransferModule``: checkpoint, model,
-            drop_path_rate (ViTDet ViT-B: 0.1), lr, min_lr, warmup_epochs, attention, ...).
+        **kwargs: passed on whole: the pyramid's settings and input normalisation (``DenseTrainingModule``:
+            out_channels, block, window_size, global_blocks, relative_position, activation_checkpointing,
+            scales, mean, std, min_lr, warmup_epochs), the encoder, schedule and kernel settings
+            (``mae.training.transfer.TransferModule``: checkpoint, checkpoint_format, model, model_kwargs,
+            encoder_config, in_chans, drop_path_rate (ViTDet ViT-B: 0.1), lr, attention, compile, fused_adamw).
     """
 
     network_attribute = "detector"
@@ -60,9 +62,8 @@ class MAEDetectionModule(DenseTrainingModule):
                          weight_decay=weight_decay, **kwargs)  # fmt: skip
         if detector not in ("mask_rcnn", "faster_rcnn", "retinanet"):
             raise ConfigError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {detector!r}")
-        if self.hparams.in_chans != 3:
-            raise ConfigError(f"torchvision's detectors take RGB images: data.in_chans must be 3, got "
-                             f"{self.hparams.in_chans}")  # fmt: skip
+        if self.in_chans != 3:
+            raise ConfigError(f"torchvision's detectors take RGB images: data.in_chans must be 3, got {self.in_chans}")
         self.build_encoder()
         self.detector = build_detector(detector, self.pyramid, num_classes, img_size, self.mean, self.std,
                                        anchor_sizes, detections_per_image, head_channels, rois_per_image,
@@ -118,7 +119,7 @@ class MAEDetectionModule(DenseTrainingModule):
 
     def figure_rows(self, images: list[torch.Tensor], targets: list[Target], score_threshold: float) -> list[list]:
         """For ``PredictionFigures``: per image, the ground truth and the detections, drawn."""
-        count = self.hparams.num_classes - 1
+        count = self.num_classes - 1
         names = list(getattr(self.trainer.datamodule, "category_names", None) or range(1, count + 1))
         rows = []
         for image, target, found in zip(images, targets, self(images), strict=True):

@@ -27,10 +27,13 @@ class MAESegmentationModule(DenseTrainingModule):
         num_classes, ignore_index: linked from the data module.
         head_channels: UperNet's width (512 for ViT-B in BEiT's and MAE's setting).
         base_lr: MAE's ADE20K setting (with layer decay 0.65, 100 epochs, batch 16); see ``TransferModule``.
-        **kwargs: the pyramid's settings and input normalisation (``DenseTrainingModule``; the MAE paper,
-            after BEiT, takes the four maps from four blocks: ``block: [3, 5, 7, 11]`` for ViT-B), the
-            encoder, schedule and kernel settings (``mae.training.transfer.TransferModule``: checkpoint,
-            model, drop_path_rate, layer_decay, lr, min_lr, weight_decay, warmup_epochs, attention, ...).
+        **kwargs: passed on whole: the pyramid's settings and input normalisation (``DenseTrainingModule``:
+            out_channels, block (the MAE paper, after BEiT, takes the four maps from four blocks:
+            ``block: [3, 5, 7, 11]`` for ViT-B), window_size, global_blocks, relative_position,
+            activation_checkpointing, scales, mean, std, min_lr, warmup_epochs), the encoder, schedule and
+            kernel settings (``mae.training.transfer.TransferModule``: checkpoint, checkpoint_format, model,
+            model_kwargs, encoder_config, in_chans, drop_path_rate, layer_decay, lr, weight_decay, attention,
+            compile, fused_adamw).
     """
 
     network_attribute = "segmenter"
@@ -45,8 +48,9 @@ class MAESegmentationModule(DenseTrainingModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(img_size=img_size, num_classes=num_classes, base_lr=base_lr, **kwargs)
+        self.ignore_index = ignore_index
         self.build_encoder()
-        head = UperNetHead(self.hparams.out_channels, num_classes, channels=head_channels)
+        head = UperNetHead(self.pyramid_args["out_channels"], num_classes, channels=head_channels)
         self.segmenter = Segmenter(self.pyramid, head, self.mean, self.std)
         self.plan_param_groups()
         self.val_metrics = SegmentationMetrics(num_classes, ignore_index)
@@ -57,7 +61,7 @@ class MAESegmentationModule(DenseTrainingModule):
         return self.segmenter(images)
 
     def loss(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, masks, ignore_index=self.hparams.ignore_index)
+        return F.cross_entropy(logits, masks, ignore_index=self.ignore_index)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, masks = batch
@@ -78,12 +82,11 @@ class MAESegmentationModule(DenseTrainingModule):
 
     def figure_rows(self, images: list[torch.Tensor], masks: list[torch.Tensor], score_threshold: float) -> list[list]:
         """For ``PredictionFigures``: per image, the ground-truth classes and the predicted ones, drawn."""
-        hp = self.hparams
         names = getattr(self.trainer.datamodule, "class_names", None) or []
         clear = tuple(i for i, name in enumerate(names) if name == "background")  # painted, it would hide the image
         rows = []
         for image, mask in zip(images, masks, strict=True):
             predicted = self(image[None])[0].argmax(0)
-            rows.append([segmentation_panel(image, mask, hp.num_classes, hp.ignore_index, clear),
-                         segmentation_panel(image, predicted, hp.num_classes, hp.ignore_index, clear)])  # fmt: skip
+            truth_panel = segmentation_panel(image, mask, self.num_classes, self.ignore_index, clear)
+            rows.append([truth_panel, segmentation_panel(image, predicted, self.num_classes, self.ignore_index, clear)])
         return rows
