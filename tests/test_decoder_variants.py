@@ -1,13 +1,14 @@
-"""The decoder switches of issue 28 in the model: partial reconstruction (``decoder_keep_ratio``), the
-cross-attention decoder (``decoder_type="cross"``, ``decoder_encoder_layers``), their FLOP count and
-their bad input. The default path's bit-identity is tests/test_default_path.py's."""
+"""The decoder variants (``mae.models.decoder_variants``): partial reconstruction (``decoder_keep_ratio``), the
+cross-attention decoder (``decoder_type="cross"``, ``decoder_encoder_layers``), the class the factory builds
+for them, their FLOP count and their bad input. The default path's bit-identity is tests/test_default_path.py's."""
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from mae.convert.huggingface import save_hf_pretrained
-from mae.models import MaskedAutoencoderViT
+from mae.models import MaskedAutoencoderViT, build_mae, create_model
+from mae.models.decoder_variants import CrossMAE, PartialReconstructionMAE
 from mae.models.flops import mae_forward_flops
 from mae.models.masking import check_decoded_patches
 from mae.training.runtime import set_attention_kernel
@@ -23,7 +24,7 @@ VARIANTS = {
 
 def _model(seed: int = 0, **kwargs) -> MaskedAutoencoderViT:
     torch.manual_seed(seed)
-    return MaskedAutoencoderViT(**TINY, **kwargs)
+    return build_mae(**TINY, **kwargs)
 
 
 def _normalised_patches(model, imgs):
@@ -195,9 +196,48 @@ def test_cross__both_attention_kernels_agree(kwargs):
     ],
 )  # fmt: skip
 def test_switches__bad_values_are_named_with_the_allowed_ones(kwargs, message):
-    with pytest.raises(ValueError) as error:
-        MaskedAutoencoderViT(**TINY, **kwargs)
-    assert message in str(error.value)
+    for build in (build_mae, MaskedAutoencoderViT):  # the values are checked before the class is
+        with pytest.raises(ValueError) as error:
+            build(**TINY, **kwargs)
+        assert message in str(error.value)
+
+
+CLASSES = {"paper": MaskedAutoencoderViT, "partial": PartialReconstructionMAE, "cross": CrossMAE}
+
+
+@pytest.mark.parametrize("name", ["paper", *VARIANTS])
+def test_switches__the_factory_builds_the_class_that_implements_them_with_the_paper_s_state_dict_keys(name):
+    kwargs, cls = VARIANTS.get(name, {}), CLASSES[name.split("_")[0]]
+    model = build_mae(**TINY, **kwargs)
+    assert type(model) is cls and isinstance(model, MaskedAutoencoderViT)
+    assert type(create_model("mae_vit_tiny_patch4", depth=2, decoder_depth=2, **kwargs)) is cls
+    paper = MaskedAutoencoderViT(**TINY)
+    if cls is not CrossMAE:
+        assert list(model.state_dict()) == list(paper.state_dict())
+    else:  # the cross blocks' own names, under the same decoder_blocks.<i> prefix
+        encoder = [key for key in paper.state_dict() if not key.startswith("decoder_blocks.")]
+        assert [key for key in model.state_dict() if not key.startswith("decoder_blocks.")] == encoder
+    assert model.config == {**paper.config, **kwargs, "decoder_encoder_layers": model.decoder_encoder_layers}
+
+
+def test_switches__the_paper_s_class_refuses_a_variant_s_switches_naming_the_factory():
+    with pytest.raises(ValueError, match="MaskedAutoencoderViT does not implement decoder_type 'cross' .*build_mae"):
+        MaskedAutoencoderViT(**TINY, decoder_type="cross")
+    with pytest.raises(ValueError, match="CrossMAE does not implement decoder_type 'self'"):
+        CrossMAE(**TINY)
+
+
+def test_cross_layers__forward_encoder_returns_the_paper_s_latent_and_the_layers_come_from_their_own_method():
+    model = _model(decoder_type="cross", decoder_encoder_layers=[0, 1]).train()
+    imgs, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64)
+    latent, mask, ids_restore = model.forward_encoder(imgs, 0.75, noise)
+    assert latent.shape == (2, 17, 64)
+    layers, mask2, ids_restore2 = model.forward_encoder_layers(imgs, 0.75, noise)
+    assert layers.shape == (2, 2, 17, 64) and torch.equal(mask, mask2) and torch.equal(ids_restore, ids_restore2)
+    torch.testing.assert_close(layers[1], latent)  # the last layer, normed, is forward_encoder's output
+    with pytest.raises(ValueError, match="takes the output of forward_encoder_layers"):
+        model.forward_decoder(latent, ids_restore)
+    assert model.forward_decoder(layers, ids_restore).shape == (2, 64, 48)
 
 
 def test_partial__a_ratio_rounding_to_no_patch_is_refused_at_start_up_naming_the_smallest_that_works():

@@ -1,16 +1,21 @@
+import dataclasses
+
 import pytest
 import torch
 
+from mae.models import MaskedAutoencoderViT
 from mae.models.masking import (
     MASK_STRATEGIES,
-    STRATEGY_SCORES,
+    STRATEGIES,
     block_noise,
     check_mask_ratio,
+    check_strategy_grid,
     grid_noise,
     num_kept,
     random_masking,
     sample_noise,
 )
+from tests.helpers import TINY
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.4, 0.75, 0.9, 0.999])
@@ -105,7 +110,33 @@ def test_sample_noise__random_is_uniform_noise_of_shape_N_L():
 
 
 def test_strategies__every_listed_name_has_scores_and_every_scorer_a_name():
-    assert tuple(STRATEGY_SCORES) == MASK_STRATEGIES
+    assert tuple(STRATEGIES) == MASK_STRATEGIES
     for strategy in MASK_STRATEGIES:
         noise = sample_noise(strategy, 3, (4, 4), 0.75, generator=torch.Generator().manual_seed(0))
         assert noise.shape == (3, 16) and num_kept(16, 0.75) == 4
+
+
+def test_strategies__a_strategy_s_rules_are_its_table_entry_s_and_apply_everywhere(monkeypatch):
+    """The checks of the ratio and of the patch grid read the strategy's entry, so changing the entry
+    changes every place that checks (the model's build, ``set_img_size``, ``check_mask_ratio``)."""
+    check_strategy_grid("grid", (4, 6))
+    with pytest.raises(ValueError, match="grid masking needs an even patch grid, got 7x7"):
+        check_strategy_grid("grid", (7, 7))
+    with pytest.raises(ValueError, match="mask strategy 'rows' is unknown"):
+        check_strategy_grid("rows", (4, 4))
+    for strategy in ("random", "block"):
+        check_strategy_grid(strategy, (7, 7))
+        check_mask_ratio(0.3, strategy)
+
+    model = MaskedAutoencoderViT(**TINY, mask_strategy="grid")
+    with pytest.raises(ValueError, match="even patch grid, got 9x9"):
+        model.set_img_size(36)
+    with pytest.raises(ValueError, match="even patch grid, got 9x9"):
+        MaskedAutoencoderViT(**{**TINY, "img_size": 36}, mask_strategy="grid")
+
+    def refuse(_):
+        raise ValueError("refused by the entry")
+
+    monkeypatch.setitem(STRATEGIES, "random", dataclasses.replace(STRATEGIES["random"], check_ratio=refuse))
+    with pytest.raises(ValueError, match="refused by the entry"):
+        MaskedAutoencoderViT(**TINY)(torch.randn(1, 3, 32, 32), 0.75)

@@ -1,7 +1,8 @@
-"""MAE models: the masked autoencoder, its masking strategies and named sizes."""
+"""MAE models: the masked autoencoder, its masking strategies, its decoder variants and named sizes."""
 
 from mae.models.factory import (
     MODEL_REGISTRY,
+    build_mae,
     create_model,
     mae_vit_base_patch16,
     mae_vit_huge_patch14,
@@ -15,6 +16,7 @@ from mae.models.mae import MaskedAutoencoderViT
 __all__ = [
     "MODEL_REGISTRY",
     "MaskedAutoencoderViT",
+    "build_mae",
     "create_model",
     "mae_vit_base_patch16",
     "mae_vit_huge_patch14",

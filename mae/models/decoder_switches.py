@@ -1,4 +1,5 @@
-"""The decoder's switches (issue 28), each off by default: their names, allowed values and checks.
+"""The decoder's switches, each off by default: their names, allowed values and checks (the classes that
+implement them: ``mae.models.decoder_variants``).
 
 ``decoder_type`` picks the paper's self-attention decoder or CrossMAE's cross-attention one;
 ``decoder_keep_ratio`` (checked in ``mae.models.masking``) reconstructs a fraction of the masked

@@ -1,11 +1,13 @@
 """Named model sizes. Official names and sizes from the MAE repository (``models_mae.py``);
-tiny/small follow DeiT's widths; the 32x32 variant follows issue 7's CIFAR-size benchmark config."""
+tiny/small follow DeiT's widths; the 32x32 variant is a CIFAR-size benchmark config."""
 
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from mae.errors import ConfigError
+from mae.models.decoder_switches import DECODER_SWITCHES
+from mae.models.decoder_variants import decoder_class
 from mae.models.mae import MaskedAutoencoderViT
 
 MODEL_REGISTRY: dict[str, Callable[..., MaskedAutoencoderViT]] = {}
@@ -16,8 +18,15 @@ def register_model(fn: Callable[..., MaskedAutoencoderViT]) -> Callable[..., Mas
     return fn
 
 
+def build_mae(**arguments: Any) -> MaskedAutoencoderViT:
+    """A ``MaskedAutoencoderViT`` from its constructor arguments (a checkpoint's ``config``), of the class its
+    decoder switches name: the paper's, or a decoder variant of ``mae.models.decoder_variants``."""
+    switches = {**DECODER_SWITCHES, **arguments}
+    return decoder_class(switches["decoder_type"], switches["decoder_keep_ratio"])(**arguments)
+
+
 def _build(defaults: dict[str, Any], overrides: dict[str, Any]) -> MaskedAutoencoderViT:
-    return MaskedAutoencoderViT(**{**defaults, **overrides})
+    return build_mae(**{**defaults, **overrides})
 
 
 _DECODER_512D8B = dict(decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16)
@@ -64,7 +73,8 @@ MODEL_ARGS: tuple[str, ...] = tuple(inspect.signature(MaskedAutoencoderViT.__ini
 
 
 def create_model(name: str, **overrides: Any) -> MaskedAutoencoderViT:
-    """Build a named model, with any ``MaskedAutoencoderViT`` argument overridden.
+    """Build a named model, with any ``MaskedAutoencoderViT`` argument overridden; the decoder switches
+    (``decoder_type``, ``decoder_keep_ratio``, ``decoder_encoder_layers``) choose its class (``build_mae``).
 
     Raises:
         ValueError: unknown name or override key (the message lists the valid ones).

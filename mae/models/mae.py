@@ -3,16 +3,16 @@
 Parameter names and layout are those of the official MAE model (``models_mae.py``), so its
 checkpoints load with ``strict=True``; the encoder's names are timm ``VisionTransformer``'s.
 
-Two switches change the decoder, both off by default (the paper's exact path):
-``decoder_keep_ratio`` < 1 reconstructs a random subset of the masked patches in training (partial
-reconstruction), ``decoder_type="cross"`` makes mask-token queries cross-attend to the visible tokens
-instead of self-attending with them (CrossMAE), optionally each decoder block to another encoder layer.
+The paper's steps, one method each: masking (``forward_encoder`` -> ``visible_tokens``, strategies in
+``mae.models.masking``), the encoder on the visible tokens (``forward_encoder``), the decoder on them plus
+mask tokens (``forward_decoder``), the loss on the masked patches (``forward_loss``). The decoder variants
+of other papers (partial reconstruction, CrossMAE's cross-attention decoder) are subclasses in
+``mae.models.decoder_variants``; ``mae.models.factory`` chooses the class from the decoder switches.
 
-References: He et al., "Masked Autoencoders Are Scalable Vision Learners" (2021); partial reconstruction:
-Wang et al., VideoMAE V2 (2023, decoder masking) and Fu et al., "Rethinking Patch Dependence for Masked
-Autoencoders" (CrossMAE, 2024), which also gives the cross-attention decoder.
+Reference: He et al., "Masked Autoencoders Are Scalable Vision Learners" (2021).
 """
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -21,19 +21,15 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from mae.errors import ConfigError
-from mae.models.cross_attention import CrossAttentionBlock
 from mae.models.decoder_switches import DecoderType, check_decoder_encoder_layers, check_decoder_type
 from mae.models.loss import masked_patch_mse
 from mae.models.masking import (
     MaskStrategy,
-    check_decoded_patches,
     check_decoder_keep_ratio,
     check_mask_ratio,
     check_mask_strategy,
+    check_strategy_grid,
     check_visible_patches,
-    decoder_masking,
-    num_decoded,
-    num_kept,
     random_masking,
     sample_noise,
 )
@@ -67,6 +63,9 @@ class MaskedAutoencoderViT(nn.Module):
         decoder_encoder_layers: cross decoder only: the encoder block (0-based, negative from the end)
             each decoder block reads, one per decoder block and the last among them; None = every
             block reads the encoder's output (CrossMAE's learned mixing of layers is left out).
+
+    This class is the paper's decoder (``"self"``, 1.0, None); the other switch values are its subclasses
+    in ``mae.models.decoder_variants``, which ``create_model`` and ``build_mae`` choose.
     """
 
     def __init__(
@@ -109,44 +108,51 @@ class MaskedAutoencoderViT(nn.Module):
         check_decoder_keep_ratio(decoder_keep_ratio, "decoder_keep_ratio")
         layers = check_decoder_encoder_layers(decoder_type, decoder_encoder_layers, depth, decoder_depth)
         self.config["decoder_encoder_layers"] = self.decoder_encoder_layers = layers  # a list, counted from 0
+        if not self.implements(decoder_type, decoder_keep_ratio):
+            raise ConfigError(
+                f"{type(self).__name__} does not implement decoder_type {decoder_type!r} with decoder_keep_ratio "
+                f"{decoder_keep_ratio}; build the model with mae.models.build_mae(**arguments) or "
+                f"create_model(name, **arguments), which choose the decoder variant's class"
+            )
         self.norm_pix_loss = norm_pix_loss
         self.mask_strategy = mask_strategy
         self.decoder_type = decoder_type
         self.decoder_keep_ratio = decoder_keep_ratio
         norm_layer = partial(nn.LayerNorm, eps=layer_norm_eps)
-        block = partial(Block, mlp_ratio=mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
 
         # Encoder: exactly timm VisionTransformer's parts and names.
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         grid_size = self.patch_embed.grid_size
-        self._check_grid(grid_size)
+        check_strategy_grid(mask_strategy, grid_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         # Fixed sin-cos position embeddings: buffers, so no optimizer ever sees them.
         self.register_buffer("pos_embed", sincos_2d(embed_dim, grid_size).unsqueeze(0))
-        self.blocks = nn.Sequential(*[block(embed_dim, num_heads) for _ in range(depth)])
+        self.blocks = vit_blocks(embed_dim, num_heads, depth, mlp_ratio, norm_layer)
         self.norm = norm_layer(embed_dim)
 
         # Decoder
         self.decoder_embed = nn.Linear(embed_dim, decoder_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
         self.register_buffer("decoder_pos_embed", sincos_2d(decoder_embed_dim, grid_size).unsqueeze(0))
-        if decoder_type == "self":
-            self.decoder_blocks = nn.Sequential(
-                *[block(decoder_embed_dim, decoder_num_heads) for _ in range(decoder_depth)]
-            )
-        else:  # blocks take (queries, context): a list, not a chain
-            self.decoder_blocks = nn.ModuleList(
-                [CrossAttentionBlock(decoder_embed_dim, decoder_num_heads, mlp_ratio, norm_layer)
-                 for _ in range(decoder_depth)]
-            )  # fmt: skip
+        self.decoder_blocks = self.build_decoder_blocks(
+            decoder_embed_dim, decoder_num_heads, decoder_depth, mlp_ratio, norm_layer
+        )
         self.decoder_norm = norm_layer(decoder_embed_dim)
         self.decoder_pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
 
         self.initialize_weights()
 
-    def _check_grid(self, grid_size: tuple[int, int]) -> None:
-        if self.mask_strategy == "grid" and (grid_size[0] % 2 or grid_size[1] % 2):
-            raise ConfigError(f"grid masking needs an even patch grid, got {grid_size[0]}x{grid_size[1]}")
+    @classmethod
+    def implements(cls, decoder_type: str, decoder_keep_ratio: float) -> bool:
+        """Whether this class is the decoder these switches name: here the paper's, every masked patch
+        reconstructed by self-attention."""
+        return decoder_type == "self" and decoder_keep_ratio == 1.0
+
+    def build_decoder_blocks(
+        self, dim: int, num_heads: int, depth: int, mlp_ratio: float, norm_layer: Callable[[int], nn.Module]
+    ) -> nn.Module:
+        """The decoder's transformer blocks: the paper's are the encoder's kind."""
+        return vit_blocks(dim, num_heads, depth, mlp_ratio, norm_layer)
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Take inputs of ``img_size`` from now on (same patch size): the patch grid and both fixed sin-cos
@@ -154,7 +160,7 @@ class MaskedAutoencoderViT(nn.Module):
         learned weight stays. ``config["img_size"]`` (what checkpoints record) is left as built."""
         img_size = check_img_size(img_size, self.patch_size)
         grid_size = (img_size[0] // self.patch_size, img_size[1] // self.patch_size)
-        self._check_grid(grid_size)
+        check_strategy_grid(self.mask_strategy, grid_size)
         if grid_size == self.grid_size:
             return
         self.patch_embed.set_input_size(img_size=img_size)
@@ -232,92 +238,46 @@ class MaskedAutoencoderViT(nn.Module):
             noise: (N, L) masking scores (small = kept); drawn by ``mask_strategy`` when None.
 
         Returns:
-            latent: (N, 1 + len_keep, D), cls token first, ``len_keep = int(L * (1 - mask_ratio))``;
-                (decoder_depth, N, 1 + len_keep, D) when ``decoder_encoder_layers`` is set
-                (``forward_encoder_layers``).
+            latent: (N, 1 + len_keep, D), normed, cls token first, ``len_keep = int(L * (1 - mask_ratio))``.
             mask: (N, L), 0 = visible, 1 = masked.
             ids_restore: (N, L) permutation that puts the shuffled tokens back in patch order.
         """
-        self.check_mask_ratio(mask_ratio)  # the public entry: checked here, not again below
-        x = self.patch_embed(imgs)
-        x = x + self.pos_embed[:, 1:, :]
-        if noise is None:
-            noise = sample_noise(self.mask_strategy, x.shape[0], self.grid_size, mask_ratio, x.device)
-        x, mask, ids_restore = random_masking(x, mask_ratio, noise)
-
-        cls_token = self.cls_token + self.pos_embed[:, :1, :]
-        x = torch.cat([cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        if self.decoder_encoder_layers is not None:  # the cross decoder's blocks read several layers
-            return self.forward_encoder_layers(x), mask, ids_restore
+        x, mask, ids_restore = self.visible_tokens(imgs, mask_ratio, noise)
         x = self.blocks(x)
         x = self.norm(x)
         return x, mask, ids_restore
 
-    def forward_encoder_layers(self, x: torch.Tensor) -> torch.Tensor:
-        """Encoder blocks on (N, 1 + len_keep, D) tokens -> (decoder_depth, N, 1 + len_keep, D): for each
-        decoder block, the output of the encoder block it reads, after the final norm (as timm's
-        ``forward_intermediates(norm=True)``)."""
-        outputs = []
-        for block in self.blocks:
-            x = block(x)
-            outputs.append(x)
-        normed = {i: self.norm(outputs[i]) for i in sorted(set(self.decoder_encoder_layers))}
-        return torch.stack([normed[i] for i in self.decoder_encoder_layers])
+    def visible_tokens(
+        self, imgs: torch.Tensor, mask_ratio: float, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The encoder's input: patches embedded, masked, the cls token in front. Arguments as
+        ``forward_encoder``'s; returns the (N, 1 + len_keep, D) tokens, ``mask`` and ``ids_restore``."""
+        self.check_mask_ratio(mask_ratio)  # the public entry: checked here, not again below
+        x = self.embed_patches(imgs)
+        if noise is None:
+            noise = sample_noise(self.mask_strategy, x.shape[0], self.grid_size, mask_ratio, x.device)
+        x, mask, ids_restore = random_masking(x, mask_ratio, noise)
+        return self.prepend_cls_token(x), mask, ids_restore
 
-    def decoded_patches(
-        self, ids_restore: torch.Tensor, mask_ratio: float, decoder_noise: torch.Tensor | None = None
-    ) -> torch.Tensor | None:
-        """Which masked patches the decoder reconstructs in this forward pass.
+    def embed_patches(self, imgs: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) -> (N, L, D) patch tokens plus their position embeddings, in patch order."""
+        return self.patch_embed(imgs) + self.pos_embed[:, 1:, :]
 
-        Args:
-            ids_restore: (N, L) from ``forward_encoder``.
-            mask_ratio: the ratio the encoder masked at.
-            decoder_noise: (N, L) per-patch scores for partial reconstruction (small = reconstructed);
-                uniform random when None. Drawn only when ``decoder_keep_ratio`` < 1, in training.
+    def prepend_cls_token(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, K, D) tokens -> (N, 1 + K, D), the cls token (plus its position embedding) first."""
+        cls_token = self.cls_token + self.pos_embed[:, :1, :]
+        return torch.cat([cls_token.expand(x.shape[0], -1, -1), x], dim=1)
 
-        Returns:
-            (N, M) patch indices (training with partial reconstruction: ``decoder_keep_ratio`` of the
-            masked patches; training the cross decoder: every masked patch), or None: every masked
-            patch, the paper's decoder (and in evaluation mode always).
-        """
-        if not self.training or (self.decoder_type == "self" and self.decoder_keep_ratio == 1.0):
-            return None
-        self.check_decoded_patches(mask_ratio)
-        N, L = ids_restore.shape
-        if decoder_noise is not None and decoder_noise.shape != (N, L):
-            raise ConfigError(f"decoder_noise must have shape (N, L) = {(N, L)}, got {tuple(decoder_noise.shape)}")
-        len_keep = num_kept(L, mask_ratio)
-        ids_masked = torch.argsort(ids_restore, dim=1)[:, len_keep:]  # the shuffle's masked part
-        if self.decoder_keep_ratio == 1.0:
-            return ids_masked
-        return decoder_masking(ids_masked, num_decoded(L - len_keep, self.decoder_keep_ratio), decoder_noise)
-
-    def check_decoded_patches(self, mask_ratio: float) -> None:
-        """Raise ``ValueError`` when training at ``mask_ratio`` would leave the decoder no masked patch
-        to reconstruct: ``decoder_keep_ratio`` rounding to none, or nothing masked at all (partial
-        reconstruction and the cross decoder reconstruct masked patches only)."""
-        if self.decoder_type == "cross" or self.decoder_keep_ratio < 1.0:
-            check_decoded_patches(self.grid_size, mask_ratio, self.decoder_keep_ratio)
-
-    def forward_decoder(
-        self, latent: torch.Tensor, ids_restore: torch.Tensor, ids_decode: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Reconstruct the patches from the visible latents plus mask tokens.
+    def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
+        """Reconstruct every patch from the visible latents plus one mask token per masked patch.
 
         Args:
-            latent: (N, 1 + len_keep, D) encoder output (or its per-block stack, ``forward_encoder``).
+            latent: (N, 1 + len_keep, D) from ``forward_encoder``.
             ids_restore: (N, L) from ``forward_encoder``.
-            ids_decode: (N, M) the masked patches whose mask tokens enter the decoder
-                (``decoded_patches``); None = the paper: every masked patch (the cross decoder then
-                queries every patch, visible ones too, so figures show a prediction everywhere).
 
         Returns:
-            ``(N, L, p*p*C)`` predicted pixels in patch order; 0 for masked patches outside ``ids_decode``.
+            ``(N, L, p*p*C)`` predicted pixels in patch order.
         """
-        if self.decoder_type == "cross":
-            return self.forward_cross_decoder(latent, ids_restore, ids_decode)
-        if ids_decode is not None:
-            return self.forward_partial_decoder(latent, ids_restore, ids_decode)
         x = self.decoder_embed(latent)
         N, L = ids_restore.shape
         mask_tokens = self.mask_token.expand(N, L + 1 - x.shape[1], -1)
@@ -331,47 +291,6 @@ class MaskedAutoencoderViT(nn.Module):
         x = self.decoder_pred(x)
         return x[:, 1:, :]
 
-    def forward_partial_decoder(
-        self, latent: torch.Tensor, ids_restore: torch.Tensor, ids_decode: torch.Tensor
-    ) -> torch.Tensor:
-        """The self-attention decoder on the cls and visible tokens plus only the mask tokens of
-        ``ids_decode`` (N, M), each with its position embedding (token order does not matter to
-        attention): ``(N, L, p*p*C)``, 0 for the masked patches left out."""
-        x = self.decoder_embed(latent)
-        N, L = ids_restore.shape
-        ids_keep = torch.argsort(ids_restore, dim=1)[:, : x.shape[1] - 1]  # patches of the visible tokens, as held
-        ids = torch.cat([ids_keep, ids_decode], dim=1)
-        tokens = torch.cat([x[:, 1:, :], self.mask_token.expand(N, ids_decode.shape[1], -1)], dim=1)
-        tokens = tokens + self.decoder_positions(ids)
-        x = torch.cat([x[:, :1, :] + self.decoder_pos_embed[:, :1, :], tokens], dim=1)
-        x = self.decoder_pred(self.decoder_norm(self.decoder_blocks(x)))
-        return _scatter_patches(x[:, 1:, :], ids, L)
-
-    def forward_cross_decoder(
-        self, latent: torch.Tensor, ids_restore: torch.Tensor, ids_decode: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """CrossMAE's decoder: mask-token queries at the patches ``ids_decode`` (N, M) (None: every
-        patch) cross-attend to the cls and visible tokens, each block to its encoder layer's; queries
-        never see each other. Returns ``(N, L, p*p*C)``, 0 for the patches not queried."""
-        N, L = ids_restore.shape
-        context = self.decoder_embed(latent)
-        ids_keep = torch.argsort(ids_restore, dim=1)[:, : context.shape[-2] - 1]
-        cls_pos = self.decoder_pos_embed[:, :1, :].expand(N, -1, -1)
-        context = context + torch.cat([cls_pos, self.decoder_positions(ids_keep)], dim=1)
-        if ids_decode is None:
-            x = (self.mask_token + self.decoder_pos_embed[:, 1:, :]).expand(N, -1, -1)
-        else:
-            x = self.mask_token + self.decoder_positions(ids_decode)
-        for i, block in enumerate(self.decoder_blocks):
-            x = block(x, context if self.decoder_encoder_layers is None else context[i])
-        x = self.decoder_pred(self.decoder_norm(x))
-        return x if ids_decode is None else _scatter_patches(x, ids_decode, L)
-
-    def decoder_positions(self, ids: torch.Tensor) -> torch.Tensor:
-        """(N, K) patch indices -> (N, K, decoder width) their decoder position embeddings."""
-        pos = self.decoder_pos_embed[:, 1:, :].expand(ids.shape[0], -1, -1)
-        return torch.gather(pos, 1, ids.unsqueeze(-1).expand(-1, -1, pos.shape[-1]))
-
     def forward_loss(self, imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """MSE between ``pred`` (N, L, p*p*C) and the patches of ``imgs``, on masked patches only."""
         return masked_patch_mse(pred, self.patchify(imgs), mask, self.norm_pix_loss)
@@ -384,31 +303,30 @@ class MaskedAutoencoderViT(nn.Module):
         decoder_noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (loss, pred ``(N, L, p*p*C)``, mask (N, L) with 1 = masked). ``noise`` fixes the
-        encoder's masks, ``decoder_noise`` the reconstructed subset (``decoded_patches``); the loss
-        covers the reconstructed masked patches: all of them unless ``decoder_keep_ratio`` < 1."""
+        masks; ``decoder_noise`` is the decoder variants' (which masked patches partial reconstruction
+        decodes): the paper's decoder reconstructs every masked patch and ignores it."""
         latent, mask, ids_restore = self.forward_encoder(imgs, mask_ratio, noise)
-        ids_decode = self.decoded_patches(ids_restore, mask_ratio, decoder_noise)  # None: every masked patch
-        pred = self.forward_decoder(latent, ids_restore, ids_decode)
-        loss = self.forward_loss(imgs, pred, mask if ids_decode is None else _patch_mask(ids_decode, mask))
+        pred = self.forward_decoder(latent, ids_restore)
+        loss = self.forward_loss(imgs, pred, mask)
         return loss, pred, mask
+
+    def check_decoded_patches(self, mask_ratio: float) -> None:
+        """Raise ``ValueError`` when training at ``mask_ratio`` leaves the decoder nothing to reconstruct:
+        never for the paper's decoder (a variant that reconstructs masked patches only overrides it)."""
 
     def forward_features(self, imgs: torch.Tensor) -> torch.Tensor:
         """Encoder on all patches, no masking: (N, C, H, W) -> (N, 1 + L, D), normed, patch order."""
-        x = self.patch_embed(imgs) + self.pos_embed[:, 1:, :]
-        cls_token = self.cls_token + self.pos_embed[:, :1, :]
-        x = torch.cat([cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.prepend_cls_token(self.embed_patches(imgs))
         return self.norm(self.blocks(x))
 
 
-def _patch_mask(ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """(N, L) mask, 1 at the patch indices ``ids`` (N, K), 0 elsewhere; dtype and device of ``like``."""
-    return torch.zeros_like(like).scatter_(1, ids, 1.0)
-
-
-def _scatter_patches(values: torch.Tensor, ids: torch.Tensor, num_patches: int) -> torch.Tensor:
-    """(N, K, P) values of the patches ``ids`` (N, K) -> (N, L, P) in patch order, 0 elsewhere."""
-    out = values.new_zeros(values.shape[0], num_patches, values.shape[-1])
-    return out.scatter(1, ids.unsqueeze(-1).expand(-1, -1, values.shape[-1]), values)
+def vit_blocks(
+    dim: int, num_heads: int, depth: int, mlp_ratio: float, norm_layer: Callable[[int], nn.Module]
+) -> nn.Sequential:
+    """``depth`` timm ``Block``s of width ``dim`` with qkv bias, as timm's ``VisionTransformer`` builds them."""
+    return nn.Sequential(
+        *[Block(dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=True, norm_layer=norm_layer) for _ in range(depth)]
+    )
 
 
 def _init_linear_and_norm(m: nn.Module) -> None:

@@ -16,13 +16,15 @@ CrossMAE (2024), Sec. 3 (partial reconstruction) for the decoder's subset.
 
 import math
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
 
 from mae.errors import ConfigError
 
-# The strategies, listed once: a new one is added here and given its scores in ``STRATEGY_SCORES``.
+# The strategies, listed once: a new one is added here and given its entry in ``STRATEGIES``.
 MaskStrategy = Literal["random", "block", "grid"]
 MASK_STRATEGIES: tuple[str, ...] = get_args(MaskStrategy)
 
@@ -77,14 +79,18 @@ def check_mask_strategy(strategy: str, name: str = "mask strategy") -> None:
 
 def check_mask_ratio(mask_ratio: float, strategy: str = "random") -> None:
     """Raise ``ValueError`` for an unknown strategy, a ratio outside [0, 1) or a ratio the strategy
-    cannot produce."""
+    cannot produce (its ``check_ratio`` in ``STRATEGIES``)."""
     check_mask_strategy(strategy)
     if not 0.0 <= mask_ratio < 1.0:
         raise ConfigError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
-    if strategy == "grid" and not math.isclose(mask_ratio, 0.75):
-        raise ConfigError(
-            f"grid masking keeps one patch of every 2x2 cell, so mask_ratio must be 0.75, got {mask_ratio}"
-        )
+    STRATEGIES[strategy].check_ratio(mask_ratio)
+
+
+def check_strategy_grid(strategy: str, grid_size: tuple[int, int]) -> None:
+    """Raise ``ValueError`` for an unknown strategy or a (H/p, W/p) patch grid it cannot mask (its
+    ``check_grid`` in ``STRATEGIES``)."""
+    check_mask_strategy(strategy)
+    STRATEGIES[strategy].check_grid(grid_size)
 
 
 def check_visible_patches(grid_size: tuple[int, int], mask_ratio: float) -> None:
@@ -217,11 +223,24 @@ def block_noise(
     return masks.float() + torch.rand(batch_size, L, generator=generator)
 
 
+def _check_grid_cells(grid_size: tuple[int, int]) -> None:
+    """Grid masking's patch grid: whole 2x2 cells, so both sides even."""
+    if grid_size[0] % 2 or grid_size[1] % 2:
+        raise ConfigError(f"grid masking needs an even patch grid, got {grid_size[0]}x{grid_size[1]}")
+
+
+def _check_grid_ratio(mask_ratio: float) -> None:
+    """Grid masking's ratio: one patch of every 2x2 cell stays, so 0.75."""
+    if not math.isclose(mask_ratio, 0.75):
+        raise ConfigError(
+            f"grid masking keeps one patch of every 2x2 cell, so mask_ratio must be 0.75, got {mask_ratio}"
+        )
+
+
 def grid_noise(batch_size: int, grid_size: tuple[int, int]) -> torch.Tensor:
     """(N, L) scores for grid masking: keep the top-left patch of every 2x2 cell."""
+    _check_grid_cells(grid_size)
     grid_h, grid_w = grid_size
-    if grid_h % 2 or grid_w % 2:
-        raise ConfigError(f"grid masking needs an even patch grid, got {grid_h}x{grid_w}")
     rows = torch.arange(grid_h).reshape(-1, 1)
     cols = torch.arange(grid_w).reshape(1, -1)
     masked = ((rows % 2 == 1) | (cols % 2 == 1)).flatten().float()
@@ -243,15 +262,41 @@ def sample_noise(
 
     ``generator`` must live on the CPU for ``block`` and on ``device`` for ``random``.
     """
-    return STRATEGY_SCORES[strategy](batch_size, grid_size, mask_ratio, device, generator)
+    return STRATEGIES[strategy].scores(batch_size, grid_size, mask_ratio, device, generator)
 
 
-# Each strategy's scores: (batch_size, grid_size, mask_ratio, device, generator) -> (N, L). A new
-# strategy adds its name to ``MaskStrategy`` and its scores here (a test checks the two agree).
-STRATEGY_SCORES = {
-    "random": lambda n, grid, ratio, device, generator: torch.rand(
-        n, grid[0] * grid[1], device=device, generator=generator
+def _no_rule(_: object) -> None:
+    """A strategy that can mask any ratio in [0, 1) and any patch grid."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One masking strategy, all of it in one place.
+
+    ``scores(batch_size, grid_size, mask_ratio, device, generator)`` -> (N, L) masking scores (small =
+    visible); ``check_ratio(mask_ratio)`` and ``check_grid(grid_size)`` raise ``ValueError`` for a ratio
+    in [0, 1) or a (H/p, W/p) patch grid the strategy cannot mask.
+    """
+
+    scores: Callable[[int, tuple[int, int], float, torch.device | str, torch.Generator | None], torch.Tensor]
+    check_ratio: Callable[[float], None] = _no_rule
+    check_grid: Callable[[tuple[int, int]], None] = _no_rule
+
+
+# The strategies' scores and rules, one entry each. A new strategy adds its name to ``MaskStrategy``
+# and its entry here (a test checks the two agree).
+STRATEGIES: dict[str, Strategy] = {
+    "random": Strategy(
+        scores=lambda n, grid, ratio, device, generator: torch.rand(
+            n, grid[0] * grid[1], device=device, generator=generator
+        ),
     ),
-    "block": lambda n, grid, ratio, device, generator: block_noise(n, grid, ratio, generator).to(device),
-    "grid": lambda n, grid, ratio, device, generator: grid_noise(n, grid).to(device),
+    "block": Strategy(
+        scores=lambda n, grid, ratio, device, generator: block_noise(n, grid, ratio, generator).to(device),
+    ),
+    "grid": Strategy(
+        scores=lambda n, grid, ratio, device, generator: grid_noise(n, grid).to(device),
+        check_ratio=_check_grid_ratio,
+        check_grid=_check_grid_cells,
+    ),
 }
