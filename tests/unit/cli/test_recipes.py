@@ -1,0 +1,112 @@
+"""Every shipped config parses and builds its model and data module."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mae.cli.lightning import PretrainCLI, expand_stacked_configs
+from mae.data import ImageDataModule
+from mae.training.optim import effective_batch_size, scaled_lr
+from mae.training.pretrain import MAEPretrainModule
+
+CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs" / "pretrain").glob("*.yaml"))
+# Keep the big models light and the trainer on this machine's CPU.
+LIGHT = [
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.devices",
+    "1",
+    "--trainer.num_nodes",
+    "1",
+    "--trainer.strategy",
+    "auto",
+    "--trainer.precision",
+    "32-true",
+    "--trainer.logger",
+    "false",
+]
+
+
+def test_configs__the_required_recipes_exist():
+    names = {p.name for p in CONFIGS}
+    assert {"default.yaml", "imagenet_vit_base.yaml", "imagenet100_vit_small.yaml", "cifar10_vit_tiny.yaml"} <= names
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_config__parses_and_builds(config, monkeypatch):
+    monkeypatch.chdir(config.parents[2])
+    monkeypatch.setattr("sys.argv", ["train.py"])
+    overrides = ["--model.model_kwargs", '{"depth": 1, "decoder_depth": 1}'] if "imagenet" in config.name else []
+    cli = PretrainCLI(
+        MAEPretrainModule,
+        ImageDataModule,
+        subclass_mode_data=True,
+        run=False,
+        args=["--config", str(config), *LIGHT, *overrides],
+    )
+    assert isinstance(cli.model, MAEPretrainModule) and isinstance(cli.datamodule, ImageDataModule)
+    assert cli.model.hparams.img_size == cli.datamodule.img_size  # one input size for data and model
+    assert cli.model.model.patch_embed.img_size == tuple([cli.datamodule.img_size] * 2)
+
+
+def _cli(*args: str) -> PretrainCLI:
+    """``train.py``'s CLI in this process, from the repository root, building nothing yet."""
+    return PretrainCLI(MAEPretrainModule, ImageDataModule, subclass_mode_data=True, run=False, args=list(args))
+
+
+def _printed(capsys, monkeypatch, *configs: str) -> dict:
+    """The config ``train.py --print_config`` resolves from ``configs`` (file names in configs/pretrain/)."""
+    monkeypatch.chdir(CONFIGS[0].parents[2])
+    with pytest.raises(SystemExit) as stop:
+        _cli(*[a for name in configs for a in ("--config", f"configs/pretrain/{name}")], "--print_config")
+    assert stop.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+STACKS = {
+    "64gpu": ["imagenet_vit_base.yaml"],
+    "1gpu-stacked": ["imagenet_vit_base.yaml", "imagenet_vit_base_1gpu.yaml"],
+    "1gpu-alone": ["imagenet_vit_base_1gpu.yaml"],
+}
+
+
+@pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
+def test_config__paper_recipe_values_on_64_gpus_and_on_one(stack, capsys, monkeypatch):
+    recipe = _printed(capsys, monkeypatch, *stack)
+    model, trainer, data = recipe["model"], recipe["trainer"], recipe["data"]["init_args"]
+    assert model["model"] == "mae_vit_base_patch16" and model["mask_ratio"] == 0.75 and model["norm_pix_loss"]
+    assert model["base_lr"] == 1.5e-4 and model["warmup_epochs"] == 40 and trainer["max_epochs"] == 800
+    assert data["root"] == "/path/to/imagenet" and data["img_size"] == 224  # from the base file
+    effective = effective_batch_size(
+        data["batch_size"], trainer["devices"], trainer["num_nodes"], trainer["accumulate_grad_batches"]
+    )
+    assert effective == 4096 and scaled_lr(model["base_lr"], effective) == pytest.approx(2.4e-3)
+    assert (trainer["devices"] == 1) == ("1gpu" in stack[-1])
+
+
+@pytest.mark.parametrize("size, model", [("large", "mae_vit_large_patch16"), ("huge", "mae_vit_huge_patch14")])
+def test_config__vit_large_and_huge_recipes_stack_on_the_base_recipe(size, model, capsys, monkeypatch):
+    recipe = _printed(capsys, monkeypatch, "imagenet_vit_base.yaml", f"imagenet_vit_{size}.yaml")
+    assert recipe["model"]["model"] == model and recipe["model"]["base_lr"] == 1.5e-4
+    assert recipe["trainer"]["max_epochs"] == 800 and recipe["trainer"]["logger"]["init_args"]["name"].endswith(size)
+
+
+def test_expand_stacked_configs__inserts_the_base_once(tmp_path):
+    (tmp_path / "base.yaml").write_text("model:\n  mask_ratio: 0.6\n")
+    (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\nmodel:\n  base_lr: 0.002\n")
+    base, top = str(tmp_path / "base.yaml"), str(tmp_path / "top.yaml")
+    assert expand_stacked_configs(["--config", top, "--x", "1"]) == ["--config", base, "--config", top, "--x", "1"]
+    assert expand_stacked_configs([f"--config={top}"]) == ["--config", base, f"--config={top}"]
+    assert expand_stacked_configs(["--config", base, "--config", top]) == ["--config", base, "--config", top]
+
+
+@pytest.mark.parametrize("form", ["--config PATH", "--config=PATH"])
+def test_linked_model_img_size_in_a_yaml_is_refused(tmp_path, form, capsys, monkeypatch):
+    monkeypatch.chdir(CONFIGS[0].parents[2])
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  img_size: 64\n")
+    args = ["--config", str(path)] if form == "--config PATH" else [f"--config={path}"]
+    with pytest.raises(SystemExit) as stop:
+        _cli("--config", "configs/pretrain/default.yaml", *args, "--trainer.logger", "false")
+    assert stop.value.code != 0 and "model.img_size is taken from data.img_size" in capsys.readouterr().err
