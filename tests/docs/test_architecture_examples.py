@@ -1,0 +1,192 @@
+"""The architecture page's worked examples ("Add a masking strategy", "Add a data source"), followed step by
+step: each ``<!-- step: ... -->`` edit is applied, in the page's order, to a copy of the package, then the
+result is used as the page says (a model masks with the new strategy; ``mae pretrain`` trains on the new
+data module) in a fresh interpreter that imports the copy. A step whose anchor is no longer in the code
+fails here, naming it, so the page cannot drift from the code."""
+
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, write_image_folder
+
+PAGE = REPO / "docs" / "architecture.md"
+STEP = re.compile(
+    r"<!-- step: (?P<action>[\w-]+) (?P<file>\S+)(?: \| (?P<anchor>.+?))? -->\n```python\n(?P<code>.*?)```", re.S
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    action: str  # replace-line, insert-before, insert-after or new-file
+    file: str  # relative to the repository
+    anchor: str | None  # the line (its start) the edit is placed at
+    code: str
+
+
+def example_steps(title: str) -> list[Step]:
+    """The steps of the example under the heading ``### <title>``, in the page's order."""
+    text = PAGE.read_text(encoding="utf-8")
+    section = text.split(f"### {title}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return [Step(m["action"], m["file"], m["anchor"], m["code"]) for m in STEP.finditer(section)]
+
+
+def apply(step: Step, root: Path) -> None:
+    """Make the edit in the copy under ``root``.
+
+    Raises:
+        AssertionError: the anchor line is not (or not once) in the file, naming the step.
+    """
+    path = root / step.file
+    if step.action == "new-file":
+        assert not path.exists(), f"{step.file} exists already: the example would replace it"
+        path.write_text(step.code, encoding="utf-8")
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    found = [i for i, line in enumerate(lines) if line.strip().startswith(step.anchor)]
+    assert len(found) == 1, f"step {step.action} {step.file} | {step.anchor}: the anchor is in {len(found)} lines"
+    at = found[0]
+    if step.action == "replace-line":
+        lines[at : at + 1] = [step.code]
+    elif step.action == "insert-before":
+        lines[at:at] = [step.code]
+    elif step.action == "insert-after":
+        lines[at + 1 : at + 1] = [step.code]
+    else:
+        raise AssertionError(f"unknown step action {step.action!r}")
+    path.write_text("".join(lines), encoding="utf-8")
+
+
+def package_copy(tmp_path: Path, title: str) -> Path:
+    """A copy of the ``mae`` package with the example's steps applied; its folder goes first on the path."""
+    root = tmp_path / "clone"
+    shutil.copytree(REPO / "mae", root / "mae", ignore=shutil.ignore_patterns("__pycache__"))
+    steps = example_steps(title)
+    assert steps, f"no steps under '### {title}' in {PAGE}"
+    for step in steps:
+        apply(step, root)
+    return root
+
+
+def run_python(root: Path, code: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -c code *args`` in a fresh interpreter that imports ``mae`` from the copy at ``root``."""
+    command = [sys.executable, "-c", textwrap.dedent(code), *args]
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HOME": str(root)}
+    with subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        out, err = p.communicate(timeout=280)
+    result = subprocess.CompletedProcess(command, p.returncode, out, err)
+    assert result.returncode == 0, (out + err)[-4000:]
+    return result
+
+
+PRETRAIN_FOR_TWO_STEPS = [
+    "--trainer.max_steps",
+    "2",
+    "--trainer.limit_val_batches",
+    "0",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--model.warmup_epochs",
+    "0",
+    "--knn.every_n_epochs",
+    "0",
+    "--data.batch_size",
+    "4",
+]
+MAE_COMMAND = "import sys; from mae.cli.main import main; main(sys.argv[1:])"
+
+
+@pytest.mark.slow
+def test_example__add_a_masking_strategy(tmp_path):
+    root = package_copy(tmp_path, "Add a masking strategy")
+    checked = run_python(
+        root,
+        """
+        import sys
+        import mae, torch
+        from mae.models import create_model
+        from mae.models.masking import MASK_STRATEGIES, random_masking, sample_noise
+
+        assert mae.__file__.startswith(sys.argv[1]) and "centre" in MASK_STRATEGIES
+        model = create_model("mae_vit_tiny_patch4", img_size=32, mask_strategy="centre", depth=1, decoder_depth=1)
+        loss, pred, mask = model(torch.rand(2, 3, 32, 32), mask_ratio=0.75)
+        assert torch.isfinite(loss) and mask.sum(1).tolist() == [48.0, 48.0]
+        torch.manual_seed(0)
+        noise = sample_noise("centre", 400, (8, 8), 0.75)
+        _, masks, _ = random_masking(torch.zeros(400, 64, 1), 0.75, noise)
+        grid = masks.mean(0).reshape(8, 8)
+        assert grid[3:5, 3:5].mean() < 0.5 < grid[[0, 0, 7, 7], [0, 7, 0, 7]].mean(), grid
+        print("masked share, centre vs corners:", grid[3:5, 3:5].mean().item(), grid[0, 0].item())
+        """,
+        str(root),
+    )
+    assert "masked share" in checked.stdout
+    trained = run_python(
+        root, MAE_COMMAND, "pretrain", "--config", "default", "--model.mask_strategy", "centre", *PRETRAIN_FOR_TWO_STEPS
+    )
+    assert "Run folder:" in trained.stdout
+
+
+@pytest.mark.slow
+def test_example__add_a_data_source(tmp_path):
+    root = package_copy(tmp_path, "Add a data source")
+    data = tmp_path / "clone" / "images"
+    write_image_folder(data / "pictures", ["cat", "dog", "fox"], per_class=4, size=(40, 30))
+    images = sorted((data / "pictures").rglob("*.jpg"))
+    (data / "train.csv").write_text("".join(f"pictures/{p.parent.name}/{p.name},{p.parent.name}\n" for p in images))
+    (data / "val.csv").write_text("".join(f"pictures/{p.parent.name}/{p.name},{p.parent.name}\n" for p in images[::3]))
+    listed = [
+        "--data",
+        "mae.data.ImageListDataModule",
+        "--data.train_list",
+        str(data / "train.csv"),
+        "--data.val_list",
+        str(data / "val.csv"),
+        "--data.img_size",
+        "32",
+    ]
+    trained = run_python(root, MAE_COMMAND, "pretrain", "--config", "default", *listed, *PRETRAIN_FOR_TWO_STEPS)
+    assert (
+        "ImageListDataModule: 12 training images in 3 classes, 4 validation images" in trained.stderr + trained.stdout
+    )
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            MAE_COMMAND,
+            "pretrain",
+            "--config",
+            "default",
+            *listed[:2],
+            "--data.train_list",
+            str(data / "missing.csv"),
+            *listed[4:],
+            *PRETRAIN_FOR_TWO_STEPS,
+        ],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HOME": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == f"error: data list {data / 'missing.csv'} does not exist"
+
+
+def test_steps__each_example_has_its_steps_and_a_moved_anchor_is_named(tmp_path):
+    """Fast: the page's steps parse, and a step whose anchor left the code fails naming it."""
+    assert [s.action for s in example_steps("Add a masking strategy")] == [
+        "replace-line",
+        "insert-before",
+        "insert-after",
+    ]
+    assert [s.action for s in example_steps("Add a data source")] == ["new-file", "insert-after", "insert-after"]
+    (tmp_path / "m.py").write_text("x = 1\n")
+    with pytest.raises(AssertionError, match=r"insert-after m.py \| y = : the anchor is in 0 lines"):
+        apply(Step("insert-after", "m.py", "y = ", "z = 2\n"), tmp_path)
