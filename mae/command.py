@@ -35,7 +35,10 @@ def command_parser(prog: str, description: str) -> ArgumentParser:
 
 
 def parse_and_run(
-    parser: ArgumentParser, run: Callable[[Namespace], Any], argv: list[str] | None = None, instantiate: bool = False
+    parser: ArgumentParser,
+    run: Callable[[Namespace], Any],
+    argv: list[str] | None = None,
+    instantiate: bool = False,
 ) -> Any:
     """Parse ``argv`` (None: ``sys.argv[1:]``), build the class arguments when ``instantiate`` (e.g. a
     ``--data.class_path`` data module), and return ``run(args)``; a ``UsageError`` it raises exits as

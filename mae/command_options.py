@@ -55,26 +55,40 @@ class SharedOption:
     default_help: str | None = None
 
 
-# fmt: off
 SHARED_OPTIONS = {
-    "checkpoint": SharedOption(("--checkpoint",), "our .ckpt, an official MAE .pth, a timm state dict, a Hugging "
-                               "Face folder or an exported encoder"),
-    "checkpoint_format": SharedOption(("--checkpoint-format",), "the checkpoint's format", {"default": "auto"},
-                                      "auto, detected from the file"),
+    "checkpoint": SharedOption(
+        ("--checkpoint",),
+        "our .ckpt, an official MAE .pth, a timm state dict, a Hugging Face folder or an exported encoder",
+    ),
+    "checkpoint_format": SharedOption(
+        ("--checkpoint-format",),
+        "the checkpoint's format",
+        {"default": "auto"},
+        "auto, detected from the file",
+    ),
     "out": SharedOption(("--out",), "", {"type": Path}),
-    "img_size": SharedOption(("--img-size",), "input size in pixels", {"type": argparse_int, "default": None}),
+    "img_size": SharedOption(
+        ("--img-size",), "input size in pixels", {"type": argparse_int, "default": None}
+    ),
     "batch_size": SharedOption(("--batch-size",), "images per forward pass", {"type": argparse_int}),
-    "workers": SharedOption(("--workers",), "worker processes (0: none, all in this process)", {"type": argparse_int}),
+    "workers": SharedOption(
+        ("--workers",), "worker processes (0: none, all in this process)", {"type": argparse_int}
+    ),
     "device": SharedOption(("--device",), "cpu, cuda, cuda:1, ...", {"default": None}, DEVICE_DEFAULT),
     "k": SharedOption(("-k",), "neighbours", {"type": argparse_int}),
-    "max_image_pixels": SharedOption(("--max-image-pixels",), "the largest image read, in pixels",
-                                     {"type": argparse_int}, "PIL's decompression-bomb limit, %(default)s"),
-    "mean": SharedOption(("--mean",), "per-channel input mean", {"type": argparse_float, "nargs": "+",
-                                                                 "default": None}),
-    "std": SharedOption(("--std",), "per-channel input std", {"type": argparse_float, "nargs": "+",
-                                                              "default": None}),
+    "max_image_pixels": SharedOption(
+        ("--max-image-pixels",),
+        "the largest image read, in pixels",
+        {"type": argparse_int},
+        "PIL's decompression-bomb limit, %(default)s",
+    ),
+    "mean": SharedOption(
+        ("--mean",), "per-channel input mean", {"type": argparse_float, "nargs": "+", "default": None}
+    ),
+    "std": SharedOption(
+        ("--std",), "per-channel input std", {"type": argparse_float, "nargs": "+", "default": None}
+    ),
 }
-# fmt: on
 
 # Spellings removed in 0.3.0 -> the one to use (renamed in 0.2, accepted with a note until 0.3.0).
 REMOVED = {
@@ -106,7 +120,9 @@ def add_option(parser: ArgumentParser | Any, name: str, own_help: str = "", **kw
     if name == "checkpoint_format" and "choices" not in settings:  # the readers' table lives above this layer
         raise ConfigError("--checkpoint-format needs choices=mae.convert.sources.FORMATS")
     if name == "device" and settings.get("default") is not None:
-        raise ConfigError(f"--device's default is {DEVICE_DEFAULT} in every command, not {settings['default']}")
+        raise ConfigError(
+            f"--device's default is {DEVICE_DEFAULT} in every command, not {settings['default']}"
+        )
     default_help = option.default_help
     if own_help.startswith("default: "):  # the command's own default in words
         own_help, default_help = "", own_help.removeprefix("default: ")

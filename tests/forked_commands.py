@@ -26,7 +26,15 @@ import traceback
 from pathlib import Path
 
 # What every entry point imports before its first step; the server imports them once.
-PRELOAD = ["torch", "torchvision", "timm", "lightning.pytorch", "jsonargparse", "mae.cli", "tests.forked_commands"]
+PRELOAD = [
+    "torch",
+    "torchvision",
+    "timm",
+    "lightning.pytorch",
+    "jsonargparse",
+    "mae.cli",
+    "tests.forked_commands",
+]
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
@@ -64,7 +72,8 @@ class ForkedProcess:
         return self._child.exitcode
 
     def wait(self, timeout: float | None = None) -> int:
-        """The exit status. Raises ``subprocess.TimeoutExpired`` when the child still runs after ``timeout``."""
+        """The exit status. Raises ``subprocess.TimeoutExpired`` when the child still runs after
+        ``timeout``."""
         self._child.join(timeout)
         if self._child.exitcode is None:
             raise subprocess.TimeoutExpired(self.args, timeout, self.stdout(), self.stderr())
@@ -103,8 +112,10 @@ class ForkedProcess:
                 if found is not None and found.endswith("\n"):
                     return found.rstrip("\n")
             if self.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{' '.join(self.args)} did not print {text!r} (exit status {self.poll()}):\n"
-                                     f"{(self.stdout() + self.stderr())[-3000:]}")  # fmt: skip
+                raise AssertionError(
+                    f"{' '.join(self.args)} did not print {text!r} (exit status {self.poll()}):\n"
+                    f"{(self.stdout() + self.stderr())[-3000:]}"
+                )
             time.sleep(0.01)
 
     def close(self) -> None:
@@ -129,7 +140,9 @@ def run_forked(
     ``command`` is ``[script path, *args]`` or ``["-m", module, *args]``. Raises
     ``subprocess.TimeoutExpired`` (after killing the child) as ``subprocess.run`` does.
     """
-    with ForkedProcess(command, cwd, env) as child:  # killed on the way out, also when the test is interrupted
+    with ForkedProcess(
+        command, cwd, env
+    ) as child:  # killed on the way out, also when the test is interrupted
         code = child.wait(timeout)
         return subprocess.CompletedProcess(child.args, code, child.stdout(), child.stderr())
 
@@ -138,7 +151,9 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _child_main(command: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool) -> None:
+def _child_main(
+    command: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool
+) -> None:
     """The child: the interpreter state a fresh ``python <command>`` would have, then the command."""
     if new_session:
         os.setsid()
@@ -150,7 +165,9 @@ def _child_main(command: list[str], cwd: str, env: dict[str, str], out: str, err
     _redirect(2, err)
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))  # as the interpreter reads its environment at start-up
     sys.stdout = _text_stream(1, unbuffered, line_buffering=False)
-    sys.stderr = _text_stream(2, unbuffered, line_buffering=not unbuffered)  # Python 3.9+: stderr line-buffered
+    sys.stderr = _text_stream(
+        2, unbuffered, line_buffering=not unbuffered
+    )  # Python 3.9+: stderr line-buffered
     sys.stdin = open(os.devnull)  # noqa: SIM115
     os.chdir(cwd)
     os.environ.clear()
@@ -160,11 +177,15 @@ def _child_main(command: list[str], cwd: str, env: dict[str, str], out: str, err
     try:
         if command[0] == "-m":
             sys.argv = [command[1], *command[2:]]  # runpy puts the module's file in argv[0]
-            sys.modules.pop(command[1], None)  # a fresh `python -m` runs it as __main__ only, not imported too
+            sys.modules.pop(
+                command[1], None
+            )  # a fresh `python -m` runs it as __main__ only, not imported too
             runpy.run_module(command[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(command)
-            sys.path[0:0] = [str(Path(command[0]).resolve().parent)]  # as python <script> puts its folder first
+            sys.path[0:0] = [
+                str(Path(command[0]).resolve().parent)
+            ]  # as python <script> puts its folder first
             runpy.run_path(command[0], run_name="__main__")
     except SystemExit as exit_:
         code = _exit_status(exit_.code)
@@ -181,8 +202,13 @@ def _text_stream(fd: int, unbuffered: bool, line_buffering: bool) -> io.TextIOWr
     """A standard stream over ``fd`` as the interpreter makes it: unbuffered and written through with
     ``PYTHONUNBUFFERED``, else buffered (stdout) or line-buffered (stderr)."""
     binary = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
-    return io.TextIOWrapper(binary, encoding="utf-8", errors="backslashreplace", line_buffering=line_buffering,
-                            write_through=unbuffered)  # fmt: skip
+    return io.TextIOWrapper(
+        binary,
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=line_buffering,
+        write_through=unbuffered,
+    )
 
 
 def _exit_status(code) -> int:

@@ -33,7 +33,9 @@ TINY = dict(
     decoder_num_heads=4,
 )
 # model_kwargs of the smallest trainable mae_vit_tiny_patch4 (pretraining module tests).
-TINY_KWARGS = dict(embed_dim=32, depth=1, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2)
+TINY_KWARGS = dict(
+    embed_dim=32, depth=1, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2
+)
 # The ``model:`` section of a CLI config with that model.
 TINY_MODEL = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "warmup_epochs": 1}
 
@@ -76,7 +78,9 @@ def official_lr(epoch: float, lr: float, min_lr: float, warmup_epochs: float, ep
     """The official MAE schedule at a fractional epoch: the independent reference of the schedule tests."""
     if epoch < warmup_epochs:
         return lr * epoch / warmup_epochs
-    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup_epochs) / (epochs - warmup_epochs)))
+    return min_lr + (lr - min_lr) * 0.5 * (
+        1.0 + math.cos(math.pi * (epoch - warmup_epochs) / (epochs - warmup_epochs))
+    )
 
 
 def pretrain_module(**kwargs):
@@ -89,7 +93,9 @@ def pretrain_module(**kwargs):
 
 
 # A 3-block encoder for fine-tuning tests: enough blocks to tell layer-decay scales apart.
-FINETUNE_KWARGS = dict(embed_dim=32, depth=3, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2)
+FINETUNE_KWARGS = dict(
+    embed_dim=32, depth=3, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2
+)
 
 
 def finetune_module(**kwargs):
@@ -137,7 +143,8 @@ def csv_logger(tmp: Path, name: str) -> dict:
 
 
 def tensorboard_tracker(save_dir: Path) -> dict:
-    """The ``tracker`` entry of a CLI config: TensorBoard (the shipped recipe's settings) under ``save_dir``."""
+    """The ``tracker`` entry of a CLI config: TensorBoard (the shipped recipe's settings) under
+    ``save_dir``."""
     return {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": str(save_dir), "log_graph": False, "default_hp_metric": False},
@@ -164,7 +171,9 @@ def _command(command: str) -> list[str]:
     return ["-m", "mae", command]
 
 
-def _with_config(args: tuple[str, ...], argv: list[str], config: dict | None, tmp: Path | None) -> tuple[str, ...]:
+def _with_config(
+    args: tuple[str, ...], argv: list[str], config: dict | None, tmp: Path | None
+) -> tuple[str, ...]:
     if config is None:
         return args
     path = write_config(tmp, config, f"{argv[-1]}-{len(list(tmp.glob('*.yaml')))}")
@@ -246,7 +255,9 @@ def write_image_folder(root: Path, classes: list[str], per_class: int, size=(40,
     return root
 
 
-def write_cifar(root: Path, name: str = "cifar10", train_per_batch: int = 10, test: int = 10, seed: int = 0) -> Path:
+def write_cifar(
+    root: Path, name: str = "cifar10", train_per_batch: int = 10, test: int = 10, seed: int = 0
+) -> Path:
     """The standard python-pickle layout of CIFAR-10 / CIFAR-100, with random pixels."""
     rng = np.random.default_rng(seed)
     num_classes = 10 if name == "cifar10" else 100

@@ -1,8 +1,8 @@
-"""The package's layers, lowest first: the one table that ``tests/unit/test_architecture.py`` checks every import
-against, and that the drawing on the architecture page (``docs/layers.svg``) is made from.
+"""The package's layers, lowest first: the one table that ``tests/unit/test_architecture.py`` checks every
+import against, and that the drawing on the architecture page (``docs/layers.svg``) is made from.
 
-``python docs/hooks/layers.py`` redraws ``docs/layers.svg``; ``tests/unit/test_architecture.py`` fails while the
-committed drawing differs from what this table draws, so the picture cannot go stale.
+``python docs/hooks/layers.py`` redraws ``docs/layers.svg``; ``tests/unit/test_architecture.py`` fails while
+the committed drawing differs from what this table draws, so the picture cannot go stale.
 """
 
 from html import escape

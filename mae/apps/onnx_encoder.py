@@ -74,11 +74,11 @@ def input_metadata(norm: Normalization, size: tuple[int, int], how: str, batch: 
     mean = ", ".join(f"{v:g}" for v in norm.mean)
     std = ", ".join(f"{v:g}" for v in norm.std)
     text = (
-        f"{INPUT_NAME}: float32 ({batch}, {norm.in_chans}, {height}, {width}). From an image: take {norm.in_chans} "
-        f"channel(s) (8-bit RGB for a 3-channel model); scale 8-bit values by 1/255 and 16-bit values by 1/65535 "
-        f"(float data stays in its own units); resize so the short side is {max(size)} pixels (bicubic, "
-        f"antialiased) and centre-crop {height}x{width}; then per channel c: (x - mean[c]) / std[c] with "
-        f"mean = [{mean}], std = [{std}] ({how})."
+        f"{INPUT_NAME}: float32 ({batch}, {norm.in_chans}, {height}, {width}). From an image: take "
+        f"{norm.in_chans} channel(s) (8-bit RGB for a 3-channel model); scale 8-bit values by 1/255 and "
+        "16-bit values by 1/65535 (float data stays in its own units); resize so the short side is "
+        f"{max(size)} pixels (bicubic, antialiased) and centre-crop {height}x{width}; then per channel c: (x "
+        f"- mean[c]) / std[c] with mean = [{mean}], std = [{std}] ({how})."
     )
     return {
         "mae.input": text,
@@ -95,11 +95,14 @@ def output_text(model: OnnxEncoder, dims: torch.Size, grid: tuple[int, int], bat
     if model.pool is None:
         return (
             f"{model.output_name}: float32 ({batch}, {dims[0]}, {dims[1]}): the cls token, then the "
-            f"{grid[0]}x{grid[1]} patch tokens in raster order, after the encoder's final LayerNorm (every patch, "
-            f"no masking)."
+            f"{grid[0]}x{grid[1]} patch tokens in raster order, after the encoder's final LayerNorm (every "
+            "patch, no masking)."
         )
-    what = {"cls": "the cls token", "avg": "the mean of the patch tokens",
-            "both": "the cls token and the mean of the patch tokens, side by side"}[model.pool]  # fmt: skip
+    what = {
+        "cls": "the cls token",
+        "avg": "the mean of the patch tokens",
+        "both": "the cls token and the mean of the patch tokens, side by side",
+    }[model.pool]
     return f"{model.output_name}: float32 ({batch}, {dims[0]}): {what}, after the encoder's final LayerNorm."
 
 
@@ -147,9 +150,13 @@ def export_onnx(
         norm = Normalization.of(ckpt.data, in_chans, str(source))
         how = "recorded in the checkpoint" if ckpt.data else "ImageNet's: the checkpoint records none"
     if len(norm.mean) != in_chans or len(norm.std) != in_chans:
-        raise ConfigError(f"--mean and --std need {in_chans} values, one per input channel; got {len(norm.mean)}")
+        raise ConfigError(
+            f"--mean and --std need {in_chans} values, one per input channel; got {len(norm.mean)}"
+        )
     model = OnnxEncoder(backbone, pool).eval()
-    example = torch.randn(2 if dynamic_batch else 1, in_chans, *size, generator=torch.Generator().manual_seed(0))
+    example = torch.randn(
+        2 if dynamic_batch else 1, in_chans, *size, generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         dims = model(example[:1]).shape[1:]
     batch = "N" if dynamic_batch else "1"  # a file exported for batch 1 takes nothing else
@@ -161,17 +168,22 @@ def export_onnx(
         "mae.source_format": ckpt.format,
     }
     doc = f"MAE encoder from {Path(source).name}. {metadata['mae.input']} {metadata['mae.output']}"
-    written = write_onnx(model, out, example, INPUT_NAME, model.output_name, metadata, doc, dynamic_batch, opset, atol)
+    written = write_onnx(
+        model, out, example, INPUT_NAME, model.output_name, metadata, doc, dynamic_batch, opset, atol
+    )
     batch = "batch" if dynamic_batch else 1
-    return OnnxExport(written.path, written.opset, [batch, in_chans, *size], [batch, *dims], written.differences,
-                      metadata)  # fmt: skip
+    return OnnxExport(
+        written.path, written.opset, [batch, in_chans, *size], [batch, *dims], written.differences, metadata
+    )
 
 
 def describe(export: OnnxExport) -> list[str]:
     """Lines for the user: what was written, how well it agrees with torch, how to feed it."""
     output_name = export.metadata["mae.output"].split(":")[0]
-    lines = [f"wrote {export.path} (opset {export.opset}): {INPUT_NAME} {export.input_shape} -> {output_name} "
-             f"{export.output_shape}"]  # fmt: skip
+    lines = [
+        f"wrote {export.path} (opset {export.opset}): {INPUT_NAME} {export.input_shape} -> {output_name} "
+        f"{export.output_shape}"
+    ]
     for batch, diff in export.differences.items():
         lines.append(f"onnxruntime vs torch, batch {batch}: max abs difference {diff:.2e}")
     lines += [f"input: {export.metadata['mae.input']}", f"output: {export.metadata['mae.output']}"]

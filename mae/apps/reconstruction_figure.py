@@ -71,7 +71,9 @@ def reconstruction_figure(
     losses = views["loss"].tolist()
     label_width, line = 220, 18
     lines = _wrap(caption, (label_width + picture.width) // 7)
-    canvas = Image.new("RGB", (label_width + picture.width, line + picture.height + line * (len(lines) + 1)), "white")
+    canvas = Image.new(
+        "RGB", (label_width + picture.width, line + picture.height + line * (len(lines) + 1)), "white"
+    )
     canvas.paste(picture, (label_width, line))
     draw = ImageDraw.Draw(canvas)
     panel = picture.width / len(headers)

@@ -14,6 +14,9 @@
   holds, and write TensorBoard's HPARAMS tab, under the same keys.
 - ``TensorBoardLogger._sanitize_params``: the values TensorBoard's hyperparameters accept, as that
   logger converts them.
+- ``"_instantiator"``, the hyperparameter that names the function Lightning's ``load_from_checkpoint``
+  rebuilds a module with (``instantiator(module_class, hparams)``; LightningCLI records its own there):
+  the one way to rebuild from hyperparameters that need translating (``INSTANTIATOR_KEY``).
 - ``MLFlowLogger._initialized`` and ``WandbLogger._experiment``: whether the logger has started its
   run; the public ``experiment`` (and what reads it: ``run_id``) starts one when asked.
 """
@@ -25,6 +28,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+INSTANTIATOR_KEY = "_instantiator"
 
 
 class SignalConnector(_SignalConnector):
@@ -107,7 +112,8 @@ def tensorboard_param_values(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def mlflow_run_started(logger: Any) -> bool:
-    """Whether an ``MLFlowLogger`` has found or created its run (reading ``logger.run_id`` would create it)."""
+    """Whether an ``MLFlowLogger`` has found or created its run (reading ``logger.run_id`` would create
+    it)."""
     return bool(logger._initialized)
 
 

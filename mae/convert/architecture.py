@@ -46,8 +46,12 @@ def mae_record(config: dict[str, Any], prefix: str = "model.") -> dict[str, Any]
 
 def vit_record(vit_args: dict[str, Any], layer_norm_eps: float, prefix: str = "vit.") -> dict[str, Any]:
     """The record of a timm ``VisionTransformer`` built with ``vit_args``."""
-    return {"class": VIT_CLASS, "args": _jsonable(vit_args), "layer_norm_eps": layer_norm_eps,
-            "state_dict_prefix": prefix}  # fmt: skip
+    return {
+        "class": VIT_CLASS,
+        "args": _jsonable(vit_args),
+        "layer_norm_eps": layer_norm_eps,
+        "state_dict_prefix": prefix,
+    }
 
 
 def encoder_config(record: dict[str, Any], source: str) -> dict[str, Any]:
@@ -67,8 +71,12 @@ def encoder_config(record: dict[str, Any], source: str) -> dict[str, Any]:
         config = {k: args[k] for k in _ENCODER_VIT_ARGS}
         config["layer_norm_eps"] = record.get("layer_norm_eps", 1e-6)
     else:
-        raise ConfigError(f"{source}: {ARCHITECTURE_KEY} names class {cls!r}; expected {MAE_CLASS!r} or {VIT_CLASS!r}")
-    config["img_size"] = tuple(config["img_size"]) if isinstance(config.get("img_size"), list) else config["img_size"]
+        raise ConfigError(
+            f"{source}: {ARCHITECTURE_KEY} names class {cls!r}; expected {MAE_CLASS!r} or {VIT_CLASS!r}"
+        )
+    config["img_size"] = (
+        tuple(config["img_size"]) if isinstance(config.get("img_size"), list) else config["img_size"]
+    )
     return config
 
 
@@ -77,5 +85,9 @@ def data_record(datamodule: Any) -> dict[str, Any] | None:
     if not all(hasattr(datamodule, k) for k in ("mean", "std", "in_chans", "img_size")):
         return None
     size = datamodule.img_size
-    return {"in_chans": datamodule.in_chans, "img_size": [size, size] if isinstance(size, int) else list(size),
-            "mean": list(datamodule.mean), "std": list(datamodule.std)}  # fmt: skip
+    return {
+        "in_chans": datamodule.in_chans,
+        "img_size": [size, size] if isinstance(size, int) else list(size),
+        "mean": list(datamodule.mean),
+        "std": list(datamodule.std),
+    }

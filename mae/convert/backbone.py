@@ -29,10 +29,16 @@ _DECODER_ARCHITECTURE = ("decoder_type", "decoder_encoder_layers")
 def vit_args(config: dict[str, Any]) -> dict[str, Any]:
     """timm ``VisionTransformer`` arguments of the encoder described by an MAE ``config``."""
     return dict(
-        img_size=tuple(config["img_size"]), patch_size=config["patch_size"], in_chans=config["in_chans"],
-        embed_dim=config["embed_dim"], depth=config["depth"], num_heads=config["num_heads"],
-        mlp_ratio=config["mlp_ratio"], qkv_bias=True, class_token=True,
-    )  # fmt: skip
+        img_size=tuple(config["img_size"]),
+        patch_size=config["patch_size"],
+        in_chans=config["in_chans"],
+        embed_dim=config["embed_dim"],
+        depth=config["depth"],
+        num_heads=config["num_heads"],
+        mlp_ratio=config["mlp_ratio"],
+        qkv_bias=True,
+        class_token=True,
+    )
 
 
 def build_vit(
@@ -44,7 +50,9 @@ def build_vit(
 ) -> VisionTransformer:
     """A freshly initialised timm ``VisionTransformer`` with the encoder architecture of an MAE ``config``."""
     args = vit_args(config)
-    args["img_size"] = check_img_size(config["img_size"] if img_size is None else img_size, config["patch_size"])
+    args["img_size"] = check_img_size(
+        config["img_size"] if img_size is None else img_size, config["patch_size"]
+    )
     return VisionTransformer(
         **args,
         global_pool=global_pool,
@@ -60,12 +68,18 @@ def resample_pos_embed(pos_embed, new_grid: tuple[int, int], old_grid: tuple[int
     if tuple(new_grid) == tuple(old_grid):
         return pos_embed
     return resample_abs_pos_embed(
-        pos_embed, new_size=list(new_grid), old_size=list(old_grid), num_prefix_tokens=1,
-        interpolation="bicubic", antialias=False,
-    )  # fmt: skip
+        pos_embed,
+        new_size=list(new_grid),
+        old_size=list(old_grid),
+        num_prefix_tokens=1,
+        interpolation="bicubic",
+        antialias=False,
+    )
 
 
-def adapt_patch_embed(state: dict[str, torch.Tensor], in_chans: int, report: LoadReport) -> dict[str, torch.Tensor]:
+def adapt_patch_embed(
+    state: dict[str, torch.Tensor], in_chans: int, report: LoadReport
+) -> dict[str, torch.Tensor]:
     """``state`` with ``patch_embed.proj.weight`` adapted to ``in_chans`` input channels when the
     source has another count (timm's ``adapt_input_conv``: summed for 1 channel, repeated and scaled
     by source / target channels for more), noted in ``report``."""
@@ -79,12 +93,14 @@ def adapt_patch_embed(state: dict[str, torch.Tensor], in_chans: int, report: Loa
             adapted = adapt_input_conv(in_chans, weight, base_chans=weight.shape[1])
         except TypeError:
             raise ConfigError(
-                f"{report.source}: adapting its {weight.shape[1]}-channel patch embedding to {in_chans} channels "
-                f"needs a newer timm (adapt_input_conv with base_chans): pip install -U timm"
+                f"{report.source}: adapting its {weight.shape[1]}-channel patch embedding to {in_chans} "
+                "channels needs a newer timm (adapt_input_conv with base_chans): pip install -U timm"
             ) from None
     state = {**state, "patch_embed.proj.weight": adapted}
     how = "summed over the source's channels" if in_chans == 1 else "repeated and scaled"
-    report.notes.append(f"patch embedding adapted from {weight.shape[1]} to {in_chans} input channels ({how})")
+    report.notes.append(
+        f"patch embedding adapted from {weight.shape[1]} to {in_chans} input channels ({how})"
+    )
     return state
 
 
@@ -129,10 +145,11 @@ def load_backbone(
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
     if global_pool == "token" and pooling_of(ckpt) == "avg":
         raise ConfigError(
-            f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final norm), so "
-            f"its cls token has no trained norm to pass through: load it with global_pool='avg' (the mean of the "
-            f"patch tokens through its fc_norm; --model.global_pool avg for mae finetune). Embedding, kNN / probe "
-            f"features and the ONNX export read the final norm: give them the pretraining checkpoint it came from"
+            f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final "
+            "norm), so its cls token has no trained norm to pass through: load it with global_pool='avg' "
+            "(the mean of the patch tokens through its fc_norm; --model.global_pool avg for mae finetune). "
+            "Embedding, kNN / probe features and the ONNX export read the final norm: give them the "
+            "pretraining checkpoint it came from"
         )
     config = dict(ckpt.config)
     if num_heads is not None:
@@ -188,7 +205,9 @@ def load_mae(
             f"mae_visualize_vit_*.pth files or a Hugging Face ViTMAEForPreTraining folder. For features or "
             f"fine-tuning use mae.load_backbone"
         )
-    changed = switch_differences(ckpt.config, overrides, tuple(k for k in _DECODER_ARCHITECTURE if k in overrides))
+    changed = switch_differences(
+        ckpt.config, overrides, tuple(k for k in _DECODER_ARCHITECTURE if k in overrides)
+    )
     if changed:
         raise ConfigError(
             f"{ckpt.source}: its decoder was trained as recorded, so load_mae cannot rebuild it otherwise: "
@@ -225,20 +244,22 @@ def init_mae_from(model: MaskedAutoencoderViT, source: str | Path, format: str =
     ckpt = read_checkpoint(source, format)
     if any(key.startswith(("head.", "fc_norm.")) for key in ckpt.state_dict):
         raise ConfigError(
-            f"{source} is a fine-tuned classifier (it has a head): model.init_from needs pretrained MAE weights, "
-            f"e.g. our pretraining checkpoint, the official mae_pretrain_vit_*.pth or mae_visualize_vit_*.pth"
+            f"{source} is a fine-tuned classifier (it has a head): model.init_from needs pretrained MAE "
+            "weights, e.g. our pretraining checkpoint, the official mae_pretrain_vit_*.pth or "
+            "mae_visualize_vit_*.pth"
         )
     patch = ckpt.config["patch_size"]
     if patch != model.patch_size:
         raise ConfigError(
-            f"{source} was pretrained with {patch}x{patch}-pixel patches, but this model has {model.patch_size}x"
-            f"{model.patch_size}: choose the model of its patch size (e.g. model.model ..._patch{patch})"
+            f"{source} was pretrained with {patch}x{patch}-pixel patches, but this model has "
+            f"{model.patch_size}x{model.patch_size}: choose the model of its patch size (e.g. model.model "
+            f"..._patch{patch})"
         )
     changed = switch_differences(ckpt.config, model.config, ("decoder_type",)) if ckpt.has_decoder else []
     if changed:
         raise ConfigError(
-            f"{source} holds another decoder than this model: model.{changed[0]}; set model.decoder_type to the "
-            f"file's to continue from its decoder (a file without a decoder starts any decoder fresh)"
+            f"{source} holds another decoder than this model: model.{changed[0]}; set model.decoder_type to "
+            "the file's to continue from its decoder (a file without a decoder starts any decoder fresh)"
         )
     report = LoadReport(str(source), ckpt.format, notes=list(ckpt.notes), config=model.config)
     check_finite(ckpt.state_dict, source)

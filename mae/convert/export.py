@@ -23,8 +23,13 @@ from mae.errors import ConfigError
 from mae.io.atomic import atomic_write
 
 # timm names of the standard widths/depths; any other shape is built from a base name plus model_args.
-_TIMM_NAMES = {(192, 12): "vit_tiny", (384, 12): "vit_small", (768, 12): "vit_base", (1024, 24): "vit_large",
-               (1280, 32): "vit_huge"}  # fmt: skip
+_TIMM_NAMES = {
+    (192, 12): "vit_tiny",
+    (384, 12): "vit_small",
+    (768, 12): "vit_base",
+    (1024, 24): "vit_large",
+    (1280, 32): "vit_huge",
+}
 
 
 def timm_architecture(config: dict) -> str:
@@ -61,8 +66,8 @@ def export_encoder(
     config = {**ckpt.config, **({"num_heads": num_heads} if num_heads else {})}
     if config["layer_norm_eps"] != 1e-6:
         raise ConfigError(
-            f"{source} uses LayerNorm eps {config['layer_norm_eps']:g}; a timm ViT uses 1e-6, so its features "
-            f"would differ: use mae.load_backbone for this checkpoint instead"
+            f"{source} uses LayerNorm eps {config['layer_norm_eps']:g}; a timm ViT uses 1e-6, so its "
+            "features would differ: use mae.load_backbone for this checkpoint instead"
         )
     model_args = vit_args(config)
     model_args.update(img_size=list(model_args["img_size"]), num_classes=0)  # a backbone: no head

@@ -119,7 +119,9 @@ def hf_config(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> dict[str
             f"{model.decoder_type!r}; export the encoder instead (mae export), which every variant shares"
         )
     if grid_h != grid_w:
-        raise ConfigError(f"Hugging Face ViTMAE supports square inputs only, got a {grid_h}x{grid_w} patch grid")
+        raise ConfigError(
+            f"Hugging Face ViTMAE supports square inputs only, got a {grid_h}x{grid_w} patch grid"
+        )
     block, decoder_block = model.blocks[0], model.decoder_blocks[0]
     return {
         "architectures": ["ViTMAEForPreTraining"],

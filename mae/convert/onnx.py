@@ -6,7 +6,8 @@ torch's default exporter since 2.9 (it needs ``onnxscript``): the older TorchScr
 timm's Python-number shape arithmetic, where a batch size can be baked in silently; the dynamo
 exporter records the batch dimension as a symbol and fails when the model would specialise it. The
 file is then run by onnxruntime on seeded random inputs beside the module (``check_with_onnxruntime``)
-and renamed into place only when the two agree. What the file holds for the encoder: ``mae.apps.onnx_encoder``.
+and renamed into place only when the two agree. What the file holds for the encoder:
+``mae.apps.onnx_encoder``.
 """
 
 from collections.abc import Callable
@@ -46,8 +47,9 @@ def check_opset(opset: int | None) -> None:
     lowest, highest = supported_opsets()
     if not lowest <= opset <= highest:
         raise ConfigError(
-            f"--opset {opset}: the installed ONNX exporter (torch {torch.__version__}) writes opsets {lowest} to "
-            f"{highest}; choose one in that range (onnxruntime 1.14 and later read opset {lowest})"
+            f"--opset {opset}: the installed ONNX exporter (torch {torch.__version__}) writes opsets "
+            f"{lowest} to {highest}; choose one in that range (onnxruntime 1.14 and later read opset "
+            f"{lowest})"
         )
 
 
@@ -87,16 +89,22 @@ def write_onnx(
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if weight_bytes > MAX_ONNX_BYTES:
         raise ConfigError(
-            f"the weights take {weight_bytes / 2**30:.1f} GiB, over the 2 GiB one ONNX file holds; this command "
-            f"writes single files (a ViT-L encoder and smaller fit)"
+            f"the weights take {weight_bytes / 2**30:.1f} GiB, over the 2 GiB one ONNX file holds; this "
+            "command writes single files (a ViT-L encoder and smaller fit)"
         )
     model = model.eval()
     with torch.no_grad():
         program = torch.onnx.export(
-            model, (example,), input_names=[input_name], output_names=[output_name], opset_version=opset,
+            model,
+            (example,),
+            input_names=[input_name],
+            output_names=[output_name],
+            opset_version=opset,
             dynamic_shapes=({0: torch.export.Dim("batch")},) if dynamic_batch else None,
-            dynamo=True, external_data=False, verbose=False,
-        )  # fmt: skip
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
     written_opset = program.model.opset_imports[""]
     if opset is not None and written_opset != opset:
         raise ConfigError(f"the exporter wrote opset {written_opset}, not the --opset {opset} asked for")
@@ -106,7 +114,9 @@ def write_onnx(
 
     def write_and_check(tmp: Path) -> None:
         program.save(tmp, external_data=False)
-        differences.update(check_with_onnxruntime(model, tmp, (1, 3) if dynamic_batch else (len(example),), atol, seed))
+        differences.update(
+            check_with_onnxruntime(model, tmp, (1, 3) if dynamic_batch else (len(example),), atol, seed)
+        )
 
     atomic_write(out, write_and_check)
     return OnnxFile(out, written_opset, differences)
@@ -132,8 +142,8 @@ def check_with_onnxruntime(
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own error types are not exceptions of this package
         raise ConfigError(
-            f"onnxruntime {onnxruntime.__version__} cannot load the exported file ({err}); a lower --opset may "
-            f"be one it reads"
+            f"onnxruntime {onnxruntime.__version__} cannot load the exported file ({err}); a lower --opset "
+            "may be one it reads"
         ) from err
     (inp,) = session.get_inputs()
     generator = torch.Generator().manual_seed(seed)
@@ -146,10 +156,17 @@ def check_with_onnxruntime(
         differences[batch] = float(np.abs(got - expected).max())
         if not differences[batch] <= atol:  # NaN fails too
             raise ConfigError(
-                f"onnxruntime's output differs from torch's by {differences[batch]:.3g} (max abs, batch {batch}), "
-                f"over the {atol:g} allowed: the ONNX file was not written"
+                f"onnxruntime's output differs from torch's by {differences[batch]:.3g} (max abs, batch "
+                f"{batch}), over the {atol:g} allowed: the ONNX file was not written"
             )
     return differences
 
 
-__all__ = ["DEFAULT_ATOL", "OnnxFile", "check_opset", "check_with_onnxruntime", "supported_opsets", "write_onnx"]
+__all__ = [
+    "DEFAULT_ATOL",
+    "OnnxFile",
+    "check_opset",
+    "check_with_onnxruntime",
+    "supported_opsets",
+    "write_onnx",
+]

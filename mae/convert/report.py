@@ -105,8 +105,8 @@ def state_dict_mismatch(
     tensors missing from ``given`` or not in the module, outside the allowed glob patterns.
     """
     problems = [
-        f"{key} has shape {tuple(given[key].shape)} in the checkpoint but {tuple(own[key].shape)} in the model: "
-        f"{_likely_cause(key)}"
+        f"{key} has shape {tuple(given[key].shape)} in the checkpoint but {tuple(own[key].shape)} in the "
+        f"model: {_likely_cause(key)}"
         for key in sorted(set(own) & set(given))
         if own[key].shape != given[key].shape
     ]
@@ -116,7 +116,9 @@ def state_dict_mismatch(
         for prefix in ("blocks", "decoder_blocks"):
             have, want = block_count(given, prefix), block_count(own, prefix)
             if have != want:
-                problems.append(f"the checkpoint has {have} {prefix} but the model {want} (a different depth)")
+                problems.append(
+                    f"the checkpoint has {have} {prefix} but the model {want} (a different depth)"
+                )
         if bad_missing:
             problems.append(f"missing from the checkpoint: {_summarise(bad_missing)}")
         if bad_ignored:

@@ -57,7 +57,9 @@ def check_checkpoint_file(path: Path) -> None:
         head = f.read(512)
     if head.startswith((_ZIP_MAGIC, _PICKLE_PROTOCOL)) or is_safetensors(head):
         return
-    raise InputError(f"{path} is not a PyTorch/safetensors checkpoint (it looks like: {describe_content(head)})")
+    raise InputError(
+        f"{path} is not a PyTorch/safetensors checkpoint (it looks like: {describe_content(head)})"
+    )
 
 
 def safe_torch_load(path: str | Path) -> Any:
@@ -83,8 +85,9 @@ def safe_torch_load(path: str | Path) -> Any:
         named = re.findall(r"GLOBAL ([\w.]+)", str(err))
         what = f"it names {named[0]}" if named else "it holds objects that are not tensors or plain data"
         raise InputError(
-            f"{path} would run code when loaded: {what}. Only tensors, plain containers and argparse.Namespace "
-            f"are read from checkpoints; ask the file's author for its weights as a state dict or safetensors file."
+            f"{path} would run code when loaded: {what}. Only tensors, plain containers and "
+            "argparse.Namespace are read from checkpoints; ask the file's author for its weights as a state "
+            "dict or safetensors file."
         ) from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, KeyError, IndexError) as err:
         raise InputError(

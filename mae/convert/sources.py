@@ -64,7 +64,9 @@ class MAECheckpoint:
 
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:
         """The timm ``VisionTransformer`` part: everything but ``mask_token`` and ``decoder_*``."""
-        return {k: v for k, v in self.state_dict.items() if not (k.startswith("decoder") or k == "mask_token")}
+        return {
+            k: v for k, v in self.state_dict.items() if not (k.startswith("decoder") or k == "mask_token")
+        }
 
 
 def check_finite(state: dict[str, torch.Tensor], source: str | Path) -> None:
@@ -80,8 +82,8 @@ def check_finite(state: dict[str, torch.Tensor], source: str | Path) -> None:
             if bad:
                 raise InputError(
                     f"{source} holds non-finite weights: {name} has {bad:,} NaN or infinite value(s) of "
-                    f"{tensor.numel():,} (the first such tensor); the run that wrote it diverged: use an earlier "
-                    f"checkpoint of that run"
+                    f"{tensor.numel():,} (the first such tensor); the run that wrote it diverged: use an "
+                    "earlier checkpoint of that run"
                 )
 
 
@@ -136,7 +138,9 @@ def _hf_weights_in(folder: Path) -> dict[str, torch.Tensor]:
         return read_safetensors(folder / "model.safetensors")
     if (folder / "pytorch_model.bin").is_file():
         return safe_torch_load(folder / "pytorch_model.bin")
-    raise MissingFileError(f"{folder} holds neither model.safetensors nor pytorch_model.bin (a Hugging Face folder)")
+    raise MissingFileError(
+        f"{folder} holds neither model.safetensors nor pytorch_model.bin (a Hugging Face folder)"
+    )
 
 
 def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
@@ -146,7 +150,9 @@ def _read_lightning(path: Path, obj: dict) -> MAECheckpoint:
     prefix = record.get("state_dict_prefix", "model.")
     state = {k[len(prefix) :]: v for k, v in obj["state_dict"].items() if k.startswith(prefix)}
     if not state:
-        raise InputError(f"{path}: its {ARCHITECTURE_KEY} record says the weights are under {prefix!r}, but none are")
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record says the weights are under {prefix!r}, but none are"
+        )
     config = encoder_config(record, str(path))
     check_record(config, state, path)
     return MAECheckpoint(str(path), "lightning", state, config, data=obj.get(DATA_KEY))
@@ -166,8 +172,9 @@ def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: s
             wrong type, or an argument that disagrees with the tensors' shapes (both values given).
     """
     _check_record_types(config, path)
-    measured, _ = infer_config(state, {"img_size": config.get("img_size"), "num_heads": 1, "decoder_num_heads": 1},
-                               path)  # fmt: skip
+    measured, _ = infer_config(
+        state, {"img_size": config.get("img_size"), "num_heads": 1, "decoder_num_heads": 1}, path
+    )
     _check_record_shapes(config, measured, state, path)
     _check_record_grid(config.get("img_size"), measured["patch_size"], state["pos_embed"].shape[1] - 1, path)
     for heads, width_key in (("num_heads", "embed_dim"), ("decoder_num_heads", "decoder_embed_dim")):
@@ -189,18 +196,32 @@ def _check_record_types(config: dict[str, Any], path: str | Path) -> None:
     unknown = sorted(set(config) - known)
     if unknown:
         raise InputError(
-            f"{path}: its {ARCHITECTURE_KEY} record has arguments MaskedAutoencoderViT does not take: {unknown} "
-            f"(it takes {sorted(known)}); the record is damaged or from another program"
+            f"{path}: its {ARCHITECTURE_KEY} record has arguments MaskedAutoencoderViT does not take: "
+            f"{unknown} (it takes {sorted(known)}); the record is damaged or from another program"
         )
-    for key in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth",
-                "decoder_num_heads"):  # fmt: skip
+    for key in (
+        "patch_size",
+        "in_chans",
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "decoder_embed_dim",
+        "decoder_depth",
+        "decoder_num_heads",
+    ):
         value = config.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise InputError(f"{path}: its {ARCHITECTURE_KEY} record has {key}={value!r}; expected a positive integer")
+            raise InputError(
+                f"{path}: its {ARCHITECTURE_KEY} record has {key}={value!r}; expected a positive integer"
+            )
     size = config.get("img_size")
     sizes = _image_sizes(size)
-    if len(sizes) not in (1, 2) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes):
-        raise InputError(f"{path}: its {ARCHITECTURE_KEY} record has img_size={size!r}; expected H or [H, W] pixels")
+    if len(sizes) not in (1, 2) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes
+    ):
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record has img_size={size!r}; expected H or [H, W] pixels"
+        )
 
 
 def _check_record_shapes(
@@ -216,8 +237,9 @@ def _check_record_shapes(
             )
     if "decoder_embed.weight" in state and config.get("decoder_type", "self") != measured["decoder_type"]:
         raise InputError(
-            f"{path}: its {ARCHITECTURE_KEY} record says decoder_type={config.get('decoder_type', 'self')!r}, but its "
-            f"tensors are a {measured['decoder_type']!r} decoder's; the record is damaged or was edited"
+            f"{path}: its {ARCHITECTURE_KEY} record says "
+            f"decoder_type={config.get('decoder_type', 'self')!r}, but its tensors are a "
+            f"{measured['decoder_type']!r} decoder's; the record is damaged or was edited"
         )
 
 
@@ -227,8 +249,8 @@ def _check_record_grid(size: Any, patch: int, positions: int, path: str | Path) 
     height, width = sizes * 2 if len(sizes) == 1 else sizes
     if height % patch or width % patch or (height // patch) * (width // patch) != positions:
         raise InputError(
-            f"{path}: its {ARCHITECTURE_KEY} record says img_size={size!r}, but pos_embed holds {positions} patch "
-            f"positions of {patch}x{patch} pixels; the record is damaged or was edited"
+            f"{path}: its {ARCHITECTURE_KEY} record says img_size={size!r}, but pos_embed holds {positions} "
+            f"patch positions of {patch}x{patch} pixels; the record is damaged or was edited"
         )
 
 
@@ -246,7 +268,8 @@ def _read_lightning_v0_1(path: Path, obj: dict) -> MAECheckpoint:
     state = {k[len("model.") :]: v for k, v in obj["state_dict"].items() if k.startswith("model.")}
     if not state:
         raise InputError(
-            f"{path} is a Lightning checkpoint without 'model.*' weights: not written by mae pretrain or mae finetune"
+            f"{path} is a Lightning checkpoint without 'model.*' weights: not written by mae pretrain or mae "
+            "finetune"
         )
     hp = obj.get("hyper_parameters", {})
     config, notes = None, []
@@ -270,7 +293,10 @@ def _read_official(path: Path, obj: dict) -> MAECheckpoint:
             with torch.device("meta"):
                 factory = create_model(name if name in MODEL_REGISTRY else f"mae_{name}").config
             # Heads come from the named size only when the weights really are that size.
-            if "patch_embed.proj.weight" in state and state["patch_embed.proj.weight"].shape[0] == factory["embed_dim"]:
+            if (
+                "patch_embed.proj.weight" in state
+                and state["patch_embed.proj.weight"].shape[0] == factory["embed_dim"]
+            ):
                 hints["num_heads"] = factory["num_heads"]
             if (
                 "decoder_embed.weight" in state
@@ -292,25 +318,32 @@ def _read_timm(path: Path, state: dict) -> MAECheckpoint:
         meta = json.loads(sidecar.read_text())
         args = meta.get("model_args", {})
         hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
-        hints.update({k: v for k, v in meta.get("mae", {}).items() if k in ("layer_norm_eps", "norm_pix_loss")})
+        hints.update(
+            {k: v for k, v in meta.get("mae", {}).items() if k in ("layer_norm_eps", "norm_pix_loss")}
+        )
     config, notes = infer_config(state, hints, path)
     return MAECheckpoint(str(path), "timm", state, config, notes)
 
 
-def _read_huggingface(folder: Path, tensors: dict[str, torch.Tensor], path: Path | None = None) -> MAECheckpoint:
+def _read_huggingface(
+    folder: Path, tensors: dict[str, torch.Tensor], path: Path | None = None
+) -> MAECheckpoint:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise MissingFileError(
-            f"Hugging Face weights {path or folder} need their config.json beside them (not found in {folder})"
+            f"Hugging Face weights {path or folder} need their config.json beside them (not found in "
+            f"{folder})"
         )
     hf = json.loads(config_file.read_text())
     if hf.get("hidden_act", "gelu") != "gelu":  # Hugging Face's "gelu" is the exact (erf) GELU of MAE
         raise InputError(
-            f"{config_file}: hidden_act is {hf['hidden_act']!r}; MAE ViTs use exact GELU ('gelu'), so this model "
-            f"would compute something else here"
+            f"{config_file}: hidden_act is {hf['hidden_act']!r}; MAE ViTs use exact GELU ('gelu'), so this "
+            "model would compute something else here"
         )
     if not hf.get("qkv_bias", True):
-        raise InputError(f"{config_file}: qkv_bias=false models are not MAE ViTs (MAE uses query/key/value biases)")
+        raise InputError(
+            f"{config_file}: qkv_bias=false models are not MAE ViTs (MAE uses query/key/value biases)"
+        )
     ignored = sorted(k for k in tensors if k.startswith(_HF_IGNORED))
     kept = {}
     for key, value in tensors.items():
@@ -329,8 +362,8 @@ def _read_huggingface(folder: Path, tensors: dict[str, torch.Tensor], path: Path
     config, notes = infer_config(state, {k: v for k, v in hints.items() if v is not None}, path or folder)
     if config["layer_norm_eps"] != 1e-6:
         notes.append(
-            f"layer_norm_eps={config['layer_norm_eps']:g} from config.json (the official MAE uses 1e-6); kept so "
-            f"outputs match the Hugging Face model"
+            f"layer_norm_eps={config['layer_norm_eps']:g} from config.json (the official MAE uses 1e-6); "
+            "kept so outputs match the Hugging Face model"
         )
     if config["embed_dim"] != width:
         raise InputError(f"{config_file}: hidden_size {width} but the weights are {config['embed_dim']} wide")
@@ -356,7 +389,8 @@ def infer_config(
     proj = state["patch_embed.proj.weight"]
     if proj.ndim != 4:
         raise InputError(
-            f"{source}: patch_embed.proj.weight must be a conv weight (D, C, p, p), got shape {tuple(proj.shape)}"
+            f"{source}: patch_embed.proj.weight must be a conv weight (D, C, p, p), got shape "
+            f"{tuple(proj.shape)}"
         )
     embed_dim, in_chans, patch_size = proj.shape[0], proj.shape[1], proj.shape[-1]
     depth = block_count(state, "blocks")
@@ -368,7 +402,8 @@ def infer_config(
         side = math.isqrt(num_patches)
         if side * side != num_patches:
             raise InputError(
-                f"{source}: pos_embed has {num_patches} patch positions, not a square grid: pass img_size=(H, W)"
+                f"{source}: pos_embed has {num_patches} patch positions, not a square grid: pass "
+                "img_size=(H, W)"
             )
         img_size = side * patch_size
         notes.append(f"img_size={img_size} from the {side}x{side} position grid")
@@ -377,15 +412,27 @@ def infer_config(
     num_heads = hints.get("num_heads")
     if num_heads is None:
         num_heads = _HEADS_BY_WIDTH.get(embed_dim, max(1, embed_dim // 64))
-        notes.append(f"num_heads={num_heads} assumed from width {embed_dim} (the file does not say); pass num_heads=")
+        notes.append(
+            f"num_heads={num_heads} assumed from width {embed_dim} (the file does not say); pass num_heads="
+        )
     config = dict(
-        img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, depth=depth,
-        num_heads=num_heads, mlp_ratio=mlp_ratio, norm_pix_loss=hints.get("norm_pix_loss", False),
-        mask_strategy="random", layer_norm_eps=hints.get("layer_norm_eps", 1e-6),
-        decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16,
-    )  # fmt: skip
+        img_size=img_size,
+        patch_size=patch_size,
+        in_chans=in_chans,
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_ratio=mlp_ratio,
+        norm_pix_loss=hints.get("norm_pix_loss", False),
+        mask_strategy="random",
+        layer_norm_eps=hints.get("layer_norm_eps", 1e-6),
+        decoder_embed_dim=512,
+        decoder_depth=8,
+        decoder_num_heads=16,
+    )
     if "decoder_embed.weight" in state:
-        # A cross-attention decoder's blocks have query and key-value projections (mae.models.cross_attention).
+        # A cross-attention decoder's blocks have query and key-value projections
+        # (mae.models.cross_attention).
         config["decoder_type"] = "cross" if "decoder_blocks.0.attn.kv.weight" in state else "self"
         dec_dim = state["decoder_embed.weight"].shape[0]
         dec_heads = hints.get("decoder_num_heads")
@@ -393,6 +440,8 @@ def infer_config(
             dec_heads = 16 if dec_dim == 512 else max(1, dec_dim // 32)
             notes.append(f"decoder_num_heads={dec_heads} assumed from decoder width {dec_dim}")
         config.update(
-            decoder_embed_dim=dec_dim, decoder_depth=block_count(state, "decoder_blocks"), decoder_num_heads=dec_heads
+            decoder_embed_dim=dec_dim,
+            decoder_depth=block_count(state, "decoder_blocks"),
+            decoder_num_heads=dec_heads,
         )
     return config, notes

@@ -39,11 +39,16 @@ def l2_normalised(encode: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[t
 
 
 def load_encoder(
-    checkpoint: str | Path, data: ImageDataModule, checkpoint_format: str = "auto", device: torch.device | str = "cpu"
+    checkpoint: str | Path,
+    data: ImageDataModule,
+    checkpoint_format: str = "auto",
+    device: torch.device | str = "cpu",
 ) -> torch.nn.Module:
     """The encoder of any checkpoint ``mae.load_backbone`` reads, for ``data``'s image size and
     channels, on ``device`` in evaluation mode."""
-    backbone = load_backbone(checkpoint, img_size=data.img_size, format=checkpoint_format, in_chans=data.in_chans)
+    backbone = load_backbone(
+        checkpoint, img_size=data.img_size, format=checkpoint_format, in_chans=data.in_chans
+    )
     return backbone.to(device).eval()
 
 
@@ -102,7 +107,10 @@ class FeatureStore:
             order = np.argsort(rows, kind="stable")
             back = np.empty_like(order)
             back[order] = np.arange(len(order))
-            feats, labels = np.asarray(self.feats[rows[order]])[back], np.asarray(self.labels[rows[order]])[back]
+            feats, labels = (
+                np.asarray(self.feats[rows[order]])[back],
+                np.asarray(self.labels[rows[order]])[back],
+            )
             yield torch.from_numpy(feats), torch.from_numpy(labels)
 
 

@@ -37,15 +37,20 @@ def knn_classify(
 
 
 def knn_accuracy(
-    train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], num_classes: int,
-    k: int = 20, temperature: float = 0.07,
-) -> tuple[float, float]:  # fmt: skip
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    num_classes: int,
+    k: int = 20,
+    temperature: float = 0.07,
+) -> tuple[float, float]:
     """(top-1, top-5) accuracy in percent of kNN on (features, labels) pairs."""
     scores = knn_classify(train[0], train[1], test[0], num_classes, k, temperature)
     top = scores.topk(min(5, num_classes), dim=1).indices
     labels = test[1].unsqueeze(1)
-    return (100.0 * (top[:, :1] == labels).any(1).float().mean().item(),
-            100.0 * (top == labels).any(1).float().mean().item())  # fmt: skip
+    return (
+        100.0 * (top[:, :1] == labels).any(1).float().mean().item(),
+        100.0 * (top == labels).any(1).float().mean().item(),
+    )
 
 
 def knn_evaluate(
@@ -69,6 +74,8 @@ def knn_evaluate(
     if max_train is not None:
         train_set = fixed_subset(train_set, max_train)
     encode = l2_normalised(pooled(model, "cls"))
-    train, val = (FeatureStore.extract(encode, ds, data.batch_size, data.num_workers, device).tensors()
-                  for ds in (train_set, val_set))  # fmt: skip
+    train, val = (
+        FeatureStore.extract(encode, ds, data.batch_size, data.num_workers, device).tensors()
+        for ds in (train_set, val_set)
+    )
     return *knn_accuracy(train, val, data.num_labels, k, temperature), len(val_set)

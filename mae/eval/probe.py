@@ -48,8 +48,9 @@ class ProbeResult:
 
     def __str__(self) -> str:
         return (
-            f"linear probe: top-1 {self.val_acc1:.2f}%, top-5 {self.val_acc5:.2f}% (lr {self.lr:g}, weight decay "
-            f"{self.weight_decay:g}, best after {self.epochs} epochs; held-out top-1 {self.holdout_acc1:.2f}%)"
+            f"linear probe: top-1 {self.val_acc1:.2f}%, top-5 {self.val_acc5:.2f}% (lr {self.lr:g}, weight "
+            f"decay {self.weight_decay:g}, best after {self.epochs} epochs; held-out top-1 "
+            f"{self.holdout_acc1:.2f}%)"
         )
 
 
@@ -58,8 +59,8 @@ def check_training(max_epochs: int, patience: int, holdout: float) -> None:
     have nothing to report) or ``probe.holdout`` outside (0, 1)."""
     if max_epochs < 1 or patience < 1:
         raise ConfigError(
-            f"probe.max_epochs and probe.patience must be >= 1, got {max_epochs} and {patience}: untrained heads "
-            f"have nothing to report"
+            f"probe.max_epochs and probe.patience must be >= 1, got {max_epochs} and {patience}: untrained "
+            "heads have nothing to report"
         )
     if not 0 < holdout < 1:
         raise ConfigError(f"probe.holdout must be in (0, 1), got {holdout}")
@@ -110,15 +111,19 @@ def evaluate(
         ValueError: the data has fewer than 2 classes or no validation split.
     """
     if data.num_labels < 2:
-        raise ConfigError(f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
-                         f"{data.num_labels}")  # fmt: skip
+        raise ConfigError(
+            f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
+            f"{data.num_labels}"
+        )
     encoder = pooled(model, settings.pool)
     encode = lambda imgs: encoder(data.normalize(imgs))  # noqa: E731  (augmented views may be uint8)
     feature_train, val_set = data.feature_datasets()
     if val_set is None:
         raise ConfigError(f"a linear probe is scored on a validation split; {type(data).__name__} has none")
     augmented = settings.views > 1
-    train_set = data.build_datasets(data.train_transform(), data.eval_transform())[0] if augmented else feature_train
+    train_set = (
+        data.build_datasets(data.train_transform(), data.eval_transform())[0] if augmented else feature_train
+    )
     if max_train is not None:
         train_set = fixed_subset(train_set, max_train)
     torch.manual_seed(settings.seed)
@@ -126,8 +131,17 @@ def evaluate(
     loading = (data.batch_size, data.num_workers, device)
     train = FeatureStore.extract(encode, train_set, *loading, settings.views, prefix("train"))
     val = FeatureStore.extract(encode, val_set, *loading, 1, prefix("val"))
-    result = _train_heads(train, val, data.num_labels, settings.lrs, settings.weight_decays, settings.holdout,
-                          settings.max_epochs, settings.patience, seed=settings.seed)  # fmt: skip
+    result = _train_heads(
+        train,
+        val,
+        data.num_labels,
+        settings.lrs,
+        settings.weight_decays,
+        settings.holdout,
+        settings.max_epochs,
+        settings.patience,
+        seed=settings.seed,
+    )
     return result, len(val), len(train)
 
 
@@ -160,8 +174,9 @@ def train_probe(
     check_training(max_epochs, patience, holdout)
     if chunk % batch_size:
         raise ConfigError(f"probe chunk {chunk} must be a multiple of the batch size {batch_size}")
-    return _train_heads(train, val, num_classes, lrs, weight_decays, holdout, max_epochs, patience, batch_size, chunk,
-                        seed)  # fmt: skip
+    return _train_heads(
+        train, val, num_classes, lrs, weight_decays, holdout, max_epochs, patience, batch_size, chunk, seed
+    )
 
 
 def _train_heads(
@@ -185,8 +200,9 @@ def _train_heads(
     if len(held_images) == 0 or len(fit_images) == 0:
         raise ConfigError(
             f"the probe chooses its head on held-out training images, and {images} training images "
-            f"({images / max(1, num_classes):.1f} per class) leave none to hold out at probe.holdout={holdout}: "
-            f"a class needs 2 or more images (use more labelled images, or the kNN evaluation, mae knn)"
+            f"({images / max(1, num_classes):.1f} per class) leave none to hold out at "
+            f"probe.holdout={holdout}: a class needs 2 or more images (use more labelled images, or the kNN "
+            "evaluation, mae knn)"
         )
     fit_rows = (fit_images[None] + images * np.arange(train.views)[:, None]).ravel()
     held_rows = held_images  # their first view: the evaluation view when the views are augmented
@@ -211,7 +227,9 @@ def _train_heads(
                 y = labels[start : start + batch_size]
                 weight.requires_grad_(True)
                 logits = torch.einsum("nd,hdk->hnk", x, weight)
-                loss = F.cross_entropy(logits.reshape(-1, num_classes), y.repeat(heads), reduction="sum") / len(y)
+                loss = F.cross_entropy(
+                    logits.reshape(-1, num_classes), y.repeat(heads), reduction="sum"
+                ) / len(y)
                 (grad,) = torch.autograd.grad(loss, weight)
                 weight = weight.detach()
                 grad[:, :-1] += wd * weight[:, :-1]  # no decay on the bias
@@ -236,18 +254,30 @@ def _train_heads(
     val_rows = np.arange(len(val))
     top1, top5, _ = _evaluate(val, val_rows, best_weight[choice : choice + 1], mean, std, chunk)
     grid = [
-        {"lr": s[0], "weight_decay": s[1], "holdout_acc1": float(a)} for s, a in zip(settings, best_acc, strict=True)
+        {"lr": s[0], "weight_decay": s[1], "holdout_acc1": float(a)}
+        for s, a in zip(settings, best_acc, strict=True)
     ]
-    return ProbeResult(settings[choice][0], settings[choice][1], best_epoch, float(best_acc[choice]),
-                       float(top1[0]), float(top5[0]), grid)  # fmt: skip
+    return ProbeResult(
+        settings[choice][0],
+        settings[choice][1],
+        best_epoch,
+        float(best_acc[choice]),
+        float(top1[0]),
+        float(top5[0]),
+        grid,
+    )
 
 
-def _stratified_split(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _stratified_split(
+    labels: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     labels = np.asarray(labels)
     held = []
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))
-        held.append(members[: max(1, math.floor(fraction * len(members)))] if len(members) > 1 else members[:0])
+        held.append(
+            members[: max(1, math.floor(fraction * len(members)))] if len(members) > 1 else members[:0]
+        )
     held = np.sort(np.concatenate(held))
     return np.setdiff1d(np.arange(len(labels)), held), held
 
@@ -282,7 +312,11 @@ def _evaluate(store, rows, weight, mean, std, chunk) -> tuple[torch.Tensor, torc
     for feats, labels in store.chunks(rows, chunk):
         logits = torch.einsum("nd,hdk->hnk", _standardised(feats, mean, std), weight)
         correct1 += (logits.argmax(-1) == labels).float().sum(1)
-        correct5 += (logits.topk(min(5, num_classes), dim=-1).indices == labels[:, None]).any(-1).float().sum(1)
-        loss += F.cross_entropy(logits.permute(1, 2, 0), labels[:, None].expand(-1, heads), reduction="none").sum(0)
+        correct5 += (
+            (logits.topk(min(5, num_classes), dim=-1).indices == labels[:, None]).any(-1).float().sum(1)
+        )
+        loss += F.cross_entropy(
+            logits.permute(1, 2, 0), labels[:, None].expand(-1, heads), reduction="none"
+        ).sum(0)
     count = max(len(rows), 1)
     return 100 * correct1 / count, 100 * correct5 / count, loss / count

@@ -7,5 +7,12 @@ from mae.inference.images import IMAGE_ERRORS, image_paths, load_image
 from mae.inference.normalization import Normalization
 from mae.inference.reconstruction import load_reconstructor, reconstruct, reconstruction_grid
 
-__all__ = ["IMAGE_ERRORS", "Normalization", "image_paths", "load_image", "load_reconstructor", "reconstruct",
-           "reconstruction_grid"]  # fmt: skip
+__all__ = [
+    "IMAGE_ERRORS",
+    "Normalization",
+    "image_paths",
+    "load_image",
+    "load_reconstructor",
+    "reconstruct",
+    "reconstruction_grid",
+]

@@ -89,7 +89,9 @@ def heat(maps: torch.Tensor) -> torch.Tensor:
     scaled to its own maximum, then black -> red -> yellow -> white."""
     peak = maps.flatten(-2).amax(-1).clamp(min=1e-12)[..., None, None]
     value = (maps / peak).unsqueeze(-3)
-    return torch.cat([(3 * value).clamp(0, 1), (3 * value - 1).clamp(0, 1), (3 * value - 2).clamp(0, 1)], dim=-3)
+    return torch.cat(
+        [(3 * value).clamp(0, 1), (3 * value - 1).clamp(0, 1), (3 * value - 2).clamp(0, 1)], dim=-3
+    )
 
 
 def attention_panels(maps: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +106,9 @@ def attention_panels(maps: torch.Tensor, size: tuple[int, int]) -> tuple[torch.T
     cell_h, cell_w = height // rows, width // cols
     grid_h, grid_w = maps.shape[-2:]
     factor = min((cell_h - 1) // grid_h, (cell_w - 1) // grid_w)  # whole pixels per patch, a 1-pixel gap
-    small_size = (factor * grid_h, factor * grid_w) if factor >= 1 else (max(cell_h - 1, 1), max(cell_w - 1, 1))
+    small_size = (
+        (factor * grid_h, factor * grid_w) if factor >= 1 else (max(cell_h - 1, 1), max(cell_w - 1, 1))
+    )
     small = heat(F.interpolate(maps, size=small_size, mode="nearest"))
     tiles = torch.ones(N, 3, height, width)
     for head in range(heads):
@@ -117,10 +121,10 @@ def attention_panels(maps: torch.Tensor, size: tuple[int, int]) -> tuple[torch.T
 def attention_caption(heads: int) -> str:
     """What the attention panels show, honestly."""
     return (
-        f"Attention: the last encoder block's attention from the cls token to each patch, with every patch visible "
-        f"(no masking): the mean of its {heads} heads, then each head (left to right, top to bottom); each map is "
-        f"scaled to its own maximum, and the weights are not renormalised over the patches (the cls token's "
-        f"attention to itself is left out)."
+        "Attention: the last encoder block's attention from the cls token to each patch, with every patch "
+        f"visible (no masking): the mean of its {heads} heads, then each head (left to right, top to "
+        "bottom); each map is scaled to its own maximum, and the weights are not renormalised over the "
+        "patches (the cls token's attention to itself is left out)."
     )
 
 

@@ -31,7 +31,10 @@ def image_paths(sources: list[str | os.PathLike]) -> list[Path]:
 
 
 def load_image(
-    path: str | os.PathLike, size: tuple[int, int], norm: Normalization, max_pixels: int | None = DEFAULT_MAX_PIXELS
+    path: str | os.PathLike,
+    size: tuple[int, int],
+    norm: Normalization,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> torch.Tensor:
     """(C, H, W) model input of one image file: resized (short side) and centre-cropped to ``size``,
     scaled and normalised as training did (8-bit images as RGB for 3-channel models). The file is
@@ -47,7 +50,9 @@ def load_image(
     if not path.is_file():
         raise MissingFileError(f"{path} does not exist")
     try:
-        view = ArrayView("eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0, max_pixels=max_pixels)
+        view = ArrayView(
+            "eval", size, norm.in_chans, norm.mean, norm.std, crop_ratio=1.0, max_pixels=max_pixels
+        )
         pixels = chw_tensor(read_image(path, norm.in_chans, max_pixels, view.eval_short_side))
         return view.view(pixels)
     except IMAGE_ERRORS:

@@ -45,13 +45,13 @@ def caption_of(model: MaskedAutoencoderViT, unnormalize: Unnormalize) -> str:
         return "Pixel-target model: the reconstruction is its prediction as it is."
     if unnormalize == "patch":
         return (
-            "norm_pix_loss model: it predicts each masked patch's normalised pattern only; the patches are drawn "
-            "with the TRUE patches' mean and variance, which the model never saw, so the picture shows more than "
-            "it knows (--unnormalize none: the raw prediction)."
+            "norm_pix_loss model: it predicts each masked patch's normalised pattern only; the patches are "
+            "drawn with the TRUE patches' mean and variance, which the model never saw, so the picture "
+            "shows more than it knows (--unnormalize none: the raw prediction)."
         )
     return (
-        "norm_pix_loss model, raw prediction: each masked patch's normalised pattern (zero mean, unit variance) "
-        "drawn as a normalised image: what the model really predicts."
+        "norm_pix_loss model, raw prediction: each masked patch's normalised pattern (zero mean, unit "
+        "variance) drawn as a normalised image: what the model really predicts."
     )
 
 
@@ -73,8 +73,7 @@ def mask_noise(
     check_mask_ratio(mask_ratio, strategy)
     check_visible_patches(model.grid_size, mask_ratio)
     generator = torch.Generator().manual_seed(seed)
-    noise = sample_noise(strategy, 1 if same_mask else count, model.grid_size, mask_ratio,
-                         "cpu", generator)  # fmt: skip
+    noise = sample_noise(strategy, 1 if same_mask else count, model.grid_size, mask_ratio, "cpu", generator)
     return noise.expand(count, -1).contiguous()
 
 
@@ -129,7 +128,9 @@ def to_display(
     channels = x.shape[1]
     if bands is not None:
         if len(bands) != 3 or not all(0 <= b < channels for b in bands):
-            raise ConfigError(f"reconstruction.bands must be 3 channel indices in [0, {channels}), got {bands}")
+            raise ConfigError(
+                f"reconstruction.bands must be 3 channel indices in [0, {channels}), got {bands}"
+            )
         x = x[:, list(bands)]
     elif channels == 1:
         x = x.expand(-1, 3, -1, -1)

@@ -17,8 +17,8 @@ class NoSpaceError(UserError, OSError):
         need = f"it needs about {needed:,} bytes and " if needed else ""
         super().__init__(
             errno.ENOSPC,
-            f"no space left on device: could not write {path}{kept}: {need}{path.parent} has {free:,} bytes free; "
-            f"free some space there or write to another folder",
+            f"no space left on device: could not write {path}{kept}: {need}{path.parent} has {free:,} bytes "
+            "free; free some space there or write to another folder",
         )
 
 
@@ -75,7 +75,9 @@ def _device_full(err: BaseException, folder: Path, written: int) -> bool:
     return free - written < 64 * 1024  # before the partial file was removed
 
 
-def write_folder_once(root: Path, params: dict, record: str, what: str, write: Callable[[Path, dict], None]) -> Path:
+def write_folder_once(
+    root: Path, params: dict, record: str, what: str, write: Callable[[Path, dict], None]
+) -> Path:
     """A generated folder (a built-in task) written whole, once: ``write(tmp, params)`` fills a temporary
     folder beside ``root``, which is renamed to ``root`` at the end, so a killed run leaves no half-written
     folder there. ``write`` writes ``tmp / record`` (the JSON of ``params``) last. A ``root`` that holds the
@@ -95,7 +97,9 @@ def write_folder_once(root: Path, params: dict, record: str, what: str, write: C
         try:
             os.rename(tmp, root)  # replaces an empty folder; fails on a non-empty one
         except OSError:
-            if not _holds(root, params, record, what):  # not another process that wrote the same folder meanwhile
+            if not _holds(
+                root, params, record, what
+            ):  # not another process that wrote the same folder meanwhile
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -103,7 +107,8 @@ def write_folder_once(root: Path, params: dict, record: str, what: str, write: C
 
 
 def _holds(root: Path, params: dict, record: str, what: str) -> bool:
-    """Whether ``root`` holds the folder of ``params`` (True), or nothing at all (False); anything else raises."""
+    """Whether ``root`` holds the folder of ``params`` (True), or nothing at all (False); anything else
+    raises."""
     if not root.exists() or (root.is_dir() and not any(root.iterdir())):
         return False
     if not (root / record).is_file():

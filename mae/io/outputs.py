@@ -56,8 +56,10 @@ def check_outputs(command: str, outputs: Iterable[Output], inputs: Iterable[str 
         try:
             _check_output(command, out, Path(out.path), resolved_inputs)
         except PermissionError as err:  # a folder on the way that this user may not look into
-            raise OutputError(f"{out.option} {out.path}: cannot look at {err.filename or out.path} ({err.strerror}); "
-                              "choose a folder you can read and write") from None  # fmt: skip
+            raise OutputError(
+                f"{out.option} {out.path}: cannot look at {err.filename or out.path} ({err.strerror}); "
+                "choose a folder you can read and write"
+            ) from None
 
 
 def _check_output(command: str, out: Output, path: Path, resolved_inputs: list[Path]) -> None:
@@ -72,8 +74,8 @@ def _check_output(command: str, out: Output, path: Path, resolved_inputs: list[P
     if _holds_something(path) and not (out.ours or _folder_is_ours(command))(path):
         what = "a file" if out.kind == "file" else "files"
         raise OutputError(
-            f"{out.option} {path} holds {what} that no run of {command} wrote{_listing(path)}; choose another "
-            f"path, or move it away: {command} replaces only its own outputs"
+            f"{out.option} {path} holds {what} that no run of {command} wrote{_listing(path)}; choose "
+            f"another path, or move it away: {command} replaces only its own outputs"
         )
 
 
@@ -81,8 +83,10 @@ def _check_not_an_input(out: Output, path: Path, inputs: list[Path]) -> None:
     target = Path(os.path.realpath(path))
     for source in inputs:
         if target == source or (source.is_dir() and target.is_relative_to(source)):
-            raise OutputError(f"{out.option} {path} is inside the input {source}, where a later run would read it "
-                              f"as input (or it would replace an input); write it outside {source}")  # fmt: skip
+            raise OutputError(
+                f"{out.option} {path} is inside the input {source}, where a later run would read it "
+                f"as input (or it would replace an input); write it outside {source}"
+            )
 
 
 def _check_place(out: Output, path: Path) -> None:
@@ -93,10 +97,13 @@ def _check_place(out: Output, path: Path) -> None:
             break
         parent = parent.parent
     if (parent.exists() and not parent.is_dir()) or (parent.is_symlink() and not parent.exists()):
-        raise OutputError(f"{out.option} {path}: {parent} is not a folder, so nothing can be written below it")
+        raise OutputError(
+            f"{out.option} {path}: {parent} is not a folder, so nothing can be written below it"
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{out.option} {path}: {parent} is not writable by this user; choose a folder you can "
-                          "write")  # fmt: skip
+        raise OutputError(
+            f"{out.option} {path}: {parent} is not writable by this user; choose a folder you can write"
+        )
 
 
 def _holds_something(path: Path) -> bool:
@@ -135,7 +142,9 @@ def claim_folder(folder: Path, command: str) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     if read_record(folder).get("command") != command:
-        atomic_write(folder / OUTPUT_RECORD, lambda tmp: tmp.write_text(json.dumps({"command": command}) + "\n"))
+        atomic_write(
+            folder / OUTPUT_RECORD, lambda tmp: tmp.write_text(json.dumps({"command": command}) + "\n")
+        )
 
 
 def png_is_from(command: str) -> Callable[[Path], bool]:

@@ -34,7 +34,11 @@ def join(url: str, *parts: str) -> str:
 def endpoint(storage_options: dict[str, Any] | None) -> str | None:
     """The S3 endpoint in use: ``storage_options['endpoint_url']``, else the environment's."""
     options = storage_options or {}
-    return options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return (
+        options.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
 
 
 def allow_plain_http(storage_options: dict[str, Any] | None) -> None:
@@ -60,10 +64,20 @@ def s3_client(storage_options: dict[str, Any] | None = None, timeout: float = 10
     from botocore.config import Config
 
     options = dict(storage_options or {})
-    client_keys = ("endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+    client_keys = (
+        "endpoint_url",
+        "region_name",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+    )
     kwargs = {k: options[k] for k in client_keys if k in options}
-    config = Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1, "mode": "standard"})
-    return boto3.session.Session().client("s3", config=config, **kwargs)  # a new session reads the environment now
+    config = Config(
+        connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1, "mode": "standard"}
+    )
+    return boto3.session.Session().client(
+        "s3", config=config, **kwargs
+    )  # a new session reads the environment now
 
 
 def _bucket_key(url: str) -> tuple[str, str]:
@@ -77,26 +91,40 @@ class StorageError(UserError, RuntimeError):
 
 def _explain(err: Exception, url: str, storage_options: dict[str, Any] | None) -> StorageError:
     """A ``StorageError`` naming ``url`` and what to change, for a boto3/botocore error."""
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, PartialCredentialsError
+    from botocore.exceptions import (
+        ClientError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+    )
 
     where = endpoint(storage_options) or "AWS's default endpoint"
     if isinstance(err, (NoCredentialsError, PartialCredentialsError)):
         return StorageError(
-            f"no S3 credentials to read {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in "
-            f"the environment, or data.storage_options"
+            f"no S3 credentials to read {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+            "AWS_PROFILE) in the environment, or data.storage_options"
         )
     if isinstance(err, ClientError):
         code = str(err.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchBucket",):
-            return StorageError(f"bucket {_bucket_key(url)[0]!r} (of {url}) does not exist at {where}; create it, or "
-                                "fix the URL or AWS_ENDPOINT_URL")  # fmt: skip
+            return StorageError(
+                f"bucket {_bucket_key(url)[0]!r} (of {url}) does not exist at {where}; create it, or "
+                "fix the URL or AWS_ENDPOINT_URL"
+            )
         if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
-            return StorageError(f"{where} refused the credentials for {url} ({code}): check AWS_ACCESS_KEY_ID / "
-                                "AWS_SECRET_ACCESS_KEY / AWS_PROFILE and the bucket's permissions")  # fmt: skip
+            return StorageError(
+                f"{where} refused the credentials for {url} ({code}): check AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY / AWS_PROFILE and the bucket's permissions"
+            )
         return StorageError(f"S3 error reading {url} at {where}: {code}: {err}")
-    if isinstance(err, EndpointConnectionError) or type(err).__name__ in ("ConnectTimeoutError", "ReadTimeoutError"):
-        return StorageError(f"cannot reach the S3 endpoint {where} for {url} ({type(err).__name__}); check "
-                            "AWS_ENDPOINT_URL (or data.storage_options.endpoint_url) and the network")  # fmt: skip
+    if isinstance(err, EndpointConnectionError) or type(err).__name__ in (
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+    ):
+        return StorageError(
+            f"cannot reach the S3 endpoint {where} for {url} ({type(err).__name__}); check "
+            "AWS_ENDPOINT_URL (or data.storage_options.endpoint_url) and the network"
+        )
     return StorageError(f"cannot read {url} at {where}: {type(err).__name__}: {err}")
 
 
@@ -206,7 +234,9 @@ def list_files(url: str, storage_options: dict[str, Any] | None = None) -> list[
     bucket, key = _bucket_key(url)
     prefix = key.rstrip("/") + "/" if key.strip("/") else ""
     try:
-        pages = s3_client(storage_options).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        pages = (
+            s3_client(storage_options).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        )
         return sorted(o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", []))
     except (ClientError, BotoCoreError) as err:
         raise _explain(err, url, storage_options) from err
@@ -256,5 +286,7 @@ def delete_files(url: str, paths: list[str], storage_options: dict[str, Any] | N
             raise _explain(err, url, storage_options) from err
         if response.get("Errors"):
             first = response["Errors"][0]
-            raise StorageError(f"S3 did not delete {len(response['Errors'])} object(s) under {url}, e.g. "
-                               f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}")  # fmt: skip
+            raise StorageError(
+                f"S3 did not delete {len(response['Errors'])} object(s) under {url}, e.g. "
+                f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+            )

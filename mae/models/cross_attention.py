@@ -42,7 +42,9 @@ class CrossAttention(nn.Module):
         """(N, M, D) queries, (N, T, D) context -> (N, M, D)."""
         N, M, D = x.shape
         q = self.q(x).reshape(N, M, self.num_heads, self.head_dim).transpose(1, 2)  # (N, H, M, d)
-        k, v = self.kv(context).reshape(N, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        k, v = (
+            self.kv(context).reshape(N, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        )
         if self.fused_attn:
             x = F.scaled_dot_product_attention(q, k, v)
         else:
@@ -55,7 +57,11 @@ class CrossAttentionBlock(nn.Module):
     then x + mlp(norm2(x)). No self-attention among the queries (CrossMAE's decoder block)."""
 
     def __init__(
-        self, dim: int, num_heads: int, mlp_ratio: float = 4.0, norm_layer: Callable[[int], nn.Module] = nn.LayerNorm
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
     ) -> None:
         super().__init__()
         self.norm1 = norm_layer(dim)

@@ -18,7 +18,8 @@ DECODER_SWITCHES = {"decoder_type": "self", "decoder_keep_ratio": 1.0, "decoder_
 
 
 def check_decoder_type(decoder_type: str, name: str = "decoder_type") -> None:
-    """Raise ``ValueError`` naming the setting (``name``) when ``decoder_type`` is not in ``DECODER_TYPES``."""
+    """Raise ``ValueError`` naming the setting (``name``) when ``decoder_type`` is not in
+    ``DECODER_TYPES``."""
     if decoder_type not in DECODER_TYPES:
         raise ConfigError(f"{name} {decoder_type!r} is unknown; expected one of {DECODER_TYPES}")
 
@@ -41,19 +42,21 @@ def check_decoder_encoder_layers(
         )
     if not isinstance(layers, list | tuple) or len(layers) != decoder_depth:
         raise ConfigError(
-            f"decoder_encoder_layers must list one encoder layer per decoder block ({decoder_depth}), got {layers!r}"
+            f"decoder_encoder_layers must list one encoder layer per decoder block ({decoder_depth}), got "
+            f"{layers!r}"
         )
     for layer in layers:
         if isinstance(layer, bool) or not isinstance(layer, int) or not -depth <= layer < depth:
             raise ConfigError(
                 f"decoder_encoder_layers {list(layers)} names encoder layer {layer!r}, which does not exist: "
-                f"the encoder has {depth} blocks, so allowed values are 0..{depth - 1} (or -{depth}..-1 from the end)"
+                f"the encoder has {depth} blocks, so allowed values are 0..{depth - 1} (or -{depth}..-1 from "
+                "the end)"
             )
     resolved = [layer % depth for layer in layers]
     if depth - 1 not in resolved:
         raise ConfigError(
-            f"decoder_encoder_layers {list(layers)} never reads the last encoder layer ({depth - 1} or -1), so "
-            f"the encoder blocks after layer {max(resolved)} would get no training signal; include it"
+            f"decoder_encoder_layers {list(layers)} never reads the last encoder layer ({depth - 1} or -1), "
+            f"so the encoder blocks after layer {max(resolved)} would get no training signal; include it"
         )
     return resolved
 
@@ -66,7 +69,9 @@ SWITCH_VALUES = {
 }
 
 
-def switch_differences(saved: dict, wanted: dict, keys: tuple[str, ...] = tuple(DECODER_SWITCHES)) -> list[str]:
+def switch_differences(
+    saved: dict, wanted: dict, keys: tuple[str, ...] = tuple(DECODER_SWITCHES)
+) -> list[str]:
     """The ``keys`` on which two ``MaskedAutoencoderViT`` configs differ (a key a config lacks has the
     paper's value, as in checkpoints written before the switches), one line each: the key, the
     saved and the wanted value, and the allowed values."""
@@ -74,5 +79,7 @@ def switch_differences(saved: dict, wanted: dict, keys: tuple[str, ...] = tuple(
     for key in keys:
         was, want = saved.get(key, DECODER_SWITCHES[key]), wanted.get(key, DECODER_SWITCHES[key])
         if was != want:
-            lines.append(f"{key} is {was!r} in the checkpoint but {want!r} here (allowed: {SWITCH_VALUES[key]})")
+            lines.append(
+                f"{key} is {was!r} in the checkpoint but {want!r} here (allowed: {SWITCH_VALUES[key]})"
+            )
     return lines

@@ -79,7 +79,9 @@ class PartialReconstructionMAE(MaskedAutoencoderViT):
         self.check_decoded_patches(mask_ratio)
         N, L = ids_restore.shape
         if decoder_noise is not None and decoder_noise.shape != (N, L):
-            raise ConfigError(f"decoder_noise must have shape (N, L) = {(N, L)}, got {tuple(decoder_noise.shape)}")
+            raise ConfigError(
+                f"decoder_noise must have shape (N, L) = {(N, L)}, got {tuple(decoder_noise.shape)}"
+            )
         len_keep = num_kept(L, mask_ratio)
         ids_masked = torch.argsort(ids_restore, dim=1)[:, len_keep:]  # the shuffle's masked part
         if self.decoder_keep_ratio == 1.0:
@@ -103,7 +105,9 @@ class PartialReconstructionMAE(MaskedAutoencoderViT):
             return super().forward_decoder(latent, ids_restore)
         x = self.decoder_embed(latent)
         N, L = ids_restore.shape
-        ids_keep = torch.argsort(ids_restore, dim=1)[:, : x.shape[1] - 1]  # patches of the visible tokens, as held
+        ids_keep = torch.argsort(ids_restore, dim=1)[
+            :, : x.shape[1] - 1
+        ]  # patches of the visible tokens, as held
         ids = torch.cat([ids_keep, ids_decode], dim=1)
         tokens = torch.cat([x[:, 1:, :], self.mask_token.expand(N, ids_decode.shape[1], -1)], dim=1)
         tokens = tokens + self.decoder_positions(ids)
@@ -135,7 +139,9 @@ class CrossMAE(PartialReconstructionMAE):
         self, dim: int, num_heads: int, depth: int, mlp_ratio: float, norm_layer: Callable[[int], nn.Module]
     ) -> nn.Module:
         """Cross-attention blocks; each takes (queries, context), so a list, not a chain."""
-        return nn.ModuleList([CrossAttentionBlock(dim, num_heads, mlp_ratio, norm_layer) for _ in range(depth)])
+        return nn.ModuleList(
+            [CrossAttentionBlock(dim, num_heads, mlp_ratio, norm_layer) for _ in range(depth)]
+        )
 
     def encode_for_decoder(
         self, imgs: torch.Tensor, mask_ratio: float, noise: torch.Tensor | None = None
@@ -166,14 +172,16 @@ class CrossMAE(PartialReconstructionMAE):
     def forward_decoder(
         self, latent: torch.Tensor, ids_restore: torch.Tensor, ids_decode: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Queries at the patches ``ids_decode`` (N, M) (None: every patch) read ``latent``: (N, 1 + len_keep, D)
-        from ``forward_encoder``, or with ``decoder_encoder_layers`` the (decoder_depth, N, 1 + len_keep, D)
-        stack of ``forward_encoder_layers``. Returns ``(N, L, p*p*C)``, 0 for the patches not queried."""
+        """Queries at the patches ``ids_decode`` (N, M) (None: every patch) read ``latent``:
+        (N, 1 + len_keep, D) from ``forward_encoder``, or with ``decoder_encoder_layers`` the
+        (decoder_depth, N, 1 + len_keep, D) stack of ``forward_encoder_layers``. Returns ``(N, L, p*p*C)``,
+        0 for the patches not queried."""
         per_block = self.decoder_encoder_layers is not None
         if latent.dim() != (4 if per_block else 3):
             raise ValueError(
-                f"forward_decoder takes the output of {'forward_encoder_layers' if per_block else 'forward_encoder'} "
-                f"here, got a tensor of shape {tuple(latent.shape)}"
+                "forward_decoder takes the output of "
+                f"{'forward_encoder_layers' if per_block else 'forward_encoder'} here, got a tensor of shape "
+                f"{tuple(latent.shape)}"
             )
         N, L = ids_restore.shape
         context = self.decoder_embed(latent)

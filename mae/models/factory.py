@@ -83,5 +83,7 @@ def create_model(name: str, **overrides: Any) -> MaskedAutoencoderViT:
         raise ConfigError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODEL_REGISTRY))}")
     unknown = sorted(set(overrides) - set(MODEL_ARGS))
     if unknown:
-        raise ConfigError(f"unknown model argument(s) {unknown} for {name}; valid arguments: {', '.join(MODEL_ARGS)}")
+        raise ConfigError(
+            f"unknown model argument(s) {unknown} for {name}; valid arguments: {', '.join(MODEL_ARGS)}"
+        )
     return MODEL_REGISTRY[name](**overrides)

@@ -38,8 +38,10 @@ def mae_forward_flops(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> 
     layers_read = 1 if model.decoder_encoder_layers is None else len(model.decoder_encoder_layers)
     flops += 2 * layers_read * (1 + kept) * width * dec_width  # decoder_embed of each layer read
     if model.decoder_type == "cross":
-        flops += sum(_cross_block_flops(decoded, 1 + kept, dec_width, b.mlp.fc1.out_features)
-                     for b in model.decoder_blocks)  # fmt: skip
+        flops += sum(
+            _cross_block_flops(decoded, 1 + kept, dec_width, b.mlp.fc1.out_features)
+            for b in model.decoder_blocks
+        )
         return flops + 2 * decoded * dec_width * patch_dim
     tokens = 1 + kept + decoded  # 1 + L for the paper's decoder
     flops += sum(_block_flops(tokens, dec_width, b.mlp.fc1.out_features) for b in model.decoder_blocks)

@@ -91,18 +91,34 @@ class MaskedAutoencoderViT(nn.Module):
         img_size = to_2tuple(img_size)
         # Constructor arguments, so checkpoints and exports can rebuild this exact architecture.
         self.config = dict(
-            img_size=tuple(img_size), patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, depth=depth,
-            num_heads=num_heads, decoder_embed_dim=decoder_embed_dim, decoder_depth=decoder_depth,
-            decoder_num_heads=decoder_num_heads, mlp_ratio=mlp_ratio, norm_pix_loss=norm_pix_loss,
-            mask_strategy=mask_strategy, layer_norm_eps=layer_norm_eps, decoder_type=decoder_type,
-            decoder_keep_ratio=decoder_keep_ratio, decoder_encoder_layers=decoder_encoder_layers,
-        )  # fmt: skip
+            img_size=tuple(img_size),
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            decoder_embed_dim=decoder_embed_dim,
+            decoder_depth=decoder_depth,
+            decoder_num_heads=decoder_num_heads,
+            mlp_ratio=mlp_ratio,
+            norm_pix_loss=norm_pix_loss,
+            mask_strategy=mask_strategy,
+            layer_norm_eps=layer_norm_eps,
+            decoder_type=decoder_type,
+            decoder_keep_ratio=decoder_keep_ratio,
+            decoder_encoder_layers=decoder_encoder_layers,
+        )
         check_img_size(img_size, patch_size)
-        for name, dim, heads in (("", embed_dim, num_heads), ("decoder_", decoder_embed_dim, decoder_num_heads)):
+        for name, dim, heads in (
+            ("", embed_dim, num_heads),
+            ("decoder_", decoder_embed_dim, decoder_num_heads),
+        ):
             if dim % heads:
                 raise ConfigError(f"{name}embed_dim {dim} is not divisible by {name}num_heads {heads}")
             if dim % 4:
-                raise ConfigError(f"{name}embed_dim {dim} must be divisible by 4 for 2-D sin-cos position embeddings")
+                raise ConfigError(
+                    f"{name}embed_dim {dim} must be divisible by 4 for 2-D sin-cos position embeddings"
+                )
         check_mask_strategy(mask_strategy, "mask_strategy")
         check_decoder_type(decoder_type, "decoder_type")
         check_decoder_keep_ratio(decoder_keep_ratio, "decoder_keep_ratio")
@@ -110,9 +126,10 @@ class MaskedAutoencoderViT(nn.Module):
         self.config["decoder_encoder_layers"] = self.decoder_encoder_layers = layers  # a list, counted from 0
         if not self.implements(decoder_type, decoder_keep_ratio):
             raise ConfigError(
-                f"{type(self).__name__} does not implement decoder_type {decoder_type!r} with decoder_keep_ratio "
-                f"{decoder_keep_ratio}; build the model with mae.models.build_mae(**arguments) or "
-                f"create_model(name, **arguments), which choose the decoder variant's class"
+                f"{type(self).__name__} does not implement decoder_type {decoder_type!r} with "
+                f"decoder_keep_ratio {decoder_keep_ratio}; build the model with "
+                "mae.models.build_mae(**arguments) or create_model(name, **arguments), which choose the "
+                "decoder variant's class"
             )
         self.norm_pix_loss = norm_pix_loss
         self.mask_strategy = mask_strategy
@@ -323,9 +340,13 @@ class MaskedAutoencoderViT(nn.Module):
 def vit_blocks(
     dim: int, num_heads: int, depth: int, mlp_ratio: float, norm_layer: Callable[[int], nn.Module]
 ) -> nn.Sequential:
-    """``depth`` timm ``Block``s of width ``dim`` with qkv bias, as timm's ``VisionTransformer`` builds them."""
+    """``depth`` timm ``Block``s of width ``dim`` with qkv bias, as timm's ``VisionTransformer`` builds
+    them."""
     return nn.Sequential(
-        *[Block(dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=True, norm_layer=norm_layer) for _ in range(depth)]
+        *[
+            Block(dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
+            for _ in range(depth)
+        ]
     )
 
 

@@ -25,14 +25,15 @@ def check_img_size(img_size: int | tuple[int, int], patch_size: int) -> tuple[in
         sides = [max(side // patch_size, 1) * patch_size for side in (height, width)]
         nearest = str(sides[0]) if sides[0] == sides[1] else f"{sides[0]}x{sides[1]}"
         raise ConfigError(
-            f"img_size {height}x{width} is not divisible by patch_size {patch_size}; use a multiple of {patch_size} "
-            f"(e.g. {nearest})"
+            f"img_size {height}x{width} is not divisible by patch_size {patch_size}; use a multiple of "
+            f"{patch_size} (e.g. {nearest})"
         )
     patches = (height // patch_size) * (width // patch_size)
     if patches > MAX_PATCHES:
         side = int(MAX_PATCHES**0.5) * patch_size
         raise ConfigError(
-            f"img_size {height}x{width} makes {patches:,} patches of {patch_size} pixels, over the {MAX_PATCHES:,} "
-            f"one input may have ({side}x{side} at most): its activations would not fit in memory"
+            f"img_size {height}x{width} makes {patches:,} patches of {patch_size} pixels, over the "
+            f"{MAX_PATCHES:,} one input may have ({side}x{side} at most): its activations would not fit in "
+            "memory"
         )
     return height, width

@@ -65,10 +65,20 @@ class RunRecord(pl.Callback):
         self.path, self.digest, self.batches = path, digest, 0
 
     def _write(self, trainer: pl.Trainer, event: str, **more: Any) -> None:
-        state = trainer.strategy.lightning_module_state_dict() if self.digest and event.startswith("train") else None
+        state = (
+            trainer.strategy.lightning_module_state_dict()
+            if self.digest and event.startswith("train")
+            else None
+        )
         if not trainer.is_global_zero:
             return
-        record = {"event": event, "step": trainer.global_step, "pid": os.getpid(), "time": time.time(), **more}
+        record = {
+            "event": event,
+            "step": trainer.global_step,
+            "pid": os.getpid(),
+            "time": time.time(),
+            **more,
+        }
         if state is not None:
             record["digest"] = state_digest(state)
         with open(self.path, "a") as f:
@@ -88,10 +98,14 @@ class RunRecord(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.batches += 1
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict
+    ) -> None:
         self._write(trainer, "save")
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         self._write(trainer, "exception", type=type(exception).__name__, batches=self.batches)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -106,11 +120,15 @@ class MidStepPause(pl.Callback):
     def __init__(self, step: int, marker: str, seconds: float = 3.0) -> None:
         self.step, self.marker, self.seconds, self.done = step, marker, seconds, False
 
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
         if self.done or trainer.global_step != self.step:
             return
         self.done = True
-        write_json(Path(self.marker), {"step": trainer.global_step, "pid": os.getpid(), "device": str(loss.device)})
+        write_json(
+            Path(self.marker), {"step": trainer.global_step, "pid": os.getpid(), "device": str(loss.device)}
+        )
         time.sleep(self.seconds)
 
 

@@ -34,7 +34,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if part is None or mode is None:
             continue
         limit, _ = time_limits(part, dry_run=mode == "cpu")
-        item.add_marker(pytest.mark.timeout(limit), append=False)  # before the module's own: pytest-timeout reads it
+        item.add_marker(
+            pytest.mark.timeout(limit), append=False
+        )  # before the module's own: pytest-timeout reads it
 
 
 @pytest.fixture(scope="module", params=MODES)

@@ -79,7 +79,9 @@ class SmokePart:
         """The keys of ``RESULT_KEYS`` missing from the results, and the empty or missing logs of ``runs``."""
         missing = sorted(RESULT_KEYS[self.part] - set(self.results))
         return missing + [
-            self.log(run).name for run in runs if not (self.log(run).exists() and self.log(run).stat().st_size)
+            self.log(run).name
+            for run in runs
+            if not (self.log(run).exists() and self.log(run).stat().st_size)
         ]
 
     def write_config(self, name: str, config: dict) -> Path:
@@ -100,7 +102,9 @@ class SmokePart:
         init = {"img_size": img_size, "batch_size": batch_size, "num_workers": 0}
         return {"class_path": "mae.data.DigitsDataModule", "init_args": init}
 
-    def pretrain_config(self, name: str, model: dict, data: dict, callbacks: list[dict], **trainer: Any) -> dict:
+    def pretrain_config(
+        self, name: str, model: dict, data: dict, callbacks: list[dict], **trainer: Any
+    ) -> dict:
         """A ``mae pretrain`` config: no validation, figures or kNN; CSV metrics in the work folder."""
         logger = {"class_path": CSV_LOGGER, "init_args": {"save_dir": str(self.work / "runs"), "name": name}}
         trainer_settings = {

@@ -21,7 +21,14 @@ def img_s(smoke: SmokePart) -> dict[str, float]:
 
     if smoke.dry_run:
         smoke.note("dry run: the tiny model at 32 px, batch 2, 1 timed step per round")
-        size = ["--model", "mae_vit_tiny_patch4", "--model-kwargs", json.dumps(TINY_KWARGS), "--img-size", "32"]
+        size = [
+            "--model",
+            "mae_vit_tiny_patch4",
+            "--model-kwargs",
+            json.dumps(TINY_KWARGS),
+            "--img-size",
+            "32",
+        ]
         steps = ["--batch-size", "2", "--warmup", "1", "--steps", "1"]
     else:
         size = ["--model", "mae_vit_base_patch16", "--img-size", "224"]

@@ -122,7 +122,9 @@ def test_mae_detect_trains_the_recipes_model_on_the_device(output: str, smoke: S
 
 def test_the_training_losses_are_finite(output: str, smoke: SmokePart) -> None:
     losses = smoke.results["losses"]
-    assert losses and all(math.isfinite(v) for v in losses), f"training losses missing or not finite: {losses[:10]}"
+    assert losses and all(math.isfinite(v) for v in losses), (
+        f"training losses missing or not finite: {losses[:10]}"
+    )
 
 
 def test_validation_logs_a_map(output: str, smoke: SmokePart) -> None:

@@ -21,7 +21,8 @@ def runs(smoke: SmokePart) -> dict:
     strategy = "auto" if smoke.dry_run else "fsdp"
     if smoke.dry_run:
         smoke.note(
-            "dry run: Lightning's FSDP needs CUDA; the same save / load / resume check with the default strategy"
+            "dry run: Lightning's FSDP needs CUDA; the same save / load / resume check with the default "
+            "strategy"
         )
     record = smoke.work / "run.jsonl"
     data = smoke.digits(32, 8 if smoke.dry_run else 64)
@@ -72,7 +73,9 @@ def runs(smoke: SmokePart) -> dict:
 
 def test_the_first_run_saves_last_ckpt_and_the_resumed_run_ends_well(runs: dict) -> None:
     code, out = runs["first"]
-    assert code == 0 and "file" in runs, f"first run: exit status {code}, last.ckpt missing or not: {out[-1500:]}"
+    assert code == 0 and "file" in runs, (
+        f"first run: exit status {code}, last.ckpt missing or not: {out[-1500:]}"
+    )
     code, out = runs["resume"]
     assert code == 0, f"resumed run exited with {code}: {out[-1500:]}"
     assert len(runs["starts"]) == len(runs["ends"]) == 2, "the runs' records are incomplete"
@@ -97,7 +100,9 @@ def test_the_weights_after_the_reload_equal_those_saved(runs: dict) -> None:
 def test_the_resumed_run_continues_from_the_saved_step_to_the_end(runs: dict, smoke: SmokePart) -> None:
     first, total = smoke.results["first_run_steps"], smoke.results["resumed_to"]
     steps = [runs["file"]["global_step"], runs["ends"][0]["step"], runs["starts"][1]["step"]]
-    assert steps == [first] * 3, f"steps saved, at the first run's end, at the resume: {steps}, expected {first}"
+    assert steps == [first] * 3, (
+        f"steps saved, at the first run's end, at the resume: {steps}, expected {first}"
+    )
     ended = (runs["ends"][1]["step"], runs["ends"][1]["batches"])
     assert ended == (total, total - first), f"the resumed run ended at (step, batches) {ended}"
 

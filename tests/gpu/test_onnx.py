@@ -66,7 +66,11 @@ def _compare_with_onnxruntime(smoke: SmokePart) -> dict[str, float]:
     from mae.apps.onnx_encoder import INPUT_NAME, export_onnx
     from mae.convert.backbone import load_backbone
 
-    ckpt, onnx_path, img_size = smoke.work / "trained.ckpt", smoke.work / "encoder.onnx", smoke.results["img_size"]
+    ckpt, onnx_path, img_size = (
+        smoke.work / "trained.ckpt",
+        smoke.work / "encoder.onnx",
+        smoke.results["img_size"],
+    )
     export = export_onnx(ckpt, onnx_path, dynamic_batch=True)
     smoke.results.update(
         onnx_file=str(onnx_path),
@@ -100,7 +104,9 @@ def test_the_encoder_trains_on_the_device(differences: dict[str, float], smoke: 
     assert trained_steps == (results["expected_steps"], True), f"(steps, changed tensors) {trained_steps}"
 
 
-def test_onnxruntime_matches_the_encoder_on_the_device(differences: dict[str, float], smoke: SmokePart) -> None:
+def test_onnxruntime_matches_the_encoder_on_the_device(
+    differences: dict[str, float], smoke: SmokePart
+) -> None:
     assert differences, "no onnxruntime provider ran the file"
     off = {p: d for p, d in differences.items() if not d <= TOLERANCE}
     assert not off, f"onnxruntime differs from the encoder on {smoke.device} by {off}"

@@ -74,7 +74,9 @@ def _signal_when_paused(child, marker) -> dict | None:
 
 def _resume(smoke: SmokePart, signalled: dict) -> str:
     """``--ckpt_path last`` after the signal: its output; its exit status and records in the results."""
-    saved_step = torch.load(signalled["last"], map_location="cpu", weights_only=True, mmap=True)["global_step"]
+    saved_step = torch.load(signalled["last"], map_location="cpu", weights_only=True, mmap=True)[
+        "global_step"
+    ]
     code, output = smoke.run_mae("resume", *signalled["command"], "--ckpt_path", "last")
     events = read_events(signalled["record"])
     start = ([e for e in events if e["event"] == "train_start"][1:2] or [{}])[0]
@@ -98,9 +100,16 @@ def test_the_run_reaches_the_signalled_step(runs: dict, smoke: SmokePart) -> Non
 
 def test_sigterm_saves_last_ckpt_and_exits_143(runs: dict, smoke: SmokePart) -> None:
     results = smoke.results
-    ended = (results["exit_status"], results["exception"], results["sigterm_message"], runs["last"] is not None)
+    ended = (
+        results["exit_status"],
+        results["exception"],
+        results["sigterm_message"],
+        runs["last"] is not None,
+    )
     expected = (143, "SIGTERMException", True, True)
-    assert ended == expected, f"(exit status, exception, 'SIGTERM: saved', last.ckpt): {ended}: {runs['output']}"
+    assert ended == expected, (
+        f"(exit status, exception, 'SIGTERM: saved', last.ckpt): {ended}: {runs['output']}"
+    )
 
 
 def test_the_signalled_step_ran_on_the_device(runs: dict, smoke: SmokePart) -> None:

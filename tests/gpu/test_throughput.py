@@ -30,7 +30,9 @@ def rows(smoke: SmokePart) -> list[dict]:
     return rows
 
 
-def test_ours_with_the_default_settings_against_hugging_faces_best(rows: list[dict], smoke: SmokePart) -> None:
+def test_ours_with_the_default_settings_against_hugging_faces_best(
+    rows: list[dict], smoke: SmokePart
+) -> None:
     ours = [r for r in rows if r["contender"].startswith("ours default")]
     hf = [r for r in rows if r["impl"] == "hf"]
     assert ours and hf, f"contenders measured: {sorted({r['contender'] for r in rows})}"
@@ -41,7 +43,11 @@ def test_ours_with_the_default_settings_against_hugging_faces_best(rows: list[di
             "img_s": ours[0]["img_s"],
             "memory_mib": ours[0].get("memory_mib"),
         },
-        hf_best={"contender": best["contender"], "img_s": best["img_s"], "memory_mib": best.get("memory_mib")},
+        hf_best={
+            "contender": best["contender"],
+            "img_s": best["img_s"],
+            "memory_mib": best.get("memory_mib"),
+        },
         ours_vs_hf_best=ours[0]["img_s"] / best["img_s"],
     )
 

@@ -33,7 +33,9 @@ def outputs(smoke: SmokePart) -> dict[str, str]:
     from benchmarks.dataloader import gpu_decode_rates  # a worker reading bytes; decode + crop on the device
 
     batches = argparse.Namespace(
-        batch_size=smoke.results["batch_size"], rounds=1 if smoke.dry_run else 2, batches=2 if smoke.dry_run else 8
+        batch_size=smoke.results["batch_size"],
+        rounds=1 if smoke.dry_run else 2,
+        batches=2 if smoke.dry_run else 8,
     )
     standalone = gpu_decode_rates(shards, smoke.results["img_size"], smoke.device, batches)
     smoke.results["standalone"] = {**standalone, "decode_device": smoke.device}
@@ -70,7 +72,10 @@ def _link_or_copy(source: Path, target: Path) -> None:
 def _train(smoke: SmokePart, shards: Path) -> str:
     """``mae pretrain`` from the shards with the step timer; its output (the timing in the results)."""
     if smoke.dry_run:
-        smoke.note("dry run: data.decode_on cpu (decode_on gpu needs CUDA), the tiny model at 32 px, batch 4, 8 steps")
+        smoke.note(
+            "dry run: data.decode_on cpu (decode_on gpu needs CUDA), the tiny model at 32 px, batch 4, 8 "
+            "steps"
+        )
         model = smoke.default_job_model()
         img_size, batch, steps, warmup, workers, decode_on = 32, 4, 8, 2, 0, "cpu"
     else:

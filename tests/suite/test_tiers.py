@@ -21,7 +21,9 @@ def _forked(script: str, *args: str, timeout: float = 60) -> subprocess.Complete
 def _fresh(script: str, *args: str) -> subprocess.CompletedProcess:
     """``python SCRIPT ARGS`` in a fresh interpreter (``Popen``: the tier rule marks its tests slow)."""
     command = [sys.executable, script, *args]
-    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+    with subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
         stdout, stderr = process.communicate(timeout=60)
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
@@ -85,7 +87,12 @@ def test_tiers__the_folder_and_the_markers_decide(suite):
     fast = suite.runpytest_inprocess("-m", "not slow", "--collect-only", "-q", "-p", "no:cacheprovider")
     assert _collected(fast) == {"test_plain", "test_an_unseen_interpreter", "test_hangs"}
     slow = suite.runpytest_inprocess("-m", "slow", "--collect-only", "-q", "-p", "no:cacheprovider")
-    assert _collected(slow) == {"test_marked_by_hand", "test_in_the_browser", "test_two_processes", "test_end_to_end"}
+    assert _collected(slow) == {
+        "test_marked_by_hand",
+        "test_in_the_browser",
+        "test_two_processes",
+        "test_end_to_end",
+    }
     browser = suite.runpytest_inprocess("-m", "browser", "--collect-only", "-q", "-p", "no:cacheprovider")
     assert _collected(browser) == {"test_in_the_browser"}
 

@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _layers_table():
-    """``docs/hooks/layers.py``: the one table of layers (lowest first), also drawn on the architecture page."""
+    """``docs/hooks/layers.py``: the one table of layers (lowest first), also drawn on the architecture
+    page."""
     spec = importlib.util.spec_from_file_location("docs_layers", REPO / "docs" / "hooks" / "layers.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -46,7 +47,11 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 found |= {owner(a.name) for a in node.names if a.name.split(".")[0] == "mae"}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "mae":
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").split(".")[0] == "mae"
+            ):
                 found |= {
                     f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else owner(node.module)
                     for a in node.names
@@ -86,7 +91,9 @@ def test_layers__no_import_loop_between_modules():
         for dep in sorted(graph[module]):
             if state.get(dep) == "grey":
                 loops.append(
-                    " -> ".join(path[path.index(dep) :] + [module, dep]) if dep in path else f"{module} -> {dep}"
+                    " -> ".join(path[path.index(dep) :] + [module, dep])
+                    if dep in path
+                    else f"{module} -> {dep}"
                 )
             elif dep not in state:
                 visit(dep, path + [module])
@@ -109,7 +116,9 @@ def test_eval__holds_only_what_measures():
 def test_layers__every_module_of_the_package_is_in_a_layer():
     prefixes = [prefix for modules in LAYERS for prefix in modules]
     placed = [m for m in _modules() if any(m == p or m.startswith(p + ".") for p in prefixes)]
-    assert sorted(placed) == sorted(_modules()), f"modules in no layer: {sorted(set(_modules()) - set(placed))}"
+    assert sorted(placed) == sorted(_modules()), (
+        f"modules in no layer: {sorted(set(_modules()) - set(placed))}"
+    )
 
 
 def test_drawing__the_architecture_page_shows_the_layers_table_as_it_is():

@@ -76,7 +76,10 @@ def test_torch__wrapper_module_names_are_the_ones_wrappers_insert():
 
     compiled = [name for name, _ in torch.compile(nn.Linear(2, 2)).named_parameters()]
     checkpointed = [name for name, _ in nn.Sequential(checkpoint_wrapper(nn.Linear(2, 2))).named_parameters()]
-    assert compiled[0].split(".")[0] == "_orig_mod" and checkpointed[0].split(".")[1] == "_checkpoint_wrapped_module"
+    assert (
+        compiled[0].split(".")[0] == "_orig_mod"
+        and checkpointed[0].split(".")[1] == "_checkpoint_wrapped_module"
+    )
     assert set(WRAPPER_MODULE_NAMES) == {FSDP_WRAPPED_MODULE, "_orig_mod", "_checkpoint_wrapped_module"}
 
 
@@ -173,7 +176,9 @@ def test_lightning__described_rich_progress_bar_names_the_training_bar():
             return super().train_description(current_epoch)
 
     bar = Recording()
-    _trainer(max_epochs=1, callbacks=[bar], enable_progress_bar=True).fit(Model(), DataLoader(torch.ones(2, 2)))
+    _trainer(max_epochs=1, callbacks=[bar], enable_progress_bar=True).fit(
+        Model(), DataLoader(torch.ones(2, 2))
+    )
     assert bar.epochs and set(bar.epochs) == {0}
     assert bar.train_description(0).startswith("Epoch 0/0")
 
@@ -188,7 +193,9 @@ def test_timm__embed_positions_is_the_start_of_forward_features():
     from mae.compat.timm import embed_positions
 
     torch.manual_seed(0)
-    vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=16, depth=0, num_heads=2, dynamic_img_size=True)
+    vit = VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=16, depth=0, num_heads=2, dynamic_img_size=True
+    )
     vit.eval()
     images = torch.randn(2, 3, 40, 48)
     tokens = embed_positions(vit, vit.patch_embed(images))

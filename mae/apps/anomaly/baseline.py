@@ -13,7 +13,9 @@ from torch.nn import functional as F
 
 
 @torch.no_grad()
-def nearest_normal_errors(imgs: torch.Tensor, normal: torch.Tensor, patch_size: int, chunk: int = 256) -> torch.Tensor:
+def nearest_normal_errors(
+    imgs: torch.Tensor, normal: torch.Tensor, patch_size: int, chunk: int = 256
+) -> torch.Tensor:
     """Per-patch squared difference to the nearest normal image.
 
     Args:

@@ -71,8 +71,14 @@ def write_digit_anomalies(
     for name, value in (("num_normal", num_normal), ("num_test", num_test)):
         if value is not None and value < 4:
             raise ConfigError(f"{name} must be at least 4 (or None: all), got {value}")
-    params = {"task": "mae digit anomalies", "format": FORMAT, "seed": seed, "img_size": img_size,
-              "num_normal": num_normal, "num_test": num_test}  # fmt: skip
+    params = {
+        "task": "mae digit anomalies",
+        "format": FORMAT,
+        "seed": seed,
+        "img_size": img_size,
+        "num_normal": num_normal,
+        "num_test": num_test,
+    }
     return write_folder_once(Path(root), params, RECORD, "digit anomaly tasks", _write_task)
 
 

@@ -24,7 +24,10 @@ from mae.models.mae import MaskedAutoencoderViT
 
 
 def load_images(
-    paths: Sequence[Path], size: tuple[int, int], norm: Normalization, max_pixels: int | None = DEFAULT_MAX_PIXELS
+    paths: Sequence[Path],
+    size: tuple[int, int],
+    norm: Normalization,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> torch.Tensor:
     """(N, C, H, W) model input of image files (``load_image``: resized, centre-cropped, normalised).
 
@@ -37,7 +40,9 @@ def load_images(
         try:
             images.append(load_image(path, size, norm, max_pixels))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-            raise ConfigError(f"cannot read {path}: {err}; remove the file from its folder or replace it") from err
+            raise ConfigError(
+                f"cannot read {path}: {err}; remove the file from its folder or replace it"
+            ) from err
     return torch.stack(images)
 
 
@@ -50,10 +55,12 @@ def file_errors(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> torch.Tensor:
     """(N, L) ``errors`` of image files, read ``batch_size`` at a time (only the errors are kept)."""
-    return torch.cat([
-        errors(load_images(paths[start : start + batch_size], size, norm, max_pixels)).cpu()
-        for start in range(0, len(paths), batch_size)
-    ])  # fmt: skip
+    return torch.cat(
+        [
+            errors(load_images(paths[start : start + batch_size], size, norm, max_pixels)).cpu()
+            for start in range(0, len(paths), batch_size)
+        ]
+    )
 
 
 def mae_errors(
@@ -67,7 +74,9 @@ def ground_truth(test_set: TestSet, size: tuple[int, int]) -> torch.Tensor:
     """(N, H, W) bool masks at the model's input size, all False for good images (``read_mask``: each checked
     against its image's size)."""
     blank = torch.zeros(size, dtype=torch.bool)
-    return torch.stack([mask_view(read_mask(i.mask, i.path), size) if i.mask else blank for i in test_set.images])
+    return torch.stack(
+        [mask_view(read_mask(i.mask, i.path), size) if i.mask else blank for i in test_set.images]
+    )
 
 
 @dataclass
@@ -100,13 +109,16 @@ def score_test_set(
             or an infinity somewhere without a word).
     """
     patch_scores = test_errors if normal is None else normal.standardise(test_errors)
-    bad = [i.path for i, finite in zip(test_set.images, torch.isfinite(patch_scores).all(dim=1), strict=True)
-           if not finite]  # fmt: skip
+    bad = [
+        i.path
+        for i, finite in zip(test_set.images, torch.isfinite(patch_scores).all(dim=1), strict=True)
+        if not finite
+    ]
     if bad:
         raise ConfigError(
-            f"{len(bad)} of {len(test_set.images)} test images have errors that are not finite numbers (NaN or "
-            f"inf): {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''}; an image holding NaN or inf "
-            f"pixels, or a checkpoint with NaN weights, gives them"
+            f"{len(bad)} of {len(test_set.images)} test images have errors that are not finite numbers (NaN "
+            f"or inf): {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''}; an image holding NaN "
+            "or inf pixels, or a checkpoint with NaN weights, gives them"
         )
     scores = image_scores(patch_scores, top_k)
     maps = heat_maps(patch_scores, grid_size, size)
@@ -115,7 +127,9 @@ def score_test_set(
     return AnomalyResult(patch_scores, scores, maps, truth, metrics)
 
 
-def anomaly_metrics(scores: torch.Tensor, maps: torch.Tensor, test_set: TestSet, truth: torch.Tensor | None) -> dict:
+def anomaly_metrics(
+    scores: torch.Tensor, maps: torch.Tensor, test_set: TestSet, truth: torch.Tensor | None
+) -> dict:
     """Image AUROC (overall and good vs each defect kind) when there are good and defective images; pixel
     AUROC and AUPRO against (N, H, W) ``truth`` when given and it holds defect and defect-free pixels; counts
     of images per kind. A metric that cannot be computed is under ``not_computed`` with the reason (the
@@ -126,7 +140,9 @@ def anomaly_metrics(scores: torch.Tensor, maps: torch.Tensor, test_set: TestSet,
     not_computed = {}
     if labels.min() == labels.max():
         which = "good" if labels.max() == 0 else "defective"
-        not_computed["image_auroc"] = f"every test image is {which}: image AUROC needs good and defective images"
+        not_computed["image_auroc"] = (
+            f"every test image is {which}: image AUROC needs good and defective images"
+        )
     else:
         metrics["image_auroc"] = image_auroc(scores, labels)
         metrics["image_auroc_per_kind"] = {}
@@ -141,8 +157,9 @@ def anomaly_metrics(scores: torch.Tensor, maps: torch.Tensor, test_set: TestSet,
             metrics["aupro"] = aupro(maps, truth)
         else:
             not_computed["pixel_auroc"] = not_computed["aupro"] = (
-                f"{missing} in the ground truth ({test_set.ground_truth}) at the metric size {size}: pixel AUROC and "
-                f"AUPRO need both; check the masks (non-zero = defect; a defect too small may vanish when resized)"
+                f"{missing} in the ground truth ({test_set.ground_truth}) at the metric size {size}: pixel "
+                "AUROC and AUPRO need both; check the masks (non-zero = defect; a defect too small may "
+                "vanish when resized)"
             )
     if not_computed:
         metrics["not_computed"] = not_computed

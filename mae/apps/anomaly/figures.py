@@ -48,8 +48,10 @@ def heat_map_figure(
         value_range: image values drawn black and white (``mae.inference.images.display_range``).
         min_panel: panels are enlarged (nearest neighbour) to at least this many pixels.
     """
-    shown = to_display(denormalize(imgs.float().cpu(), norm.mean, norm.std), value_range=value_range or
-                       _own_range(imgs, norm))  # fmt: skip
+    shown = to_display(
+        denormalize(imgs.float().cpu(), norm.mean, norm.std),
+        value_range=value_range or _own_range(imgs, norm),
+    )
     low, high = colors
     heat = ((maps.float().cpu() - low) / (high - low)).clamp(0, 1)
     colour = hot(heat).permute(0, 3, 1, 2)  # (N, 3, H, W)

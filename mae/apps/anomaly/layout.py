@@ -74,11 +74,15 @@ def normal_images(root: str | os.PathLike) -> list[Path]:
     """
     root = Path(root)
     if not root.is_dir():
-        raise MissingFileError(f"normal-image folder {root} does not exist: give a folder of defect-free images "
-                                f"(in the MVTec AD layout, <category>/train/good)")  # fmt: skip
+        raise MissingFileError(
+            f"normal-image folder {root} does not exist: give a folder of defect-free images "
+            f"(in the MVTec AD layout, <category>/train/good)"
+        )
     paths = image_paths([root])
     if not paths:
-        raise InputError(f"normal-image folder {root} holds no image file: give a folder of defect-free images")
+        raise InputError(
+            f"normal-image folder {root} holds no image file: give a folder of defect-free images"
+        )
     return paths
 
 
@@ -95,8 +99,10 @@ def read_test_set(root: str | os.PathLike, ground_truth: str | os.PathLike | Non
     """
     root = Path(root)
     if not root.is_dir():
-        raise MissingFileError(f"test folder {root} does not exist: give the test images' folder "
-                                f"(in the MVTec AD layout, <category>/test)")  # fmt: skip
+        raise MissingFileError(
+            f"test folder {root} does not exist: give the test images' folder "
+            f"(in the MVTec AD layout, <category>/test)"
+        )
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         images = [TestImage(path) for path in image_paths([root])]
@@ -107,28 +113,32 @@ def read_test_set(root: str | os.PathLike, ground_truth: str | os.PathLike | Non
     if GOOD not in names:
         hint = f" (did you mean {root / 'test'}?)" if (root / "test").is_dir() else ""
         raise InputError(
-            f"test folder {root} has class folders {names} but no {GOOD!r}{hint}: put the defect-free test images "
-            f"in {root / GOOD} and each kind of defect in a folder of its own (MVTec AD layout), or give a folder "
-            f"of images without class folders to score them without labels"
+            f"test folder {root} has class folders {names} but no {GOOD!r}{hint}: put the defect-free test "
+            f"images in {root / GOOD} and each kind of defect in a folder of its own (MVTec AD layout), or "
+            "give a folder of images without class folders to score them without labels"
         )
     loose = sorted(p.name for p in root.iterdir() if p.is_file() and p.suffix.lower() in READERS)
     if loose:
-        raise InputError(f"test folder {root} has images beside its class folders ({loose[:3]}): move them into "
-                         f"{root / GOOD} or a defect's folder")  # fmt: skip
+        raise InputError(
+            f"test folder {root} has images beside its class folders ({loose[:3]}): move them into "
+            f"{root / GOOD} or a defect's folder"
+        )
     gt_root = _ground_truth_root(root, ground_truth)
     images = []
     for folder in folders:
         paths = image_paths([folder])
         if not paths:
-            raise InputError(f"class folder {folder} holds no image file: add its images or remove the folder")
+            raise InputError(
+                f"class folder {folder} holds no image file: add its images or remove the folder"
+            )
         for path in paths:
             mask = None
             if gt_root is not None and folder.name != GOOD:
                 mask = gt_root / folder.name / path.relative_to(folder).with_name(path.stem + MASK_SUFFIX)
                 if not mask.is_file():
                     raise InputError(
-                        f"{path} has no ground-truth mask: expected {mask} (non-zero = defect, the image's size); "
-                        f"add it, or point --ground-truth at the right folder"
+                        f"{path} has no ground-truth mask: expected {mask} (non-zero = defect, the image's "
+                        "size); add it, or point --ground-truth at the right folder"
                     )
             images.append(TestImage(path, folder.name, mask))
     images.sort(key=lambda i: (i.kind != GOOD, i.kind, i.path))
@@ -164,8 +174,8 @@ def read_mask(path: Path, image: Path) -> torch.Tensor:
     if pixels.shape != (header.height, header.width):
         raise InputError(
             f"ground-truth mask {path} is {pixels.shape[1]}x{pixels.shape[0]} but its image {image} is "
-            f"{header.width}x{header.height}: a mask must have its image's size (width x height); write it at "
-            f"{header.width}x{header.height}"
+            f"{header.width}x{header.height}: a mask must have its image's size (width x height); write it "
+            f"at {header.width}x{header.height}"
         )
     return torch.from_numpy(pixels > 0)
 
@@ -173,6 +183,7 @@ def read_mask(path: Path, image: Path) -> torch.Tensor:
 def mask_view(mask: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """(H, W) bool -> (size) bool: resized (short side, bilinear) and centre-cropped as ``load_image``
     views its image, then thresholded at one half."""
-    pixels = TF.resize(mask[None].float(), int(max(size)), interpolation=TF.InterpolationMode.BILINEAR,
-                       antialias=True)  # fmt: skip
+    pixels = TF.resize(
+        mask[None].float(), int(max(size)), interpolation=TF.InterpolationMode.BILINEAR, antialias=True
+    )
     return TF.center_crop(pixels, list(size))[0] > 0.5

@@ -53,7 +53,9 @@ def complementary_masks(
     """
     L = grid_size[0] * grid_size[1]
     if not 0 < mask_ratio < 1:
-        raise InputError(f"the mask ratio must be in (0, 1) to hide some patches and keep others, got {mask_ratio}")
+        raise InputError(
+            f"the mask ratio must be in (0, 1) to hide some patches and keep others, got {mask_ratio}"
+        )
     check_visible_patches(grid_size, mask_ratio)
     if repeats < 1:
         raise InputError(f"repeats must be at least 1, got {repeats}")

@@ -7,8 +7,8 @@ the patches of the normalised image, and the error is the squared difference to 
 model (the default run's, the paper's released ones) predicts only each patch's normalised pattern (zero
 mean, unit variance), and the error is the squared difference to the true patch's normalised pattern,
 exactly the per-patch term of its training loss. Un-normalising the prediction with the true patch's mean
-and variance instead would hand the model what it never predicted (as ``mae.inference.reconstruction`` warns for
-figures) and weight each error by its patch's variance; comparing the raw prediction with raw pixels
+and variance instead would hand the model what it never predicted (as ``mae.inference.reconstruction`` warns
+for figures) and weight each error by its patch's variance; comparing the raw prediction with raw pixels
 would score the brightness the model was never asked for. The consequence, stated rather than hidden: a
 ``norm_pix_loss`` model cannot see a defect that only changes a patch's brightness uniformly (a flat
 blob's interior); it sees the blob's edges, and any change of pattern.
@@ -26,7 +26,9 @@ from mae.models.mae import MaskedAutoencoderViT
 
 
 @torch.no_grad()
-def reconstruction_errors(model: MaskedAutoencoderViT, imgs: torch.Tensor, masks: ComplementaryMasks) -> torch.Tensor:
+def reconstruction_errors(
+    model: MaskedAutoencoderViT, imgs: torch.Tensor, masks: ComplementaryMasks
+) -> torch.Tensor:
     """Each patch's reconstruction error, averaged over the masks that hide it.
 
     Args:
@@ -80,13 +82,15 @@ class NormalStatistics:
         if errors.shape[0] < 2:
             raise ConfigError(f"per-patch statistics need at least 2 normal images, got {errors.shape[0]}")
         if not torch.isfinite(errors).all():
-            raise ConfigError("the normal images' reconstruction errors are not all finite numbers (NaN or inf)")
+            raise ConfigError(
+                "the normal images' reconstruction errors are not all finite numbers (NaN or inf)"
+            )
         std = errors.std(dim=0)
         floor = cls.FLOOR * std.mean().item()
         if floor == 0:
             raise ConfigError(
-                f"the {errors.shape[0]} normal images' errors have standard deviation 0 at every patch position "
-                f"(identical images?), so every standard score would be infinite"
+                f"the {errors.shape[0]} normal images' errors have standard deviation 0 at every patch "
+                "position (identical images?), so every standard score would be infinite"
             )
         return cls(errors.mean(dim=0), std.clamp(min=floor), int((std < floor).sum()))
 

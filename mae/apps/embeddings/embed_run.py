@@ -62,8 +62,10 @@ def listed_images(sources: list[str | os.PathLike]) -> list[ImageItem]:
             raise MissingFileError(f"{source} does not exist: give image files or folders of them")
         paths = image_paths([source])
         if not paths:
-            raise MissingFileError(f"{source} holds no image file (looked for {', '.join(READERS)} in it and its "
-                                    "sub-folders): give a folder of images, or the files themselves")  # fmt: skip
+            raise MissingFileError(
+                f"{source} holds no image file (looked for {', '.join(READERS)} in it and its "
+                "sub-folders): give a folder of images, or the files themselves"
+            )
         for path in paths:
             absolute = os.path.abspath(path)
             if absolute in seen:
@@ -132,8 +134,11 @@ class PartsFolder:
             if existing.is_file() and json.loads(existing.read_text()) == manifest:
                 return {int(p.stem.split("-")[1]) for p in self.folder.glob("part-*.npz")}
             if any(self.folder.glob("part-*.npz")):
-                print(f"note: {self.folder} holds the parts of another run (other images, checkpoint or settings): "
-                      "starting over", file=sys.stderr)  # fmt: skip
+                print(
+                    f"note: {self.folder} holds the parts of another run (other images, checkpoint or "
+                    "settings): starting over",
+                    file=sys.stderr,
+                )
             self.remove()
         self.folder.mkdir(parents=True)
         atomic_write(existing, lambda tmp: tmp.write_text(json.dumps(manifest)))
@@ -154,27 +159,36 @@ class PartsFolder:
     def write(self, number: int, part: Part) -> None:
         def save(tmp: Path) -> None:
             with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a name
-                np.savez(f, vectors=part.rows.vectors, paths=np.array(part.rows.paths, dtype=str),
-                         labels=np.array([label or "" for label in part.rows.labels], dtype=str),
-                         labelled=np.array([label is not None for label in part.rows.labels], dtype=bool),
-                         skipped=np.array([s["path"] for s in part.skipped], dtype=str),
-                         errors=np.array([s["error"] for s in part.skipped], dtype=str))  # fmt: skip
+                np.savez(
+                    f,
+                    vectors=part.rows.vectors,
+                    paths=np.array(part.rows.paths, dtype=str),
+                    labels=np.array([label or "" for label in part.rows.labels], dtype=str),
+                    labelled=np.array([label is not None for label in part.rows.labels], dtype=bool),
+                    skipped=np.array([s["path"] for s in part.skipped], dtype=str),
+                    errors=np.array([s["error"] for s in part.skipped], dtype=str),
+                )
 
         atomic_write(self._part(number), save)
 
     def read(self, number: int) -> Part:
         with np.load(self._part(number), allow_pickle=False) as f:
             labels = [
-                str(label) if labelled else None for label, labelled in zip(f["labels"], f["labelled"], strict=True)
+                str(label) if labelled else None
+                for label, labelled in zip(f["labels"], f["labelled"], strict=True)
             ]
             rows = Rows([str(p) for p in f["paths"]], labels, f["vectors"])
-            skipped = [{"path": str(p), "error": str(e)} for p, e in zip(f["skipped"], f["errors"], strict=True)]
+            skipped = [
+                {"path": str(p), "error": str(e)} for p, e in zip(f["skipped"], f["errors"], strict=True)
+            ]
         return Part(rows, skipped)
 
     def summary(self, number: int) -> tuple[int, list[dict[str, str]]]:
         """(rows, skipped images) of a part, without reading its vectors or paths."""
         with np.load(self._part(number), allow_pickle=False) as f:
-            skipped = [{"path": str(p), "error": str(e)} for p, e in zip(f["skipped"], f["errors"], strict=True)]
+            skipped = [
+                {"path": str(p), "error": str(e)} for p, e in zip(f["skipped"], f["errors"], strict=True)
+            ]
             return len(f["labelled"]), skipped
 
     def remove(self) -> None:
@@ -196,13 +210,17 @@ class PartRows:
         return (self.parts.read(number).rows for number in range(self.count))
 
 
-def part_batches(numbers: list[int], part_size: int, total: int, batch_size: int) -> tuple[list[list[int]], set[int]]:
+def part_batches(
+    numbers: list[int], part_size: int, total: int, batch_size: int
+) -> tuple[list[list[int]], set[int]]:
     """The batches (image indices) of parts ``numbers`` of ``total`` images, none across two parts, and
     the positions of the batches that finish a part."""
     batches, ends = [], set()
     for number in numbers:
         first, stop = number * part_size, min((number + 1) * part_size, total)
-        batches += [list(range(start, min(start + batch_size, stop))) for start in range(first, stop, batch_size)]
+        batches += [
+            list(range(start, min(start + batch_size, stop))) for start in range(first, stop, batch_size)
+        ]
         ends.add(len(batches) - 1)
     return batches, ends
 
@@ -230,15 +248,24 @@ def embed_images(
     if not items:
         raise MissingFileError("no image to embed: give image files or folders of them")
     meta = IndexMeta(
-        embedder.checkpoint, embedder.fingerprint, embedder.pool, embedder.dim, list(embedder.img_size),
-        embedder.norm.in_chans, list(embedder.norm.mean), list(embedder.norm.std), inputs_digest(items),
-    )  # fmt: skip
+        embedder.checkpoint,
+        embedder.fingerprint,
+        embedder.pool,
+        embedder.dim,
+        list(embedder.img_size),
+        embedder.norm.in_chans,
+        list(embedder.norm.mean),
+        list(embedder.norm.std),
+        inputs_digest(items),
+    )
     parts = PartsFolder(out)
     count = math.ceil(len(items) / part_size)
     done = parts.resume({**meta.run(), "part_size": part_size, "count": count})
     batches, ends = part_batches(sorted(set(range(count)) - done), part_size, len(items), batch_size)
     dataset = ImageFiles([item.path for item in items], embedder.img_size, embedder.norm, embedder.max_pixels)
-    loader = Loader(dataset, batch_sampler=batches, num_workers=workers if batches else 0, collate_fn=collate_loaded)
+    loader = Loader(
+        dataset, batch_sampler=batches, num_workers=workers if batches else 0, collate_fn=collate_loaded
+    )
     remaining = sum(len(batch) for batch in batches)
     with tqdm(total=len(items), initial=len(items) - remaining, unit="img", disable=not progress) as bar:
         indices, vectors, skipped = [], [], []
@@ -248,9 +275,11 @@ def embed_images(
                 vectors.append(embedder(imgs).numpy())
             skipped += [{"path": storable_name(items[i].path), "error": error} for i, error in errors]
             if position in ends:
-                rows = Rows([storable_name(items[i].path) for i in indices],
-                            [None if items[i].label is None else storable_name(items[i].label) for i in indices],
-                            np.concatenate(vectors) if vectors else np.zeros((0, meta.dim), np.float32))  # fmt: skip
+                rows = Rows(
+                    [storable_name(items[i].path) for i in indices],
+                    [None if items[i].label is None else storable_name(items[i].label) for i in indices],
+                    np.concatenate(vectors) if vectors else np.zeros((0, meta.dim), np.float32),
+                )
                 parts.write(batches[position][0] // part_size, Part(rows, skipped))
                 indices, vectors, skipped = [], [], []
             bar.update(len(batches[position]))
@@ -261,8 +290,9 @@ def embed_images(
     if meta.count == 0:
         parts.remove()
         first = meta.skipped[0]
-        raise ConfigError(f"none of the {len(items)} images could be read (the first, {first['path']}: "
-                         f"{first['error']})")  # fmt: skip
+        raise ConfigError(
+            f"none of the {len(items)} images could be read (the first, {first['path']}: {first['error']})"
+        )
     write_index(out, meta, PartRows(parts, count))
     parts.remove()
     return meta

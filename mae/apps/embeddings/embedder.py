@@ -99,9 +99,18 @@ def load_embedder(
     in_chans = ckpt.config["in_chans"]
     norm = norm or Normalization.of(ckpt.data, in_chans, ckpt.source)
     if norm.in_chans != in_chans or len(norm.mean) != in_chans:
-        raise ConfigError(f"{ckpt.source} reads {in_chans}-channel images but the mean / std given have "
-                         f"{len(norm.mean)} values: give one per channel")  # fmt: skip
+        raise ConfigError(
+            f"{ckpt.source} reads {in_chans}-channel images but the mean / std given have "
+            f"{len(norm.mean)} values: give one per channel"
+        )
     encoder = load_backbone(ckpt, img_size=img_size).to(device).eval()
     size = tuple(encoder.patch_embed.img_size)
-    return Embedder(encoder, norm, pool, size, str(Path(ckpt.source).absolute()),
-                    fingerprint or weights_fingerprint(ckpt), max_pixels)  # fmt: skip
+    return Embedder(
+        encoder,
+        norm,
+        pool,
+        size,
+        str(Path(ckpt.source).absolute()),
+        fingerprint or weights_fingerprint(ckpt),
+        max_pixels,
+    )

@@ -73,11 +73,15 @@ class IndexMeta:
             record = json.loads(text)
             version = record.get("version")
             if version != INDEX_VERSION:
-                raise InputError(f"{source} is an index of version {version!r}; this code reads version "
-                                 f"{INDEX_VERSION}: rebuild it with mae embed")  # fmt: skip
+                raise InputError(
+                    f"{source} is an index of version {version!r}; this code reads version "
+                    f"{INDEX_VERSION}: rebuild it with mae embed"
+                )
             return cls(**{f.name: record[f.name] for f in fields(cls)})
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-            raise InputError(f"{source} has a damaged index record ({err}): rebuild it with mae embed") from err
+            raise InputError(
+                f"{source} has a damaged index record ({err}): rebuild it with mae embed"
+            ) from err
 
     def run(self) -> dict:
         """The fields that say how the vectors were made (``RUN_FIELDS``)."""
@@ -114,8 +118,8 @@ def companions(path: Path) -> tuple[Path, Path]:
 
 def write_index(path: str | Path, meta: IndexMeta, rows: Iterable[Rows]) -> Path:
     """Write ``rows`` (in order; ``meta.count`` rows in all) as the index ``path`` (.parquet or .npy), each
-    file atomically; for .npy the JSON record first, then the CSV, the vectors last. ``rows`` may be iterated more than
-    once (e.g. parts read from disk on each pass); memory: one ``Rows`` at a time."""
+    file atomically; for .npy the JSON record first, then the CSV, the vectors last. ``rows`` may be iterated
+    more than once (e.g. parts read from disk on each pass); memory: one ``Rows`` at a time."""
     path = check_suffix(path)
     if path.suffix == ".parquet":
         return atomic_write(path, lambda tmp: _write_parquet(tmp, meta, rows))
@@ -127,7 +131,8 @@ def write_index(path: str | Path, meta: IndexMeta, rows: Iterable[Rows]) -> Path
             writer.writerow(["path", "label"])
             for part in rows:
                 writer.writerows(
-                    (p, "" if label is None else label) for p, label in zip(part.paths, part.labels, strict=True)
+                    (p, "" if label is None else label)
+                    for p, label in zip(part.paths, part.labels, strict=True)
                 )
 
     def write_vectors(tmp: Path) -> None:
@@ -167,7 +172,9 @@ def index_outputs(path: Path) -> list[Output]:
     path = check_suffix(path)
     if path.suffix == ".parquet":
         return [Output(path, "--out", ours=is_index)]
-    return [Output(path, "--out", ours=is_index)] + [Output(p, "beside --out", ours=is_index) for p in companions(path)]
+    return [Output(path, "--out", ours=is_index)] + [
+        Output(p, "beside --out", ours=is_index) for p in companions(path)
+    ]
 
 
 def _csv_rows(path: Path) -> int:
@@ -181,7 +188,9 @@ def _csv_rows(path: Path) -> int:
         lines = 0
         for row in reader:
             if len(row) != 2:
-                raise InputError(f"{path} line {reader.line_num} has {len(row)} field(s), not path,label: {REBUILD}")
+                raise InputError(
+                    f"{path} line {reader.line_num} has {len(row)} field(s), not path,label: {REBUILD}"
+                )
             lines += 1
     return max(lines - 1, 0)  # the header is no row
 
@@ -207,9 +216,15 @@ def _write_parquet(tmp: Path, meta: IndexMeta, rows: Iterable[Rows]) -> None:
         for part in rows:
             if not part.paths:
                 continue
-            vectors = pa.FixedSizeListArray.from_arrays(pa.array(part.vectors.reshape(-1), pa.float32()), meta.dim)
-            writer.write_table(pa.table([pa.array(part.paths, pa.string()), pa.array(part.labels, pa.string()),
-                                         vectors], schema=schema))  # fmt: skip
+            vectors = pa.FixedSizeListArray.from_arrays(
+                pa.array(part.vectors.reshape(-1), pa.float32()), meta.dim
+            )
+            writer.write_table(
+                pa.table(
+                    [pa.array(part.paths, pa.string()), pa.array(part.labels, pa.string()), vectors],
+                    schema=schema,
+                )
+            )
 
 
 class EmbeddingIndex:
@@ -243,32 +258,45 @@ class EmbeddingIndex:
             raise InputError(f"{self.path} is not a readable Parquet file ({err})") from None
         record = (self._file.schema_arrow.metadata or {}).get(METADATA_KEY)
         if record is None:
-            raise InputError(f"{self.path} is a Parquet file without an embedding record (no {METADATA_KEY.decode()} "
-                             "metadata): it was not written by mae embed")  # fmt: skip
+            raise InputError(
+                f"{self.path} is a Parquet file without an embedding record (no {METADATA_KEY.decode()} "
+                "metadata): it was not written by mae embed"
+            )
         self.meta = IndexMeta.from_json(record, self.path)
         vector = self._file.schema_arrow.field("vector").type
-        if self._file.metadata.num_rows != self.meta.count or getattr(vector, "list_size", None) != self.meta.dim:
-            raise InputError(f"{self.path} holds {self._file.metadata.num_rows} rows of {vector} but its record says "
-                             f"{self.meta.count} of {self.meta.dim}: rebuild it with mae embed")  # fmt: skip
+        if (
+            self._file.metadata.num_rows != self.meta.count
+            or getattr(vector, "list_size", None) != self.meta.dim
+        ):
+            raise InputError(
+                f"{self.path} holds {self._file.metadata.num_rows} rows of {vector} but its record says "
+                f"{self.meta.count} of {self.meta.dim}: rebuild it with mae embed"
+            )
 
     def _open_npy(self) -> None:
         csv_path, json_path = companions(self.path)
         for needed in (csv_path, json_path):
             if not needed.is_file():
-                raise MissingFileError(f"{needed} is missing: an .npy index is {self.path.name} with "
-                                        f"{csv_path.name} and {json_path.name} beside it")  # fmt: skip
+                raise MissingFileError(
+                    f"{needed} is missing: an .npy index is {self.path.name} with "
+                    f"{csv_path.name} and {json_path.name} beside it"
+                )
         self.meta = IndexMeta.from_json(json_path.read_text(), json_path)
         try:  # a header that promises more rows than the file holds fails here, before any row is read
             self._vectors = np.load(self.path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as err:
             raise self._damaged(self.path, err) from None
         if self._vectors.shape != (self.meta.count, self.meta.dim) or self._vectors.dtype != np.float32:
-            raise InputError(f"{self.path} holds {self._vectors.dtype} {self._vectors.shape} but {json_path.name} says "
-                             f"float32 ({self.meta.count}, {self.meta.dim}): {REBUILD}")  # fmt: skip
+            raise InputError(
+                f"{self.path} holds {self._vectors.dtype} {self._vectors.shape} but {json_path.name} says "
+                f"float32 ({self.meta.count}, {self.meta.dim}): {REBUILD}"
+            )
         rows = _csv_rows(csv_path)
         if rows != self.meta.count:
-            raise InputError(f"{csv_path} lists {rows} image(s) but {self.path.name} holds {self.meta.count} vectors: "
-                             f"the files are of different runs or one was cut short; {REBUILD}")  # fmt: skip
+            raise InputError(
+                f"{csv_path} lists {rows} image(s) but {self.path.name} holds {self.meta.count} vectors: "
+                f"the files are of different runs or one was cut short; {REBUILD}"
+            )
 
     @staticmethod
     def _damaged(path: Path, err: BaseException) -> InputError:

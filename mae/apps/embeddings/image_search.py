@@ -37,26 +37,39 @@ def index_embedder(
     if checkpoint is None:
         checkpoint = meta.checkpoint
         if not Path(checkpoint).exists():
-            raise MissingFileError(f"{index.path} was built with {checkpoint}, which does not exist here: pass "
-                                    "--checkpoint with the same weights (in any format)")  # fmt: skip
+            raise MissingFileError(
+                f"{index.path} was built with {checkpoint}, which does not exist here: pass "
+                "--checkpoint with the same weights (in any format)"
+            )
     ckpt = read_checkpoint(checkpoint, format)
     dim = ckpt.config["embed_dim"] * (2 if meta.pool == "both" else 1)
     rebuild = f"mae embed --checkpoint {checkpoint} --pool {meta.pool} ... --out {index.path.name}"
     if dim != meta.dim:
-        raise ConfigError(f"{index.path} holds vectors of length {meta.dim} ({meta.pool} pooling of "
-                         f"{meta.checkpoint}) but {checkpoint} gives vectors of length {dim}: search with the "
-                         f"checkpoint the index was built with, or rebuild the index with this one "
-                         f"({rebuild})")  # fmt: skip
+        raise ConfigError(
+            f"{index.path} holds vectors of length {meta.dim} ({meta.pool} pooling of "
+            f"{meta.checkpoint}) but {checkpoint} gives vectors of length {dim}: search with the "
+            f"checkpoint the index was built with, or rebuild the index with this one "
+            f"({rebuild})"
+        )
     fingerprint = weights_fingerprint(ckpt)
     if fingerprint != meta.fingerprint:
         changed = _same_file(checkpoint, meta.checkpoint)
         since = " (the file was changed since, e.g. by more training)" if changed else ""
-        raise ConfigError(f"{checkpoint} holds other weights (fingerprint {fingerprint[:12]}) than those "
-                         f"{index.path} was built with ({meta.checkpoint}, fingerprint {meta.fingerprint[:12]})"
-                         f"{since}: their vectors are not comparable; search with those weights, or rebuild the "
-                         f"index ({rebuild})")  # fmt: skip
-    return load_embedder(ckpt, meta.pool, img_size=tuple(meta.img_size), norm=meta.norm(), device=device,
-                         max_pixels=max_pixels, fingerprint=fingerprint)  # fmt: skip
+        raise ConfigError(
+            f"{checkpoint} holds other weights (fingerprint {fingerprint[:12]}) than those "
+            f"{index.path} was built with ({meta.checkpoint}, fingerprint {meta.fingerprint[:12]})"
+            f"{since}: their vectors are not comparable; search with those weights, or rebuild the "
+            f"index ({rebuild})"
+        )
+    return load_embedder(
+        ckpt,
+        meta.pool,
+        img_size=tuple(meta.img_size),
+        norm=meta.norm(),
+        device=device,
+        max_pixels=max_pixels,
+        fingerprint=fingerprint,
+    )
 
 
 def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -99,11 +112,16 @@ def search_images(
             unreadable.append((str(path), str(err) or type(err).__name__))
     if not readable:
         return [], unreadable
-    queries = torch.cat([embedder(torch.stack(imgs[i : i + batch_size])) for i in range(0, len(imgs), batch_size)])
+    queries = torch.cat(
+        [embedder(torch.stack(imgs[i : i + batch_size])) for i in range(0, len(imgs), batch_size)]
+    )
     scores, rows = cosine_top_k(queries, index.vector_chunks(chunk_rows), k, embedder.device)
     found = index.rows_at(rows.flatten().tolist())
     matches = [
-        Match(query, [Neighbour(row, *found[row], score) for row, score in zip(r.tolist(), s.tolist(), strict=True)])
+        Match(
+            query,
+            [Neighbour(row, *found[row], score) for row, score in zip(r.tolist(), s.tolist(), strict=True)],
+        )
         for query, r, s in zip(readable, rows, scores, strict=True)
     ]
     return matches, unreadable

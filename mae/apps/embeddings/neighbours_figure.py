@@ -1,6 +1,7 @@
 """Pictures of search results: one row per query, the query then its neighbours best first, each with its
 cosine similarity, name and label; every image drawn as the model saw it (resized and centre-cropped,
-in the data's display range), as the reconstruction figures draw theirs (``mae.apps.reconstruction_figure``)."""
+in the data's display range), as the reconstruction figures draw theirs
+(``mae.apps.reconstruction_figure``)."""
 
 import textwrap
 from pathlib import Path
@@ -17,7 +18,9 @@ MIN_PANEL = 128  # pixels: panels are enlarged (nearest neighbour) to at least t
 LINE = 14  # pixels per line of text
 
 
-def picture(path: str | Path, embedder: Embedder, value_range: tuple[float, float] | None, side: int) -> Image.Image:
+def picture(
+    path: str | Path, embedder: Embedder, value_range: tuple[float, float] | None, side: int
+) -> Image.Image:
     """The image at ``path`` as ``embedder`` sees it, enlarged by a whole factor (nearest neighbour) to
     at most ``side`` pixels; a grey square saying so when it cannot be read (e.g. moved since it was
     indexed)."""

@@ -9,7 +9,10 @@ import torch.nn.functional as F
 
 @torch.no_grad()
 def cosine_top_k(
-    queries: torch.Tensor, chunks: Iterable[tuple[int, torch.Tensor]], k: int, device: str | torch.device = "cpu"
+    queries: torch.Tensor,
+    chunks: Iterable[tuple[int, torch.Tensor]],
+    k: int,
+    device: str | torch.device = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` rows most similar to each query, best first.
 

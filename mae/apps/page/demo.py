@@ -62,9 +62,9 @@ PANEL_TITLES = {  # the views of ``mae.inference.reconstruction.reconstruct``, l
 }
 LEGEND = (
     "**What the model saw** is your image fitted to the model's input (see below). In the **masked input**, "
-    "the grey squares are the masked patches, drawn as the data's mean value: the encoder never sees them, and "
-    "the loss is measured on them only. The **reconstruction** is the decoder's prediction for every patch; "
-    "**+ visible patches** pastes it into the masked ones only."
+    "the grey squares are the masked patches, drawn as the data's mean value: the encoder never sees them, "
+    "and the loss is measured on them only. The **reconstruction** is the decoder's prediction for every "
+    "patch; **+ visible patches** pastes it into the masked ones only."
 )
 
 
@@ -88,7 +88,9 @@ class PageSettings:
         if not _is_number(mask_ratio) or not low <= mask_ratio <= high:
             problems.append(f"the mask ratio must be a number from {low} to {high}, not {_shown(mask_ratio)}")
         if strategy not in MASK_STRATEGIES:
-            problems.append(f"the masking must be one of {', '.join(MASK_STRATEGIES)}, not {_shown(strategy)}")
+            problems.append(
+                f"the masking must be one of {', '.join(MASK_STRATEGIES)}, not {_shown(strategy)}"
+            )
         if unnormalize not in UNNORMALIZE_CHOICES:
             problems.append(f"the norm_pix choice must be patch or none, not {_shown(unnormalize)}")
         if not _is_number(seed) or seed != int(seed) or not 0 <= seed <= MAX_SEED:
@@ -123,7 +125,9 @@ class ReconstructionSession:
     """A loaded MAE (encoder and decoder), how its training data was normalised, and the largest image
     it reads (``max_pixels``, None: no limit)."""
 
-    def __init__(self, checkpoint: str | Path, format: str = "auto", max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    def __init__(
+        self, checkpoint: str | Path, format: str = "auto", max_pixels: int | None = DEFAULT_MAX_PIXELS
+    ):
         self.model, self.norm = load_reconstructor(checkpoint, format)
         self.size = tuple(self.model.config["img_size"])  # (H, W)
         self.max_pixels = max_pixels
@@ -134,7 +138,8 @@ class ReconstructionSession:
         self, path: str | Path, settings: PageSettings, name: str | None = None, attention: bool = False
     ) -> Reconstruction:
         """The panels and details of the image file at ``path``, called ``name`` on the page (default:
-        the file's name); with ``attention``, the last block's cls attention too (``mae.inference.attention``).
+        the file's name); with ``attention``, the last block's cls attention too
+        (``mae.inference.attention``).
 
         Raises:
             ImageTooLarge: over ``max_pixels``. Any exception of the readers or the model otherwise.
@@ -157,14 +162,17 @@ class ReconstructionSession:
         L = self.model.num_patches
         masked = L - num_kept(L, settings.mask_ratio)
         verdict = "better than" if loss < flat else "no better than"
-        guess = ("0 for every normalised masked patch: about 1 by construction" if self.model.norm_pix_loss
-                 else "every masked pixel set to their mean: the masked patches' variance")  # fmt: skip
+        guess = (
+            "0 for every normalised masked patch: about 1 by construction"
+            if self.model.norm_pix_loss
+            else "every masked pixel set to their mean: the masked patches' variance"
+        )
         details = (
             f"**{name}**: masked-patch loss **{loss:.4f}**; a flat guess ({guess}) scores **{flat:.4f}**: "
-            f"the model is {verdict} the flat guess (lower is better).\n\n"
-            f"{input_note((width, height), self.size)}\n\n"
-            f"Mask ratio {settings.mask_ratio:.2f} ({masked} of {L} patches hidden), {settings.strategy} masking, "
-            f"seed {settings.seed}. {caption_of(self.model, settings.unnormalize)}"
+            f"the model is {verdict} the flat guess (lower is "
+            f"better).\n\n{input_note((width, height), self.size)}\n\nMask ratio {settings.mask_ratio:.2f} "
+            f"({masked} of {L} patches hidden), {settings.strategy} masking, seed {settings.seed}. "
+            f"{caption_of(self.model, settings.unnormalize)}"
         )
         if not attention:
             return Reconstruction(panels, loss, flat, details)
@@ -173,7 +181,8 @@ class ReconstructionSession:
         return Reconstruction(panels, loss, flat, details, self._attention_picture(maps))
 
     def _attention_picture(self, maps: torch.Tensor) -> Image.Image:
-        """(1, heads, H', W') maps -> one picture: the mean of the heads | each head, enlarged as the panels."""
+        """(1, heads, H', W') maps -> one picture: the mean of the heads | each head, enlarged as the
+        panels."""
         pair = torch.cat(attention_panels(maps.cpu(), self.size))  # (2, 3, H, W)
         pixels = make_grid(pair, nrow=2, padding=2, pad_value=1.0).permute(1, 2, 0).numpy()
         picture = Image.fromarray((pixels * 255).round().astype(np.uint8))
@@ -181,7 +190,8 @@ class ReconstructionSession:
         return picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
 
     def _panels(self, views: dict[str, torch.Tensor], value_range: tuple[float, float] | None) -> dict:
-        """One enlarged picture per view, drawn as ``mae.inference.reconstruction.reconstruction_grid`` draws it."""
+        """One enlarged picture per view, drawn as ``mae.inference.reconstruction.reconstruction_grid`` draws
+        it."""
         data = {key: denormalize(views[key].float(), self.norm.mean, self.norm.std) for key in PANEL_TITLES}
         if value_range is None:  # float data in its own units: the original's minimum to maximum
             value_range = (data["original"].min().item(), data["original"].max().item())
@@ -229,8 +239,10 @@ def input_note(image_size: tuple[int, int], input_size: tuple[int, int]) -> str:
     elif resized == (input_w, input_h):
         how = f"resized to the model's {input_w}x{input_h} input, nothing cropped"
     else:
-        how = (f"resized to {resized[0]}x{resized[1]} and centre-cropped to the model's {input_w}x{input_h} "
-               f"input, so its edges were cut off")  # fmt: skip
+        how = (
+            f"resized to {resized[0]}x{resized[1]} and centre-cropped to the model's {input_w}x{input_h} "
+            f"input, so its edges were cut off"
+        )
     return f"The image is {width}x{height} pixels, {how}: the first panel is what the model saw."
 
 
@@ -290,7 +302,9 @@ def shown_image(upload, example, by_name: dict[str, Path]) -> tuple[str | Path |
     return None, None
 
 
-def build_page(session: ReconstructionSession, examples: list[Path], around: AbstractContextManager | None = None):
+def build_page(
+    session: ReconstructionSession, examples: list[Path], around: AbstractContextManager | None = None
+):
     """The Gradio ``Blocks`` of the page. The image shown is the one of the last action: uploading
     clears the example box and picking an example clears the upload. ``around``: a context the page's
     content is built in, e.g. ``mae.apps.page.search.search_tabs(...)``, which makes it the first tab
@@ -316,19 +330,37 @@ def build_page(session: ReconstructionSession, examples: list[Path], around: Abs
 
     with gr.Blocks(title="MAE reconstruction") as page, around or contextlib.nullcontext():
         height, width = session.size
-        gr.Markdown(f"## MAE reconstruction\nModel: `{session.name}`, input {width}x{height}, "
-                    f"{session.norm.in_chans} channel(s).")  # fmt: skip
+        gr.Markdown(
+            f"## MAE reconstruction\nModel: `{session.name}`, input {width}x{height}, "
+            f"{session.norm.in_chans} channel(s)."
+        )
         with gr.Row():
             with gr.Column(scale=1):
-                upload = gr.File(label="your image", file_types=["image", *ARRAY_EXTENSIONS], elem_id="upload")
-                example = gr.Dropdown(choices=list(by_name), value=next(iter(by_name), None), label="or an example",
-                                      elem_id="example")  # fmt: skip
-                ratio = gr.Slider(*MASK_RATIO_RANGE, value=0.75, step=0.05, label="mask ratio", elem_id="ratio")
-                strategy = gr.Radio(list(MASK_STRATEGIES), value="random", label="masking", elem_id="strategy")
-                unnormalize = gr.Radio(list(UNNORMALIZE_CHOICES), value="patch", elem_id="unnormalize",
-                                       label="norm_pix models: true patch statistics, or raw")  # fmt: skip
+                upload = gr.File(
+                    label="your image", file_types=["image", *ARRAY_EXTENSIONS], elem_id="upload"
+                )
+                example = gr.Dropdown(
+                    choices=list(by_name),
+                    value=next(iter(by_name), None),
+                    label="or an example",
+                    elem_id="example",
+                )
+                ratio = gr.Slider(
+                    *MASK_RATIO_RANGE, value=0.75, step=0.05, label="mask ratio", elem_id="ratio"
+                )
+                strategy = gr.Radio(
+                    list(MASK_STRATEGIES), value="random", label="masking", elem_id="strategy"
+                )
+                unnormalize = gr.Radio(
+                    list(UNNORMALIZE_CHOICES),
+                    value="patch",
+                    elem_id="unnormalize",
+                    label="norm_pix models: true patch statistics, or raw",
+                )
                 seed = gr.Number(value=0, precision=0, label=f"mask seed (0 to {MAX_SEED})", elem_id="seed")
-                attention = gr.Checkbox(value=False, label="show the last block's cls attention", elem_id="attention")
+                attention = gr.Checkbox(
+                    value=False, label="show the last block's cls attention", elem_id="attention"
+                )
                 with gr.Row():
                     run = gr.Button("Reconstruct", variant="primary", elem_id="run")
                     resample = gr.Button("Resample mask", elem_id="resample")
@@ -337,12 +369,26 @@ def build_page(session: ReconstructionSession, examples: list[Path], around: Abs
                 keys = list(PANEL_TITLES)
                 for row in (keys[:2], keys[2:]):  # two by two: room for the titles
                     with gr.Row():
-                        panels += [gr.Image(label=PANEL_TITLES[key], type="pil", format="png", interactive=False,
-                                            buttons=["download"], elem_id=f"panel-{key}") for key in row]  # fmt: skip
+                        panels += [
+                            gr.Image(
+                                label=PANEL_TITLES[key],
+                                type="pil",
+                                format="png",
+                                interactive=False,
+                                buttons=["download"],
+                                elem_id=f"panel-{key}",
+                            )
+                            for key in row
+                        ]
                 with gr.Row(visible=False) as attention_row:
-                    attention_panel = gr.Image(label="cls attention: mean of the heads | each head", type="pil",
-                                               format="png", interactive=False, buttons=["download"],
-                                               elem_id="panel-attention")  # fmt: skip
+                    attention_panel = gr.Image(
+                        label="cls attention: mean of the heads | each head",
+                        type="pil",
+                        format="png",
+                        interactive=False,
+                        buttons=["download"],
+                        elem_id="panel-attention",
+                    )
                 details = gr.Markdown(elem_id="details")
                 gr.Markdown(LEGEND, elem_id="legend")
         settings = [ratio, strategy, seed, unnormalize, attention]
@@ -350,7 +396,14 @@ def build_page(session: ReconstructionSession, examples: list[Path], around: Abs
         upload.upload(on_upload, [upload, *settings], [example, *outputs])
         upload.clear(on_controls, [upload, example, *settings], outputs)
         example.input(on_example, [example, *settings], [upload, *outputs])
-        for event in (run.click, ratio.release, strategy.input, unnormalize.input, seed.submit, attention.input):
+        for event in (
+            run.click,
+            ratio.release,
+            strategy.input,
+            unnormalize.input,
+            seed.submit,
+            attention.input,
+        ):
             event(on_controls, [upload, example, *settings], outputs)
         attention.change(lambda on: gr.Row(visible=on), attention, attention_row)
         resample.click(next_seed, seed, seed).then(on_controls, [upload, example, *settings], outputs)
@@ -397,8 +450,9 @@ def port_is_free(host: str, port: int) -> bool:
     except OSError as err:
         if err.errno == errno.EADDRINUSE:
             return False
-        raise OSError(f"cannot listen on {host}:{port} ({err.strerror or err}): is --host an address of this "
-                      "machine?") from None  # fmt: skip
+        raise OSError(
+            f"cannot listen on {host}:{port} ({err.strerror or err}): is --host an address of this machine?"
+        ) from None
     return True
 
 
@@ -410,9 +464,11 @@ def choose_port(host: str, port: int | None, tries: int = 100) -> int:
     """
     if port is not None:
         if not port_is_free(host, port):
-            raise OSError(f"port {port} on {host} is busy (another page or program is serving on it): choose "
-                          f"another with --port N, or leave --port out to take the first free one from "
-                          f"{DEFAULT_PORT}")  # fmt: skip
+            raise OSError(
+                f"port {port} on {host} is busy (another page or program is serving on it): choose "
+                f"another with --port N, or leave --port out to take the first free one from "
+                f"{DEFAULT_PORT}"
+            )
         return port
     for candidate in range(DEFAULT_PORT, DEFAULT_PORT + tries):
         if port_is_free(host, candidate):
@@ -421,12 +477,19 @@ def choose_port(host: str, port: int | None, tries: int = 100) -> int:
     raise OSError(f"ports {DEFAULT_PORT} to {last} on {host} are all busy: choose one with --port N")
 
 
-def serve(page, host: str, port: int, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True) -> None:
+def serve(
+    page, host: str, port: int, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True
+) -> None:
     """Serve ``page`` on ``host:port``, never through a public share link, refusing uploads over
     ``max_upload_mb`` megabytes. With ``block``, until Ctrl-C or SIGTERM (both close the server and
     return, so that the caller's ``with`` blocks clean up)."""
-    launch = dict(server_name=host, server_port=port, share=False, max_file_size=int(max_upload_mb * 1024**2),
-                  prevent_thread_lock=True)  # fmt: skip
+    launch = dict(
+        server_name=host,
+        server_port=port,
+        share=False,
+        max_file_size=int(max_upload_mb * 1024**2),
+        prevent_thread_lock=True,
+    )
     if not block:
         page.launch(**launch, quiet=True)
         return

@@ -24,8 +24,8 @@ MAX_K = 32  # the slider's end
 
 
 class SearchSession:
-    """An index and the encoder that made it (``mae.apps.embeddings.image_search.index_embedder``: the checkpoint
-    the index records, or ``checkpoint`` with the same weights), on the CPU."""
+    """An index and the encoder that made it (``mae.apps.embeddings.image_search.index_embedder``: the
+    checkpoint the index records, or ``checkpoint`` with the same weights), on the CPU."""
 
     def __init__(
         self,
@@ -43,7 +43,10 @@ class SearchSession:
         """(gallery items: the query, then its ``k`` nearest images, each (picture, caption); Markdown
         details), or no items and a message saying what is wrong. Never raises."""
         if not isinstance(k, int | float) or isinstance(k, bool) or k != int(k) or not 1 <= k <= MAX_K:
-            return [], f"**Check the settings:** the number of neighbours must be a whole number from 1 to {MAX_K}."
+            return (
+                [],
+                f"**Check the settings:** the number of neighbours must be a whole number from 1 to {MAX_K}.",
+            )
         if path is None:
             return [], "**Upload an image or pick an example.**"
         try:
@@ -57,8 +60,12 @@ class SearchSession:
             items = [(picture(path, self.embedder, value_range, side), f"query: {name}")]
             for rank, n in enumerate(match.neighbours, start=1):
                 label = "" if n.label is None else f", label {n.label}"
-                items.append((picture(n.path, self.embedder, value_range, side),
-                              f"#{rank} {n.score:.3f}: {Path(n.path).name}{label}"))  # fmt: skip
+                items.append(
+                    (
+                        picture(n.path, self.embedder, value_range, side),
+                        f"#{rank} {n.score:.3f}: {Path(n.path).name}{label}",
+                    )
+                )
         except Exception as err:  # whatever one image raises is a message on the page
             from mae.apps.page.demo import readable_error
 
@@ -67,9 +74,9 @@ class SearchSession:
             return [], f"**Could not search with this image:** {readable_error(err, Path(path), name)}"
         meta = self.index.meta
         details = (
-            f"**{name}**: its {len(match.neighbours)} nearest of {len(self.index):,} images in `{self.name}` by cosine "
-            f"similarity (1: the same direction) of {meta.pool}-pooled embeddings, exact. Pictures show the images "
-            f"as the model saw them ({meta.img_size[1]}x{meta.img_size[0]})."
+            f"**{name}**: its {len(match.neighbours)} nearest of {len(self.index):,} images in `{self.name}` "
+            f"by cosine similarity (1: the same direction) of {meta.pool}-pooled embeddings, exact. Pictures "
+            f"show the images as the model saw them ({meta.img_size[1]}x{meta.img_size[0]})."
         )
         return items, details
 
@@ -111,13 +118,21 @@ def similar_images_tab(session: SearchSession, examples: list[Path]) -> None:
     gr.Markdown(f"## Similar images\nIndex: `{session.name}`, {len(session.index):,} images.")
     with gr.Row():
         with gr.Column(scale=1):
-            upload = gr.File(label="your image", file_types=["image", *ARRAY_EXTENSIONS], elem_id="search-upload")
-            example = gr.Dropdown(choices=list(by_name), value=next(iter(by_name), None), label="or an example",
-                                  elem_id="search-example")  # fmt: skip
+            upload = gr.File(
+                label="your image", file_types=["image", *ARRAY_EXTENSIONS], elem_id="search-upload"
+            )
+            example = gr.Dropdown(
+                choices=list(by_name),
+                value=next(iter(by_name), None),
+                label="or an example",
+                elem_id="search-example",
+            )
             k = gr.Slider(1, MAX_K, value=8, step=1, label="neighbours", elem_id="search-k")
             run = gr.Button("Search", variant="primary", elem_id="search-run")
         with gr.Column(scale=3):
-            gallery = gr.Gallery(label="the query, then its nearest images", columns=5, elem_id="search-gallery")
+            gallery = gr.Gallery(
+                label="the query, then its nearest images", columns=5, elem_id="search-gallery"
+            )
             details = gr.Markdown(elem_id="search-details")
     upload.upload(on_upload, [upload, k], [example, gallery, details])
     example.input(on_example, [example, k], [upload, gallery, details])

@@ -26,8 +26,10 @@ def stored_pixels(file: ImageFile) -> np.ndarray:
     header = file.header
     shape = (header.height, header.width, header.channels)
     if array.shape != shape or array.dtype != header.dtype:
-        raise ImageFileError(f"cannot read {file.path}: its pixels are {array.shape} of {array.dtype}, but its "
-                             f"header says {shape} of {header.dtype}")  # fmt: skip
+        raise ImageFileError(
+            f"cannot read {file.path}: its pixels are {array.shape} of {array.dtype}, but its "
+            f"header says {shape} of {header.dtype}"
+        )
     return array
 
 

@@ -12,13 +12,22 @@ from typing import Literal
 import torch
 
 Reader = Literal["pil", "tiff", "npy"]
-# Every file ending read as an image (torchvision ImageFolder's, in its order, then ours), and the library that
-# decodes it: PIL (JPEG, 8/16-bit PNG, ...), tifffile (any band count and bit depth), numpy (``.npy`` arrays
-# stored (H, W) or (H, W, C)).
+# Every file ending read as an image (torchvision ImageFolder's, in its order, then ours), and the library
+# that decodes it: PIL (JPEG, 8/16-bit PNG, ...), tifffile (any band count and bit depth), numpy (``.npy``
+# arrays stored (H, W) or (H, W, C)).
 READERS: dict[str, Reader] = {
-    ".jpg": "pil", ".jpeg": "pil", ".png": "pil", ".ppm": "pil", ".bmp": "pil", ".pgm": "pil", ".tif": "tiff",
-    ".tiff": "tiff", ".webp": "pil", ".gif": "pil", ".npy": "npy",
-}  # fmt: skip
+    ".jpg": "pil",
+    ".jpeg": "pil",
+    ".png": "pil",
+    ".ppm": "pil",
+    ".bmp": "pil",
+    ".pgm": "pil",
+    ".tif": "tiff",
+    ".tiff": "tiff",
+    ".webp": "pil",
+    ".gif": "pil",
+    ".npy": "npy",
+}
 # Endings that only the array path reads (PIL reads few TIFF layouts, and no .npy).
 ARRAY_EXTENSIONS = tuple(ending for ending, reader in READERS.items() if reader != "pil")
 # Not listed in dataset folders (torchvision's ImageFolder lists none either): a GIF is an animation

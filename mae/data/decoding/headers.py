@@ -22,10 +22,21 @@ from mae.errors import InputError
 
 # PIL modes -> (channels, numpy dtype of their pixels); others are converted to RGB first.
 PIL_MODES = {
-    "1": (1, "uint8"), "L": (1, "uint8"), "LA": (2, "uint8"), "RGB": (3, "uint8"), "RGBA": (4, "uint8"),
-    "P": (3, "uint8"), "CMYK": (3, "uint8"), "YCbCr": (3, "uint8"), "I;16": (1, "uint16"), "I;16L": (1, "uint16"),
-    "I;16B": (1, "uint16"), "I;16N": (1, "uint16"), "I": (1, "int32"), "F": (1, "float32"),
-}  # fmt: skip
+    "1": (1, "uint8"),
+    "L": (1, "uint8"),
+    "LA": (2, "uint8"),
+    "RGB": (3, "uint8"),
+    "RGBA": (4, "uint8"),
+    "P": (3, "uint8"),
+    "CMYK": (3, "uint8"),
+    "YCbCr": (3, "uint8"),
+    "I;16": (1, "uint16"),
+    "I;16L": (1, "uint16"),
+    "I;16B": (1, "uint16"),
+    "I;16N": (1, "uint16"),
+    "I": (1, "int32"),
+    "F": (1, "float32"),
+}
 _KINDS = {"npy": "an .npy array", "tiff": "a TIFF", "pil": "an image"}  # the formats' names, for messages
 
 
@@ -102,9 +113,13 @@ def checked_header(path: Source, shape: tuple[int, ...], dtype: np.dtype) -> Ima
     if len(shape) not in (2, 3):
         raise InvalidHeaderError(f"{path} holds an array of shape {shape}; expected (H, W) or (H, W, C)")
     if min(shape) < 1:
-        raise InvalidHeaderError(f"{path} holds an array of shape {shape}: every dimension must be at least 1")
+        raise InvalidHeaderError(
+            f"{path} holds an array of shape {shape}: every dimension must be at least 1"
+        )
     if dtype.kind not in "uif" or dtype.fields is not None:
-        raise InvalidHeaderError(f"{path} holds {dtype} values, not pixels; store it as uint8, uint16 or float")
+        raise InvalidHeaderError(
+            f"{path} holds {dtype} values, not pixels; store it as uint8, uint16 or float"
+        )
     return ImageHeader(shape[0], shape[1], 1 if len(shape) == 2 else shape[2], dtype)
 
 
@@ -112,12 +127,16 @@ def npy_layout(f: BinaryIO, path: Source) -> tuple[tuple[int, ...], np.dtype, bo
     """(shape, dtype, Fortran order, data bytes) from an open ``.npy`` file's header, leaving ``f``
     at the first data byte; the file must hold every byte the header promises."""
     if f.read(4) == b"PK\x03\x04":  # a zip archive: what np.savez writes
-        raise InvalidHeaderError(f"cannot read {path} as an .npy array: it holds a NpzFile (an .npz archive?)")
+        raise InvalidHeaderError(
+            f"cannot read {path} as an .npy array: it holds a NpzFile (an .npz archive?)"
+        )
     f.seek(0)
     version = np.lib.format.read_magic(f)
     if version not in ((1, 0), (2, 0)):
-        raise InvalidHeaderError(f"cannot read {path} as an .npy array: format version {version} is not one of "
-                                 f"a plain array (1.0, 2.0)")  # fmt: skip
+        raise InvalidHeaderError(
+            f"cannot read {path} as an .npy array: format version {version} is not one of "
+            f"a plain array (1.0, 2.0)"
+        )
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, fortran_order, dtype = read(f)
     data_start = f.tell()
@@ -125,8 +144,10 @@ def npy_layout(f: BinaryIO, path: Source) -> tuple[tuple[int, ...], np.dtype, bo
     f.seek(data_start)
     needed = int(np.prod(shape, dtype=object)) * dtype.itemsize if shape and min(shape) > 0 else 0
     if stored < needed:
-        raise InvalidHeaderError(f"cannot read {path} as an .npy array: its header promises {shape} of {dtype} "
-                                 f"({needed:,} bytes), the file holds {stored:,}: truncated")  # fmt: skip
+        raise InvalidHeaderError(
+            f"cannot read {path} as an .npy array: its header promises {shape} of {dtype} "
+            f"({needed:,} bytes), the file holds {stored:,}: truncated"
+        )
     return tuple(shape), dtype, fortran_order, needed
 
 

@@ -15,7 +15,12 @@ import numpy as np
 from mae.data.decoding.arrays import stored_pixels
 from mae.data.decoding.formats import Source, reader_of
 from mae.data.decoding.headers import ImageFileError, ImageHeader, open_image_file
-from mae.data.decoding.limits import DEFAULT_MAX_PIXELS, check_decoded_size, check_pixel_count, check_view_size
+from mae.data.decoding.limits import (
+    DEFAULT_MAX_PIXELS,
+    check_decoded_size,
+    check_pixel_count,
+    check_view_size,
+)
 from mae.data.decoding.rgb import to_rgb
 from mae.data.decoding.route import PixelFormat, reads_as_rgb
 from mae.data.decoding.units import adapt_channels, to_unit_range
@@ -78,20 +83,24 @@ def read_pixels(
         header = file.header
         if expected is not None and (header.channels, header.dtype.name) != tuple(expected):
             raise ImageFileError(
-                f"{path} has {header.channels} channel(s) of {header.dtype.name}, unlike the rest of the folder "
-                f"({expected[0]} of {expected[1]})"
+                f"{path} has {header.channels} channel(s) of {header.dtype.name}, unlike the rest of the "
+                f"folder ({expected[0]} of {expected[1]})"
             )
         check_decoded_size(path, header, max_pixels)
         if view_short_side is not None:
-            check_view_size(path, header.height, header.width, in_chans or header.channels, view_short_side,
-                            max_pixels)  # fmt: skip
+            check_view_size(
+                path, header.height, header.width, in_chans or header.channels, view_short_side, max_pixels
+            )
         array = stored_pixels(file)
     array = to_unit_range(array, path)
     return array if in_chans is None else adapt_channels(array, in_chans, path)
 
 
 def read_image(
-    path: Source, in_chans: int, max_pixels: int | None = DEFAULT_MAX_PIXELS, view_short_side: int | None = None
+    path: Source,
+    in_chans: int,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    view_short_side: int | None = None,
 ) -> np.ndarray:
     """float32 (H, W, ``in_chans``) pixels of one image file in the data's units: an 8-bit file PIL
     reads, for a 3-channel model, through the RGB path (as PIL converts it, / 255); any other through

@@ -22,9 +22,9 @@ def check_pixel_count(path: Source, width: int, height: int, max_pixels: int | N
     """Raises ``PIL.Image.DecompressionBombError`` when ``width x height`` exceeds ``max_pixels``."""
     if max_pixels is not None and width * height > max_pixels:
         raise Image.DecompressionBombError(
-            f"image {path} is {width}x{height} = {width * height:,} pixels, over data.max_image_pixels="
-            f"{max_pixels:,} (--max-image-pixels of the commands; a decompression bomb, or a huge scan: raise "
-            f"the limit if it is genuine)"
+            f"image {path} is {width}x{height} = {width * height:,} pixels, over "
+            f"data.max_image_pixels={max_pixels:,} (--max-image-pixels of the commands; a decompression "
+            "bomb, or a huge scan: raise the limit if it is genuine)"
         )
 
 
@@ -43,10 +43,10 @@ def check_decoded_size(path: Source, header: "ImageHeader", max_pixels: int | No
     allowed = max_pixels * BYTES_PER_LIMIT_PIXEL
     if needed > allowed:
         raise Image.DecompressionBombError(
-            f"image {path} is {header.width}x{header.height} with {header.channels} band(s) of {header.dtype}: "
-            f"{needed / 2**30:.2f} GiB decoded, over the {allowed / 2**30:.2f} GiB that data.max_image_pixels="
-            f"{max_pixels:,} allows (--max-image-pixels of the commands; {BYTES_PER_LIMIT_PIXEL} bytes per pixel "
-            f"of the limit): raise the limit if it is genuine"
+            f"image {path} is {header.width}x{header.height} with {header.channels} band(s) of "
+            f"{header.dtype}: {needed / 2**30:.2f} GiB decoded, over the {allowed / 2**30:.2f} GiB that "
+            f"data.max_image_pixels={max_pixels:,} allows (--max-image-pixels of the commands; "
+            f"{BYTES_PER_LIMIT_PIXEL} bytes per pixel of the limit): raise the limit if it is genuine"
         )
 
 
@@ -58,8 +58,9 @@ def resized_size(height: int, width: int, short_side: int) -> tuple[int, int]:
     return int(short_side * height / width), short_side
 
 
-def check_view_size(path: Source, height: int, width: int, channels: int, short_side: int,
-                    max_pixels: int | None) -> None:  # fmt: skip
+def check_view_size(
+    path: Source, height: int, width: int, channels: int, short_side: int, max_pixels: int | None
+) -> None:
     """Refuse an image whose view resized to ``short_side`` (the evaluation view) would be over the
     limit (``check_decoded_size``): a 1 x 1,000,000 image at short side 32 is 32 x 32,000,000.
 
@@ -72,8 +73,8 @@ def check_view_size(path: Source, height: int, width: int, channels: int, short_
     needed = view_h * view_w * channels * 4
     if view_h * view_w > max_pixels or needed > max_pixels * BYTES_PER_LIMIT_PIXEL:
         raise Image.DecompressionBombError(
-            f"image {path} is {width}x{height}: resized to short side {short_side} for the evaluation view it "
-            f"would be {view_w}x{view_h} = {view_w * view_h:,} pixels ({needed / 2**30:.2f} GiB), over what "
-            f"data.max_image_pixels={max_pixels:,} allows (--max-image-pixels of the commands); crop such an "
-            f"elongated image, or raise the limit"
+            f"image {path} is {width}x{height}: resized to short side {short_side} for the evaluation view "
+            f"it would be {view_w}x{view_h} = {view_w * view_h:,} pixels ({needed / 2**30:.2f} GiB), over "
+            f"what data.max_image_pixels={max_pixels:,} allows (--max-image-pixels of the commands); crop "
+            "such an elongated image, or raise the limit"
         )

@@ -39,15 +39,17 @@ def to_rgb(img: Image.Image) -> Image.Image:
         scale, top = (255.0, 1.0) if img.mode == "F" else (1 / 257, 65535.0)
         if not (np.isfinite(low) and np.isfinite(high) and 0 <= low and high <= top):
             raise ImageFileError(
-                f"cannot convert image {image_name(img)} of mode {img.mode}: values {low:g}..{high:g} are outside "
-                f"the 0..{top:g} range its type is scaled from"
+                f"cannot convert image {image_name(img)} of mode {img.mode}: values {low:g}..{high:g} are "
+                f"outside the 0..{top:g} range its type is scaled from"
             )
         gray = np.rint(pixels.astype(np.float32) * scale).astype(np.uint8)
         return Image.fromarray(gray).convert("RGB")
     try:
         return img.convert("RGB")
     except (ValueError, OSError) as err:
-        raise ImageFileError(f"cannot convert image {image_name(img)} of mode {img.mode} to RGB: {err}") from err
+        raise ImageFileError(
+            f"cannot convert image {image_name(img)} of mode {img.mode} to RGB: {err}"
+        ) from err
 
 
 def open_image(path: Source, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
@@ -128,7 +130,10 @@ def check_jpeg_size(data: torch.Tensor, name: str, max_pixels: int | None) -> No
 
 
 def decode_jpeg_checked(
-    data: torch.Tensor, name: str, max_pixels: int | None = DEFAULT_MAX_PIXELS, device: str | torch.device = "cpu"
+    data: torch.Tensor,
+    name: str,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    device: str | torch.device = "cpu",
 ) -> torch.Tensor:
     """libjpeg-turbo (or, with a CUDA ``device``, nvJPEG) decoding of JPEG bytes (1-D uint8, on the
     CPU) to (3, H, W) uint8 RGB, after checking the header's pixel count against ``max_pixels``.

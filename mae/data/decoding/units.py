@@ -30,8 +30,10 @@ def to_unit_range(array: np.ndarray, path: Source) -> np.ndarray:
         low, high = int(array.min()), int(array.max())
         if 0 <= low and high <= 65535:
             return array.astype(np.float32) / 65535.0
-        raise InputError(f"{path}: {dtype} values {low}..{high} are outside 8- or 16-bit range; store it as "
-                         f"uint8, uint16 or float")  # fmt: skip
+        raise InputError(
+            f"{path}: {dtype} values {low}..{high} are outside 8- or 16-bit range; store it as "
+            f"uint8, uint16 or float"
+        )
     if array.dtype.kind == "f":
         fill = min(FILL_MAGNITUDE, float(np.finfo(array.dtype).max))
         if not (np.abs(array) < fill).all():  # NaN compares False too
@@ -47,9 +49,9 @@ def _refuse_non_measurements(values: np.ndarray, fill: float, path: Source) -> N
         raise InputError(f"{path} holds non-finite values (NaN or inf)")
     fills = np.abs(values) >= fill
     raise InputError(
-        f"{path} holds {int(fills.sum()):,} value(s) of magnitude {fill:g} or more (e.g. {values[fills][0]:g}): "
-        f"no-data fills (GeoTIFF writes -3.4e38), not measurements; replace them (e.g. by the band's mean) "
-        f"or leave the file out"
+        f"{path} holds {int(fills.sum()):,} value(s) of magnitude {fill:g} or more (e.g. "
+        f"{values[fills][0]:g}): no-data fills (GeoTIFF writes -3.4e38), not measurements; replace them "
+        "(e.g. by the band's mean) or leave the file out"
     )
 
 

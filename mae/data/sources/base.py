@@ -36,7 +36,9 @@ def collate_images(batch: list) -> Any:
 
 
 def _collate_tensors(batch: list[torch.Tensor], **kwargs: Any) -> torch.Tensor:
-    if batch[0].dim() == 3 and all(x.permute(1, 2, 0).is_contiguous() and not x.is_contiguous() for x in batch):
+    if batch[0].dim() == 3 and all(
+        x.permute(1, 2, 0).is_contiguous() and not x.is_contiguous() for x in batch
+    ):
         return stack_tensors([x.permute(1, 2, 0) for x in batch], **kwargs).permute(0, 3, 1, 2)
     return stack_tensors(batch, **kwargs)
 
@@ -119,15 +121,39 @@ class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
     def train_transform(self) -> Callable:
         if self.array_mode:
             view = "eval" if self.augmentation == "none" else self.augmentation
-            return ArrayView(view, self.img_size, self.in_chans, self.mean, self.std, 1.0, self.re_prob,
-                             self.expected_pixels, self.max_image_pixels)  # fmt: skip
-        return train_transform(self.augmentation, self.img_size, self.auto_augment, self.re_prob,
-                               self.max_image_pixels, self.mean, self.std)  # fmt: skip
+            return ArrayView(
+                view,
+                self.img_size,
+                self.in_chans,
+                self.mean,
+                self.std,
+                1.0,
+                self.re_prob,
+                self.expected_pixels,
+                self.max_image_pixels,
+            )
+        return train_transform(
+            self.augmentation,
+            self.img_size,
+            self.auto_augment,
+            self.re_prob,
+            self.max_image_pixels,
+            self.mean,
+            self.std,
+        )
 
     def eval_transform(self) -> Callable:
         if self.array_mode:
-            return ArrayView("eval", self.img_size, self.in_chans, self.mean, self.std, self.eval_crop_ratio,
-                             expected=self.expected_pixels, max_pixels=self.max_image_pixels)  # fmt: skip
+            return ArrayView(
+                "eval",
+                self.img_size,
+                self.in_chans,
+                self.mean,
+                self.std,
+                self.eval_crop_ratio,
+                expected=self.expected_pixels,
+                max_pixels=self.max_image_pixels,
+            )
         return eval_transform(self.img_size, self.eval_crop_ratio, self.mean, self.std, self.max_image_pixels)
 
     def normalize(self, imgs: torch.Tensor) -> torch.Tensor:
@@ -151,7 +177,11 @@ class ImageDataModule(SplitLoaders, pl.LightningDataModule, ABC):
             self.train_set, self.val_set = self.build_datasets(self.train_transform(), self.eval_transform())
             if self.train_fraction < 1.0:
                 self.train_set = labelled_fraction(self.train_set, self.train_fraction, self.subset_seed)
-            val = f", {len(self.val_set)} validation images" if self.val_set is not None else ", no validation split"
+            val = (
+                f", {len(self.val_set)} validation images"
+                if self.val_set is not None
+                else ", no validation split"
+            )
             classes = getattr(self.train_set, "classes", None)
             rank_zero_info(
                 f"{type(self).__name__}: {self.train_image_count()} training images"
@@ -178,7 +208,9 @@ class SplitDataModule(ImageDataModule, ABC):
         **kwargs: the loader and augmentation settings of ``ImageDataModule``.
     """
 
-    def __init__(self, root: Any, train_split: str = "train", val_split: str | None = "val", **kwargs: Any) -> None:
+    def __init__(
+        self, root: Any, train_split: str = "train", val_split: str | None = "val", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.root = root
         self.train_split = train_split

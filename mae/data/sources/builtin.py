@@ -93,7 +93,9 @@ class DigitsDataModule(MainProcessLoading, ImageDataModule):
 
     def configure_pixels(self) -> None:
         if self.in_chans != 3:
-            raise InputError(f"the digits are served as RGB images: data.in_chans must be 3, got {self.in_chans}")
+            raise InputError(
+                f"the digits are served as RGB images: data.in_chans must be 3, got {self.in_chans}"
+            )
 
     def build_datasets(self, train_tf: Callable, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         return DigitsDataset("train", train_tf), DigitsDataset("val", eval_tf)
@@ -150,4 +152,6 @@ class CIFARDataModule(ImageDataModule):
                 f"folder that holds {folder}/ or set data.download=true where the network allows"
             )
         cls = CIFAR_CLASSES[self.dataset]
-        return cls(str(self.root), train=True, transform=train_tf), cls(str(self.root), train=False, transform=eval_tf)
+        return cls(str(self.root), train=True, transform=train_tf), cls(
+            str(self.root), train=False, transform=eval_tf
+        )

@@ -13,8 +13,8 @@ no digit scan is in both. Layout under ``root``::
     annotations/instances_train.json      COCO: categories 1..10 named "0".."9"; boxes [x, y, w, h] in
     annotations/instances_val.json        pixels; segmentation as uncompressed COCO RLE (column-major runs);
                                           digit_index: the scan's index in sklearn's load_digits()
-    masks/train/000000.png ...            semantic masks, uint8 single-channel: 0 background, d + 1 for digit d
-    masks/val/000000.png ...
+    masks/train/000000.png ...            semantic masks, uint8 single-channel: 0 background, d + 1 for
+    masks/val/000000.png ...              digit d
     scenes.json                           the parameters the task was written with
 """
 
@@ -36,7 +36,8 @@ THRESHOLD = 0.3  # an upscaled digit's pixel belongs to its mask above this inte
 PLACEMENT_TRIES = 100  # random positions tried per digit before the scene keeps fewer digits
 CATEGORIES = [{"id": d + 1, "name": str(d), "supercategory": "digit"} for d in range(10)]
 SPLITS = ("train", "val")
-# Where each split's files are under ``root`` (the layout in the module docstring); the data modules read these.
+# Where each split's files are under ``root`` (the layout in the module docstring); the data modules read
+# these.
 IMAGES = "images/{split}"
 MASKS = "masks/{split}"
 ANNOTATIONS = "annotations/instances_{split}.json"
@@ -79,9 +80,14 @@ def write_digit_scenes(
 
 
 def _parameters(
-    num_train: int, num_val: int, canvas: int, digit_size: tuple[int, int], digits_per_scene: tuple[int, int],
-    noise: float, seed: int,
-) -> dict:  # fmt: skip
+    num_train: int,
+    num_val: int,
+    canvas: int,
+    digit_size: tuple[int, int],
+    digits_per_scene: tuple[int, int],
+    noise: float,
+    seed: int,
+) -> dict:
     """The recorded parameters (``scenes.json``), after checking them."""
     low, high = digit_size
     if num_train < 1 or num_val < 1:
@@ -89,15 +95,28 @@ def _parameters(
             f"digit scenes need at least one scene per split, got num_train={num_train}, num_val={num_val}"
         )
     if not 8 <= low <= high <= canvas:
-        raise ConfigError(f"digit_size must be (low, high) with 8 <= low <= high <= canvas={canvas}, got {digit_size}")
+        raise ConfigError(
+            f"digit_size must be (low, high) with 8 <= low <= high <= canvas={canvas}, got {digit_size}"
+        )
     if not 1 <= digits_per_scene[0] <= digits_per_scene[1]:
-        raise ConfigError(f"digits_per_scene must be (fewest, most) with 1 <= fewest <= most, got {digits_per_scene}")
+        raise ConfigError(
+            f"digits_per_scene must be (fewest, most) with 1 <= fewest <= most, got {digits_per_scene}"
+        )
     if not 0 <= noise < THRESHOLD:
-        raise ConfigError(f"noise must be in [0, {THRESHOLD}) so the background stays darker than a digit, got {noise}")
+        raise ConfigError(
+            f"noise must be in [0, {THRESHOLD}) so the background stays darker than a digit, got {noise}"
+        )
     return {
-        "task": "mae digit scenes", "format": FORMAT, "num_train": num_train, "num_val": num_val, "canvas": canvas,
-        "digit_size": [low, high], "digits_per_scene": list(digits_per_scene), "noise": noise, "seed": seed,
-    }  # fmt: skip
+        "task": "mae digit scenes",
+        "format": FORMAT,
+        "num_train": num_train,
+        "num_val": num_val,
+        "canvas": canvas,
+        "digit_size": [low, high],
+        "digits_per_scene": list(digits_per_scene),
+        "noise": noise,
+        "seed": seed,
+    }
 
 
 def _write_task(folder: Path, params: dict) -> None:
@@ -122,8 +141,10 @@ def _write_task(folder: Path, params: dict) -> None:
                 annotations.append(_annotation(len(annotations) + 1, number + 1, digit, source, mask))
         coco = {
             "info": {"description": f"mae digit scenes ({split}): scikit-learn digits on a dark canvas"},
-            "images": images, "annotations": annotations, "categories": CATEGORIES,
-        }  # fmt: skip
+            "images": images,
+            "annotations": annotations,
+            "categories": CATEGORIES,
+        }
         path = folder / ANNOTATIONS.format(split=split)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(coco))
@@ -165,8 +186,11 @@ def _trim(digit: np.ndarray) -> np.ndarray:
     return digit[top : rows.max() + 2, left : cols.max() + 2]
 
 
-def _free_spot(rng: np.random.Generator, placed: list, height: int, width: int, size: int) -> tuple[int, int] | None:
-    """(top, left) of a ``height`` x ``width`` patch inside the canvas that overlaps none of ``placed``, or None."""
+def _free_spot(
+    rng: np.random.Generator, placed: list, height: int, width: int, size: int
+) -> tuple[int, int] | None:
+    """(top, left) of a ``height`` x ``width`` patch inside the canvas that overlaps none of ``placed``, or
+    None."""
     tops = rng.integers(0, size - height + 1, PLACEMENT_TRIES)
     lefts = rng.integers(0, size - width + 1, PLACEMENT_TRIES)
     free = np.ones(PLACEMENT_TRIES, bool)
@@ -190,9 +214,15 @@ def _annotation(ann_id: int, image_id: int, digit: int, source: int, mask: np.nd
     w, h = int(cols.max()) + 1 - x, int(rows.max()) + 1 - y
     segmentation = {"size": list(mask.shape), "counts": rle_counts(mask)}
     return {
-        "id": ann_id, "image_id": image_id, "category_id": digit + 1, "bbox": [x, y, w, h], "area": int(mask.sum()),
-        "iscrowd": 0, "segmentation": segmentation, "digit_index": source,
-    }  # fmt: skip
+        "id": ann_id,
+        "image_id": image_id,
+        "category_id": digit + 1,
+        "bbox": [x, y, w, h],
+        "area": int(mask.sum()),
+        "iscrowd": 0,
+        "segmentation": segmentation,
+        "digit_index": source,
+    }
 
 
 def rle_counts(mask: np.ndarray) -> list[int]:
@@ -244,5 +274,6 @@ class DigitScenesOnDisk(MainProcessLoading):
         write_digit_scenes(self.root, **self.scene_kwargs)
 
     def setup(self, stage: str | None = None) -> None:
-        self.prepare_data()  # a reuse check when prepare_data (rank 0) wrote them; writes them when it did not run
+        # a reuse check when prepare_data (rank 0) wrote them; writes them when it did not run
+        self.prepare_data()
         super().setup(stage)

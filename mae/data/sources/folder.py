@@ -84,14 +84,21 @@ class ImageFolderSubset(ImageFolder):
                 else:
                     sample = open_image(path, self.max_pixels)
                     sample = self.transform(sample) if self.transform is not None else to_rgb(sample)
-            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:  # undecodable or too large
+            except (
+                OSError,
+                ValueError,
+                SyntaxError,
+                Image.DecompressionBombError,
+            ) as err:  # undecodable or too large
                 if self.on_bad_image == "raise":
                     raise InputError(
                         f"cannot read image {path}: {err}; remove the file or set data.on_bad_image=skip"
                     ) from err
                 if path not in self.bad_files:
                     self.bad_files.add(path)
-                    log.warning("skipping unreadable image %s (%s); %d skipped so far", path, err, len(self.bad_files))
+                    log.warning(
+                        "skipping unreadable image %s (%s); %d skipped so far", path, err, len(self.bad_files)
+                    )
                 continue
             return sample, target
         raise InputError(f"no readable image among the {len(self.samples)} files of {self.root}")
@@ -109,12 +116,16 @@ class ImageFolderSubset(ImageFolder):
         extensions = extensions or self.extensions
         samples, empty, skipped = [], [], []
         # The root and every class folder count as listed: a link back to them adds nothing.
-        seen = {os.path.realpath(directory)} | {os.path.realpath(os.path.join(directory, c)) for c in class_to_idx}
+        seen = {os.path.realpath(directory)} | {
+            os.path.realpath(os.path.join(directory, c)) for c in class_to_idx
+        }
         for name in sorted(class_to_idx):
             folders, links = walk_once(os.path.join(directory, name), seen)
             skipped += links
             found = [
-                (os.path.join(root, f), class_to_idx[name]) for root, files in sorted(folders) for f in sorted(files)
+                (os.path.join(root, f), class_to_idx[name])
+                for root, files in sorted(folders)
+                for f in sorted(files)
             ]
             found = [item for item in found if valid(item[0])]
             if not found:
@@ -122,8 +133,12 @@ class ImageFolderSubset(ImageFolder):
             samples += found
         if skipped:
             shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
-            log.warning("%s: %d symlinked folder(s) lead to folders already listed, skipped: %s", directory,
-                        len(skipped), shown)  # fmt: skip
+            log.warning(
+                "%s: %d symlinked folder(s) lead to folders already listed, skipped: %s",
+                directory,
+                len(skipped),
+                shown,
+            )
         if empty and not allow_empty:
             raise MissingFileError(
                 f"Found no valid file for the classes {', '.join(empty)} in {directory}. "
@@ -193,8 +208,9 @@ class ImageFolderDataModule(SplitDataModule):
 
     def selected_classes(self) -> list[str]:
         """The class folders in use (after the class list / first-K / random-K selection)."""
-        return selected_classes(self.train_folder(), self.class_list, self.num_classes, self.class_selection,
-                                self.subset_seed)  # fmt: skip
+        return selected_classes(
+            self.train_folder(), self.class_list, self.num_classes, self.class_selection, self.subset_seed
+        )
 
     @property
     def num_labels(self) -> int:
@@ -218,13 +234,23 @@ class ImageFolderDataModule(SplitDataModule):
         classes = self.selected_classes()
         extensions = dataset_extensions(self.array_mode)
         train = ImageFolderSubset(
-            self.train_folder(), classes, self.max_images_per_class, train_tf, self.on_bad_image,
-            self.max_image_pixels, extensions,
-        )  # fmt: skip
+            self.train_folder(),
+            classes,
+            self.max_images_per_class,
+            train_tf,
+            self.on_bad_image,
+            self.max_image_pixels,
+            extensions,
+        )
         val = None
         if self.val_split is not None and (self.root / self.val_split).is_dir():
             val = ImageFolderSubset(
-                self.root / self.val_split, classes, None, eval_tf, self.on_bad_image, self.max_image_pixels,
+                self.root / self.val_split,
+                classes,
+                None,
+                eval_tf,
+                self.on_bad_image,
+                self.max_image_pixels,
                 extensions,
-            )  # fmt: skip
+            )
         return train, val

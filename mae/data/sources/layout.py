@@ -22,7 +22,9 @@ from mae.data.decoding.units import check_channels
 from mae.errors import InputError, MissingFileError
 
 log = logging.getLogger(__name__)
-SHIPPED_LISTS = Path(__file__).resolve().parents[2] / "configs"  # mae/configs: the recipes and their class lists
+SHIPPED_LISTS = (
+    Path(__file__).resolve().parents[2] / "configs"
+)  # mae/configs: the recipes and their class lists
 
 
 def missing_train_split(
@@ -124,8 +126,12 @@ def class_folders(directory: str | Path, warn: bool = True) -> list[str]:
             elif kind == "unreadable":
                 unreadable.append(entry.path)
     if unreadable and warn:
-        log.warning("%s: %d entry(ies) cannot be read (a dangling or looping link?), skipped: %s", directory,
-                    len(unreadable), ", ".join(sorted(unreadable)))  # fmt: skip
+        log.warning(
+            "%s: %d entry(ies) cannot be read (a dangling or looping link?), skipped: %s",
+            directory,
+            len(unreadable),
+            ", ".join(sorted(unreadable)),
+        )
     if not names:
         raise MissingFileError(
             f"no class folder in {directory}: expected {directory}/<class>/<image> (one sub-folder per class)"
@@ -172,8 +178,10 @@ def select_classes(
     if class_list is not None:
         path = shipped_class_list(Path(class_list))
         if not path.is_file():
-            raise MissingFileError(f"class_list file {path} does not exist (the package ships "
-                                    f"{', '.join(p.name for p in sorted(SHIPPED_LISTS.glob('*.txt')))})")  # fmt: skip
+            raise MissingFileError(
+                f"class_list file {path} does not exist (the package ships "
+                f"{', '.join(p.name for p in sorted(SHIPPED_LISTS.glob('*.txt')))})"
+            )
         names = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
         names = [n for n in names if n]
         if not names:
@@ -237,8 +245,8 @@ class SampledPixels:
         if len(self.kinds) > 1:
             (kind_a, a), (kind_b, b) = list(self.kinds.items())[:2]
             raise InputError(
-                f"images in {self.folder} disagree: {a} has {kind_a[0]} channel(s) of {kind_a[1]}, {b} has {kind_b[0]} "
-                f"of {kind_b[1]}; store every image with the same channels and bit depth"
+                f"images in {self.folder} disagree: {a} has {kind_a[0]} channel(s) of {kind_a[1]}, {b} has "
+                f"{kind_b[0]} of {kind_b[1]}; store every image with the same channels and bit depth"
             )
         ((kind, example),) = self.kinds.items()
         return kind, example

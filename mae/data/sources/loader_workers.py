@@ -95,7 +95,8 @@ def split_loader(
 class SplitLoaders:
     """The loader settings of every data module (images, detection, segmentation), with their defaults and
     checks, and the loaders of a data module with a ``train_set`` and a ``val_set`` (None: no validation):
-    ``split_loader`` with its ``collate_fn()``, and the check that the training split holds one batch at least.
+    ``split_loader`` with its ``collate_fn()``, and the check that the training split holds one batch at
+    least.
 
     A data module takes these settings as keywords (``**loader``) and hands them on to this ``__init__``,
     so they are the same config keys (``data.batch_size``, ...) everywhere; it may override ``collate_fn``,
@@ -113,7 +114,11 @@ class SplitLoaders:
     val_set: Dataset | None
 
     def __init__(
-        self, batch_size: int = 64, num_workers: int = 8, pin_memory: bool = True, persistent_workers: bool = True
+        self,
+        batch_size: int = 64,
+        num_workers: int = 8,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -137,8 +142,15 @@ class SplitLoaders:
         return type(self).__name__
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
-        return split_loader(dataset, train, self.batch_size, self.collate_fn(), self.num_workers, self.pin_memory,
-                            self.persistent_workers)  # fmt: skip
+        return split_loader(
+            dataset,
+            train,
+            self.batch_size,
+            self.collate_fn(),
+            self.num_workers,
+            self.pin_memory,
+            self.persistent_workers,
+        )
 
     def train_dataloader(self) -> DataLoader:
         """Raises ValueError naming the split and ``data.batch_size`` when the split holds fewer images."""

@@ -23,7 +23,9 @@ class SceneImages(Dataset):
     def __init__(self, root: Path, split: str, transform: Callable) -> None:
         self.paths = sorted((root / "images" / split).glob("*.png"))
         if not self.paths:
-            raise MissingFileError(f"no scene images in {root / 'images' / split}: write them with write_digit_scenes")
+            raise MissingFileError(
+                f"no scene images in {root / 'images' / split}: write them with write_digit_scenes"
+            )
         self.transform = transform
 
     def __len__(self) -> int:
@@ -34,8 +36,8 @@ class SceneImages(Dataset):
 
 
 class ImagesUnderRoot(ImageDataModule, ABC):
-    """An ``ImageDataModule`` read from the folder ``root``: a base ``DigitScenesOnDisk`` can hand its ``root``
-    on to, as it does to the detection and segmentation data modules."""
+    """An ``ImageDataModule`` read from the folder ``root``: a base ``DigitScenesOnDisk`` can hand its
+    ``root`` on to, as it does to the detection and segmentation data modules."""
 
     def __init__(self, root: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -43,14 +45,14 @@ class ImagesUnderRoot(ImageDataModule, ABC):
 
 
 class DigitSceneImagesDataModule(DigitScenesOnDisk, ImagesUnderRoot):
-    """Pretraining data: the training images of the built-in digit scenes (``mae.data.sources.digit_scenes``), written
-    to ``root`` on first use (reused after, the same files the detection and segmentation data modules
+    """Pretraining data: the training images of the built-in digit scenes (``mae.data.sources.digit_scenes``),
+    written to ``root`` on first use (reused after, the same files the detection and segmentation data modules
     read with the same parameters); the validation scenes give ``val/loss`` only.
 
     Args:
         root, num_train, num_val, canvas, seed, img_size: the scenes' folder and parameters and the input side
-            (``DigitScenesOnDisk``); the canvas side keeps the digits at the size the dense tasks see them (the
-            pretraining crop enlarges them up to 2.2x, as it does any image).
+            (``DigitScenesOnDisk``); the canvas side keeps the digits at the size the dense tasks see them
+            (the pretraining crop enlarges them up to 2.2x, as it does any image).
         **kwargs: the loader and augmentation settings of ``ImageDataModule``.
     """
 

@@ -48,7 +48,9 @@ def unfinished_conversion(root: str, storage_options: dict | None = None) -> boo
         return False
     if storage.is_remote(root):
         return False
-    return any(is_record_temporary(p.name, p.read_text(errors="replace")) for p in Path(root).glob(".mae_shards*"))
+    return any(
+        is_record_temporary(p.name, p.read_text(errors="replace")) for p in Path(root).glob(".mae_shards*")
+    )
 
 
 def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, Any]:
@@ -69,24 +71,27 @@ def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, A
             raise MissingFileError(f"nothing is stored at data.root={root}; {make}")
         if storage.read_text(storage.join(root, "index.json"), storage_options) is not None:
             raise MissingFileError(
-                f"data.root={root} is a litdata folder without {METADATA}: not written by mae.data.shard (or by "
-                f"a version before the format had one); {make}, or point data.root at the folder above its splits"
+                f"data.root={root} is a litdata folder without {METADATA}: not written by mae.data.shard (or "
+                f"by a version before the format had one); {make}, or point data.root at the folder above "
+                "its splits"
             )
         if unfinished_conversion(root, storage_options):
             raise MissingFileError(
-                f"data.root={root} holds an unfinished conversion of mae.data.shard: it stopped (killed or failed) "
-                f"before writing {METADATA}, which it writes last; run it again with `mae shard "
-                f"IMAGE_FOLDER --out {root} --overwrite`, which replaces exactly the files that conversion wrote"
+                f"data.root={root} holds an unfinished conversion of mae.data.shard: it stopped (killed or "
+                f"failed) before writing {METADATA}, which it writes last; run it again with `mae shard "
+                f"IMAGE_FOLDER --out {root} --overwrite`, which replaces exactly the files that conversion "
+                "wrote"
             )
         raise MissingFileError(
             f"data.root={root} has no {METADATA} and no record of an unfinished conversion of mae.data.shard "
-            f"({PARTIAL}): not a shard folder, and the shard tool does not write over files it did not write; "
-            f"write shards to an empty folder or prefix with `mae shard IMAGE_FOLDER --out OUT` and set "
-            f"data.root to it"
+            f"({PARTIAL}): not a shard folder, and the shard tool does not write over files it did not "
+            "write; write shards to an empty folder or prefix with `mae shard IMAGE_FOLDER --out OUT` and "
+            "set data.root to it"
         )
     if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
         raise InputError(
-            f"{storage.join(root, METADATA)} is format {metadata.get('format')!r} version {metadata.get('version')!r};"
-            f" this code reads {FORMAT!r} version {VERSION}: reshard with `mae shard ... --overwrite`"
+            f"{storage.join(root, METADATA)} is format {metadata.get('format')!r} version "
+            f"{metadata.get('version')!r}; this code reads {FORMAT!r} version {VERSION}: reshard with `mae "
+            "shard ... --overwrite`"
         )
     return metadata

@@ -25,7 +25,13 @@ from mae.data.sources.base import SplitDataModule, collate_images
 from mae.data.sources.layout import missing_train_split
 from mae.data.sources.loader_workers import SigtermSafeLoader, worker_init
 from mae.data.sources.shard_format import read_metadata
-from mae.data.views.gpu import DecodeOn, EncodedBatch, collate_encoded, decode_pretrain_batch, resolve_decode_on
+from mae.data.views.gpu import (
+    DecodeOn,
+    EncodedBatch,
+    collate_encoded,
+    decode_pretrain_batch,
+    resolve_decode_on,
+)
 from mae.errors import ConfigError
 from mae.io import storage
 
@@ -38,14 +44,18 @@ class DecodeSample:
     ``EncodedImage`` (for decoding whole batches on the GPU).
     """
 
-    def __init__(self, transform: Callable | None, url: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
+    def __init__(
+        self, transform: Callable | None, url: str, max_pixels: int | None = DEFAULT_MAX_PIXELS
+    ) -> None:
         self.transform = transform
         self.url = url
         self.max_pixels = max_pixels
 
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
         name, label = f"{self.url}:{sample['name']}", sample["label"]
-        if self.transform is None:  # to the main process as it is (a copy: litdata's memoryview does not pickle)
+        if (
+            self.transform is None
+        ):  # to the main process as it is (a copy: litdata's memoryview does not pickle)
             return EncodedImage(bytearray(sample["image"]), name), label
         encoded = EncodedImage(sample["image"], name)
         if getattr(self.transform, "reads_files", False):
@@ -205,7 +215,9 @@ class StreamingDataModule(SplitDataModule):
         self._metadata: dict[str, Any] | None = None
         self._gpu_decode = False
         self._train_loader: ResumableStreamingLoader | None = None
-        self._stream_state: dict[str, Any] | None = None  # restored from a checkpoint, for the next train loader
+        self._stream_state: dict[str, Any] | None = (
+            None  # restored from a checkpoint, for the next train loader
+        )
         self._stream_epoch: int | None = None  # the epoch a checkpoint saved at an epoch's end had finished
 
     @property
@@ -233,11 +245,14 @@ class StreamingDataModule(SplitDataModule):
         if self.array_mode:
             pixels = self.metadata.get("pixels")
             if pixels is None:
-                shown = "; ".join(f"{name} has {c} channel(s) of {dtype}" for c, dtype, name in
-                                  self.metadata.get("kinds", [])[:2])  # fmt: skip
+                shown = "; ".join(
+                    f"{name} has {c} channel(s) of {dtype}"
+                    for c, dtype, name in self.metadata.get("kinds", [])[:2]
+                )
                 raise ConfigError(
-                    f"the images in {self.root} differ in channels or bit depth ({shown or 'e.g. RGB and grayscale'}), "
-                    f"which only the 8-bit RGB path converts: data.in_chans must be 3 for them, got {self.in_chans}"
+                    f"the images in {self.root} differ in channels or bit depth "
+                    f"({shown or 'e.g. RGB and grayscale'}), which only the 8-bit RGB path converts: "
+                    f"data.in_chans must be 3 for them, got {self.in_chans}"
                 )
             self.expected_pixels = (int(pixels[0]), str(pixels[1]))
             check_channels(self.expected_pixels[0], self.in_chans, self.root)
@@ -254,13 +269,20 @@ class StreamingDataModule(SplitDataModule):
     def _split(self, split: str, transform: Callable | None, train: bool) -> ShardedImages:
         url = storage.join(self.root, split)
         return ShardedImages(
-            url, self.metadata["classes"], DecodeSample(transform, url, self.max_image_pixels), shuffle=train,
-            seed=self.shuffle_seed, cache_dir=self.cache_dir, max_cache_size=self.max_cache_size,
+            url,
+            self.metadata["classes"],
+            DecodeSample(transform, url, self.max_image_pixels),
+            shuffle=train,
+            seed=self.shuffle_seed,
+            cache_dir=self.cache_dir,
+            max_cache_size=self.max_cache_size,
             storage_options=dict(self.storage_options or {}),
-        )  # fmt: skip
+        )
 
     def _indexed(self, split: str, transform: Callable) -> ShardIndex:
-        return ShardIndex(self._split(split, transform, train=False), self.metadata["splits"][split]["images"])
+        return ShardIndex(
+            self._split(split, transform, train=False), self.metadata["splits"][split]["images"]
+        )
 
     def _val_set(self, transform: Callable) -> ShardIndex | None:
         if self.val_split is None or self.val_split not in self.metadata["splits"]:
@@ -270,8 +292,9 @@ class StreamingDataModule(SplitDataModule):
     def _check_train_split(self) -> None:
         splits = list(self.metadata["splits"])
         if self.train_split not in splits:
-            raise missing_train_split(self.root, self.train_split, splits, "data.train_split",
-                                      "a split written by mae.data.shard")  # fmt: skip
+            raise missing_train_split(
+                self.root, self.train_split, splits, "data.train_split", "a split written by mae.data.shard"
+            )
 
     def build_datasets(self, train_tf: Callable | None, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:
         self._check_train_split()
@@ -323,18 +346,18 @@ class StreamingDataModule(SplitDataModule):
         saved_seed = state_dict.get("shuffle_seed", self.shuffle_seed)
         if saved_seed != self.shuffle_seed:
             raise ConfigError(
-                f"data.shuffle_seed is {self.shuffle_seed} but the checkpoint's epoch was streamed with {saved_seed}: "
-                f"resume with --data.shuffle_seed {saved_seed} (another order would repeat and skip images of the "
-                f"interrupted epoch)"
+                f"data.shuffle_seed is {self.shuffle_seed} but the checkpoint's epoch was streamed with "
+                f"{saved_seed}: resume with --data.shuffle_seed {saved_seed} (another order would repeat and "
+                "skip images of the interrupted epoch)"
             )
         saved = (state_dict.get("shards_id"), state_dict.get("train_images"))
         current = (self.metadata.get("id"), self.metadata["splits"][self.train_split]["images"])
         if saved != current and None not in saved:
             raise ConfigError(
-                f"the checkpoint's epoch streamed the shards {saved[0]} ({saved[1]} training images), but {self.root} "
-                f"holds {current[0]} ({current[1]}), another conversion: its order differs, so resuming mid-epoch "
-                f"would repeat and skip images. Resume on the checkpoint's shards, or start a new run from the weights "
-                f"(model.init_from)"
+                f"the checkpoint's epoch streamed the shards {saved[0]} ({saved[1]} training images), but "
+                f"{self.root} holds {current[0]} ({current[1]}), another conversion: its order differs, so "
+                "resuming mid-epoch would repeat and skip images. Resume on the checkpoint's shards, or "
+                "start a new run from the weights (model.init_from)"
             )
         self._stream_state = state_dict["stream"]
         self._restore_stream(self._train_loader)
@@ -351,8 +374,11 @@ class StreamingDataModule(SplitDataModule):
         if self._stream_state is not None:
             state = {**self._stream_state, "dataset": dict(self._stream_state["dataset"])}
             dataset = loader.dataset
-            state["dataset"].update(input_dir_path=dataset.input_dir.path, input_dir_url=dataset.input_dir.url,
-                                    cache_dir_path=self.cache_dir)  # fmt: skip
+            state["dataset"].update(
+                input_dir_path=dataset.input_dir.path,
+                input_dir_url=dataset.input_dir.url,
+                cache_dir_path=self.cache_dir,
+            )
             loader.restore_position(state)
             self._stream_state = None
 
@@ -379,5 +405,8 @@ class StreamingDataModule(SplitDataModule):
         if isinstance(batch, EncodedBatch):
             device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
             size = (self.img_size, self.img_size) if isinstance(self.img_size, int) else tuple(self.img_size)
-            return [decode_pretrain_batch(batch.images, batch.names, size, device, self.max_image_pixels), batch.labels]
+            return [
+                decode_pretrain_batch(batch.images, batch.names, size, device, self.max_image_pixels),
+                batch.labels,
+            ]
         return batch

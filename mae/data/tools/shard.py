@@ -95,7 +95,9 @@ def encode_sample(
         with open(path, "rb") as f:
             data = f.read()
         if pixels is None:
-            read_rgb(EncodedImage(data, path), max_pixels)  # the reader's own check: what decodes here streams
+            read_rgb(
+                EncodedImage(data, path), max_pixels
+            )  # the reader's own check: what decodes here streams
         else:
             read_pixels(EncodedImage(data, path), None, pixels, max_pixels)  # as the array path reads it
         note_kind(kinds_dir, EncodedImage(data, path))
@@ -142,8 +144,10 @@ def write_split(
     ``pixels`` (``encode_sample``); returns its counts (images, bytes, shards, skipped)."""
     from litdata import optimize
 
-    inputs = [(path, label, i, name, args.max_image_pixels, pixels, kinds_dir)
-              for i, (path, label, name) in enumerate(samples)]  # fmt: skip
+    inputs = [
+        (path, label, i, name, args.max_image_pixels, pixels, kinds_dir)
+        for i, (path, label, name) in enumerate(samples)
+    ]
     random.Random(args.seed).shuffle(inputs)
     optimize(
         fn=encode_sample,
@@ -161,8 +165,12 @@ def write_split(
         raise storage.StorageError(f"litdata wrote no index.json to {out}")
     chunks = index.get("chunks", [])
     images = sum(c["chunk_size"] for c in chunks)
-    return {"images": images, "bytes": sum(c["chunk_bytes"] for c in chunks), "shards": len(chunks),
-            "skipped": len(samples) - images}  # fmt: skip
+    return {
+        "images": images,
+        "bytes": sum(c["chunk_bytes"] for c in chunks),
+        "shards": len(chunks),
+        "skipped": len(samples) - images,
+    }
 
 
 def shard(args: Namespace) -> dict[str, Any]:
@@ -188,15 +196,23 @@ def shard(args: Namespace) -> dict[str, Any]:
         kinds_dir = os.path.join(work, "kinds")
         os.mkdir(kinds_dir)
         for name, samples in splits.items():
-            print(f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True)
-            counts[name] = write_split(samples, storage.join(out, name), args, storage_options, pixels, kinds_dir)
+            print(
+                f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True
+            )
+            counts[name] = write_split(
+                samples, storage.join(out, name), args, storage_options, pixels, kinds_dir
+            )
         kinds = noted_kinds(kinds_dir)
     for name, c in list(counts.items()):
         if c["images"] == 0 and name == args.train_split:
-            raise InputError(f"no readable image in {root / name}: all {c['skipped']} files were skipped (see the "
-                             f"messages above); nothing was written to {storage.join(out, METADATA)}")  # fmt: skip
+            raise InputError(
+                f"no readable image in {root / name}: all {c['skipped']} files were skipped (see the "
+                f"messages above); nothing was written to {storage.join(out, METADATA)}"
+            )
         if c["images"] == 0:
-            print(f"{name}: all {c['skipped']} files were skipped; the shards have no {name} split", flush=True)
+            print(
+                f"{name}: all {c['skipped']} files were skipped; the shards have no {name} split", flush=True
+            )
             del counts[name]
     # Every kind the workers saw, not the start-up sample's: grayscale among RGB is fine for the RGB
     # path, but not for reading with another in_chans, which the data module then refuses.
@@ -206,41 +222,67 @@ def shard(args: Namespace) -> dict[str, Any]:
         described["pixels"] = None
         described["kinds"] = [[c, dtype, example] for (c, dtype), example in kinds.items()]
     metadata = {
-        "format": FORMAT, "version": VERSION, "id": uuid.uuid4().hex[:12], "classes": classes,
-        "train_split": args.train_split, "splits": counts, "order": f"random, seed {args.seed}", **described,
-        "source": str(root.resolve()), "split_folders": list(splits),  # all written, also a dropped empty one
-    }  # fmt: skip
+        "format": FORMAT,
+        "version": VERSION,
+        "id": uuid.uuid4().hex[:12],
+        "classes": classes,
+        "train_split": args.train_split,
+        "splits": counts,
+        "order": f"random, seed {args.seed}",
+        **described,
+        "source": str(root.resolve()),
+        "split_folders": list(splits),  # all written, also a dropped empty one
+    }
     storage.write_json(storage.join(out, METADATA), metadata, storage_options)
     storage.delete(storage.join(out, PARTIAL), storage_options)
     for name, c in counts.items():
-        print(f"{name}: {c['images']} images in {len(classes)} classes, {c['bytes'] / 1e6:.1f} MB in {c['shards']} "
-              f"shard(s), {c['skipped']} unreadable file(s) skipped")  # fmt: skip
-    print(f"wrote {storage.join(out, METADATA)}; train with data.class_path: mae.data.StreamingDataModule, "
-          f"data.root: {out}")  # fmt: skip
+        print(
+            f"{name}: {c['images']} images in {len(classes)} classes, {c['bytes'] / 1e6:.1f} MB in "
+            f"{c['shards']} shard(s), {c['skipped']} unreadable file(s) skipped"
+        )
+    print(
+        f"wrote {storage.join(out, METADATA)}; train with data.class_path: mae.data.StreamingDataModule, "
+        f"data.root: {out}"
+    )
     return metadata
 
 
 def build_parser() -> ArgumentParser:
     p = command_parser("mae shard", __doc__.split("\n\n")[0])
-    p.add_argument("root", help="dataset folder: ROOT/<train-split>/<class>/<image> (and ROOT/<val-split>/...)")
+    p.add_argument(
+        "root", help="dataset folder: ROOT/<train-split>/<class>/<image> (and ROOT/<val-split>/...)"
+    )
     add_option(p, "out", "output folder or s3://bucket/prefix", type=str, required=True)
     p.add_argument("--train-split", default="train")
-    p.add_argument("--val-split", default="val", help="sharded with the same classes when it exists ('' : none)")
+    p.add_argument(
+        "--val-split", default="val", help="sharded with the same classes when it exists ('' : none)"
+    )
     selection = p.add_mutually_exclusive_group()
     selection.add_argument("--num-classes", type=argparse_int, default=None, help="use this many classes")
     selection.add_argument("--class-list", default=None, help="file with one class folder name per line")
     p.add_argument("--class-selection", choices=["first", "random"], default="first")
     p.add_argument(
-        "--seed", type=argparse_int, default=0, help="seed of the samples' order (and of a random class selection)"
+        "--seed",
+        type=argparse_int,
+        default=0,
+        help="seed of the samples' order (and of a random class selection)",
     )
-    p.add_argument("--max-images-per-class", type=argparse_int, default=None, help="cap on training images per class")
-    add_option(p, "max_image_pixels", "larger images are skipped as decompression bombs", default=DEFAULT_MAX_PIXELS)
+    p.add_argument(
+        "--max-images-per-class", type=argparse_int, default=None, help="cap on training images per class"
+    )
+    add_option(
+        p, "max_image_pixels", "larger images are skipped as decompression bombs", default=DEFAULT_MAX_PIXELS
+    )
     add_option(p, "workers", "processes that read files", default=min(8, os.cpu_count() or 1))
     p.add_argument("--chunk-bytes", default=DEFAULT_CHUNK_BYTES, help="shard size, e.g. 64MB")
     p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already at --out")
-    p.add_argument("--start-method", choices=["spawn", "fork", "forkserver"], default=None,
-                   help="multiprocessing start method of the workers (litdata's default: spawn)")  # fmt: skip
+    p.add_argument(
+        "--start-method",
+        choices=["spawn", "fork", "forkserver"],
+        default=None,
+        help="multiprocessing start method of the workers (litdata's default: spawn)",
+    )
     return p
 
 

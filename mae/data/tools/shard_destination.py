@@ -11,7 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mae.data.sources.shard_format import FORMAT, METADATA, PARTIAL, RECORD_TEMPORARY, is_record, is_record_temporary
+from mae.data.sources.shard_format import (
+    FORMAT,
+    METADATA,
+    PARTIAL,
+    RECORD_TEMPORARY,
+    is_record,
+    is_record_temporary,
+)
 from mae.errors import InputError, OutputExistsError
 from mae.io import storage
 
@@ -38,7 +45,9 @@ def conversion_files(out: str, storage_options: dict | None) -> tuple[list[str],
     present = set(stored)
     owned: set[str] = set()
     splits: set[str] = set()
-    metadata = storage.read_json(storage.join(out, METADATA), storage_options) if METADATA in present else None
+    metadata = (
+        storage.read_json(storage.join(out, METADATA), storage_options) if METADATA in present else None
+    )
     if is_record(metadata):
         owned.add(METADATA)
         splits |= {s for s in metadata.get("split_folders", metadata.get("splits", {})) if _plain_folder(s)}
@@ -49,13 +58,19 @@ def conversion_files(out: str, storage_options: dict | None) -> tuple[list[str],
     if is_record(partial):
         owned |= {PARTIAL, METADATA} | {f for f in partial.get("files", []) if isinstance(f, str)}
         for split in filter(_plain_folder, partial.get("splits", [])):
-            owned |= {f for f in present if f.startswith(split + "/") and LITDATA_FILE.fullmatch(f[len(split) + 1 :])}
+            owned |= {
+                f
+                for f in present
+                if f.startswith(split + "/") and LITDATA_FILE.fullmatch(f[len(split) + 1 :])
+            }
     for split in splits:
         index = storage.read_json(storage.join(out, split, "index.json"), storage_options)
         if isinstance(index, dict):
             owned.add(f"{split}/index.json")
             chunks = [c.get("filename") for c in index.get("chunks", []) if isinstance(c, dict)]
-            owned |= {f"{split}/{name}" for name in chunks if isinstance(name, str) and CHUNK_FILE.fullmatch(name)}
+            owned |= {
+                f"{split}/{name}" for name in chunks if isinstance(name, str) and CHUNK_FILE.fullmatch(name)
+            }
     return stored, owned & present
 
 
@@ -89,25 +104,33 @@ def check_destination(root: Path, out: str, overwrite: bool, storage_options: di
             raise OutputExistsError(f"{out} is a file; give a folder (or an s3:// URL) for the shards")
         source, target = Path(os.path.realpath(root)), Path(os.path.realpath(out))
         if target.is_relative_to(source):
-            raise InputError(f"the output folder {out} is inside the dataset folder {root}, where it would be read as "
-                             f"images or a class by the next conversion or training run; choose a folder outside "
-                             f"{root}")  # fmt: skip
+            raise InputError(
+                f"the output folder {out} is inside the dataset folder {root}, where it would be read as "
+                f"images or a class by the next conversion or training run; choose a folder outside "
+                f"{root}"
+            )
     stored, owned = conversion_files(out, storage_options)
     foreign = [f for f in stored if f not in owned]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise OutputExistsError(f"{out} is not empty: it holds {len(foreign)} file(s) that no conversion of this "
-                              f"tool wrote there ({shown}); choose an empty folder or prefix, or move them "
-                              "away")  # fmt: skip
+        raise OutputExistsError(
+            f"{out} is not empty: it holds {len(foreign)} file(s) that no conversion of this "
+            f"tool wrote there ({shown}); choose an empty folder or prefix, or move them "
+            "away"
+        )
     if stored and not overwrite and METADATA not in stored:
-        raise OutputExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an unfinished "
-                              f"conversion of this tool (by its records: killed or failed before it wrote {METADATA}, "
-                              "which it writes last); pass --overwrite to replace exactly them with a new conversion, "
-                              "or choose an empty folder or prefix")  # fmt: skip
+        raise OutputExistsError(
+            f"{out} is not empty: it holds the {len(stored)} file(s) of an unfinished "
+            f"conversion of this tool (by its records: killed or failed before it wrote {METADATA}, "
+            "which it writes last); pass --overwrite to replace exactly them with a new conversion, "
+            "or choose an empty folder or prefix"
+        )
     if stored and not overwrite:
-        raise OutputExistsError(f"{out} is not empty: it holds the {len(stored)} file(s) of an earlier conversion "
-                              f"(named in its {METADATA} and index.json files); pass --overwrite to replace them, or "
-                              f"choose an empty folder or prefix")  # fmt: skip
+        raise OutputExistsError(
+            f"{out} is not empty: it holds the {len(stored)} file(s) of an earlier conversion "
+            f"(named in its {METADATA} and index.json files); pass --overwrite to replace them, or "
+            f"choose an empty folder or prefix"
+        )
     return stored
 
 

@@ -39,8 +39,10 @@ class ChannelStats:
     def yaml(self) -> str:
         """The lines to paste into a config."""
         values = lambda xs: "[" + ", ".join(f"{x:.6g}" for x in xs) + "]"  # noqa: E731
-        return (f"data:\n  init_args:\n    in_chans: {len(self.mean)}\n    mean: {values(self.mean)}\n"
-                f"    std: {values(self.std)}\n")  # fmt: skip
+        return (
+            f"data:\n  init_args:\n    in_chans: {len(self.mean)}\n    mean: {values(self.mean)}\n"
+            f"    std: {values(self.std)}\n"
+        )
 
 
 def image_files(root: str | Path) -> list[str]:
@@ -104,10 +106,17 @@ def build_parser() -> ArgumentParser:
         "data.mean / data.std lines of a config.",
     )
     parser.add_argument("root", help="dataset folder (ImageFolder layout) or any folder of images")
-    parser.add_argument("--in-chans", type=argparse_int, default=None, help="channels (default: the first image's)")
-    parser.add_argument("--max-images", type=argparse_int, default=None, help="use this many images, spread evenly")
+    parser.add_argument(
+        "--in-chans", type=argparse_int, default=None, help="channels (default: the first image's)"
+    )
+    parser.add_argument(
+        "--max-images", type=argparse_int, default=None, help="use this many images, spread evenly"
+    )
     add_option(
-        parser, "max_image_pixels", "larger images are skipped as decompression bombs", default=DEFAULT_MAX_PIXELS
+        parser,
+        "max_image_pixels",
+        "larger images are skipped as decompression bombs",
+        default=DEFAULT_MAX_PIXELS,
     )
     return parser
 

@@ -66,7 +66,9 @@ class ArrayView:
         self.crop_ratio = crop_ratio
         self.expected = expected
         self.max_pixels = max_pixels
-        self.erase = RandomErasing(re_prob, mode="pixel", device="cpu") if view == "finetune" and re_prob else None
+        self.erase = (
+            RandomErasing(re_prob, mode="pixel", device="cpu") if view == "finetune" and re_prob else None
+        )
 
     @property
     def eval_short_side(self) -> int | None:
@@ -77,7 +79,9 @@ class ArrayView:
     def read(self, path: str | os.PathLike) -> torch.Tensor:
         """(in_chans, H, W) float pixels of ``path``, unnormalised (``read_pixels``); the file, and its
         evaluation view, checked against ``max_pixels`` before it is decoded."""
-        return chw_tensor(read_pixels(path, self.in_chans, self.expected, self.max_pixels, self.eval_short_side))
+        return chw_tensor(
+            read_pixels(path, self.in_chans, self.expected, self.max_pixels, self.eval_short_side)
+        )
 
     def __call__(self, path: str | os.PathLike) -> torch.Tensor:
         return self.view(self.read(path))
@@ -89,10 +93,14 @@ class ArrayView:
         bicubic = T.InterpolationMode.BICUBIC
         if self.kind == "eval":
             short = self.eval_short_side
-            pixels = TF.center_crop(TF.resize(pixels, short, interpolation=bicubic, antialias=True), list(self.size))
+            pixels = TF.center_crop(
+                TF.resize(pixels, short, interpolation=bicubic, antialias=True), list(self.size)
+            )
         else:
             (top, left, h, w), flip = random_crop(pixels, CROP_SCALE[self.kind])
-            pixels = TF.resized_crop(pixels, top, left, h, w, list(self.size), interpolation=bicubic, antialias=True)
+            pixels = TF.resized_crop(
+                pixels, top, left, h, w, list(self.size), interpolation=bicubic, antialias=True
+            )
             if flip:
                 pixels = pixels.flip(-1)
         pixels = (pixels - self.mean) / self.std

@@ -88,7 +88,9 @@ def resized_crop(
     if float_math is None:
         float_math = pixels.device.type != "cpu"
     if not float_math:
-        out = F.interpolate(crop.contiguous(memory_format=torch.channels_last), size, mode="bicubic", antialias=True)
+        out = F.interpolate(
+            crop.contiguous(memory_format=torch.channels_last), size, mode="bicubic", antialias=True
+        )
     else:
         out = F.interpolate(crop.float(), size, mode="bicubic", antialias=True)
         out = out.round_().clamp_(0, 255).to(torch.uint8).contiguous(memory_format=torch.channels_last)

@@ -38,15 +38,22 @@ def resolve_decode_on(decode_on: DecodeOn, device: torch.device, augmentation: s
         return False
     if augmentation != "pretrain":
         if decode_on == "gpu":
-            what = "the data is read as arrays (not 8-bit RGB)" if augmentation == "array" else (
-                f"data.augmentation is {augmentation!r}")  # fmt: skip
-            raise ConfigError(f"data.decode_on=gpu decodes 8-bit RGB JPEGs for the pretraining crop, but {what}; "
-                             "set data.decode_on: auto or cpu")  # fmt: skip
+            what = (
+                "the data is read as arrays (not 8-bit RGB)"
+                if augmentation == "array"
+                else (f"data.augmentation is {augmentation!r}")
+            )
+            raise ConfigError(
+                f"data.decode_on=gpu decodes 8-bit RGB JPEGs for the pretraining crop, but {what}; "
+                "set data.decode_on: auto or cpu"
+            )
         return False
     if device.type != "cuda":
         if decode_on == "gpu":
-            raise ConfigError(f"data.decode_on=gpu needs training on a CUDA GPU, but the trainer runs on {device}; "
-                             "set data.decode_on: auto (decodes in the loader workers here) or cpu")  # fmt: skip
+            raise ConfigError(
+                f"data.decode_on=gpu needs training on a CUDA GPU, but the trainer runs on {device}; "
+                "set data.decode_on: auto (decodes in the loader workers here) or cpu"
+            )
         return False
     return True
 
@@ -64,9 +71,10 @@ class EncodedBatch:
 def collate_encoded(batch: list[tuple[EncodedImage, int]]) -> EncodedBatch:
     """Collate (``EncodedImage``, label) samples without decoding them."""
     return EncodedBatch(
-        [image.tensor() for image, _ in batch], [image.name for image, _ in batch],
+        [image.tensor() for image, _ in batch],
+        [image.name for image, _ in batch],
         torch.tensor([label for _, label in batch]),
-    )  # fmt: skip
+    )
 
 
 def _decode_one(data: torch.Tensor, name: str, max_pixels: int | None, device: torch.device) -> torch.Tensor:

@@ -27,8 +27,8 @@ def normalization(
         return tuple(IMAGENET_MEAN), tuple(IMAGENET_STD)
     if mean is None or std is None:
         raise ConfigError(
-            f"data.mean and data.std are needed for {in_chans}-channel data (ImageNet's are for RGB): compute "
-            f"them with `mae stats ROOT --in-chans {in_chans}` and paste the lines it prints"
+            f"data.mean and data.std are needed for {in_chans}-channel data (ImageNet's are for RGB): "
+            f"compute them with `mae stats ROOT --in-chans {in_chans}` and paste the lines it prints"
         )
     if len(mean) != in_chans or len(std) != in_chans:
         raise ConfigError(
@@ -38,7 +38,9 @@ def normalization(
     return tuple(float(m) for m in mean), tuple(float(v) for v in std)
 
 
-def check_statistics(mean: Sequence[float], std: Sequence[float], names: str = "data.mean / data.std") -> None:
+def check_statistics(
+    mean: Sequence[float], std: Sequence[float], names: str = "data.mean / data.std"
+) -> None:
     """Raises ValueError, naming ``names``, for a mean that is not finite or a std that is not finite
     and positive: images divided by them would be NaN or infinite, and so would the loss."""
     if not all(math.isfinite(v) for v in mean) or not all(math.isfinite(v) and v > 0 for v in std):

@@ -27,7 +27,9 @@ class ViewSizeLimit:
 
     def __call__(self, img: Image.Image) -> Image.Image:
         width, height = img.size
-        check_view_size(image_name(img), height, width, 3, self.short_side, self.max_pixels)  # the view is RGB
+        check_view_size(
+            image_name(img), height, width, 3, self.short_side, self.max_pixels
+        )  # the view is RGB
         return img
 
     def __repr__(self) -> str:
@@ -44,7 +46,9 @@ class ToRGB:
         return "ToRGB()"
 
 
-def pretrain_transform(img_size: int | tuple[int, int], max_pixels: int | None = DEFAULT_MAX_PIXELS) -> PretrainCrop:
+def pretrain_transform(
+    img_size: int | tuple[int, int], max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> PretrainCrop:
     """MAE pretraining: RandomResizedCrop (0.2-1, bicubic) + flip, uint8 out (see ``PretrainCrop``)."""
     return PretrainCrop(img_size, max_pixels=max_pixels)
 
@@ -58,15 +62,26 @@ def finetune_transform(
 ) -> T.Compose:
     """MAE fine-tuning: timm's RandomResizedCrop (0.08-1, bicubic) + flip + RandAugment + random erasing."""
     timm_transform = create_transform(
-        img_size, is_training=True, scale=CROP_SCALE["finetune"], ratio=CROP_RATIO, color_jitter=None,
-        auto_augment=auto_augment, interpolation="bicubic", re_prob=re_prob, re_mode="pixel", re_count=1,
-        mean=tuple(mean), std=tuple(std),
-    )  # fmt: skip
+        img_size,
+        is_training=True,
+        scale=CROP_SCALE["finetune"],
+        ratio=CROP_RATIO,
+        color_jitter=None,
+        auto_augment=auto_augment,
+        interpolation="bicubic",
+        re_prob=re_prob,
+        re_mode="pixel",
+        re_count=1,
+        mean=tuple(mean),
+        std=tuple(std),
+    )
     return T.Compose([ToRGB(), *timm_transform.transforms])
 
 
 def linprobe_transform(
-    img_size: int | tuple[int, int], mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD
+    img_size: int | tuple[int, int],
+    mean: tuple[float, ...] = IMAGENET_MEAN,
+    std: tuple[float, ...] = IMAGENET_STD,
 ) -> T.Compose:
     """MAE linear probing: RandomResizedCrop (0.08-1, bicubic) + flip only."""
     return T.Compose(
@@ -89,8 +104,8 @@ def train_transform(
     mean: tuple[float, ...] = IMAGENET_MEAN,
     std: tuple[float, ...] = IMAGENET_STD,
 ) -> T.Compose:
-    """The training transform of 8-bit RGB images in a recipe: "pretrain", "finetune", "linprobe", or "none" (the
-    evaluation view: no randomness, e.g. for the no-augmentation small-data MAE runs). ``max_pixels``:
+    """The training transform of 8-bit RGB images in a recipe: "pretrain", "finetune", "linprobe", or "none"
+    (the evaluation view: no randomness, e.g. for the no-augmentation small-data MAE runs). ``max_pixels``:
     the decompression-bomb limit of the pretraining crop, which reads files itself, and of the
     evaluation view's resized image."""
     if augmentation == "pretrain":
@@ -101,7 +116,9 @@ def train_transform(
         return linprobe_transform(img_size, mean, std)
     if augmentation == "none":
         return eval_transform(img_size, 1.0, mean, std, max_pixels)
-    raise ConfigError(f"data.augmentation must be 'pretrain', 'finetune', 'linprobe' or 'none', got {augmentation!r}")
+    raise ConfigError(
+        f"data.augmentation must be 'pretrain', 'finetune', 'linprobe' or 'none', got {augmentation!r}"
+    )
 
 
 def eval_transform(

@@ -83,7 +83,9 @@ def smooth_checkpoint(tmp_path_factory) -> Path:
     module = pretrain_module(norm_pix_loss=False, warmup_epochs=0, lr=2e-3)
     trainer = make_trainer(folder, max_steps=100, limit_val_batches=0)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small trains faster on one thread, and far faster on a busy machine
+    torch.set_num_threads(
+        1
+    )  # a model this small trains faster on one thread, and far faster on a busy machine
     try:
         trainer.fit(module, datamodule=data)
     finally:
@@ -94,7 +96,8 @@ def smooth_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    """A tiny MAE after 2 steps: for the command's handling of its inputs, not for the quality of its scores."""
+    """A tiny MAE after 2 steps: for the command's handling of its inputs, not for the quality of its
+    scores."""
     return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("tiny_mae"))
 
 
@@ -129,7 +132,9 @@ def test_complementary_masks__refuse_ratios_that_hide_nothing_or_everything():
 def test_reconstruction_errors__match_one_forward_per_mask_and_the_loss_space():
     torch.manual_seed(0)
     for norm_pix_loss in (True, False):
-        model = create_model("mae_vit_tiny_patch4", img_size=SIZE, norm_pix_loss=norm_pix_loss, **TINY_KWARGS).eval()
+        model = create_model(
+            "mae_vit_tiny_patch4", img_size=SIZE, norm_pix_loss=norm_pix_loss, **TINY_KWARGS
+        ).eval()
         imgs = torch.randn(3, 3, SIZE, SIZE)
         design = complementary_masks(model.grid_size, 0.75, generator=torch.Generator().manual_seed(1))
         errors = reconstruction_errors(model, imgs, design)
@@ -139,7 +144,9 @@ def test_reconstruction_errors__match_one_forward_per_mask_and_the_loss_space():
             _, pred, mask = model(imgs, 0.75, noise.expand(3, -1))
             target = model.patchify(imgs)
             if norm_pix_loss:
-                target = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6) ** 0.5
+                target = (target - target.mean(-1, keepdim=True)) / (
+                    target.var(-1, keepdim=True) + 1e-6
+                ) ** 0.5
             total += ((pred - target) ** 2).mean(-1) * mask
             count += mask
         torch.testing.assert_close(errors, total / count, rtol=1e-4, atol=1e-5)
@@ -188,9 +195,14 @@ def test_image_and_pixel_auroc__equal_scikit_learn_on_the_same_scores():
     # ties included; large standard scores too (a sigmoid would round them all to 1)
     for scores in (np.round(rng.normal(size=200), 1), 40 + np.round(rng.normal(size=200), 2) + 10 * labels):
         expected = roc_auc_score(labels, scores)
-        assert image_auroc(torch.tensor(scores, dtype=torch.float32), torch.tensor(labels)) == pytest.approx(expected)
+        assert image_auroc(torch.tensor(scores, dtype=torch.float32), torch.tensor(labels)) == pytest.approx(
+            expected
+        )
     truth = torch.tensor(rng.random((4, 8, 8)) < 0.2)
-    for maps in (np.round(rng.normal(size=(4, 8, 8)), 1), 30 * rng.normal(size=(4, 8, 8)) + 50 * truth.numpy()):
+    for maps in (
+        np.round(rng.normal(size=(4, 8, 8)), 1),
+        30 * rng.normal(size=(4, 8, 8)) + 50 * truth.numpy(),
+    ):
         expected = roc_auc_score(truth.numpy().ravel(), maps.ravel())
         assert pixel_auroc(torch.tensor(maps), truth) == pytest.approx(expected)
 
@@ -298,7 +310,9 @@ def test_anomaly_command__scores_maps_and_metrics_on_an_mvtec_tree(smooth_checkp
     assert metrics["images"] == {"good": 3, "checker": 3} and metrics["settings"]["hidden_per_patch"] == 3
     truth = np.zeros((6, SIZE, SIZE), bool)
     truth[3:, DEFECT[0], DEFECT[1]] = True
-    assert metrics["pixel_auroc"] == pytest.approx(roc_auc_score(truth.ravel(), result.maps.numpy().ravel()), 1e-6)
+    assert metrics["pixel_auroc"] == pytest.approx(
+        roc_auc_score(truth.ravel(), result.maps.numpy().ravel()), 1e-6
+    )
     assert metrics["pixel_auroc"] > 0.8 and 0 < metrics["aupro"] <= 1
     inside = result.maps[3:, DEFECT[0], DEFECT[1]].mean()
     assert inside > 2 * result.maps[3:].mean()  # the map is bright where the defect is, not elsewhere
@@ -363,7 +377,11 @@ def test_anomaly_command__unlabelled_folder_raw_errors_no_figures(smooth_checkpo
     )
     assert result.metrics is None and not (out / "metrics.json").exists() and not (out / "heatmaps").exists()
     rows = (out / "scores.csv").read_text().splitlines()
-    assert rows[0] == "path,kind,label,score" and [r.split(",")[0] for r in rows[1:]] == ["0.png", "1.png", "2.png"]
+    assert rows[0] == "path,kind,label,score" and [r.split(",")[0] for r in rows[1:]] == [
+        "0.png",
+        "1.png",
+        "2.png",
+    ]
     assert "normal images" not in capsys.readouterr().out  # raw errors: no normal image scored
     save(smooth_images(1, seed=5)[0], tmp_path / "normal" / "a.png")
     with pytest.raises(ValueError, match="holds 1 image: per-patch statistics need at least 2 normal images"):
@@ -410,15 +428,21 @@ def test_anomaly_command__bad_input_named_with_the_fix(smooth_checkpoint, tmp_pa
         invoke("anomaly", command(test=tmp_path / "nowhere"))
     # a mask of another size than its image
     save(np.zeros((SIZE + 2, SIZE), np.uint8), tree / "ground_truth" / "checker" / "001_mask.png")
-    with pytest.raises(ValueError, match=r"001_mask.png is 16x18 but its image .*001.png is 16x16.*write it at 16x16"):
+    with pytest.raises(
+        ValueError, match=r"001_mask.png is 16x18 but its image .*001.png is 16x16.*write it at 16x16"
+    ):
         invoke("anomaly", command())
     (tree / "ground_truth" / "checker" / "001_mask.png").unlink()
-    with pytest.raises(ValueError, match=r"checker/001.png has no ground-truth mask: expected .*001_mask.png"):
+    with pytest.raises(
+        ValueError, match=r"checker/001.png has no ground-truth mask: expected .*001_mask.png"
+    ):
         invoke("anomaly", command())
     # an unreadable image
     save(np.zeros((SIZE, SIZE), np.uint8), tree / "ground_truth" / "checker" / "001_mask.png")
     (tree / "test" / "checker" / "002.png").write_bytes(b"not a png")
-    with pytest.raises(ValueError, match=r"cannot read .*checker/002.png.*remove the file from its folder or replace"):
+    with pytest.raises(
+        ValueError, match=r"cannot read .*checker/002.png.*remove the file from its folder or replace"
+    ):
         invoke("anomaly", command())
     (tree / "test" / "checker").rename(tree / "test" / "checker_empty")
     for f in (tree / "test" / "checker_empty").iterdir():
@@ -458,7 +482,8 @@ def test_anomaly_command__empty_masks_keep_the_scores_and_unused_masks_are_named
         "none",
     )
     assert (
-        f"note: 2 ground-truth masks match no test image and are not used: {orphans[0]}, {orphans[1]}" in result.stdout
+        f"note: 2 ground-truth masks match no test image and are not used: {orphans[0]}, {orphans[1]}"
+        in result.stdout
     )
     assert len((out / "scores.csv").read_text().splitlines()) == 1 + 6  # the scoring is kept
     metrics = json.loads((out / "metrics.json").read_text())
@@ -470,7 +495,9 @@ def test_anomaly_command__empty_masks_keep_the_scores_and_unused_masks_are_named
     assert f"note: pixel_auroc, aupro not computed: {reason}" in result.stdout
 
 
-def test_anomaly_command__identical_normal_images_refused_and_non_finite_scores_named(tiny_checkpoint, tmp_path):
+def test_anomaly_command__identical_normal_images_refused_and_non_finite_scores_named(
+    tiny_checkpoint, tmp_path
+):
     tree = write_tree(tmp_path / "part")
     copies = tmp_path / "copies"
     copies.mkdir()
@@ -496,7 +523,9 @@ def test_anomaly_command__identical_normal_images_refused_and_non_finite_scores_
     # a score that is not a finite number never reaches the AUROC
     errors = torch.rand(6, 16)
     errors[4, 3] = float("nan")
-    with pytest.raises(ValueError, match=r"1 of 6 test images have errors that are not finite .*checker/001.png"):
+    with pytest.raises(
+        ValueError, match=r"1 of 6 test images have errors that are not finite .*checker/001.png"
+    ):
         score_test_set(errors, read_test_set(tree / "test"), (4, 4), (SIZE, SIZE), top_k=2)
 
 
@@ -521,8 +550,9 @@ def test_anomaly_command__pixel_knn_method_needs_no_checkpoint(tmp_path):
     with open(out / "scores.csv") as f:
         rows = list(csv.DictReader(f))
 
-    # independently: each test image's per-patch difference to its nearest normal image (``nearest_normal_errors``
-    # is checked patch by patch above), the images normalised as a 3-channel input without statistics is
+    # independently: each test image's per-patch difference to its nearest normal image
+    # (``nearest_normal_errors`` is checked patch by patch above), the images normalised as a 3-channel input
+    # without statistics is
     def pixels(paths):
         return normalised(np.stack([np.asarray(Image.open(p)) for p in paths]))
 

@@ -25,7 +25,10 @@ from mae.convert.huggingface import save_hf_pretrained
 from mae.inference import images
 from tests.helpers import REPO, TINY_KWARGS, run_mae, start_mae, tiny_pretraining_checkpoint
 
-MEAN, STD = [0.2, 0.3, 0.4], [0.5, 0.6, 0.7]  # recorded in the checkpoint: not ImageNet's, so a default would show
+MEAN, STD = (
+    [0.2, 0.3, 0.4],
+    [0.5, 0.6, 0.7],
+)  # recorded in the checkpoint: not ImageNet's, so a default would show
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +68,17 @@ def read_parquet(path):
 def direct_features(checkpoint, files) -> torch.Tensor:
     """(N, 1 + L, D): the MAE's own encoder on images normalised here by hand with the recorded statistics."""
     model, _ = load_mae(checkpoint)
-    pixels = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1).float() / 255 for f in files])
+    pixels = torch.stack(
+        [torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1).float() / 255 for f in files]
+    )
     x = (pixels - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
     with torch.no_grad():
         return model.eval().forward_features(x)
 
 
-def test_embed__vectors_are_the_encoders_pooled_features_with_class_labels(checkpoint, folder, tmp_path, capsys):
+def test_embed__vectors_are_the_encoders_pooled_features_with_class_labels(
+    checkpoint, folder, tmp_path, capsys
+):
     loose = tmp_path / "loose.png"
     write_png(loose, seed=9)
     out = tmp_path / "index.parquet"
@@ -96,12 +103,23 @@ def test_embed__vectors_are_the_encoders_pooled_features_with_class_labels(check
     files = sorted(folder.rglob("*.png")) + [loose]
     assert paths == [str(f) for f in files] and labels == ["a", "a", "a", "b", "b", None]
     tokens = direct_features(checkpoint, files)
-    expected = torch.cat([tokens[:, 0], tokens[:, 1:].mean(1)], dim=1)  # "both": cls, then the mean patch token
+    expected = torch.cat(
+        [tokens[:, 0], tokens[:, 1:].mean(1)], dim=1
+    )  # "both": cls, then the mean patch token
     assert vectors.dtype == np.float32 and vectors.shape == (6, 64)
     np.testing.assert_allclose(vectors, expected.numpy(), atol=1e-5)
     record = json.loads(pq.read_schema(out).metadata[b"mae_embeddings"])
-    assert record["checkpoint"] == str(checkpoint) and len(record["fingerprint"]) == 64 and record["pool"] == "both"
-    assert record["dim"] == 64 and record["img_size"] == [16, 16] and record["mean"] == MEAN and record["count"] == 6
+    assert (
+        record["checkpoint"] == str(checkpoint)
+        and len(record["fingerprint"]) == 64
+        and record["pool"] == "both"
+    )
+    assert (
+        record["dim"] == 64
+        and record["img_size"] == [16, 16]
+        and record["mean"] == MEAN
+        and record["count"] == 6
+    )
     assert meta.skipped == [] and "wrote" in capsys.readouterr().out
     assert not (tmp_path / "index.parquet.parts").exists()  # the parts are gone once the index is whole
 
@@ -109,7 +127,9 @@ def test_embed__vectors_are_the_encoders_pooled_features_with_class_labels(check
 def test_embed__bad_file_skipped_listed_and_recorded(checkpoint, folder, tmp_path, capsys):
     (folder / "b" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     out = tmp_path / "index.npy"
-    meta = invoke("embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0"])
+    meta = invoke(
+        "embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0"]
+    )
     err = capsys.readouterr().err
     assert "skipped" in err and "broken.jpg" in err
     assert [s["path"] for s in meta.skipped] == [str(folder / "b" / "broken.jpg")] and meta.count == 5
@@ -154,20 +174,31 @@ def test_embed__empty_folder_bad_output_and_bad_sizes_are_clear_errors(checkpoin
     (tmp_path / "empty" / "notes.txt").write_text("no image here")
     with pytest.raises(FileNotFoundError, match=r"empty holds no image file .*give a folder of images"):
         invoke(
-            "embed", ["--checkpoint", str(checkpoint), str(tmp_path / "empty"), "--out", str(tmp_path / "x.parquet")]
+            "embed",
+            ["--checkpoint", str(checkpoint), str(tmp_path / "empty"), "--out", str(tmp_path / "x.parquet")],
         )
     with pytest.raises(ValueError, match=r"must end in \.parquet .* or \.npy"):
         invoke("embed", ["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "x.csv")])
     with pytest.raises(SystemExit):
         invoke(
-            "embed", ["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(tmp_path / "x.npy"), "--img-size=0"]
+            "embed",
+            [
+                "--checkpoint",
+                str(checkpoint),
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "x.npy"),
+                "--img-size=0",
+            ],
         )
     assert "--img-size must be at least 1, got 0" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # nothing written
 
 
 @pytest.mark.slow  # starts a process of its own
-def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(checkpoint, tmp_path, monkeypatch):
+def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(
+    checkpoint, tmp_path, monkeypatch
+):
     for i in range(12):
         write_png(tmp_path / "root" / f"c{i % 2}" / f"{i:02d}.png", seed=i)
     # 192x192 inputs (2,304 patches) make each image slow enough to stop the run between its parts
@@ -215,7 +246,8 @@ def test_embed__a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_rows(c
 def test_search__finds_an_images_copy_first_through_the_command_line(checkpoint, folder, tmp_path):
     out = tmp_path / "index.parquet"
     invoke(
-        "embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"]
+        "embed",
+        ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"],
     )
     shutil.copy(folder / "b" / "0.png", tmp_path / "copy.png")
     result = run_mae(
@@ -234,7 +266,9 @@ def test_search__finds_an_images_copy_first_through_the_command_line(checkpoint,
     lines = result.stdout.splitlines()
     assert lines[0] == str(tmp_path / "copy.png")
     rank, score, path, *_ = lines[1].split()
-    assert rank == "#1" and float(score) == pytest.approx(1.0, abs=1e-4) and path == str(folder / "b" / "0.png")
+    assert (
+        rank == "#1" and float(score) == pytest.approx(1.0, abs=1e-4) and path == str(folder / "b" / "0.png")
+    )
     assert len([line for line in lines if line.startswith("  #")]) == 3 and (tmp_path / "grid.png").is_file()
     assert Image.open(tmp_path / "grid.png").width >= 4 * 128  # the query and 3 neighbours, enlarged
 
@@ -253,7 +287,8 @@ def test_search__refuses_an_index_of_other_weights_and_accepts_the_same_weights_
 ):
     out = tmp_path / "index.npy"
     invoke(
-        "embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"]
+        "embed",
+        ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"],
     )
     query = [str(folder / "a" / "1.png"), "--index", str(out), "-k", "2", "--out", str(tmp_path / "g.png")]
     wide = create_model("mae_vit_tiny_patch4", img_size=16, **{**TINY_KWARGS, "embed_dim": 64})
@@ -267,18 +302,25 @@ def test_search__refuses_an_index_of_other_weights_and_accepts_the_same_weights_
 
     export_encoder(checkpoint, tmp_path / "encoder.safetensors")  # the same weights, another format
     matches = invoke("search", [*query, "--checkpoint", str(tmp_path / "encoder.safetensors")])
-    assert matches[0].neighbours[0].path == str(folder / "a" / "1.png") and not (tmp_path / "g.png.tmp").exists()
+    assert (
+        matches[0].neighbours[0].path == str(folder / "a" / "1.png") and not (tmp_path / "g.png.tmp").exists()
+    )
 
     recorded = tmp_path / "recorded.ckpt"  # the checkpoint the index records, trained further since
     shutil.copy(checkpoint, recorded)
-    invoke("embed", ["--checkpoint", str(recorded), str(folder), "--out", str(out), "--workers", "0", "--no-progress"])
+    invoke(
+        "embed",
+        ["--checkpoint", str(recorded), str(folder), "--out", str(out), "--workers", "0", "--no-progress"],
+    )
     changed = torch.load(recorded, weights_only=False)
     changed["state_dict"]["model.cls_token"] += 1
     torch.save(changed, recorded)
     with pytest.raises(ValueError, match=r"the file was changed since"):
         invoke("search", query)
     recorded.unlink()
-    with pytest.raises(FileNotFoundError, match=r"recorded.ckpt, which does not exist here: pass --checkpoint"):
+    with pytest.raises(
+        FileNotFoundError, match=r"recorded.ckpt, which does not exist here: pass --checkpoint"
+    ):
         invoke("search", query)
 
 
@@ -298,12 +340,17 @@ def test_cosine_top_k__chunked_equals_all_at_once():
 def test_search_page__the_tab_callback_shows_neighbours_or_a_message(checkpoint, folder, tmp_path):
     out = tmp_path / "index.parquet"
     invoke(
-        "embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"]
+        "embed",
+        ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0", "--no-progress"],
     )
     session = SearchSession(out)
     shutil.copy(folder / "a" / "2.png", tmp_path / "upload.png")
     items, details = session.show(tmp_path / "upload.png", "upload.png", 3)
-    assert len(items) == 4 and items[0][1] == "query: upload.png" and items[1][1].startswith("#1 1.000: 2.png, label a")
+    assert (
+        len(items) == 4
+        and items[0][1] == "query: upload.png"
+        and items[1][1].startswith("#1 1.000: 2.png, label a")
+    )
     assert all(isinstance(picture, Image.Image) for picture, _ in items)
     assert "3 nearest of 5 images" in details and str(tmp_path) not in details
     (tmp_path / "broken.png").write_bytes(b"not a png")
@@ -340,7 +387,15 @@ def test_embed_search_benchmark__tiny_run(checkpoint):
 
 def search_error(index, query, tmp_path) -> str:
     result = run_mae(
-        "search", "--index", str(index), str(query), "--out", str(tmp_path / "grid.png"), "--device", "cpu", check=False
+        "search",
+        "--index",
+        str(index),
+        str(query),
+        "--out",
+        str(tmp_path / "grid.png"),
+        "--device",
+        "cpu",
+        check=False,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     return result.stderr.strip().splitlines()[-1]
@@ -348,8 +403,14 @@ def search_error(index, query, tmp_path) -> str:
 
 def test_search__an_index_cut_short_or_lying_is_named_with_the_fix(checkpoint, folder, tmp_path):
     good = tmp_path / "good"
-    invoke("embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.npy"), "--workers", "0"])
-    invoke("embed", ["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.parquet"), "--workers", "0"])
+    invoke(
+        "embed",
+        ["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.npy"), "--workers", "0"],
+    )
+    invoke(
+        "embed",
+        ["--checkpoint", str(checkpoint), str(folder), "--out", str(good / "i.parquet"), "--workers", "0"],
+    )
     query = folder / "a" / "0.png"
 
     def copy(name: str):

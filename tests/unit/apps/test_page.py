@@ -73,7 +73,9 @@ def test_page_settings__missing_or_out_of_range_controls_are_named():
         PageSettings.from_controls(0.75, "random", 2**64, "patch")
     with pytest.raises(ValueError, match="mask seed .* not 1.5"):
         PageSettings.from_controls(0.75, "random", 1.5, "patch")
-    with pytest.raises(ValueError, match=r"mask ratio must be a number from 0.05 to 0.95, not empty.*masking must"):
+    with pytest.raises(
+        ValueError, match=r"mask ratio must be a number from 0.05 to 0.95, not empty.*masking must"
+    ):
         PageSettings.from_controls(None, "diagonal", 0, "patch")
     with pytest.raises(ValueError, match="norm_pix choice must be patch or none"):
         PageSettings.from_controls(0.5, "random", 0, None)
@@ -121,7 +123,9 @@ def test_readable_error__names_the_file_not_the_server_path(tmp_path):
     assert readable_error(OSError("image file is truncated"), upload, "scan.tif").startswith("scan.tif: ")
     assert "not enough memory" in readable_error(MemoryError(), upload, "scan.tif")
     assert "RuntimeError: boom" in readable_error(RuntimeError("boom"), upload, "scan.tif")
-    relative = readable_error(ValueError("scan.tif has 2 channels. The model takes 3."), Path("scan.tif"), "scan.tif")
+    relative = readable_error(
+        ValueError("scan.tif has 2 channels. The model takes 3."), Path("scan.tif"), "scan.tif"
+    )
     assert relative == "scan.tif has 2 channels. The model takes 3."  # a relative path's "." is left alone
 
 
@@ -148,7 +152,9 @@ def test_extras__dev_and_demo_require_the_same_huggingface_hub_range():
         hub = {}
         for extra in ("dev", "demo"):
             reqs = [Requirement(r) for r in extras[extra]]
-            hub[extra] = [str(r.specifier) for r in reqs if r.name == "huggingface-hub" and r.marker.evaluate(env)]
+            hub[extra] = [
+                str(r.specifier) for r in reqs if r.name == "huggingface-hub" and r.marker.evaluate(env)
+            ]
         assert len(hub["dev"]) == 1 and hub["dev"] == hub["demo"], (python, hub)
 
 
@@ -181,7 +187,9 @@ def test_demo__a_busy_port_is_named_with_how_to_choose_another(checkpoint):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        process = run_mae("demo", "--checkpoint", str(checkpoint), "--port", str(port), timeout=180, check=False)
+        process = run_mae(
+            "demo", "--checkpoint", str(checkpoint), "--port", str(port), timeout=180, check=False
+        )
         err = process.stderr
     assert process.returncode != 0
     assert f"port {port} on 127.0.0.1 is busy" in err and "--port N" in err, err[-2000:]
@@ -208,7 +216,9 @@ def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path
     # started as a script's background job (`cmd &` in a script, some schedulers' wrappers): SIGINT comes
     # in ignored, and Ctrl-C / kill -INT must still stop the page
     environment = {**os.environ, "TMPDIR": str(tmpdir)}
-    process = _demo("--checkpoint", str(checkpoint), "--port", str(port), env=environment, sigint_ignored=True)
+    process = _demo(
+        "--checkpoint", str(checkpoint), "--port", str(port), env=environment, sigint_ignored=True
+    )
     try:
         deadline = time.time() + 180
         while time.time() < deadline and process.poll() is None:
@@ -276,7 +286,9 @@ def page(checkpoint):
 def browser():
     webdriver = _import_or_skip("selenium.webdriver", "selenium is not installed: pip install -e '.[dev]'")
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        _skip_unless_ci("Debian's chromium and chromium-driver are missing: apt-get install chromium chromium-driver")
+        _skip_unless_ci(
+            "Debian's chromium and chromium-driver are missing: apt-get install chromium chromium-driver"
+        )
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
@@ -366,7 +378,9 @@ def _same(a: Image.Image, b: Image.Image) -> bool:
 
 
 def _random_png(path: Path, height: int, width: int, seed: int = 1) -> Path:
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(
+        path
+    )
     return path
 
 
@@ -393,7 +407,9 @@ def test_page__the_loss_stands_beside_a_flat_guess_and_the_panels_say_what_they_
     expected = session.render(tmp_path / "wide.png", PageSettings(0.75, "random", 0, "patch"))
     assert f"masked-patch loss {expected.loss:.4f}" in details
     assert "a flat guess" in details and f"scores {expected.flat_guess:.4f}" in details
-    assert expected.flat_guess == pytest.approx(47 / 48, abs=1e-3)  # a norm_pix model: about 1 by construction
+    assert expected.flat_guess == pytest.approx(
+        47 / 48, abs=1e-3
+    )  # a norm_pix model: about 1 by construction
     assert ("is better than" if expected.loss < expected.flat_guess else "is no better than") in details
     assert "64x50 pixels, resized to 20x16 and centre-cropped to the model's 16x16 input" in details
     for key, title in demo_page.PANEL_TITLES.items():
@@ -458,7 +474,9 @@ def test_page__an_image_over_the_pixel_limit_names_the_page_option(page, browser
     first = _open(browser, url)
     _upload(browser, _random_png(tmp_path / "huge.png", 300, 400))
     message = _details(browser, "huge.png", first)
-    assert f"over this page's limit of {PAGE_MAX_PIXELS:,}" in message and "--max-image-pixels 120000" in message
+    assert (
+        f"over this page's limit of {PAGE_MAX_PIXELS:,}" in message and "--max-image-pixels 120000" in message
+    )
     assert "data.max_image_pixels" not in message
 
 
@@ -500,14 +518,20 @@ def test_page_screenshot__the_page_with_its_four_panels_and_an_existing_file_ref
     _import_or_skip("gradio", GRADIO_MISSING)
     _import_or_skip("selenium.webdriver", "selenium is not installed: pip install -e '.[dev]'")
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        _skip_unless_ci("Debian's chromium and chromium-driver are missing: apt-get install chromium chromium-driver")
-    spec = importlib.util.spec_from_file_location("page_screenshot", REPO / "benchmarks" / "page_screenshot.py")
+        _skip_unless_ci(
+            "Debian's chromium and chromium-driver are missing: apt-get install chromium chromium-driver"
+        )
+    spec = importlib.util.spec_from_file_location(
+        "page_screenshot", REPO / "benchmarks" / "page_screenshot.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     out = tmp_path / "page.png"
     script.main(["--checkpoint", str(checkpoint), "--out", str(out), "--size", "1000x700"])
     picture = np.asarray(Image.open(out).convert("L"), np.float32)
-    assert picture.shape[1] == 1000 and picture.std() > 10  # the page drawn (the viewport: the window less its bars)
+    assert (
+        picture.shape[1] == 1000 and picture.std() > 10
+    )  # the page drawn (the viewport: the window less its bars)
     written = out.read_bytes()
     with pytest.raises(SystemExit):
         script.main(["--checkpoint", str(checkpoint), "--out", str(out)])

@@ -41,7 +41,11 @@ def test_reconstruct__figure_losses_and_determinism(checkpoint, images, capsys):
     ]
     first = invoke("reconstruct", [*args, "--out", str(images / "a.png"), "--seed", "3"])
     out = capsys.readouterr().out
-    assert "photo.jpg: masked-patch loss" in out and "gray.png: masked-patch loss" in out and "TRUE patches" in out
+    assert (
+        "photo.jpg: masked-patch loss" in out
+        and "gray.png: masked-patch loss" in out
+        and "TRUE patches" in out
+    )
     assert len(first.losses) == 3 and Image.open(images / "a.png").size == first.image.size
     invoke("reconstruct", [*args, "--out", str(images / "b.png"), "--seed", "3"])
     assert (images / "a.png").read_bytes() == (images / "b.png").read_bytes()  # same seed, same figure
@@ -83,7 +87,8 @@ def test_reconstruct__official_and_hugging_face_files_and_another_input_size(tmp
     save_hf_pretrained(model, tmp_path / "hf")
     for source in (tmp_path / "mae_visualize_tiny.pth", tmp_path / "hf"):
         small = invoke(
-            "reconstruct", ["--checkpoint", str(source), str(images / "photo.jpg"), "--out", str(tmp_path / "s.png")]
+            "reconstruct",
+            ["--checkpoint", str(source), str(images / "photo.jpg"), "--out", str(tmp_path / "s.png")],
         )
     large = invoke(
         "reconstruct",

@@ -32,7 +32,9 @@ def _official_full(model: MaskedAutoencoderViT, tmp_path, with_args: bool = True
     path = tmp_path / "checkpoint-799.pth"
     payload = {"model": model.state_dict(), "epoch": 799, "optimizer": {"state": {}, "param_groups": []}}
     if with_args:  # what the official main_pretrain.py writes
-        payload["args"] = argparse.Namespace(model="mae_vit_tiny_patch4", input_size=32, norm_pix_loss=True, blr=1.5e-4)
+        payload["args"] = argparse.Namespace(
+            model="mae_vit_tiny_patch4", input_size=32, norm_pix_loss=True, blr=1.5e-4
+        )
     torch.save(payload, path)
     return path
 
@@ -53,7 +55,10 @@ def test_export__timm_alone_gives_our_encoder_features(mae_model, tmp_path):
 
     # no mae code below: timm and the two files only
     vit = timm.create_model(
-        args["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(weights)), **args["model_args"]
+        args["architecture"],
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=str(weights)),
+        **args["model_args"],
     ).eval()
     with torch.no_grad():
         torch.testing.assert_close(vit.forward_features(imgs), mae_model.forward_features(imgs))
@@ -119,7 +124,9 @@ def test_official__full_checkpoint_loads_as_mae_and_backbone(mae_model, tmp_path
 
 
 def test_official__encoder_only_loads_as_backbone_not_as_mae(mae_model, tmp_path):
-    encoder = {k: v for k, v in mae_model.state_dict().items() if not k.startswith("decoder") and k != "mask_token"}
+    encoder = {
+        k: v for k, v in mae_model.state_dict().items() if not k.startswith("decoder") and k != "mask_token"
+    }
     path = tmp_path / "mae_pretrain_vit_tiny.pth"
     torch.save({"model": encoder}, path)
     backbone = load_backbone(path, num_classes=5, global_pool="avg")
@@ -130,7 +137,9 @@ def test_official__encoder_only_loads_as_backbone_not_as_mae(mae_model, tmp_path
 
 
 def test_official__fine_tuned_checkpoint_with_fc_norm_and_head(mae_model, tmp_path):
-    state = {k: v for k, v in mae_model.state_dict().items() if not k.startswith(("decoder", "mask", "norm."))}
+    state = {
+        k: v for k, v in mae_model.state_dict().items() if not k.startswith(("decoder", "mask", "norm."))
+    }
     state.update({"fc_norm.weight": torch.rand(192), "fc_norm.bias": torch.rand(192)})
     state.update({"head.weight": torch.randn(7, 192), "head.bias": torch.randn(7)})
     path = tmp_path / "finetuned.pth"
@@ -188,7 +197,12 @@ def test_huggingface__vit_model_with_its_own_eps_and_pooler(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.ViTConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, image_size=32, patch_size=4
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        image_size=32,
+        patch_size=4,
     )
     hf = transformers.ViTModel(config).eval()
     hf.save_pretrained(tmp_path / "vit")
@@ -248,7 +262,9 @@ def test_timm__plain_vit_state_dict(tmp_path, suffix):
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
-    vit = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=0, depth=2, img_size=64).eval()
+    vit = timm.create_model(
+        "vit_small_patch16_224", pretrained=False, num_classes=0, depth=2, img_size=64
+    ).eval()
     path = tmp_path / f"vit_small_patch16_224.mae{suffix}"
     if suffix == ".pth":
         torch.save(vit.state_dict(), path)

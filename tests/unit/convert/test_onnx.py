@@ -84,9 +84,13 @@ def _metadata(path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_onnx_export__command_line_one_channel_pooled_dynamic_batch_into_a_missing_folder(model, checkpoint, tmp_path):
+def test_onnx_export__command_line_one_channel_pooled_dynamic_batch_into_a_missing_folder(
+    model, checkpoint, tmp_path
+):
     out = tmp_path / "new" / "deeper" / "encoder.onnx"  # folders that do not exist yet
-    result = run_mae("export", "--checkpoint", str(checkpoint), "--out", str(out), "--dynamic-batch", "--pool", "avg")
+    result = run_mae(
+        "export", "--checkpoint", str(checkpoint), "--out", str(out), "--dynamic-batch", "--pool", "avg"
+    )
     assert "onnxruntime vs torch, batch 1: max abs difference" in result.stdout
     assert "batch 3: max abs difference" in result.stdout, result.stdout
     assert sorted(p.name for p in out.parent.iterdir()) == ["encoder.onnx"]  # no temporary file left
@@ -101,14 +105,19 @@ def test_onnx_export__command_line_one_channel_pooled_dynamic_batch_into_a_missi
     meta = _metadata(out)
     assert json.loads(meta["mae.mean"]) == MEAN and json.loads(meta["mae.std"]) == STD
     assert meta["mae.in_chans"] == "1" and meta["mae.pool"] == "avg"
-    assert "(x - mean[c]) / std[c] with mean = [0.3], std = [0.2] (recorded in the checkpoint)" in meta["mae.input"]
+    assert (
+        "(x - mean[c]) / std[c] with mean = [0.3], std = [0.2] (recorded in the checkpoint)"
+        in meta["mae.input"]
+    )
     assert "mean = [0.3], std = [0.2]" in result.stdout
 
 
 def test_onnx_export__tokens_at_a_new_size_match_torch_and_take_batch_1(model, tokens_at_24, capsys):
     out, export = tokens_at_24
     assert export.input_shape == [1, 1, 24, 24] and export.output_shape == [1, 37, 32]
-    assert export.metadata["mae.output"].startswith("tokens: float32 (1, 37, 32)")  # batch 1 only: not (N, ...)
+    assert export.metadata["mae.output"].startswith(
+        "tokens: float32 (1, 37, 32)"
+    )  # batch 1 only: not (N, ...)
     assert export.metadata["mae.input"].startswith("pixels: float32 (1, 1, 24, 24)")
     assert 0 < export.differences[1] <= 1e-4
     # independent: the MAE at 24 pixels, its position embeddings resampled bicubically by hand
@@ -147,9 +156,12 @@ def test_onnx_export__an_opset_the_exporter_lacks_is_named_with_the_range(checkp
     lowest, highest = supported_opsets()
     assert lowest <= 18 <= highest
     for opset in (lowest - 1, highest + 1):
-        with pytest.raises(ValueError, match=f"--opset {opset}: .* writes opsets {lowest} to {highest}; choose one"):
+        with pytest.raises(
+            ValueError, match=f"--opset {opset}: .* writes opsets {lowest} to {highest}; choose one"
+        ):
             invoke(
-                "export", ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "x.onnx"), "--opset", str(opset)]
+                "export",
+                ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "x.onnx"), "--opset", str(opset)],
             )
     assert not list(tmp_path.iterdir())
 
@@ -176,11 +188,18 @@ def test_onnx_export__onnx_options_with_a_safetensors_output_are_refused(checkpo
 
 
 @pytest.mark.parametrize("atol", ["nan", "inf", "-1"])
-def test_onnx_export__a_tolerance_that_is_not_a_finite_difference_is_refused(checkpoint, tmp_path, capsys, atol):
+def test_onnx_export__a_tolerance_that_is_not_a_finite_difference_is_refused(
+    checkpoint, tmp_path, capsys, atol
+):
     with pytest.raises(SystemExit) as exit_:
-        invoke("export", ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "enc.onnx"), "--atol", atol])
+        invoke(
+            "export", ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "enc.onnx"), "--atol", atol]
+        )
     assert exit_.value.code == 2
-    assert f"--atol must be a finite difference >= 0 (default 1e-4), got {float(atol)}" in capsys.readouterr().err
+    assert (
+        f"--atol must be a finite difference >= 0 (default 1e-4), got {float(atol)}"
+        in capsys.readouterr().err
+    )
     assert not (tmp_path / "enc.onnx").exists()
 
 
@@ -193,7 +212,9 @@ def test_write_onnx__a_file_that_fails_its_check_or_is_too_large_is_not_written(
     out = tmp_path / "conv.onnx"
     with pytest.raises(ValueError, match="must end in .onnx"):
         write_onnx(conv, tmp_path / "conv.pt", torch.randn(1, 1, 8, 8), "pixels", "maps", {})
-    with pytest.raises(ValueError, match=r"differs from torch's by .* over the -1 allowed: the ONNX file was not"):
+    with pytest.raises(
+        ValueError, match=r"differs from torch's by .* over the -1 allowed: the ONNX file was not"
+    ):
         write_onnx(conv, out, torch.randn(1, 1, 8, 8), "pixels", "maps", {"k": "v"}, atol=-1.0)
     assert not list(tmp_path.iterdir())  # neither the file nor a temporary one
     monkeypatch.setattr(onnx_writer, "MAX_ONNX_BYTES", 100)  # the conv's 34 float32 weights are 136 bytes
@@ -202,7 +223,9 @@ def test_write_onnx__a_file_that_fails_its_check_or_is_too_large_is_not_written(
     assert not list(tmp_path.iterdir())
 
 
-def test_onnx_export__without_the_onnx_extra_an_error_line_naming_it(checkpoint, tmp_path, capsys, monkeypatch):
+def test_onnx_export__without_the_onnx_extra_an_error_line_naming_it(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
     from functools import partial
 
     from mae.command import USAGE_ERROR_EXIT_CODE, run_command
@@ -210,7 +233,9 @@ def test_onnx_export__without_the_onnx_extra_an_error_line_naming_it(checkpoint,
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if the extra were not installed
     monkeypatch.delenv("MAE_DEBUG", raising=False)
     with pytest.raises(SystemExit) as stopped:
-        run_command(partial(invoke, "export", ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx")]))
+        run_command(
+            partial(invoke, "export", ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "e.onnx")])
+        )
     assert stopped.value.code == USAGE_ERROR_EXIT_CODE
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith('error: ONNX export needs the onnx extra: pip install -e ".[onnx]"')

@@ -19,7 +19,9 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 # a 16-d 1-block encoder and decoder; the fine-tuned one starts from the pretrained one.
 LEGACY_PRETRAIN = DATA / "legacy_pretrain_v0.1.ckpt"
 LEGACY_FINETUNE = DATA / "legacy_finetune_v0.1.ckpt"
-LEGACY_KWARGS = dict(embed_dim=16, depth=1, num_heads=2, decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2)
+LEGACY_KWARGS = dict(
+    embed_dim=16, depth=1, num_heads=2, decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2
+)
 
 
 def _saved(tmp_path, module, datamodule) -> dict:
@@ -58,7 +60,9 @@ def test_finetuning_checkpoint__records_timm_arguments_that_rebuild_the_classifi
     if mode == "finetune":  # timm alone rebuilds it from the record, strictly
         vit = VisionTransformer(**args)
         vit.load_state_dict({k[4:]: v for k, v in ckpt["state_dict"].items() if k.startswith("vit.")})
-    backbone = load_backbone(tmp_path / "c.ckpt", global_pool="avg", num_classes=3 if mode == "finetune" else 0)
+    backbone = load_backbone(
+        tmp_path / "c.ckpt", global_pool="avg", num_classes=3 if mode == "finetune" else 0
+    )
     torch.testing.assert_close(backbone.blocks[0].attn.qkv.weight, module.vit.blocks[0].attn.qkv.weight)
 
 
@@ -97,7 +101,9 @@ def _write_as_version_0_2(module, path: Path) -> None:
     settings = dict(module.hparams)
     record = settings.pop("encoder_config")
     data = {"in_chans": 3, "img_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}  # a data module's
-    if "mean" in settings:  # a dense module's hyperparameters kept what it was given, mae_data what it resolved
+    if (
+        "mean" in settings
+    ):  # a dense module's hyperparameters kept what it was given, mae_data what it resolved
         data.update(mean=settings["mean"], std=settings["std"])
         settings["mean"] = settings["std"] = None
     saved = {
@@ -111,7 +117,9 @@ def _write_as_version_0_2(module, path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["finetune", "segmentation"])
-def test_trained_checkpoint_of_version_0_2__loads_without_its_pretraining_file_given_restore_kwargs(tmp_path, kind):
+def test_trained_checkpoint_of_version_0_2__loads_without_its_pretraining_file_given_restore_kwargs(
+    tmp_path, kind
+):
     """0.2 kept the encoder's architecture beside the hyperparameters: Lightning's load_from_checkpoint then
     needs the pretraining file, or ``restore_kwargs_v0_2``, which reads that record (and a dense module's
     input normalisation) back; a newer checkpoint needs none."""
@@ -124,7 +132,12 @@ def test_trained_checkpoint_of_version_0_2__loads_without_its_pretraining_file_g
 
     start = tiny_pretraining_checkpoint(tmp_path / "pre")
     pretrained = torch.load(start, map_location="cpu", weights_only=True)
-    pretrained["mae_data"] = {"in_chans": 3, "img_size": [16, 16], "mean": [0.2, 0.3, 0.4], "std": [0.5, 0.6, 0.7]}
+    pretrained["mae_data"] = {
+        "in_chans": 3,
+        "img_size": [16, 16],
+        "mean": [0.2, 0.3, 0.4],
+        "std": [0.5, 0.6, 0.7],
+    }
     torch.save(pretrained, start)
     module_class = MAEFinetuneModule if kind == "finetune" else MAESegmentationModule
     extra = {"out_channels": 16} if kind == "segmentation" else {}
@@ -134,7 +147,9 @@ def test_trained_checkpoint_of_version_0_2__loads_without_its_pretraining_file_g
     with pytest.raises(FileNotFoundError, match="model.checkpoint"):
         module_class.load_from_checkpoint(tmp_path / "v0_2.ckpt")
     restore = restore_kwargs_v0_2(tmp_path / "v0_2.ckpt")
-    assert sorted(restore) == (["encoder_config"] if kind == "finetune" else ["encoder_config", "mean", "std"])
+    assert sorted(restore) == (
+        ["encoder_config"] if kind == "finetune" else ["encoder_config", "mean", "std"]
+    )
     loaded = module_class.load_from_checkpoint(tmp_path / "v0_2.ckpt", **restore).eval()
     ours, theirs = module.state_dict(), loaded.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
@@ -143,7 +158,10 @@ def test_trained_checkpoint_of_version_0_2__loads_without_its_pretraining_file_g
         assert torch.equal(module(images), loaded(images))
     if kind == "segmentation":
         assert list(loaded.mean) == [0.2, 0.3, 0.4] and list(loaded.std) == [0.5, 0.6, 0.7]
-    newer = {**torch.load(tmp_path / "v0_2.ckpt", weights_only=True), "hyper_parameters": dict(loaded.hparams)}
+    newer = {
+        **torch.load(tmp_path / "v0_2.ckpt", weights_only=True),
+        "hyper_parameters": dict(loaded.hparams),
+    }
     torch.save(newer, tmp_path / "new.ckpt")
     assert restore_kwargs_v0_2(tmp_path / "new.ckpt") == {}
 

@@ -23,7 +23,12 @@ def test_extensions__one_table_for_datasets_and_own_images():
     assert dataset_extensions(arrays=False) == IMG_EXTENSIONS  # the ImageFolder convention, in its order
     assert dataset_extensions(arrays=True) == (*dataset_extensions(arrays=False), ".npy")
     assert ".gif" in READERS and ".gif" not in dataset_extensions(arrays=True)  # given by name it is read
-    assert [reader_of(name) for name in ("a.JPG", "b.TIF", "c.npy", "d.unknown")] == ["pil", "tiff", "npy", "pil"]
+    assert [reader_of(name) for name in ("a.JPG", "b.TIF", "c.npy", "d.unknown")] == [
+        "pil",
+        "tiff",
+        "npy",
+        "pil",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -52,7 +57,9 @@ def test_reading_path__the_folder_sample_applies_the_rule(tmp_path):
     (tmp_path / "scan" / "a").mkdir(parents=True)
     Image.fromarray(np.zeros((8, 8), np.uint16)).save(tmp_path / "scan" / "a" / "x.png")
     sample = sample_pixels(tmp_path / "scan", ["a"])
-    assert sample.array_path(3) and sample.expected(1) == (1, "uint16") and sample.expected(3) == (1, "uint16")
+    assert (
+        sample.array_path(3) and sample.expected(1) == (1, "uint16") and sample.expected(3) == (1, "uint16")
+    )
 
 
 def test_read_pixels__the_array_entry_point_checks_scales_and_adapts(tmp_path):
@@ -62,7 +69,9 @@ def test_read_pixels__the_array_entry_point_checks_scales_and_adapts(tmp_path):
     gray = read_pixels(path)
     assert gray.shape == (4, 6, 1) and gray.dtype == np.float32 and np.all(gray == 1.0)
     assert read_pixels(path, in_chans=3).shape == (4, 6, 3)
-    with pytest.raises(ValueError, match="x.png has 1 channel\\(s\\) of uint16, unlike the rest of the folder"):
+    with pytest.raises(
+        ValueError, match="x.png has 1 channel\\(s\\) of uint16, unlike the rest of the folder"
+    ):
         read_pixels(path, expected=(1, "uint8"))
 
 
@@ -78,7 +87,9 @@ def test_random_crop__the_rgb_and_the_array_paths_crop_the_same_box(tmp_path):
         uint8_crop = PretrainCrop(16)(str(path)).float() / 255
         torch.manual_seed(seed)
         view = ArrayView("pretrain", 16, 3, tuple(IMAGENET_MEAN), tuple(IMAGENET_STD))(path)
-        float_crop = view * torch.tensor(IMAGENET_STD).view(-1, 1, 1) + torch.tensor(IMAGENET_MEAN).view(-1, 1, 1)
+        float_crop = view * torch.tensor(IMAGENET_STD).view(-1, 1, 1) + torch.tensor(IMAGENET_MEAN).view(
+            -1, 1, 1
+        )
         assert (uint8_crop - float_crop).abs().mean() < 0.01  # a different box would differ by ~0.3
 
 
@@ -95,13 +106,18 @@ def test_training_split__one_message_for_folders(tmp_path):
 
 def test_training_split__a_nested_split_path_is_a_folder_like_any(tmp_path):
     write_image_folder(tmp_path / "images" / "2024" / "train", ["a", "b", "c"], 1)
-    assert ImageFolderDataModule(str(tmp_path / "images"), train_split="2024/train", num_workers=0).num_labels == 3
+    assert (
+        ImageFolderDataModule(str(tmp_path / "images"), train_split="2024/train", num_workers=0).num_labels
+        == 3
+    )
 
 
 def test_normalisation__pretraining_refuses_a_batch_no_data_module_normalised():
     module = pretrain_module()
     batch = (torch.zeros(2, 3, 16, 16, dtype=torch.uint8), torch.zeros(2))
-    with pytest.raises(TypeError, match="got a uint8 batch: a data module derived from mae.data.ImageDataModule"):
+    with pytest.raises(
+        TypeError, match="got a uint8 batch: a data module derived from mae.data.ImageDataModule"
+    ):
         module.training_step(batch, 0)
 
 

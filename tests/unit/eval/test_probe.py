@@ -64,7 +64,9 @@ def test_probe__features_on_disk_read_in_chunks_give_the_same_result(tmp_path):
     images = torch.utils.data.TensorDataset(torch.from_numpy(x[:3000]), torch.from_numpy(train.labels))
     on_disk = FeatureStore.extract(lambda f: f * 1.0, images, batch_size=500, cache=tmp_path / "feats")
     assert isinstance(on_disk.feats, np.memmap) and (tmp_path / "feats.feats.npy").is_file()
-    assert train_probe(on_disk, val, 10, chunk=512) == train_probe(train, val, 10)  # 512 of 3000 rows at a time
+    assert train_probe(on_disk, val, 10, chunk=512) == train_probe(
+        train, val, 10
+    )  # 512 of 3000 rows at a time
 
 
 def test_probe__grid_and_pool_errors_name_the_setting():
@@ -116,10 +118,15 @@ def test_probe_command__on_a_checkpoint_and_a_folder(checkpoint, pool, extra, tm
     assert 0 <= result.val_acc1 <= 100 and "on 9 validation images" in capsys.readouterr().out
     assert (tmp_path / "cache.train.feats.npy").is_file()
     views = 2 if extra else 1
-    assert np.load(tmp_path / "cache.train.feats.npy").shape == (24 * views, 32 * (2 if pool == "both" else 1))
+    assert np.load(tmp_path / "cache.train.feats.npy").shape == (
+        24 * views,
+        32 * (2 if pool == "both" else 1),
+    )
 
 
-def test_probe_command__a_cache_prefix_over_the_users_files_is_refused_its_own_reused(checkpoint, tmp_path, capsys):
+def test_probe_command__a_cache_prefix_over_the_users_files_is_refused_its_own_reused(
+    checkpoint, tmp_path, capsys
+):
     data = [
         "--data.class_path",
         "mae.data.ImageFolderDataModule",
@@ -137,7 +144,9 @@ def test_probe_command__a_cache_prefix_over_the_users_files_is_refused_its_own_r
     invoke("probe", args)  # its own cache files are replaced
     (tmp_path / "mine.val.labels.npy").write_text("my labels\n")
     args[-1] = str(tmp_path / "mine")
-    with pytest.raises(ValueError, match=r"--cache .*mine.val.labels.npy holds a file that no run of mae.probe wrote"):
+    with pytest.raises(
+        ValueError, match=r"--cache .*mine.val.labels.npy holds a file that no run of mae.probe wrote"
+    ):
         invoke("probe", args)
     assert (tmp_path / "mine.val.labels.npy").read_text() == "my labels\n"
     assert not (tmp_path / "mine.train.feats.npy").exists()
@@ -147,12 +156,22 @@ def test_probe_command__needs_labels_an_encoder_and_a_positive_lr(checkpoint, tm
     one_class = tmp_path / "one"
     write_image_folder(one_class / "train", ["only"], per_class=4)
     write_image_folder(one_class / "val", ["only"], per_class=2)
-    data = ["--data.class_path", "mae.data.ImageFolderDataModule", "--data.img_size", "16", "--data.num_workers", "0"]
+    data = [
+        "--data.class_path",
+        "mae.data.ImageFolderDataModule",
+        "--data.img_size",
+        "16",
+        "--data.num_workers",
+        "0",
+    ]
     with pytest.raises(ValueError, match="needs labelled data with 2 or more classes"):
         invoke("probe", ["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--data.root", str(one_class)])
     (tmp_path / "notes.ckpt").write_text("an encoder lives here")
     with pytest.raises(ValueError, match="notes.ckpt is not a PyTorch/safetensors checkpoint"):
-        invoke("probe", ["--checkpoint", str(tmp_path / "notes.ckpt"), *data, "--data.root", str(checkpoint / "data")])
+        invoke(
+            "probe",
+            ["--checkpoint", str(tmp_path / "notes.ckpt"), *data, "--data.root", str(checkpoint / "data")],
+        )
     with pytest.raises(ValueError, match="probe.lrs must be positive"):
         invoke(
             "probe",
@@ -174,7 +193,12 @@ def test_probe_monitor__logged_during_pretraining(checkpoint, tmp_path):
         "model": {**TINY_MODEL, "warmup_epochs": 0},
         "data": {
             "class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {"root": str(checkpoint / "data"), "img_size": 16, "batch_size": 8, "num_workers": 0},
+            "init_args": {
+                "root": str(checkpoint / "data"),
+                "img_size": 16,
+                "batch_size": 8,
+                "num_workers": 0,
+            },
         },
         "trainer": {
             "max_epochs": 2,
@@ -195,7 +219,9 @@ def test_probe__augmented_views_of_a_held_out_image_are_never_trained_on(monkeyp
     import mae.eval.probe as probe
 
     train, val, _ = _problem(1.0, 0)
-    two_views = FeatureStore(np.concatenate([train.feats, train.feats + 0.01]), np.concatenate([train.labels] * 2), 2)
+    two_views = FeatureStore(
+        np.concatenate([train.feats, train.feats + 0.01]), np.concatenate([train.labels] * 2), 2
+    )
     seen = {}
     split, moments = probe._stratified_split, probe._moments
     monkeypatch.setattr(probe, "_stratified_split", lambda *a: seen.setdefault("split", split(*a)))
@@ -208,5 +234,7 @@ def test_probe__augmented_views_of_a_held_out_image_are_never_trained_on(monkeyp
     fit_images, held_images = seen["split"]
     assert len(held_images) > 250 and set(fit_images).isdisjoint(held_images)
     fit_rows = seen["fit"]
-    assert len(fit_rows) == 2 * len(fit_images) and set(fit_rows % 3000) == set(fit_images)  # both views, no held
+    assert len(fit_rows) == 2 * len(fit_images) and set(fit_rows % 3000) == set(
+        fit_images
+    )  # both views, no held
     assert 0 <= result.val_acc1 <= 100

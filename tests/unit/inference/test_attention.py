@@ -1,5 +1,6 @@
-"""Attention maps (``mae.inference.attention``): the last block's cls attention, against a plain softmax(q k^T)
-written here from the weights, in the ``mae reconstruct --attention`` figure and on the page."""
+"""Attention maps (``mae.inference.attention``): the last block's cls attention, against a plain
+softmax(q k^T) written here from the weights, in the ``mae reconstruct --attention`` figure and on
+the page."""
 
 import numpy as np
 import pytest
@@ -94,7 +95,9 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture
 def photo(tmp_path):
-    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "p.png")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(
+        tmp_path / "p.png"
+    )
     return tmp_path / "p.png"
 
 

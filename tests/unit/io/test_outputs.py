@@ -49,7 +49,9 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def embed(checkpoint, *args):
-    return run_mae("embed", "--checkpoint", str(checkpoint), "--workers", "0", "--no-progress", *args, check=False)
+    return run_mae(
+        "embed", "--checkpoint", str(checkpoint), "--workers", "0", "--no-progress", *args, check=False
+    )
 
 
 def test_embed__the_users_files_beside_an_index_are_refused_and_kept(checkpoint, images, tmp_path):
@@ -61,9 +63,17 @@ def test_embed__the_users_files_beside_an_index_are_refused_and_kept(checkpoint,
     (users / "index.parquet.parts").mkdir()
     (users / "index.parquet.parts" / "notes.txt").write_text("my notes\n")
     before = snapshot(users)
-    refused(embed(checkpoint, str(images), "--out", str(users / "data.npy")), str(users / "data.csv"), "mae.embed")
-    refused(embed(checkpoint, str(images), "--out", str(users / "table.parquet")), str(users / "table.parquet"))
-    refused(embed(checkpoint, str(images), "--out", str(users / "index.parquet")), "index.parquet.parts", "notes.txt")
+    refused(
+        embed(checkpoint, str(images), "--out", str(users / "data.npy")), str(users / "data.csv"), "mae.embed"
+    )
+    refused(
+        embed(checkpoint, str(images), "--out", str(users / "table.parquet")), str(users / "table.parquet")
+    )
+    refused(
+        embed(checkpoint, str(images), "--out", str(users / "index.parquet")),
+        "index.parquet.parts",
+        "notes.txt",
+    )
     assert snapshot(users) == before
 
 
@@ -88,11 +98,15 @@ def test_embed__its_own_index_is_replaced_and_its_parts_folder_reused(checkpoint
 
 
 def test_outputs__inside_an_input_a_folder_for_a_file_or_below_a_file(checkpoint, images, tmp_path):
-    refused(embed(checkpoint, str(images), "--out", str(images / "index.npy")), "inside the input", str(images))
+    refused(
+        embed(checkpoint, str(images), "--out", str(images / "index.npy")), "inside the input", str(images)
+    )
     (tmp_path / "folder.npy").mkdir()
     refused(embed(checkpoint, str(images), "--out", str(tmp_path / "folder.npy")), "is a folder")
     (tmp_path / "a_file").write_text("x")
-    refused(embed(checkpoint, str(images), "--out", str(tmp_path / "a_file" / "index.npy")), "is not a folder")
+    refused(
+        embed(checkpoint, str(images), "--out", str(tmp_path / "a_file" / "index.npy")), "is not a folder"
+    )
     (tmp_path / "figure.png").mkdir()
     refused(
         run_mae(
@@ -108,7 +122,9 @@ def test_outputs__inside_an_input_a_folder_for_a_file_or_below_a_file(checkpoint
     )
     (tmp_path / "encoder.onnx").mkdir()
     refused(
-        run_mae("export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.onnx"), check=False),
+        run_mae(
+            "export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.onnx"), check=False
+        ),
         "is a folder",
     )
     refused(
@@ -142,7 +158,15 @@ def test_reconstruct__replaces_its_own_figure_never_the_users_image(checkpoint, 
     shutil.copy(images / "b" / "0.png", photo)
     before = photo.read_bytes()
     refused(
-        run_mae("reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out", str(photo), check=False),
+        run_mae(
+            "reconstruct",
+            "--checkpoint",
+            str(checkpoint),
+            str(images / "a"),
+            "--out",
+            str(photo),
+            check=False,
+        ),
         str(photo),
         "mae.reconstruct",
     )
@@ -151,7 +175,14 @@ def test_reconstruct__replaces_its_own_figure_never_the_users_image(checkpoint, 
 
 def test_search__replaces_its_own_figure_never_the_users_image(checkpoint, images, tmp_path):
     embed(checkpoint, str(images), "--out", str(tmp_path / "index.npy"))
-    search = ("search", "--index", str(tmp_path / "index.npy"), str(images / "a" / "0.png"), "--device", "cpu")
+    search = (
+        "search",
+        "--index",
+        str(tmp_path / "index.npy"),
+        str(images / "a" / "0.png"),
+        "--device",
+        "cpu",
+    )
     for _ in range(2):
         result = run_mae(*search, "--out", str(tmp_path / "grid.png"), check=False)
         assert result.returncode == 0, result.stderr[-2000:]
@@ -164,7 +195,14 @@ def test_search__replaces_its_own_figure_never_the_users_image(checkpoint, image
 def test_export__the_users_json_beside_the_weights_is_refused(checkpoint, tmp_path):
     (tmp_path / "encoder.json").write_text('{"mine": true}\n')
     refused(
-        run_mae("export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "encoder.safetensors"), check=False),
+        run_mae(
+            "export",
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(tmp_path / "encoder.safetensors"),
+            check=False,
+        ),
         str(tmp_path / "encoder.json"),
     )
     assert (tmp_path / "encoder.json").read_text() == '{"mine": true}\n'

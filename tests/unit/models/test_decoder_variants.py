@@ -1,6 +1,6 @@
-"""The decoder variants (``mae.models.decoder_variants``): partial reconstruction (``decoder_keep_ratio``), the
-cross-attention decoder (``decoder_type="cross"``, ``decoder_encoder_layers``), the class the factory builds
-for them, their FLOP count and their bad input. The default path's bit-identity is
+"""The decoder variants (``mae.models.decoder_variants``): partial reconstruction (``decoder_keep_ratio``),
+the cross-attention decoder (``decoder_type="cross"``, ``decoder_encoder_layers``), the class the factory
+builds for them, their FLOP count and their bad input. The default path's bit-identity is
 ``tests/unit/models/test_default_path.py``'s."""
 
 import pytest
@@ -52,7 +52,8 @@ def test_partial__loss_is_the_masked_mse_of_the_chosen_patches_only():
 
 def test_partial__decoder_sees_visible_tokens_plus_the_chosen_mask_tokens_at_their_positions():
     """The chosen patches' predictions against the decoder run by hand on [cls, every visible token,
-    the chosen mask tokens], in patch order (the model puts them in another order: attention does not care)."""
+    the chosen mask tokens], in patch order (the model puts them in another order: attention does not
+    care)."""
     model = _model(decoder_keep_ratio=0.5).train()
     imgs, noise, decoder_noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64), torch.rand(2, 64)
     _, pred, mask = model(imgs, 0.75, noise, decoder_noise)
@@ -144,12 +145,16 @@ def test_cross__each_decoder_block_reads_its_encoder_layer():
     imgs, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64)
     outputs, contexts = [], []
     hooks = [b.register_forward_hook(lambda m, a, out: outputs.append(out)) for b in model.blocks]
-    hooks += [b.register_forward_pre_hook(lambda m, args: contexts.append(args[1])) for b in model.decoder_blocks]
+    hooks += [
+        b.register_forward_pre_hook(lambda m, args: contexts.append(args[1])) for b in model.decoder_blocks
+    ]
     model(imgs, 0.75, noise)
     for hook in hooks:
         hook.remove()
     visible = noise.argsort(1)[:, :16]  # the visible patches, in the order the encoder holds them
-    pos = torch.cat([model.decoder_pos_embed[:, :1].expand(2, -1, -1), model.decoder_pos_embed[0, 1:][visible]], 1)
+    pos = torch.cat(
+        [model.decoder_pos_embed[:, :1].expand(2, -1, -1), model.decoder_pos_embed[0, 1:][visible]], 1
+    )
     for block, layer in ((0, 0), (1, 1)):
         expected = model.decoder_embed(model.norm(outputs[layer])) + pos
         torch.testing.assert_close(contexts[block], expected)
@@ -170,7 +175,9 @@ def test_flops__the_switches_cut_decoding_work():
     assert counts["cross_partial"] < counts["partial"] < paper and counts["cross"] < paper
 
 
-@pytest.mark.parametrize("kwargs", [dict(decoder_type="cross"), dict(decoder_type="cross", decoder_keep_ratio=0.5)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(decoder_type="cross"), dict(decoder_type="cross", decoder_keep_ratio=0.5)]
+)
 def test_cross__both_attention_kernels_agree(kwargs):
     model = _model(**kwargs).train()
     imgs, noise, decoder_noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64), torch.rand(2, 64)
@@ -188,14 +195,20 @@ def test_cross__both_attention_kernels_agree(kwargs):
         (dict(decoder_keep_ratio=-0.5), "decoder_keep_ratio must be a number in (0, 1]"),
         (dict(decoder_keep_ratio=1.5), "decoder_keep_ratio must be a number in (0, 1]"),
         (dict(decoder_keep_ratio="half"), "decoder_keep_ratio must be a number in (0, 1]"),
-        (dict(decoder_type="cross", decoder_encoder_layers=[0, 5]),
-         "names encoder layer 5, which does not exist: the encoder has 2 blocks, so allowed values are 0..1"),
-        (dict(decoder_type="cross", decoder_encoder_layers=[-3, 1]), "names encoder layer -3, which does not exist"),
+        (
+            dict(decoder_type="cross", decoder_encoder_layers=[0, 5]),
+            "names encoder layer 5, which does not exist: the encoder has 2 blocks, so allowed values are "
+            "0..1",
+        ),
+        (
+            dict(decoder_type="cross", decoder_encoder_layers=[-3, 1]),
+            "names encoder layer -3, which does not exist",
+        ),
         (dict(decoder_type="cross", decoder_encoder_layers=[1]), "one encoder layer per decoder block (2)"),
         (dict(decoder_type="cross", decoder_encoder_layers=[0, 0]), "never reads the last encoder layer"),
         (dict(decoder_encoder_layers=[0, 1]), "decoder_encoder_layers [0, 1] needs decoder_type 'cross'"),
     ],
-)  # fmt: skip
+)
 def test_switches__bad_values_are_named_with_the_allowed_ones(kwargs, message):
     for build in (build_mae, MaskedAutoencoderViT):  # the values are checked before the class is
         with pytest.raises(ValueError) as error:
@@ -222,7 +235,9 @@ def test_switches__the_factory_builds_the_class_that_implements_them_with_the_pa
 
 
 def test_switches__the_paper_s_class_refuses_a_variant_s_switches_naming_the_factory():
-    with pytest.raises(ValueError, match="MaskedAutoencoderViT does not implement decoder_type 'cross' .*build_mae"):
+    with pytest.raises(
+        ValueError, match="MaskedAutoencoderViT does not implement decoder_type 'cross' .*build_mae"
+    ):
         MaskedAutoencoderViT(**TINY, decoder_type="cross")
     with pytest.raises(ValueError, match="CrossMAE does not implement decoder_type 'self'"):
         CrossMAE(**TINY)
@@ -234,7 +249,9 @@ def test_cross_layers__forward_encoder_returns_the_paper_s_latent_and_the_layers
     latent, mask, ids_restore = model.forward_encoder(imgs, 0.75, noise)
     assert latent.shape == (2, 17, 64)
     layers, mask2, ids_restore2 = model.forward_encoder_layers(imgs, 0.75, noise)
-    assert layers.shape == (2, 2, 17, 64) and torch.equal(mask, mask2) and torch.equal(ids_restore, ids_restore2)
+    assert (
+        layers.shape == (2, 2, 17, 64) and torch.equal(mask, mask2) and torch.equal(ids_restore, ids_restore2)
+    )
     torch.testing.assert_close(layers[1], latent)  # the last layer, normed, is forward_encoder's output
     with pytest.raises(ValueError, match="takes the output of forward_encoder_layers"):
         model.forward_decoder(latent, ids_restore)
@@ -242,15 +259,20 @@ def test_cross_layers__forward_encoder_returns_the_paper_s_latent_and_the_layers
 
 
 def test_partial__a_ratio_rounding_to_no_patch_is_refused_at_start_up_naming_the_smallest_that_works():
-    with pytest.raises(ValueError, match=r"decoder_keep_ratio 0.02 reconstructs int\(48 \* 0.02\) = 0 .* use at least "
-                       r"0.0209 \(1 patch\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"decoder_keep_ratio 0.02 reconstructs int\(48 \* 0.02\) = 0 .* use at least "
+        r"0.0209 \(1 patch\)",
+    ):
         pretrain_module(img_size=32, decoder_keep_ratio=0.02)
     check_decoded_patches((8, 8), 0.75, 0.0209)  # the suggested value keeps one
     with pytest.raises(ValueError, match="masks no patch .* nothing to reconstruct"):
         pretrain_module(img_size=32, decoder_type="cross", mask_ratio=0.0)
     with pytest.raises(ValueError, match="model.model_kwargs sets .'decoder_type'.; set model.decoder_type"):
         pretrain_module(img_size=32, model_kwargs={"decoder_type": "cross"})
-    assert pretrain_module(img_size=32, mask_ratio=0.0).model.decoder_type == "self"  # the paper's case is as it was
+    assert (
+        pretrain_module(img_size=32, mask_ratio=0.0).model.decoder_type == "self"
+    )  # the paper's case is as it was
 
 
 def test_hugging_face_export__refuses_the_cross_decoder_by_name(tmp_path):

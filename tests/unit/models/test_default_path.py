@@ -10,8 +10,8 @@ from tests.helpers import TINY
 
 
 def reference_forward(model: MaskedAutoencoderViT, imgs: torch.Tensor, mask_ratio: float, noise=None):
-    """The forward pass of ``MaskedAutoencoderViT`` before the decoder switches, copied here so that it never changes:
-    the encoder on the visible patches, the decoder on visible tokens plus every mask token, the loss
+    """The forward pass of ``MaskedAutoencoderViT`` before the decoder switches, copied here so that it never
+    changes: the encoder on the visible patches, the decoder on visible tokens plus every mask token, the loss
     on every masked patch. Uses the model's own modules, so the same weights run the same operations."""
     x = model.patch_embed(imgs)
     x = x + model.pos_embed[:, 1:, :]
@@ -63,7 +63,11 @@ def test_default_path__loss_pred_gradients_and_rng_bit_identical_to_the_frozen_f
     noise = torch.rand(3, 64) if given_noise else None
     ours = _loss_pred_grads(model, lambda m, *a: m(*a), imgs, 0.75, noise, seed=7)
     frozen = _loss_pred_grads(model, reference_forward, imgs, 0.75, noise, seed=7)
-    assert torch.equal(ours[0], frozen[0]) and torch.equal(ours[1], frozen[1]) and torch.equal(ours[2], frozen[2])
+    assert (
+        torch.equal(ours[0], frozen[0])
+        and torch.equal(ours[1], frozen[1])
+        and torch.equal(ours[2], frozen[2])
+    )
     assert ours[3].keys() == frozen[3].keys()
     for name, grad in frozen[3].items():
         assert torch.equal(ours[3][name], grad), name

@@ -21,7 +21,9 @@ OFFICIAL_TOP_LEVEL_KEYS = {
     "decoder_pred.bias",
 }
 OFFICIAL_BLOCK_KEYS = {
-    f"{m}.{p}" for m in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2") for p in ("weight", "bias")
+    f"{m}.{p}"
+    for m in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2")
+    for p in ("weight", "bias")
 }
 
 
@@ -77,7 +79,9 @@ def test_encoder__full_size_keys_and_shapes_equal_timm_vit(ours, timm_name):
         model = create_model(ours)
         vit = timm.create_model(timm_name, pretrained=False, num_classes=0)
     encoder = {
-        k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith("decoder") and k != "mask_token"
+        k: tuple(v.shape)
+        for k, v in model.state_dict().items()
+        if not k.startswith("decoder") and k != "mask_token"
     }
     assert encoder == {k: tuple(v.shape) for k, v in vit.state_dict().items()}
     assert len(model.decoder_blocks) == 8

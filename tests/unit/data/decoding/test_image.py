@@ -69,7 +69,9 @@ def _png16(path):
 
 
 def _tiff(path):
-    tifffile.imwrite(path, np.random.default_rng(0).random((4, 24, 20), dtype=np.float32), photometric="minisblack")
+    tifffile.imwrite(
+        path, np.random.default_rng(0).random((4, 24, 20), dtype=np.float32), photometric="minisblack"
+    )
 
 
 def _npy(path):
@@ -80,7 +82,9 @@ def _npy(path):
     "name, write, in_chans",
     [("rgb.png", _png8, 3), ("gray16.png", _png16, 1), ("bands.tif", _tiff, 4), ("float.npy", _npy, 3)],
 )
-def test_decoding__a_file_goes_forward_through_each_stage_once_and_is_opened_once(tmp_path, name, write, in_chans):
+def test_decoding__a_file_goes_forward_through_each_stage_once_and_is_opened_once(
+    tmp_path, name, write, in_chans
+):
     path = tmp_path / name
     write(path)
     norm = Normalization(in_chans, (0.5,) * in_chans, (0.25,) * in_chans)

@@ -32,12 +32,14 @@ def _smooth_jpeg(path, size=(500, 375)):
 
 def _torchvision_pretrain(img_size):
     """The official pretraining transform, in torchvision terms."""
-    return T.Compose([
-        T.RandomResizedCrop(img_size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
-        T.RandomHorizontalFlip(),
-        T.ToTensor(),
-        T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    ])  # fmt: skip
+    return T.Compose(
+        [
+            T.RandomResizedCrop(img_size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
 
 
 @pytest.mark.parametrize("fmt", ["jpg", "png"])
@@ -157,10 +159,14 @@ def test_image_folder__first_and_random_k_classes(imagenet_like):
     assert first.train_set.classes == ["n001", "n002"]
     picks = set()
     for seed in range(6):
-        dm = ImageFolderDataModule(str(imagenet_like), num_classes=2, class_selection="random", subset_seed=seed)
+        dm = ImageFolderDataModule(
+            str(imagenet_like), num_classes=2, class_selection="random", subset_seed=seed
+        )
         dm.setup()
         picks.add(tuple(dm.train_set.classes))
-        again = ImageFolderDataModule(str(imagenet_like), num_classes=2, class_selection="random", subset_seed=seed)
+        again = ImageFolderDataModule(
+            str(imagenet_like), num_classes=2, class_selection="random", subset_seed=seed
+        )
         again.setup()
         assert again.train_set.classes == dm.train_set.classes  # seeded
     assert len(picks) > 1
@@ -229,7 +235,9 @@ def test_labelled_fraction__class_balanced_and_seeded():
     dm.setup()
     labels = [dm.train_set.dataset.targets[i] for i in dm.train_set.indices]
     counts = torch.bincount(torch.tensor(labels), minlength=10)
-    assert counts.sum() == len(dm.train_set) and torch.all((counts >= 13) & (counts <= 16))  # ~10% of ~144 each
+    assert counts.sum() == len(dm.train_set) and torch.all(
+        (counts >= 13) & (counts <= 16)
+    )  # ~10% of ~144 each
     again = labelled_fraction(dm.train_set.dataset, 0.1, seed=3)
     assert again.indices == dm.train_set.indices
     assert labelled_fraction(dm.train_set.dataset, 0.1, seed=4).indices != dm.train_set.indices

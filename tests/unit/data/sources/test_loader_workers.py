@@ -1,6 +1,6 @@
-"""The loader settings (``SplitLoaders``) and the digit scenes' parameters (``DigitScenesOnDisk``), each defined
-once: every data module family (images, detection, segmentation) has the same keys, defaults and checks, and
-the three digit-scene modules the same scene parameters, as a config file reads them."""
+"""The loader settings (``SplitLoaders``) and the digit scenes' parameters (``DigitScenesOnDisk``), each
+defined once: every data module family (images, detection, segmentation) has the same keys, defaults and
+checks, and the three digit-scene modules the same scene parameters, as a config file reads them."""
 
 import pytest
 from jsonargparse import ArgumentParser
@@ -10,7 +10,12 @@ from mae.data import CIFARDataModule, DigitSceneImagesDataModule, DigitsDataModu
 from mae.data.sources.digit_scenes import DigitScenesOnDisk
 from mae.data.sources.loader_workers import MainProcessLoading, SplitLoaders
 from mae.data.sources.streaming import StreamingDataModule
-from mae.dense.data import DetectionDataModule, DigitScenesDataModule, DigitScenesSegmentation, SegmentationDataModule
+from mae.dense.data import (
+    DetectionDataModule,
+    DigitScenesDataModule,
+    DigitScenesSegmentation,
+    SegmentationDataModule,
+)
 from mae.errors import ConfigError
 
 # A data module of each family and source, built with its required arguments only.
