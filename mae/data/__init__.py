@@ -12,7 +12,7 @@ the tools that prepare them. Each sub-package is one part, and each rule is writ
   (``streaming``, ``shard_format``), the built-in digit scenes (``digit_scenes``: written once, read
   by the dense tasks and, as pretraining images, by ``scene_images``), and the loaders' workers.
 - ``tools``: the shard converter and the statistics command (``mae shard`` /
-  ``mae.data.stats``).
+  ``mae stats``).
 """
 
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS

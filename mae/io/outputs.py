@@ -72,11 +72,17 @@ def _check_output(command: str, out: Output, path: Path, resolved_inputs: list[P
     if out.kind == "folder" and path.exists() and not path.is_dir():
         raise OutputError(f"{out.option} {path} is a file; give a folder path (the file is left as it is)")
     if _holds_something(path) and not (out.ours or _folder_is_ours(command))(path):
-        what = "a file" if out.kind == "file" else "files"
+        what, name = ("a file" if out.kind == "file" else "files"), spoken(command)
         raise OutputError(
-            f"{out.option} {path} holds {what} that no run of {command} wrote{_listing(path)}; choose "
-            f"another path, or move it away: {command} replaces only its own outputs"
+            f"{out.option} {path} holds {what} that no run of {name} wrote{_listing(path)}; choose "
+            f"another path, or move it away: {name} replaces only its own outputs"
         )
+
+
+def spoken(command: str) -> str:
+    """A command's record id as a user types the command: ``mae.embed`` -> ``mae embed``. The ids in the
+    records stay as earlier runs wrote them, so their outputs stay recognised."""
+    return f"mae {command.rsplit('.', 1)[-1]}"
 
 
 def _check_not_an_input(out: Output, path: Path, inputs: list[Path]) -> None:

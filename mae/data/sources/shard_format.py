@@ -38,7 +38,7 @@ def is_record_temporary(name: str, text: str | None) -> bool:
 
 
 def unfinished_conversion(root: str, storage_options: dict | None = None) -> bool:
-    """Whether ``root`` holds the record of a conversion of ``mae.data.shard`` that stopped before
+    """Whether ``root`` holds the record of a conversion of ``mae shard`` that stopped before
     writing METADATA: its PARTIAL, or, after a kill during that first write, its temporary file
     (local only: an S3 object is written whole)."""
     try:
@@ -71,19 +71,19 @@ def read_metadata(root: str, storage_options: dict | None = None) -> dict[str, A
             raise MissingFileError(f"nothing is stored at data.root={root}; {make}")
         if storage.read_text(storage.join(root, "index.json"), storage_options) is not None:
             raise MissingFileError(
-                f"data.root={root} is a litdata folder without {METADATA}: not written by mae.data.shard (or "
+                f"data.root={root} is a litdata folder without {METADATA}: not written by mae shard (or "
                 f"by a version before the format had one); {make}, or point data.root at the folder above "
                 "its splits"
             )
         if unfinished_conversion(root, storage_options):
             raise MissingFileError(
-                f"data.root={root} holds an unfinished conversion of mae.data.shard: it stopped (killed or "
+                f"data.root={root} holds an unfinished conversion of mae shard: it stopped (killed or "
                 f"failed) before writing {METADATA}, which it writes last; run it again with `mae shard "
                 f"IMAGE_FOLDER --out {root} --overwrite`, which replaces exactly the files that conversion "
                 "wrote"
             )
         raise MissingFileError(
-            f"data.root={root} has no {METADATA} and no record of an unfinished conversion of mae.data.shard "
+            f"data.root={root} has no {METADATA} and no record of an unfinished conversion of mae shard "
             f"({PARTIAL}): not a shard folder, and the shard tool does not write over files it did not "
             "write; write shards to an empty folder or prefix with `mae shard IMAGE_FOLDER --out OUT` and "
             "set data.root to it"

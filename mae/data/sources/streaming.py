@@ -114,7 +114,7 @@ class ShardIndex(Dataset):
         count: its number of samples (``mae_shards.json``).
     """
 
-    stored_in_random_order = True  # ``mae.data.shard`` writes samples shuffled: the first N are a random N
+    stored_in_random_order = True  # ``mae shard`` writes samples shuffled: the first N are a random N
 
     def __init__(self, shards: ShardedImages, count: int) -> None:
         self.shards = shards
@@ -293,7 +293,7 @@ class StreamingDataModule(SplitDataModule):
         splits = list(self.metadata["splits"])
         if self.train_split not in splits:
             raise missing_train_split(
-                self.root, self.train_split, splits, "data.train_split", "a split written by mae.data.shard"
+                self.root, self.train_split, splits, "data.train_split", "a split written by mae shard"
             )
 
     def build_datasets(self, train_tf: Callable | None, eval_tf: Callable) -> tuple[Dataset, Dataset | None]:

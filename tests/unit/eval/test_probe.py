@@ -145,7 +145,7 @@ def test_probe_command__a_cache_prefix_over_the_users_files_is_refused_its_own_r
     (tmp_path / "mine.val.labels.npy").write_text("my labels\n")
     args[-1] = str(tmp_path / "mine")
     with pytest.raises(
-        ValueError, match=r"--cache .*mine.val.labels.npy holds a file that no run of mae.probe wrote"
+        ValueError, match=r"--cache .*mine.val.labels.npy holds a file that no run of mae probe wrote"
     ):
         invoke("probe", args)
     assert (tmp_path / "mine.val.labels.npy").read_text() == "my labels\n"
@@ -190,7 +190,7 @@ def test_probe_command__needs_labels_an_encoder_and_a_positive_lr(checkpoint, tm
 def test_probe_monitor__logged_during_pretraining(checkpoint, tmp_path):
     config = {
         "seed_everything": 0,
-        "model": {**TINY_MODEL, "warmup_epochs": 0},
+        "model": {**TINY_MODEL, "optim": {"warmup_epochs": 0}},
         "data": {
             "class_path": "mae.data.ImageFolderDataModule",
             "init_args": {

@@ -64,7 +64,7 @@ def test_embed__the_users_files_beside_an_index_are_refused_and_kept(checkpoint,
     (users / "index.parquet.parts" / "notes.txt").write_text("my notes\n")
     before = snapshot(users)
     refused(
-        embed(checkpoint, str(images), "--out", str(users / "data.npy")), str(users / "data.csv"), "mae.embed"
+        embed(checkpoint, str(images), "--out", str(users / "data.npy")), str(users / "data.csv"), "mae embed"
     )
     refused(
         embed(checkpoint, str(images), "--out", str(users / "table.parquet")), str(users / "table.parquet")
@@ -168,7 +168,7 @@ def test_reconstruct__replaces_its_own_figure_never_the_users_image(checkpoint, 
             check=False,
         ),
         str(photo),
-        "mae.reconstruct",
+        "mae reconstruct",
     )
     assert photo.read_bytes() == before
 
@@ -188,7 +188,7 @@ def test_search__replaces_its_own_figure_never_the_users_image(checkpoint, image
         assert result.returncode == 0, result.stderr[-2000:]
     photo = tmp_path / "photo.png"
     shutil.copy(images / "b" / "0.png", photo)
-    refused(run_mae(*search, "--out", str(photo), check=False), str(photo), "mae.search")
+    refused(run_mae(*search, "--out", str(photo), check=False), str(photo), "mae search")
     assert photo.read_bytes() == (images / "b" / "0.png").read_bytes()
 
 
@@ -243,7 +243,7 @@ def test_anomaly__an_output_inside_the_test_folder_is_refused_before_the_model_l
         str(tmp_path / "mine"),
         check=False,
     )
-    refused(result, "scores.csv", "no run of mae.anomaly wrote")
+    refused(result, "scores.csv", "no run of mae anomaly wrote")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="drops to user nobody in a forked child (needs root)")
