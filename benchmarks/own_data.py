@@ -54,7 +54,8 @@ def write_digits16(root: Path, size: int = 32, per_class: int | None = None) -> 
 def _config(path: Path, name: str, base: str, model: dict, data: dict, trainer: dict, **sections) -> list[str]:
     recipe = yaml.safe_load((REPO / base).read_text())
     recipe["model"].update(model)
-    recipe["model"]["warmup_epochs"] = min(recipe["model"]["warmup_epochs"], trainer["max_epochs"] / 4)
+    optim = recipe["model"]["optim"]
+    optim["warmup_epochs"] = min(optim["warmup_epochs"], trainer["max_epochs"] / 4)
     recipe["data"] = {"class_path": "mae.data.ImageFolderDataModule", "init_args": data}
     recipe["trainer"].update(trainer)
     recipe["trainer"]["logger"]["init_args"] = {"save_dir": str(path.parent / "runs"), "name": name}
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
             str(REPO / "configs/pretrain/default.yaml"),
             "--trainer.max_epochs",
             str(args.source_epochs),
-            "--model.warmup_epochs",
+            "--model.optim.warmup_epochs",
             str(min(2, args.source_epochs / 4)),
             "--trainer.logger.init_args.save_dir",
             str(out / "runs"),

@@ -78,7 +78,8 @@ def encoder_for(args, checkpoint: str | None) -> torch.nn.Module:
 def evaluate_encoder(args, out: Path, seed: int, checkpoint: str | None, tag: str) -> dict[str, float]:
     """kNN, linear probe, fine-tuning on 10% and 100% of the labels, for one encoder."""
     results = {}
-    common = dict(checkpoint=checkpoint, model=args.model, model_kwargs=args.model_kwargs, img_size=args.img_size)
+    source = dict(checkpoint=checkpoint, model=args.model, model_kwargs=args.model_kwargs)
+    common = dict(encoder=source, img_size=args.img_size)
     # kNN on frozen features
     pl.seed_everything(seed)
     encoder = encoder_for(args, checkpoint).eval()
@@ -91,8 +92,8 @@ def evaluate_encoder(args, out: Path, seed: int, checkpoint: str | None, tag: st
         dm = make_data(args, args.probe_augmentation)
         probe = MAEFinetuneModule(
             **common, num_classes=dm.num_labels, mode="linprobe", global_pool="token", mixup=0, cutmix=0,
-            drop_path_rate=0, label_smoothing=0, weight_decay=0, lr=args.probe_lr, min_lr=0,
-            warmup_epochs=0.1 * args.probe_epochs, head_init_std=0.01,
+            drop_path_rate=0, label_smoothing=0, head_init_std=0.01,
+            optim=dict(weight_decay=0, lr=args.probe_lr, min_lr=0, warmup_epochs=0.1 * args.probe_epochs),
         )  # fmt: skip
         t = trainer(out, f"{tag}_linprobe", args.probe_epochs)
         t.fit(probe, datamodule=dm)
@@ -104,8 +105,8 @@ def evaluate_encoder(args, out: Path, seed: int, checkpoint: str | None, tag: st
         pl.seed_everything(seed)
         dm = make_data(args, "finetune", fraction, seed)
         model = MAEFinetuneModule(
-            **common, num_classes=dm.num_labels, layer_decay=args.layer_decay, base_lr=args.finetune_blr,
-            warmup_epochs=0.1 * epochs, mixup=args.mixup, cutmix=args.cutmix,
+            **common, num_classes=dm.num_labels, layer_decay=args.layer_decay, mixup=args.mixup, cutmix=args.cutmix,
+            optim=dict(base_lr=args.finetune_blr, warmup_epochs=0.1 * epochs),
         )  # fmt: skip
         t = trainer(out, f"{tag}_finetune_{int(fraction * 100)}", epochs)
         t.fit(model, datamodule=dm)
@@ -119,7 +120,7 @@ def run_seed(args, seed: int) -> dict[str, dict[str, float]]:
     pl.seed_everything(seed)
     start = time.perf_counter()
     pretrain = MAEPretrainModule(model=args.model, img_size=args.img_size, model_kwargs=args.model_kwargs,
-                                 base_lr=args.pretrain_blr, warmup_epochs=args.pretrain_warmup)  # fmt: skip
+                                 optim=dict(base_lr=args.pretrain_blr, warmup_epochs=args.pretrain_warmup))  # fmt: skip
     figures = ReconstructionCallback(every_n_epochs=max(1, args.pretrain_epochs // 3), num_images=6)
     t = trainer(out, "pretrain", args.pretrain_epochs, [figures])
     t.fit(pretrain, datamodule=make_data(args, "pretrain"))

@@ -90,7 +90,8 @@ def recipe(args: argparse.Namespace) -> dict:
     if args.model_kwargs is not None:
         model["model_kwargs"] = args.model_kwargs
     epochs = args.epochs or config["trainer"]["max_epochs"]
-    model["warmup_epochs"] = min(model["warmup_epochs"], epochs / 4)  # a shorter run keeps a warmup that fits
+    optim = model["optim"]  # a shorter run keeps a warmup that fits
+    optim["warmup_epochs"] = min(optim["warmup_epochs"], epochs / 4)
     return {"model": model, "batch_size": args.batch_size or config["data"]["init_args"]["batch_size"],
             "epochs": epochs}  # fmt: skip
 

@@ -4,7 +4,7 @@ vs the same architecture randomly initialised, on the built-in digit scenes.
 For each seed: ``detect.py`` (Mask R-CNN over the feature pyramid; COCO box and mask mAP) and
 ``segment.py`` (UperNet; mIoU, pixel accuracy) with the recipes ``configs/detect/default.yaml`` and
 ``configs/segment/default.yaml``, once from each pretrained encoder and once from a random encoder
-(``--model.checkpoint null``), same settings, same budget. Prints a markdown table (mean +- std over
+(``--model.encoder.checkpoint null``), same settings, same budget. Prints a markdown table (mean +- std over
 seeds, wall time) and keeps each run's metrics and its last prediction figure. A finished run is recorded
 (``OUT/runs/NAME.json``) and reused when the same command line runs again with the same recipe file and
 checkpoint bytes, so an interrupted benchmark continues where it stopped and another encoder can join a
@@ -83,9 +83,9 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
         str(REPO / config),
         "--seed_everything",
         str(seed),
-        "--model.checkpoint",
+        "--model.encoder.checkpoint",
         checkpoint,
-        "--model.model_kwargs",
+        "--model.encoder.model_kwargs",
         json.dumps(encoder),
         "--trainer.logger.init_args.save_dir",
         str(out),

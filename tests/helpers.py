@@ -37,7 +37,7 @@ TINY_KWARGS = dict(
     embed_dim=32, depth=1, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2
 )
 # The ``model:`` section of a CLI config with that model.
-TINY_MODEL = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "warmup_epochs": 1}
+TINY_MODEL = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "optim": {"warmup_epochs": 1}}
 
 
 class RandomImages(pl.LightningDataModule):
@@ -83,13 +83,29 @@ def official_lr(epoch: float, lr: float, min_lr: float, warmup_epochs: float, ep
     )
 
 
+def with_defaults(defaults: dict, kwargs: dict) -> dict:
+    """``kwargs`` over ``defaults``; a settings group given as a dict (``optim``, ``kernels``, ``encoder``)
+    over the default's, as a config file's keys would be."""
+    groups = {
+        k: {**defaults[k], **v}
+        for k, v in kwargs.items()
+        if k in GROUPS and isinstance(v, dict) and k in defaults
+    }
+    return {**defaults, **kwargs, **groups}
+
+
+GROUPS = ("optim", "kernels", "encoder")
+
+
 def pretrain_module(**kwargs):
     """A seeded tiny ``MAEPretrainModule`` for 16x16 inputs."""
     from mae.training.pretrain import MAEPretrainModule
 
     torch.manual_seed(0)
-    defaults = dict(model="mae_vit_tiny_patch4", img_size=16, model_kwargs=TINY_KWARGS, warmup_epochs=1)
-    return MAEPretrainModule(**{**defaults, **kwargs})
+    defaults = dict(
+        model="mae_vit_tiny_patch4", img_size=16, model_kwargs=TINY_KWARGS, optim=dict(warmup_epochs=1)
+    )
+    return MAEPretrainModule(**with_defaults(defaults, kwargs))
 
 
 # A 3-block encoder for fine-tuning tests: enough blocks to tell layer-decay scales apart.
@@ -103,10 +119,9 @@ def finetune_module(**kwargs):
     from mae.training.finetune import MAEFinetuneModule
 
     torch.manual_seed(0)
-    defaults = dict(
-        model="mae_vit_tiny_patch4", model_kwargs=FINETUNE_KWARGS, img_size=16, num_classes=3, warmup_epochs=0
-    )
-    return MAEFinetuneModule(**{**defaults, **kwargs})
+    encoder = dict(model="mae_vit_tiny_patch4", model_kwargs=FINETUNE_KWARGS)
+    defaults = dict(encoder=encoder, img_size=16, num_classes=3, optim=dict(warmup_epochs=0))
+    return MAEFinetuneModule(**with_defaults(defaults, kwargs))
 
 
 def make_trainer(tmp_path, **kwargs) -> pl.Trainer:
@@ -127,7 +142,7 @@ def make_trainer(tmp_path, **kwargs) -> pl.Trainer:
 def tiny_pretraining_checkpoint(folder: Path, steps: int = 2) -> Path:
     """``folder/last.ckpt``: our pretraining checkpoint of the tiny norm_pix_loss model (16x16 inputs)
     after ``steps`` steps on ``RandomImages``."""
-    module = pretrain_module(warmup_epochs=0)
+    module = pretrain_module(optim=dict(warmup_epochs=0))
     trainer = make_trainer(folder, max_steps=steps, limit_val_batches=0)
     trainer.fit(module, datamodule=RandomImages())
     trainer.save_checkpoint(folder / "last.ckpt")

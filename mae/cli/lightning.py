@@ -30,6 +30,7 @@ from mae.training.callbacks import (
 )
 from mae.training.resume import prepare_resume
 from mae.training.runtime import default_lightning_precision, keep_freed_memory
+from mae.training.settings import renamed_for, renamed_key_error
 from mae.training.trackers import TRACKER_FILE, AttachTracker, tracker_spec, where_to_look
 
 
@@ -60,6 +61,7 @@ class _MAECLI(LightningCLI):
         except RecipeNotFound as err:
             parser.error(str(err))
         argv = expand_stacked_configs(argv)
+        refuse_renamed_keys(argv, self.model_class)
         for key, source in self.linked.items():
             on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
             # jsonargparse drops a linked key set in a YAML file without a word: refuse it here.
@@ -217,6 +219,21 @@ def _model_section_keys(argv: list[str]) -> set[str]:
             if isinstance(config.get("model"), dict):
                 keys |= set(config["model"])
     return keys
+
+
+def refuse_renamed_keys(argv: list[str], module_class: type) -> None:
+    """Stop before any work when ``argv`` sets a key renamed in 0.3.0 (``--model.base_lr``, or ``base_lr``
+    under ``model:`` in a ``--config`` file) that ``module_class`` now takes under its new name.
+
+    Raises:
+        ConfigError: naming the old key and the new one (``mae.training.settings.RENAMED_KEYS``).
+    """
+    given = _model_section_keys(argv) | {
+        a.split("=", 1)[0].removeprefix("--model.") for a in argv if a.startswith("--model.")
+    }
+    for old in renamed_for(module_class):
+        if old.removeprefix("model.") in given:
+            raise renamed_key_error(old)
 
 
 def _cli_arguments(cli_class: type[_MAECLI], run_name: str) -> dict[str, Any]:

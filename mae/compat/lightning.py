@@ -16,7 +16,9 @@
   logger converts them.
 - ``"_instantiator"``, the hyperparameter that names the function Lightning's ``load_from_checkpoint``
   rebuilds a module with (``instantiator(module_class, hparams)``; LightningCLI records its own there):
-  the one way to rebuild from hyperparameters that need translating (``INSTANTIATOR_KEY``).
+  the one way to rebuild from hyperparameters that need translating (``INSTANTIATOR_KEY``), and
+  ``lightning.pytorch.core.saving._ALLOWED_INSTANTIATORS``, the instantiators it trusts
+  (``allow_instantiator``; Lightning's own message says to add one there).
 - ``MLFlowLogger._initialized`` and ``WandbLogger._experiment``: whether the logger has started its
   run; the public ``experiment`` (and what reads it: ``run_id``) starts one when asked.
 """
@@ -30,6 +32,14 @@ from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnect
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 INSTANTIATOR_KEY = "_instantiator"
+
+
+def allow_instantiator(path: str) -> None:
+    """Let ``load_from_checkpoint`` rebuild modules with the function at ``path`` (module.name), named in
+    the hyperparameters under ``INSTANTIATOR_KEY``."""
+    from lightning.pytorch.core.saving import _ALLOWED_INSTANTIATORS
+
+    _ALLOWED_INSTANTIATORS.add(path)
 
 
 class SignalConnector(_SignalConnector):

@@ -1,9 +1,10 @@
 """What the pretraining and fine-tuning modules share: kernel settings, the optimiser's step-wise
-schedule, the training-loss guard and logging, the lr monitor and the checkpoint's architecture record."""
+schedule (both groups of ``mae.training.settings``), the training-loss guard and logging, the lr monitor
+and the checkpoint's architecture record."""
 
+import inspect
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -11,9 +12,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from torch import nn
 
 from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, data_record
-from mae.errors import ConfigError
-from mae.training.optim import check_schedule_settings, resolve_schedule, stepwise_schedule
+from mae.training.optim import resolve_schedule, stepwise_schedule
 from mae.training.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
+from mae.training.settings import KernelChoices, OptimSettings, plain
 
 
 def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
@@ -34,59 +35,11 @@ def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
     )
 
 
-def check_setting(name: str, value: Any, allowed: tuple) -> None:
-    """Raises ValueError naming ``model.<name>`` when ``value`` is not one of ``allowed``."""
-    if value not in allowed:
-        raise ConfigError(f"model.{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
-
-
-def check_kernel_settings(attention: Any, compile: Any, fused_adamw: Any) -> None:
-    """The kernel choices both modules take (``model.attention``, ``model.compile``,
-    ``model.fused_adamw``): "auto" or a value ``mae.training.runtime`` knows, checked at build."""
-    check_setting("attention", attention, ("auto", "sdpa", "explicit"))
-    check_setting("compile", compile, (True, False, "auto"))
-    check_setting("fused_adamw", fused_adamw, (True, False, "auto"))
-
-
-@dataclass(frozen=True)
-class LrSchedule:
-    """The warmup + cosine every module trains with (``model.base_lr``, ``lr``, ``min_lr``,
-    ``warmup_epochs``), checked when built; its step counts come from the trainer (``configure_optimizers``)."""
-
-    base_lr: float
-    lr: float | None
-    min_lr: float
-    warmup_epochs: float
-
-    def __post_init__(self) -> None:
-        check_schedule_settings(self.base_lr, self.lr, self.min_lr, self.warmup_epochs)
-
-
-@dataclass(frozen=True)
-class KernelChoices:
-    """``model.attention``, ``model.compile`` and ``model.fused_adamw``: "auto" (what
-    ``mae.training.runtime`` measured for the device) or a value, checked when built."""
-
-    attention: Literal["auto", "sdpa", "explicit"] = "auto"
-    compile: bool | Literal["auto"] = "auto"
-    fused_adamw: bool | Literal["auto"] = "auto"
-
-    def __post_init__(self) -> None:
-        check_kernel_settings(self.attention, self.compile, self.fused_adamw)
-
-    def resolve(self, measured: TrainingSettings) -> TrainingSettings:
-        """The ``measured`` settings with every choice that is not "auto" put in."""
-        chosen = asdict(self)
-        return TrainingSettings(
-            precision=measured.precision,
-            **{name: getattr(measured, name) if value == "auto" else value for name, value in chosen.items()},
-        )
-
-
 class MAETrainingModule(pl.LightningModule, ABC):
     """Base of ``MAEPretrainModule`` and the transfers (``mae.training.transfer.TransferModule``).
 
-    A subclass passes its ``schedule`` and ``kernels``, sets ``self.network`` (the ``nn.Module`` trained
+    A subclass passes its ``optim`` and ``kernels`` groups (``mae.training.settings``), records its
+    hyperparameters with ``save_settings``, sets ``self.network`` (the ``nn.Module`` trained
     and checkpointed, under the attribute named by ``network_attribute``), implements
     ``build_optimizer(lr)`` and ``architecture_record()``, and calls ``log_training_loss`` in its
     ``training_step``.
@@ -94,14 +47,22 @@ class MAETrainingModule(pl.LightningModule, ABC):
 
     network_attribute: str
 
-    def __init__(self, schedule: LrSchedule, kernels: KernelChoices) -> None:
+    def __init__(self, optim: OptimSettings, kernels: KernelChoices) -> None:
         super().__init__()
-        self.schedule = schedule
+        self.optim = optim
         self.kernels = kernels
         self.settings: TrainingSettings | None = None  # resolved for the training device in setup()
         self.effective_batch: int | None = None
         self.resolved_lr: float | None = None
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor
+
+    def save_settings(self, **groups: Any) -> None:
+        """``save_hyperparameters()`` of the calling ``__init__`` (and its subclasses'), with each settings group
+        (``optim``, ``kernels`` and the caller's ``groups``) recorded as the dict of its resolved fields, so
+        that checkpoints and ``hparams.yaml`` hold plain values, whatever form the caller gave."""
+        self.save_hyperparameters(frame=inspect.currentframe().f_back)
+        resolved = {"optim": self.optim, "kernels": self.kernels, **groups}
+        self.save_hyperparameters({**self.hparams, **{name: plain(group) for name, group in resolved.items()}})
 
     @property
     def network(self) -> nn.Module:
@@ -139,11 +100,11 @@ class MAETrainingModule(pl.LightningModule, ABC):
         return [LearningRateMonitor(logging_interval="step")] if self.trainer.loggers else []
 
     def configure_optimizers(self) -> dict:
-        base_lr, lr = self.schedule.base_lr, self.schedule.lr
-        resolved = resolve_schedule(self.trainer, base_lr, lr, self.schedule.warmup_epochs)
+        base_lr, lr = self.optim.base_lr, self.optim.lr
+        resolved = resolve_schedule(self.trainer, base_lr, lr, self.optim.warmup_epochs)
         self.effective_batch, self.resolved_lr = resolved.effective_batch, resolved.lr
         optimizer = self.build_optimizer(resolved.lr)
-        config = stepwise_schedule(optimizer, resolved, self.trainer, base_lr, lr, self.schedule.min_lr)
+        config = stepwise_schedule(optimizer, resolved, self.trainer, base_lr, lr, self.optim.min_lr)
         config["lr_scheduler"]["name"] = "train/lr"
         return config
 

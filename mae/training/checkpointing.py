@@ -59,7 +59,7 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "optimizer_states" not in ckpt:
         raise ConfigError(
             f"--ckpt_path {path} is not a Lightning training checkpoint (no state_dict / optimizer_states); "
-            f"to start from pretrained weights use model.checkpoint instead"
+            f"to start from pretrained weights use model.encoder.checkpoint instead"
         )
     check_same_decoder_switches(path, ckpt.get(ARCHITECTURE_KEY), module)
     problems = state_dict_mismatch(module.state_dict(), ckpt["state_dict"])

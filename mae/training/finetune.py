@@ -35,11 +35,11 @@ class MAEFinetuneModule(TransferModule):
         label_smoothing: (paper 0.1).
         head_init_std: std of the new head's trunc-normal init (paper: 2e-5; linear probe 0.01).
         **kwargs: passed on whole to ``mae.training.transfer.TransferModule``, which takes and keeps them:
-            the encoder (checkpoint, checkpoint_format, model, model_kwargs, encoder_config), the input and
-            classes (img_size, in_chans, num_classes), drop_path_rate, layer_decay, the schedule with the
-            paper's fine-tuning defaults (base_lr (paper: 5e-4 B, 1e-3 L/H; linear probe 0.1), lr, min_lr
-            (1e-6; linear probe 0), weight_decay (0.05; linear probe 0), warmup_epochs (5; linear probe 10))
-            and the kernel choices (attention, compile, fused_adamw).
+            the encoder (``encoder``: checkpoint, checkpoint_format, model, model_kwargs; encoder_config), the
+            input and classes (img_size, in_chans, num_classes), drop_path_rate, layer_decay, the optimiser
+            with the paper's fine-tuning defaults (``optim``: base_lr (paper: 5e-4 B, 1e-3 L/H; linear probe
+            0.1), lr, min_lr (1e-6; linear probe 0), warmup_epochs (5; linear probe 10), weight_decay (0.05;
+            linear probe 0)) and the kernel choices (``kernels``: attention, compile, fused_adamw).
     """
 
     network_attribute = "vit"
@@ -143,11 +143,14 @@ class MAEFinetuneModule(TransferModule):
                 {"params": [p for p in head if p.ndim <= 1], "always_adapt": False, "name": "biases"},
             ]
         return param_groups_layer_decay(
-            self.vit, self.weight_decay, no_weight_decay_list=self.vit.no_weight_decay(), layer_decay=self.layer_decay
+            self.vit,
+            self.optim.weight_decay,
+            no_weight_decay_list=self.vit.no_weight_decay(),
+            layer_decay=self.layer_decay,
         )
 
     def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
         groups = self.param_groups.groups(self.vit)
         if self.mode == "linprobe":
-            return Lars(groups, lr=lr, momentum=0.9, weight_decay=self.weight_decay, trust_coeff=0.001)
+            return Lars(groups, lr=lr, momentum=0.9, weight_decay=self.optim.weight_decay, trust_coeff=0.001)
         return torch.optim.AdamW(groups, lr=lr, fused=(self.settings or self.resolve_settings()).fused_adamw)

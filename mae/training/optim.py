@@ -202,12 +202,12 @@ def resolve_schedule(trainer: pl.Trainer, base_lr: float, lr: float | None, warm
     if trainer.train_dataloader is None:  # not loaded when only max_steps bounds the run
         trainer.fit_loop.setup_data()
     if not math.isfinite(trainer.num_training_batches):
-        raise ConfigError("the training data has no length, so model.warmup_epochs cannot be turned into steps")
+        raise ConfigError("the training data has no length, so model.optim.warmup_epochs cannot be turned into steps")
     # Lightning steps the optimizer on an epoch's last batch even mid-accumulation.
     steps_per_epoch = math.ceil(trainer.num_training_batches / accumulate)
     warmup_steps = round(warmup_epochs * steps_per_epoch)
     check_warmup(
-        warmup_steps, int(total_steps), f"model.warmup_epochs={warmup_epochs}", f" of {steps_per_epoch} per epoch"
+        warmup_steps, int(total_steps), f"model.optim.warmup_epochs={warmup_epochs}", f" of {steps_per_epoch} per epoch"
     )
     resolved_lr = lr if lr is not None else scaled_lr(base_lr, effective)
     return ResolvedSchedule(batch_size, effective, resolved_lr, steps_per_epoch, warmup_steps, int(total_steps))

@@ -3,7 +3,7 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -16,7 +16,7 @@ from mae.models import create_model
 from mae.models.decoder_switches import DecoderType
 from mae.models.flops import mae_train_flops
 from mae.models.masking import MaskStrategy, sample_noise
-from mae.training.base import KernelChoices, LrSchedule, MAETrainingModule
+from mae.training.base import MAETrainingModule
 from mae.training.optim import (
     ParamGroupPlan,
     encoder_decoder_groups,
@@ -24,6 +24,7 @@ from mae.training.optim import (
     weight_decay_groups,
 )
 from mae.training.resolution import ResolutionSchedule, resize_batch
+from mae.training.settings import AUTO_KERNELS, PRETRAIN_OPTIM, KernelChoices, PretrainOptimSettings, as_group
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
 _OWN_ARGS = ("img_size", "in_chans", "norm_pix_loss", "mask_strategy", "decoder_type", "decoder_keep_ratio",
@@ -62,17 +63,13 @@ class MAEPretrainModule(MAETrainingModule):
         decoder_encoder_layers: cross decoder only: the encoder layer each decoder block reads (one per
             decoder block, the last among them); null = the encoder's output.
         norm_pix_loss: regress per-patch normalised pixels (the paper's released models do).
-        base_lr: lr per 256 images; the lr is ``base_lr * effective_batch / 256``.
-        lr: absolute lr, overriding the scaling rule when set.
-        min_lr: lr at the end of the cosine.
-        weight_decay: AdamW decay on weights (not on biases and norms).
-        betas: AdamW betas.
-        warmup_epochs: linear warmup length in (fractional) epochs.
-        attention: attention kernel, "sdpa" or "explicit"; "auto" picks the faster one measured for
-            the training device and precision (``mae.training.runtime.training_settings``).
-        compile: ``torch.compile`` the model ("auto": for runs of at least
-            ``mae.training.runtime.COMPILE_MIN_STEPS`` optimizer steps, which repay the compilation time).
-        fused_adamw: the single-kernel AdamW ("auto": as ``mae.training.runtime.training_settings`` says).
+        optim: the optimiser and its schedule (``mae.training.settings.PretrainOptimSettings``, the paper's:
+            base_lr 1.5e-4 per 256 images, min_lr 0, warmup_epochs 40, weight_decay 0.05, AdamW betas
+            (0.9, 0.95)).
+        kernels: the kernel choices (``mae.training.settings.KernelChoices``), each "auto" by default:
+            the attention kernel and the fused AdamW as measured for the training device and precision,
+            ``torch.compile`` for runs of at least ``mae.training.runtime.COMPILE_MIN_STEPS`` optimizer
+            steps, which repay the compilation time.
         in_chans: image channels; linked from ``data.in_chans`` by the CLI.
         init_from: start from these pretrained weights (any format ``mae.load_mae`` reads; see
             ``mae.convert.backbone.init_mae_from``): a new run, with a new optimizer and schedule. Read when
@@ -102,23 +99,16 @@ class MAEPretrainModule(MAETrainingModule):
         decoder_keep_ratio: float = 1.0,
         decoder_encoder_layers: list[int] | None = None,
         norm_pix_loss: bool = True,
-        base_lr: float = 1.5e-4,
-        lr: float | None = None,
-        min_lr: float = 0.0,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.95),
-        warmup_epochs: float = 40.0,
-        attention: Literal["auto", "sdpa", "explicit"] = "auto",
-        compile: bool | Literal["auto"] = "auto",
-        fused_adamw: bool | Literal["auto"] = "auto",
+        optim: PretrainOptimSettings = PRETRAIN_OPTIM,
+        kernels: KernelChoices = AUTO_KERNELS,
         in_chans: int = 3,
         init_from: str | None = None,
         init_format: str = "auto",
         freeze_encoder_epochs: int = 0,
         resolution_schedule: list[list] | None = None,
     ) -> None:
-        super().__init__(LrSchedule(base_lr, lr, min_lr, warmup_epochs), KernelChoices(attention, compile, fused_adamw))
-        self.save_hyperparameters()
+        super().__init__(as_group(optim, PRETRAIN_OPTIM), as_group(kernels, AUTO_KERNELS))
+        self.save_settings()
         model_kwargs = dict(model_kwargs or {})
         clash = [k for k in _OWN_ARGS if k in model_kwargs]
         if clash:
@@ -151,12 +141,11 @@ class MAEPretrainModule(MAETrainingModule):
             self.init_report = init_mae_from(self.model, init_from, init_format)
             rank_zero_info(f"model.init_from: {self.init_report}")
         # Decay on weights only, fixed by name now: a strategy may flatten parameters before the optimizer.
-        groups = weight_decay_groups(self.model, weight_decay)
+        groups = weight_decay_groups(self.model, self.optim.weight_decay)
         if freeze_encoder_epochs:
             groups = encoder_decoder_groups(self.model, groups)
         self.param_groups = ParamGroupPlan.from_groups(self.model, groups)
         self.mask_ratio = mask_ratio
-        self.betas = tuple(betas)
         self.init_from = init_from
         self.freeze_encoder_epochs = freeze_encoder_epochs
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
@@ -260,6 +249,6 @@ class MAEPretrainModule(MAETrainingModule):
         return torch.optim.AdamW(
             self.param_groups.groups(self.model),
             lr=lr,
-            betas=self.betas,
+            betas=self.optim.betas,
             fused=(self.settings or self.resolve_settings()).fused_adamw,
         )

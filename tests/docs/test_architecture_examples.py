@@ -92,7 +92,7 @@ PRETRAIN_FOR_TWO_STEPS = [
     "0",
     "--trainer.enable_progress_bar",
     "false",
-    "--model.warmup_epochs",
+    "--model.optim.warmup_epochs",
     "0",
     "--knn.every_n_epochs",
     "0",

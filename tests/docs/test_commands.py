@@ -334,6 +334,7 @@ def training_problem(name: str, argv: list[str]) -> str | None:
     """``mae pretrain|finetune|detect|segment``: the parse of ``--print_config`` (the print left out)."""
     argv = [a for a in argv if a.split("=", 1)[0] != "--print_config"]
     cli = object.__new__(training_cli_classes()[name])  # only its parse_arguments runs: no model, no trainer
+    cli.model_class = command_parser(name).groups["model"].group_class  # what it refuses renamed keys for
     try:
         cli.parse_arguments(command_parser(name), argv)
     except argparse.ArgumentError as err:

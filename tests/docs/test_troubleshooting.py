@@ -242,7 +242,7 @@ def test_matcher__a_made_up_or_reworded_message_is_reported():
 def test_matcher__messages_built_from_several_strings_and_constants():
     code = """
 METADATA = "mae_shards.json"
-setting, run = f"model.warmup_epochs={warmup}", f" of {n} per epoch"
+setting, run = f"model.optim.warmup_epochs={warmup}", f" of {n} per epoch"
 a = f"{setting} ({warmup_steps} steps) is not shorter than the run ({total} steps{run}); lower it"
 b = f"{out} holds an earlier conversion (named in its {METADATA} and index.json files)"
 c = f"mae demo: {err}"

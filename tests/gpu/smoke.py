@@ -93,9 +93,13 @@ class SmokePart:
         """The default job's ``model`` section (in the dry run its tiny version) without the lr warm-up,
         which must be shorter than these short runs."""
         if self.dry_run:
-            return {"model": "mae_vit_tiny_patch4", "model_kwargs": dict(TINY_KWARGS), "warmup_epochs": 0}
+            return {
+                "model": "mae_vit_tiny_patch4",
+                "model_kwargs": dict(TINY_KWARGS),
+                "optim": {"warmup_epochs": 0},
+            }
         model = yaml.safe_load((REPO / "mae" / "configs" / "pretrain" / "default.yaml").read_text())["model"]
-        return {**model, "warmup_epochs": 0}
+        return {**model, "optim": {**model.get("optim", {}), "warmup_epochs": 0}}
 
     def digits(self, img_size: int, batch_size: int) -> dict:
         """The built-in digits data module, loading in the training process."""

@@ -15,8 +15,7 @@ from tests.helpers import REPO, TINY_KWARGS, read_metrics
 pytestmark = pytest.mark.timeout(LIMITS["detect"][0])
 RECIPES = REPO / "mae" / "configs" / "detect"
 DRY_RUN_MODEL = dict(
-    model="mae_vit_tiny_patch4",
-    model_kwargs={**TINY_KWARGS, "depth": 2},
+    encoder=dict(checkpoint=None, model="mae_vit_tiny_patch4", model_kwargs={**TINY_KWARGS, "depth": 2}),
     window_size=4,
     global_blocks=[1],
     out_channels=16,
@@ -59,7 +58,7 @@ def _config(smoke: SmokePart) -> tuple[dict, int]:
     """The recipe's model (a random encoder: no download) on the digit scenes; the number of steps."""
     recipe = yaml.safe_load((RECIPES / "coco_vitdet_base_mask_rcnn.yaml").read_text())
     scenes = yaml.safe_load((RECIPES / "default.yaml").read_text())["data"]
-    model = {**recipe["model"], "checkpoint": None}
+    model = {**recipe["model"], "encoder": {"checkpoint": None}}
     if smoke.dry_run:
         smoke.note(
             "dry run: the recipe's model settings on a 2-block 32-wide ViT (window 4, global block 1, 16 "
@@ -70,7 +69,7 @@ def _config(smoke: SmokePart) -> tuple[dict, int]:
     else:
         steps, batch, img_size, workers, val_batches = 30, 16, 256, 4, 2
     smoke.results.update(
-        encoder=model.get("model", "mae_vit_base_patch16 (the recipe's default)"),
+        encoder=model["encoder"].get("model", "mae_vit_base_patch16 (the recipe's default)"),
         window_size=model["window_size"],
         global_blocks=model["global_blocks"],
         relative_position=model["relative_position"],

@@ -79,8 +79,8 @@ def test_python_m__a_command_prints_the_message_alone():
     [
         (
             "finetune",
-            ["--config", "configs/finetune/default.yaml", "--model.checkpoint", "/no/pretrained.ckpt"],
-            "model.checkpoint /no/pretrained.ckpt does not exist",
+            ["--config", "configs/finetune/default.yaml", "--model.encoder.checkpoint", "/no/pretrained.ckpt"],
+            "model.encoder.checkpoint /no/pretrained.ckpt does not exist",
         ),
         (
             "export",
@@ -196,7 +196,7 @@ def test_a_planted_bug__a_value_error_in_a_model_function_keeps_its_traceback(ca
 
     monkeypatch.setattr(model_module.MaskedAutoencoderViT, "forward_loss", planted)
     one_step = {"trainer.max_epochs": 1, "trainer.limit_train_batches": 1, "trainer.limit_val_batches": 0,
-                "trainer.enable_progress_bar": "false", "model.warmup_epochs": 0}  # fmt: skip
+                "trainer.enable_progress_bar": "false", "model.optim.warmup_epochs": 0}  # fmt: skip
     argv = ["pretrain", "--config", "default", *(f"--{key}={value}" for key, value in one_step.items())]
     from mae.cli.main import main
 

@@ -308,6 +308,34 @@ def test_lightning__wandb_run_started_once_the_logger_starts_its_run(tmp_path, m
     assert logger.experiment is not None and wandb_run_started(logger)
 
 
+def test_lightning__load_from_checkpoint_rebuilds_with_an_allowed_instantiator(tmp_path):
+    import lightning.pytorch as pl
+
+    from mae.compat.lightning import INSTANTIATOR_KEY, allow_instantiator
+
+    class Module(pl.LightningModule):
+        def __init__(self, width: int = 2) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = nn.Linear(width, 1)
+
+    built = []
+
+    def instantiate(module_class, hparams):
+        built.append(hparams)
+        return module_class(width=hparams["width"])
+
+    globals()["_compat_instantiator"] = instantiate  # found by its path, as Lightning imports it
+    saved = {"state_dict": Module(3).state_dict(), "hyper_parameters": {"width": 3}}
+    torch.save({**saved, "pytorch-lightning_version": pl.__version__}, tmp_path / "m.ckpt")
+    path = f"{__name__}._compat_instantiator"
+    with pytest.raises(ValueError, match="allowlist"):
+        Module.load_from_checkpoint(tmp_path / "m.ckpt", **{INSTANTIATOR_KEY: path})
+    allow_instantiator(path)
+    assert Module.load_from_checkpoint(tmp_path / "m.ckpt", **{INSTANTIATOR_KEY: path}).layer.in_features == 3
+    assert built == [{"width": 3}]
+
+
 # ---------------------------------------------------------------------------------------------------
 # TensorBoard (torch.utils.tensorboard)
 

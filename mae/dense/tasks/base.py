@@ -64,9 +64,9 @@ class DenseTrainingModule(TransferModule):
         mean, std: input normalisation; None: the pretraining run's (from the checkpoint), else ImageNet's.
             The module's hyperparameters record the values it resolved, so a trained checkpoint needs no
             pretraining file for them either.
-        min_lr, warmup_epochs: as ``TransferModule``, with the dense recipes' defaults (0 and 1 epoch).
-        **kwargs: passed on whole to ``TransferModule`` (the encoder, input, classes, schedule and kernel
-            settings: checkpoint, model, img_size, num_classes, layer_decay, base_lr, ...).
+        **kwargs: passed on whole to ``TransferModule`` (the encoder, input, classes, optimiser and kernel
+            settings: encoder, img_size, num_classes, layer_decay, optim, kernels, ...); each task states its
+            own ``optim`` defaults.
     """
 
     num_classes_rule = "background or one class, and one more"
@@ -86,11 +86,9 @@ class DenseTrainingModule(TransferModule):
         scales: list[float] | None = None,
         mean: list[float] | None = None,
         std: list[float] | None = None,
-        min_lr: float = 0.0,
-        warmup_epochs: float = 1.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(min_lr=min_lr, warmup_epochs=warmup_epochs, **kwargs)
+        super().__init__(**kwargs)
         self.pyramid_args = dict(
             out_channels=out_channels,
             block=block,
@@ -148,7 +146,7 @@ class DenseTrainingModule(TransferModule):
 
     def plan_param_groups(self) -> None:
         """The parameter groups, fixed by name now (a strategy may wrap the parameters later)."""
-        groups = layer_decay_groups(self.network, self.pyramid.vit, self.weight_decay, self.layer_decay)
+        groups = layer_decay_groups(self.network, self.pyramid.vit, self.optim.weight_decay, self.layer_decay)
         self.param_groups = ParamGroupPlan.from_groups(self.network, groups)
 
     @property

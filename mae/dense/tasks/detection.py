@@ -12,6 +12,10 @@ from mae.dense.models.detectors import Detector, Target, build_detector
 from mae.dense.tasks.base import DenseTrainingModule
 from mae.dense.tasks.figures import detection_panel
 from mae.errors import ConfigError
+from mae.training.settings import OptimSettings, as_group
+
+# ViTDet ViT-B's lr and weight decay; the dense recipes' cosine to 0 after a 1-epoch warmup.
+DETECTION_OPTIM = OptimSettings(base_lr=4e-4, min_lr=0.0, warmup_epochs=1.0, weight_decay=0.1)
 
 
 class MAEDetectionModule(DenseTrainingModule):
@@ -33,12 +37,13 @@ class MAEDetectionModule(DenseTrainingModule):
         rois_per_image: proposals sampled per image to train the box and mask heads (ViTDet: 512).
         proposals_per_image: the RPN's proposals kept after non-maximum suppression, per image (1000);
             the box head runs on all of them at inference.
-        layer_decay, base_lr, weight_decay: ViTDet ViT-B's (0.7, 4e-4, 0.1); see ``TransferModule``.
+        layer_decay: ViTDet ViT-B's (0.7); see ``TransferModule``.
+        optim: the optimiser and its schedule (``mae.training.settings.OptimSettings``): ViTDet ViT-B's
+            base_lr 4e-4 and weight_decay 0.1, min_lr 0, warmup_epochs 1.
         **kwargs: passed on whole: the pyramid's settings and input normalisation (``DenseTrainingModule``:
             out_channels, block, window_size, global_blocks, relative_position, activation_checkpointing,
-            scales, mean, std, min_lr, warmup_epochs), the encoder, schedule and kernel settings
-            (``mae.training.transfer.TransferModule``: checkpoint, checkpoint_format, model, model_kwargs,
-            encoder_config, in_chans, drop_path_rate (ViTDet ViT-B: 0.1), lr, attention, compile, fused_adamw).
+            scales, mean, std), the encoder and kernel settings (``mae.training.transfer.TransferModule``:
+            encoder, encoder_config, in_chans, drop_path_rate (ViTDet ViT-B: 0.1), kernels).
     """
 
     network_attribute = "detector"
@@ -54,12 +59,16 @@ class MAEDetectionModule(DenseTrainingModule):
         rois_per_image: int = 512,
         proposals_per_image: int = 1000,
         layer_decay: float = 0.7,
-        base_lr: float = 4e-4,
-        weight_decay: float = 0.1,
+        optim: OptimSettings = DETECTION_OPTIM,
         **kwargs: Any,
     ) -> None:
-        super().__init__(img_size=img_size, num_classes=num_classes, layer_decay=layer_decay, base_lr=base_lr,
-                         weight_decay=weight_decay, **kwargs)  # fmt: skip
+        super().__init__(
+            img_size=img_size,
+            num_classes=num_classes,
+            layer_decay=layer_decay,
+            optim=as_group(optim, DETECTION_OPTIM),
+            **kwargs,
+        )
         if detector not in ("mask_rcnn", "faster_rcnn", "retinanet"):
             raise ConfigError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {detector!r}")
         if self.in_chans != 3:

@@ -12,6 +12,11 @@ from mae.dense.models.segmenter import Segmenter
 from mae.dense.models.upernet import UperNetHead
 from mae.dense.tasks.base import DenseTrainingModule
 from mae.dense.tasks.figures import segmentation_panel
+from mae.training.settings import OptimSettings, as_group
+
+# MAE's ADE20K lr (with layer decay 0.65, 100 epochs, batch 16); the dense recipes' cosine to 0 after a
+# 1-epoch warmup.
+SEGMENTATION_OPTIM = OptimSettings(base_lr=1.6e-3, min_lr=0.0, warmup_epochs=1.0, weight_decay=0.05)
 
 
 class MAESegmentationModule(DenseTrainingModule):
@@ -26,14 +31,15 @@ class MAESegmentationModule(DenseTrainingModule):
         img_size: the training crop (ADE20K: 512); linked from ``data.img_size``.
         num_classes, ignore_index: linked from the data module.
         head_channels: UperNet's width (512 for ViT-B in BEiT's and MAE's setting).
-        base_lr: MAE's ADE20K setting (with layer decay 0.65, 100 epochs, batch 16); see ``TransferModule``.
+        optim: the optimiser and its schedule (``mae.training.settings.OptimSettings``): MAE's ADE20K
+            base_lr 1.6e-3 (with layer decay 0.65, 100 epochs, batch 16), weight_decay 0.05, min_lr 0,
+            warmup_epochs 1.
         **kwargs: passed on whole: the pyramid's settings and input normalisation (``DenseTrainingModule``:
             out_channels, block (the MAE paper, after BEiT, takes the four maps from four blocks:
             ``block: [3, 5, 7, 11]`` for ViT-B), window_size, global_blocks, relative_position,
-            activation_checkpointing, scales, mean, std, min_lr, warmup_epochs), the encoder, schedule and
-            kernel settings (``mae.training.transfer.TransferModule``: checkpoint, checkpoint_format, model,
-            model_kwargs, encoder_config, in_chans, drop_path_rate, layer_decay, lr, weight_decay, attention,
-            compile, fused_adamw).
+            activation_checkpointing, scales, mean, std), the encoder and kernel settings
+            (``mae.training.transfer.TransferModule``: encoder, encoder_config, in_chans, drop_path_rate,
+            layer_decay, kernels).
     """
 
     network_attribute = "segmenter"
@@ -44,10 +50,12 @@ class MAESegmentationModule(DenseTrainingModule):
         num_classes: int = 150,
         ignore_index: int = 255,
         head_channels: int = 512,
-        base_lr: float = 1.6e-3,
+        optim: OptimSettings = SEGMENTATION_OPTIM,
         **kwargs: Any,
     ) -> None:
-        super().__init__(img_size=img_size, num_classes=num_classes, base_lr=base_lr, **kwargs)
+        super().__init__(
+            img_size=img_size, num_classes=num_classes, optim=as_group(optim, SEGMENTATION_OPTIM), **kwargs
+        )
         self.ignore_index = ignore_index
         self.build_encoder()
         head = UperNetHead(self.pyramid_args["out_channels"], num_classes, channels=head_channels)

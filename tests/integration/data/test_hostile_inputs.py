@@ -228,7 +228,7 @@ def test_ckpt_path_last__found_where_lightning_writes_it_without_a_logger_or_wit
 
     bare = make_trainer(tmp_path / "bare", max_steps=1, limit_val_batches=0, enable_checkpointing=True,
                         callbacks=[ModelCheckpoint(save_last=True)])  # fmt: skip
-    bare.fit(pretrain_module(warmup_epochs=0), datamodule=RandomImages())
+    bare.fit(pretrain_module(optim=dict(warmup_epochs=0)), datamodule=RandomImages())
     assert find_last_checkpoint(bare) == tmp_path / "bare" / "checkpoints" / "last.ckpt"
     logged = lambda: make_trainer(  # noqa: E731
         tmp_path, max_steps=1, limit_val_batches=0, enable_checkpointing=True,
@@ -236,7 +236,7 @@ def test_ckpt_path_last__found_where_lightning_writes_it_without_a_logger_or_wit
         logger=CSVLogger(tmp_path / "runs", name="exp", version="first-try"),
     )  # fmt: skip
     first = logged()
-    first.fit(pretrain_module(warmup_epochs=0), datamodule=RandomImages())
+    first.fit(pretrain_module(optim=dict(warmup_epochs=0)), datamodule=RandomImages())
     again = logged()
     again.logger._version = None  # as a requeued command line that leaves the version to the logger
     found = find_last_checkpoint(again)

@@ -72,7 +72,7 @@ def test_own_data__stats_pretrain_finetune_and_export_for_timm(tmp_path, kind, c
     assert stats["in_chans"] == channels and len(stats["mean"]) == channels
 
     pretrain = _run_config(tmp_path, root, stats, "pretrain")
-    pretrain["model"] = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "warmup_epochs": 0}
+    pretrain["model"] = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "optim": {"warmup_epochs": 0}}
     pretrain["reconstruction"] = {"every_n_epochs": 1, "num_images": 2}
     cli = invoke("pretrain", ["--config", str(write_config(tmp_path, pretrain, "pretrain"))])
     assert cli.model.model.patch_embed.proj.in_channels == channels and cli.datamodule.array_mode
@@ -81,8 +81,8 @@ def test_own_data__stats_pretrain_finetune_and_export_for_timm(tmp_path, kind, c
 
     finetune = _run_config(tmp_path, root, {**stats, "augmentation": "finetune"}, "finetune")
     finetune["model"] = {
-        "checkpoint": str(run / "checkpoints" / "last.ckpt"),
-        "warmup_epochs": 0,
+        "encoder": {"checkpoint": str(run / "checkpoints" / "last.ckpt")},
+        "optim": {"warmup_epochs": 0},
         "mixup": 0,
         "cutmix": 0,
     }
@@ -189,8 +189,8 @@ def test_init_from__official_layout_loads_the_files_tensors_and_trains(tmp_path,
     torch.manual_seed(1)
     source = create_model("mae_vit_tiny_patch4", img_size=32, **TINY_KWARGS)  # another grid than 16x16
     path = _official(source, tmp_path / "mae_pretrain.pth", encoder_only)
-    module = pretrain_module(init_from=str(path), warmup_epochs=0)
-    loaded, fresh = module.model.state_dict(), pretrain_module(warmup_epochs=0).model.state_dict()
+    module = pretrain_module(init_from=str(path), optim=dict(warmup_epochs=0))
+    loaded, fresh = module.model.state_dict(), pretrain_module(optim=dict(warmup_epochs=0)).model.state_dict()
     for key, value in source.state_dict().items():
         if key in ("pos_embed", "decoder_pos_embed"):
             torch.testing.assert_close(loaded[key], fresh[key])  # rebuilt for 16x16, not copied
@@ -207,7 +207,7 @@ def test_init_from__official_layout_loads_the_files_tensors_and_trains(tmp_path,
 def test_init_from__rgb_weights_into_one_channel_and_the_report_in_the_run_folder(tmp_path):
     source = create_model("mae_vit_tiny_patch4", img_size=16, **TINY_KWARGS)
     path = _official(source, tmp_path / "rgb.pth")
-    module = pretrain_module(init_from=str(path), in_chans=1, warmup_epochs=0)
+    module = pretrain_module(init_from=str(path), in_chans=1, optim=dict(warmup_epochs=0))
     summed = source.patch_embed.proj.weight.sum(1, keepdim=True)
     torch.testing.assert_close(module.model.patch_embed.proj.weight, summed)
     assert "adapted from 3 to 1 input channels" in str(module.init_report)
@@ -240,7 +240,7 @@ def test_init_from__classifier_other_patch_size_and_non_checkpoints_refused(tmp_
 
 
 def test_freeze_encoder_epochs__only_the_decoder_learns_first(tmp_path):
-    module = pretrain_module(warmup_epochs=0, freeze_encoder_epochs=1)
+    module = pretrain_module(optim=dict(warmup_epochs=0), freeze_encoder_epochs=1)
     start = {k: v.clone() for k, v in module.model.state_dict().items()}
     changed = lambda key: not torch.equal(module.model.state_dict()[key], start[key])  # noqa: E731
     trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0)

@@ -77,7 +77,7 @@ def _good_train_pixels(root):
 def test_train__malformed_oversized_and_no_data_npy_files_are_skipped_by_name(hostile_npy, tmp_path, caplog):
     config = {
         "seed_everything": 0,
-        "model": {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "warmup_epochs": 0},
+        "model": {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "optim": {"warmup_epochs": 0}},
         "data": {
             "class_path": "mae.data.ImageFolderDataModule",
             "init_args": {

@@ -21,10 +21,11 @@ from tests.helpers import (
     tensorboard_events,
     tensorboard_tracker,
     tiny_pretraining_checkpoint,
+    with_defaults,
 )
 
 SCENES = dict(num_train=8, num_val=4, canvas=64, seed=0)
-TINY_HEADS = {"out_channels": 16, "scales": [2, 1, 0.5, 0.25], "warmup_epochs": 0, "base_lr": 1e-2}
+TINY_HEADS = {"out_channels": 16, "scales": [2, 1, 0.5, 0.25], "optim": {"warmup_epochs": 0, "base_lr": 1e-2}}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def _detect_config(tmp: Path, checkpoint: Path, name: str) -> dict:
     return {
         "seed_everything": 0,
         "model": {
-            "checkpoint": str(checkpoint),
+            "encoder": {"checkpoint": str(checkpoint)},
             "detector": "mask_rcnn",
             "head_channels": 16,
             "rois_per_image": 16,
@@ -109,7 +110,7 @@ def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
     tmp, checkpoint = setup
     config = {
         "seed_everything": 0,
-        "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
+        "model": {"encoder": {"checkpoint": str(checkpoint)}, "head_channels": 16, **TINY_HEADS},
         "data": {
             "class_path": "mae.dense.DigitScenesSegmentation",
             "init_args": {"root": str(tmp / "scenes"), **SCENES, "batch_size": 4},
@@ -131,23 +132,24 @@ def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
 
 def _module(cls, **kwargs):
     model = {
-        "model": "mae_vit_tiny_patch4",
-        "model_kwargs": {**TINY_KWARGS, "depth": 3},
+        "encoder": {"model": "mae_vit_tiny_patch4", "model_kwargs": {**TINY_KWARGS, "depth": 3}},
         "img_size": 32,
         "num_classes": 3,
         "out_channels": 16,
-        "warmup_epochs": 0,
+        "optim": {"warmup_epochs": 0},
     }
     if cls is MAEDetectionModule:
         model.update(head_channels=16, rois_per_image=8)
-    return cls(**{**model, **kwargs})
+    return cls(**with_defaults(model, kwargs))
 
 
 @pytest.mark.parametrize("cls", [MAEDetectionModule, MAESegmentationModule])
 def test_dense_modules__a_checkpoint_of_another_network_is_refused_naming_the_setting(cls):
     trained = _module(cls, window_size=4, global_blocks=[2], relative_position=True)
     checkpoint = {"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams)}
-    _module(cls, window_size=4, global_blocks=[2], relative_position=True, lr=0.5).on_load_checkpoint(checkpoint)
+    _module(cls, window_size=4, global_blocks=[2], relative_position=True, optim=dict(lr=0.5)).on_load_checkpoint(
+        checkpoint
+    )
     with pytest.raises(ValueError, match=r"window_position_bias.*model\.relative_position: True there, False here"):
         _module(cls, window_size=4, global_blocks=[2]).on_load_checkpoint(checkpoint)
     loose = _module(cls, window_size=4, global_blocks=[2])
@@ -157,7 +159,7 @@ def test_dense_modules__a_checkpoint_of_another_network_is_refused_naming_the_se
 
 @pytest.mark.parametrize("cls", [MAEDetectionModule, MAESegmentationModule])
 def test_dense_modules__layer_decay_on_the_encoder_heads_at_full_lr_no_decay_on_norms(cls):
-    module = _module(cls, layer_decay=0.5, weight_decay=0.05)
+    module = _module(cls, layer_decay=0.5, optim=dict(weight_decay=0.05))
     groups = module.param_groups.groups(module.network)
     names = {id(p): n for n, p in module.network.named_parameters()}
     grouped = [names[id(p)] for g in groups for p in g["params"]]
@@ -181,8 +183,8 @@ def test_dense_modules__bad_settings_are_named(tmp_path):
         _module(MAEDetectionModule, in_chans=4)
     with pytest.raises(ValueError, match="model.layer_decay must be in"):
         _module(MAESegmentationModule, layer_decay=0)
-    with pytest.raises(FileNotFoundError, match=f"model.checkpoint {tmp_path / 'nope.ckpt'} does not exist"):
-        _module(MAESegmentationModule, checkpoint=str(tmp_path / "nope.ckpt"))
+    with pytest.raises(FileNotFoundError, match=f"model.encoder.checkpoint {tmp_path / 'nope.ckpt'} does not exist"):
+        _module(MAESegmentationModule, encoder=dict(checkpoint=str(tmp_path / "nope.ckpt")))
     with pytest.raises(ValueError, match="model.anchor_sizes needs one size per pyramid map"):
         _module(MAEDetectionModule, anchor_sizes=[8, 16])
 
@@ -247,7 +249,7 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
     args = [
         "--config",
         str(REPO / recipe),
-        "--model.checkpoint",
+        "--model.encoder.checkpoint",
         "null",
         "--trainer.accelerator",
         "cpu",
@@ -271,7 +273,7 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
         "2",
         "--trainer.sync_batchnorm",
         "false",
-        "--model.warmup_epochs",
+        "--model.optim.warmup_epochs",
         "0",
         *_scenes_as_recipe_data(tmp / "scenes", command == "segment"),
     ]
@@ -308,7 +310,7 @@ def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, c
     else:
         config = {
             "seed_everything": 0,
-            "model": {"checkpoint": str(checkpoint), "head_channels": 16, **TINY_HEADS},
+            "model": {"encoder": {"checkpoint": str(checkpoint)}, "head_channels": 16, **TINY_HEADS},
             "data": {"class_path": "mae.dense.DigitScenesSegmentation", "init_args": {}},
             "checkpoint": {"dirpath": str(tmp / name / "ckpts")},
             "figures": {"every_n_epochs": 1},
@@ -353,7 +355,9 @@ def test_trained_checkpoint__rebuilds_with_lightnings_load_from_checkpoint_elsew
     monkeypatch.chdir(run)
     detection = module_class is MAEDetectionModule
     extra = {"detector": "faster_rcnn", "head_channels": 16, "rois_per_image": 16} if detection else {}
-    module = module_class(checkpoint="pretrained.ckpt", img_size=64, num_classes=11, **TINY_HEADS, **extra)
+    module = module_class(
+        encoder=dict(checkpoint="pretrained.ckpt"), img_size=64, num_classes=11, **TINY_HEADS, **extra
+    )
     assert list(module.mean) == normalisation["mean"] and list(module.std) == normalisation["std"]
     data_class = DigitScenesDataModule if detection else DigitScenesSegmentation
     data = data_class(root=str(tmp / "scenes"), **SCENES, batch_size=4)
@@ -363,7 +367,7 @@ def test_trained_checkpoint__rebuilds_with_lightnings_load_from_checkpoint_elsew
     shutil.rmtree(run)
     monkeypatch.chdir(elsewhere)
     loaded = module_class.load_from_checkpoint("trained.ckpt")
-    assert loaded.hparams.checkpoint == "pretrained.ckpt"
+    assert loaded.hparams.encoder["checkpoint"] == "pretrained.ckpt"
     theirs, ours = loaded.state_dict(), module.state_dict()
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
     assert list(loaded.mean) == normalisation["mean"] and list(loaded.std) == normalisation["std"]
@@ -390,7 +394,7 @@ def test_detection_run__says_its_augmentation_and_why_an_empty_validation_scores
 
     tmp, checkpoint = setup
     module = MAEDetectionModule(
-        checkpoint=str(checkpoint),
+        encoder=dict(checkpoint=str(checkpoint)),
         img_size=64,
         num_classes=11,
         detector="faster_rcnn",

@@ -38,7 +38,7 @@ def pretrained(tmp_path_factory):
     write_image_folder(tmp / "data" / "val", ["a", "b", "c"], per_class=2, seed=1)
     config = {
         "seed_everything": 0,
-        "model": {**TINY_MODEL, "warmup_epochs": 0},
+        "model": {**TINY_MODEL, "optim": {"warmup_epochs": 0}},
         "data": {
             "class_path": "mae.data.ImageFolderDataModule",
             "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},
@@ -56,9 +56,10 @@ def pretrained(tmp_path_factory):
 
 
 def _finetune_config(tmp: Path, ckpt: Path, mode: str) -> dict:
-    model = {"checkpoint": str(ckpt), "mode": mode, "warmup_epochs": 0, "base_lr": 1e-3}
+    model = {"encoder": {"checkpoint": str(ckpt)}, "mode": mode, "optim": {"warmup_epochs": 0, "base_lr": 1e-3}}
     if mode == "linprobe":
-        model.update(global_pool="token", mixup=0, cutmix=0, drop_path_rate=0, label_smoothing=0, weight_decay=0)
+        model.update(global_pool="token", mixup=0, cutmix=0, drop_path_rate=0, label_smoothing=0)
+        model["optim"]["weight_decay"] = 0
     return {
         "seed_everything": 0,
         "model": model,

@@ -24,7 +24,7 @@ VARIANTS = {
 
 
 def _module(**switches):
-    return pretrain_module(model_kwargs=TWO_BLOCKS, warmup_epochs=0, **switches)
+    return pretrain_module(model_kwargs=TWO_BLOCKS, optim=dict(warmup_epochs=0), **switches)
 
 
 @pytest.fixture(scope="module")

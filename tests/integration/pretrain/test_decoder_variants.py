@@ -34,7 +34,7 @@ def variant_run(tmp_path_factory):
     write_image_folder(tmp / "data" / "val", ["a", "b", "c"], per_class=2, seed=1)
     config = {
         "seed_everything": 0,
-        "model": {**TINY_MODEL, "model_kwargs": TWO_BLOCKS, "warmup_epochs": 0, **SWITCHES},
+        "model": {**TINY_MODEL, "model_kwargs": TWO_BLOCKS, "optim": {"warmup_epochs": 0}, **SWITCHES},
         "data": _data(tmp / "data", 16),
         "trainer": {
             "max_epochs": 1,
@@ -107,7 +107,7 @@ def test_low_resolution_pretraining__probed_and_fine_tuned_at_the_full_size(vari
     assert 0 <= result.val_acc1 <= 100 and "on 6 validation images" in capsys.readouterr().out
     config = {
         "seed_everything": 0,
-        "model": {"checkpoint": str(last), "warmup_epochs": 0, "base_lr": 1e-3},
+        "model": {"encoder": {"checkpoint": str(last)}, "optim": {"warmup_epochs": 0, "base_lr": 1e-3}},
         "data": _data(tmp / "data", 32, augmentation="finetune"),
         "trainer": {
             "max_epochs": 1,

@@ -66,7 +66,7 @@ def setup(tmp_path_factory):
     base = {
         "seed_everything": 0,
         # grid masks and no augmentation: nothing random differs between 1 and 2 processes
-        "model": {**TINY_MODEL, "warmup_epochs": 0, "mask_strategy": "grid"},
+        "model": {**TINY_MODEL, "optim": {"warmup_epochs": 0}, "mask_strategy": "grid"},
         "data": {
             "class_path": "mae.data.ImageFolderDataModule",
             "init_args": {"root": str(tmp / "data"), "img_size": 16, "num_workers": 0, "augmentation": "none"},
@@ -123,8 +123,8 @@ def test_ddp_finetuning__same_update_and_accuracy_as_one_process(setup):
     config = {
         "seed_everything": 0,
         "model": {
-            "checkpoint": str(tmp / "ddp" / "ckpts" / "last.ckpt"),
-            "warmup_epochs": 0,
+            "encoder": {"checkpoint": str(tmp / "ddp" / "ckpts" / "last.ckpt")},
+            "optim": {"warmup_epochs": 0},
             "mixup": 0,
             "cutmix": 0,
             "drop_path_rate": 0.0,

@@ -135,7 +135,7 @@ def test_resume_checkpoint__missing_corrupt_and_foreign_files(tmp_path):
         enable_checkpointing=True,
         callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)],
     )
-    trainer.fit(pretrain_module(warmup_epochs=0), datamodule=RandomImages())
+    trainer.fit(pretrain_module(optim=dict(warmup_epochs=0)), datamodule=RandomImages())
     last = tmp_path / "ck" / "last.ckpt"
     check_resume_checkpoint(last, pretrain_module())  # fits
     broken = tmp_path / "broken.ckpt"
@@ -150,7 +150,7 @@ def test_resume_checkpoint__missing_corrupt_and_foreign_files(tmp_path):
         check_resume_checkpoint(last, wider)
     plain = tmp_path / "weights.pth"
     torch.save({"model": {}}, plain)
-    with pytest.raises(ValueError, match="model.checkpoint instead"):
+    with pytest.raises(ValueError, match="model.encoder.checkpoint instead"):
         check_resume_checkpoint(plain, module)
 
 
@@ -178,7 +178,7 @@ def test_training__non_finite_loss_stops_with_the_step_and_keeps_the_last_checkp
         callbacks=[ckpt],
         reload_dataloaders_every_n_epochs=1,
     )
-    module = pretrain_module(warmup_epochs=0)
+    module = pretrain_module(optim=dict(warmup_epochs=0))
     with pytest.raises(FloatingPointError, match=r"non-finite training loss .* at step 4 \(epoch 1\).*last.ckpt"):
         trainer.fit(module, datamodule=NaNAfter())
     saved = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=True)
@@ -198,7 +198,7 @@ def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
             enable_checkpointing=True,
             callbacks=[record, callback],
         )
-        module = pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)
+        module = pretrain_module(optim=dict(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5))
         trainer.fit(module, datamodule=RandomImages(), ckpt_path=ckpt_path)
         return record.lrs
 
@@ -213,7 +213,7 @@ def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
         enable_checkpointing=True,
         callbacks=[first, ModelCheckpoint(dirpath=tmp_path / "cut", save_last=True)],
     )
-    trainer.fit(pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages())
+    trainer.fit(pretrain_module(optim=dict(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)), datamodule=RandomImages())
     resumed = run(4, ckpt_path=tmp_path / "cut" / "last.ckpt", folder="resumed")
     assert len(resumed) == 10
     assert resumed == pytest.approx(full[10:], rel=1e-12, abs=0)
@@ -234,7 +234,9 @@ def test_resume__with_more_epochs_follows_the_new_run_length_and_says_so(tmp_pat
             callbacks=[record, saver],
         )
         trainer.fit(
-            pretrain_module(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5), datamodule=RandomImages(), ckpt_path=ckpt_path
+            pretrain_module(optim=dict(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)),
+            datamodule=RandomImages(),
+            ckpt_path=ckpt_path,
         )
         return record.lrs
 
@@ -263,7 +265,7 @@ def _config(tmp: Path, name: str, max_epochs: int = 6) -> Path:
     write_image_folder(tmp / "data" / "train", ["a", "b"], per_class=16, size=(24, 24))
     config = {
         "seed_everything": 0,
-        "model": {**TINY_MODEL, "warmup_epochs": 1},
+        "model": {**TINY_MODEL, "optim": {"warmup_epochs": 1}},
         "data": {
             "class_path": "mae.data.ImageFolderDataModule",
             "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},

@@ -89,7 +89,7 @@ def test_train__cifar_files(tmp_path):
         "init_args": {"root": str(tmp_path / "cifar"), "img_size": 32, "batch_size": 5, "num_workers": 0},
     }
     config = _config(tmp_path, data, max_epochs=1)
-    result = _train("--config", str(config), "--trainer.max_steps", "3", "--model.warmup_epochs", "0")
+    result = _train("--config", str(config), "--trainer.max_steps", "3", "--model.optim.warmup_epochs", "0")
     run = tmp_path / "runs" / "test" / "version_0"
     assert (run / "checkpoints" / "last.ckpt").exists()
     assert list((run / "reconstructions").glob("*.png"))
@@ -111,7 +111,7 @@ def test_train__print_config_shows_the_resolved_recipe():
     result = _run("--config", "configs/pretrain/imagenet_vit_base.yaml", "--print_config", timeout=120)
     assert result.returncode == 0, result.stderr
     printed = yaml.safe_load(result.stdout)
-    assert printed["model"]["base_lr"] == 1.5e-4 and printed["trainer"]["max_epochs"] == 800
+    assert printed["model"]["optim"]["base_lr"] == 1.5e-4 and printed["trainer"]["max_epochs"] == 800
     assert printed["data"]["init_args"]["img_size"] == 224
     with pytest.raises(KeyError):
         printed["model"]["img_size"]  # linked from data.img_size, not settable twice
@@ -142,7 +142,7 @@ def test_train__prints_no_advertisement_warning_or_uncounted_flops_and_a_step_bo
         "2",
         "--trainer.enable_progress_bar",
         "true",
-        "--model.warmup_epochs",
+        "--model.optim.warmup_epochs",
         "0",
         "--trainer.limit_val_batches",
         "0",
@@ -172,7 +172,7 @@ def test_train__a_refused_run_with_trackers_leaves_no_database_or_event_folder(t
         {"class_path": "lightning.pytorch.loggers.MLFlowLogger"},
         tensorboard_tracker(tmp_path / "runs" / "tensorboard"),
     ):
-        result = _run("--config", str(config), "--model.warmup_epochs", "5", "--tracker", json.dumps(tracker))
+        result = _run("--config", str(config), "--model.optim.warmup_epochs", "5", "--tracker", json.dumps(tracker))
         assert result.returncode == 2 and "is not shorter than the run" in result.stderr, result.stderr[-2000:]
         assert not (tmp_path / "runs").exists(), sorted(p.name for p in (tmp_path / "runs").rglob("*"))
 

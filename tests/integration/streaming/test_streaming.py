@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -36,7 +38,6 @@ from tests.helpers import (
     pretrain_module,
     read_metrics,
     run_mae,
-    run_mae_process,
     write_id_images,
     write_image_folder,
 )
@@ -57,12 +58,15 @@ class StopAfter(pl.Callback):
 def shard(src: Path, out: str, *extra: str) -> dict:
     """``mae shard`` in this process (fork workers: no re-import per worker)."""
     return invoke(
-        "shard", [str(src), "--out", out, "--workers", "1", "--chunk-bytes", "2KB", "--start-method", "fork", *extra]
+        "shard",
+        [str(src), "--out", out, "--workers", "1", "--chunk-bytes", "2KB", "--start-method", "fork", *extra],
     )
 
 
 def streaming_data(root: str, tmp: Path, **kwargs) -> StreamingDataModule:
-    settings = dict(img_size=ID_SIDE, batch_size=4, num_workers=1, cache_dir=str(tmp / "cache"), shuffle_seed=3)
+    settings = dict(
+        img_size=ID_SIDE, batch_size=4, num_workers=1, cache_dir=str(tmp / "cache"), shuffle_seed=3
+    )
     return StreamingDataModule(root, **{**settings, **kwargs})
 
 
@@ -75,7 +79,9 @@ def folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("folder")
     write_image_folder(root / "train", ["a", "b", "c"], per_class=5, size=(40, 30))
     write_image_folder(root / "val", ["a", "b", "c"], per_class=1, size=(30, 40), seed=1)
-    (root / "train" / "b" / "zz_truncated.jpg").write_bytes((root / "train" / "b" / "img_000.jpg").read_bytes()[:200])
+    (root / "train" / "b" / "zz_truncated.jpg").write_bytes(
+        (root / "train" / "b" / "img_000.jpg").read_bytes()[:200]
+    )
     return root
 
 
@@ -141,14 +147,21 @@ def test_shard__records_mixed_8_bit_kinds_so_other_in_chans_are_refused_at_start
     write_image_folder(tmp_path / "data" / "train", ["a", "b"], per_class=3, size=(20, 20))
     Image.fromarray(np.zeros((20, 20), np.uint8)).save(tmp_path / "data" / "train" / "b" / "zz_gray.jpg")
     metadata = shard(tmp_path / "data", str(tmp_path / "shards"))
-    assert metadata["pixels"] is None and sorted(k[:2] for k in metadata["kinds"]) == [[1, "uint8"], [3, "uint8"]]
+    assert metadata["pixels"] is None and sorted(k[:2] for k in metadata["kinds"]) == [
+        [1, "uint8"],
+        [3, "uint8"],
+    ]
     settings = dict(cache_dir=str(tmp_path / "cache"), img_size=16, batch_size=2, num_workers=0)
     StreamingDataModule(str(tmp_path / "shards"), **settings).setup("fit")
     with pytest.raises(ValueError, match=r"differ in channels or bit depth \(.*zz_gray.jpg has 1 channel"):
-        StreamingDataModule(str(tmp_path / "shards"), in_chans=1, mean=[0.5], std=[0.2], **settings).setup("fit")
+        StreamingDataModule(str(tmp_path / "shards"), in_chans=1, mean=[0.5], std=[0.2], **settings).setup(
+            "fit"
+        )
 
 
-def test_shard__skips_images_over_the_pixel_limit_by_name_and_refuses_an_empty_result(folder, tmp_path, capfd):
+def test_shard__skips_images_over_the_pixel_limit_by_name_and_refuses_an_empty_result(
+    folder, tmp_path, capfd
+):
     """A 1,500-pixel limit skips the 80x60 PNG by name (and the truncated JPEG), keeping the 40x30
     images; a 1,000-pixel limit skips every training image: an error naming the folder, no metadata."""
     huge = tmp_path / "data"
@@ -171,7 +184,9 @@ def test_shard__refuses_a_non_empty_output_and_mixed_bit_depths(folder, local_sh
     Image.fromarray(np.full((8, 8), 40000, np.uint16)).save(deep / "x.png")
     (deep.parent / "b").mkdir()
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(deep.parent / "b" / "z.png")
-    with pytest.raises(ValueError, match=r"disagree: .*x\.png has 1 channel\(s\) of uint16, .*z\.png has 3 of uint8"):
+    with pytest.raises(
+        ValueError, match=r"disagree: .*x\.png has 1 channel\(s\) of uint16, .*z\.png has 3 of uint8"
+    ):
         shard(tmp_path / "deep", str(tmp_path / "o"))
 
 
@@ -202,7 +217,12 @@ def test_shard__16_bit_and_multi_band_data_streams_as_its_folder_reads(kind, tmp
     assert metadata["array"] is True and metadata["pixels"] == [channels, "uint16"]
     assert metadata["splits"]["train"]["images"] == 16 and metadata["splits"]["train"]["skipped"] == 1
     settings = dict(
-        img_size=16, in_chans=channels, mean=[0.5] * channels, std=[0.25] * channels, batch_size=4, num_workers=0
+        img_size=16,
+        in_chans=channels,
+        mean=[0.5] * channels,
+        std=[0.25] * channels,
+        batch_size=4,
+        num_workers=0,
     )
     folder = ImageFolderDataModule(str(tmp_path / "data"), **settings)
     folder.setup("fit")
@@ -213,13 +233,17 @@ def test_shard__16_bit_and_multi_band_data_streams_as_its_folder_reads(kind, tmp
     for i in range(len(train)):
         view, label = train[i]
         assert view.shape == (channels, 16, 16)
-        torch.testing.assert_close(view, eval_view(tmp_path / "data" / "train" / raw[i]["name"]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            view, eval_view(tmp_path / "data" / "train" / raw[i]["name"]), rtol=0, atol=0
+        )
         assert label == ["a", "b"].index(raw[i]["name"][0])
-    module = pretrain_module(in_chans=channels, warmup_epochs=0)
+    module = pretrain_module(in_chans=channels, optim=dict(warmup_epochs=0))
     make_trainer(tmp_path, max_epochs=1, limit_val_batches=1).fit(module, datamodule=streamed)
     assert torch.isfinite(torch.tensor(module.trainer.callback_metrics["train/loss"].item()))
     if channels == 4:  # (grayscale would repeat to RGB, as with folders)
-        with pytest.raises(ValueError, match=r"has 4 channel\(s\) but data.in_chans is 3; set data.in_chans: 4"):
+        with pytest.raises(
+            ValueError, match=r"has 4 channel\(s\) but data.in_chans is 3; set data.in_chans: 4"
+        ):
             StreamingDataModule(
                 str(tmp_path / "shards"), **{**settings, "in_chans": 3, "mean": None, "std": None}
             ).setup("fit")
@@ -254,7 +278,9 @@ def test_streaming__bad_local_locations_are_named_at_start_up(local_shards, tmp_
 # ---------------------------------------------------------------- mid-epoch resume
 
 
-def run_ids(root: str, tmp: Path, name: str, stop_at: int | None = None, resume: Path | None = None, **data_kwargs):
+def run_ids(
+    root: str, tmp: Path, name: str, stop_at: int | None = None, resume: Path | None = None, **data_kwargs
+):
     """(epoch, id) pairs a 3-epoch run sees; stopped after step ``stop_at`` or resumed from ``resume``."""
     module = RecordIds()
     callbacks = [StopAfter(stop_at, tmp / f"{name}.ckpt")] if stop_at else []
@@ -302,7 +328,9 @@ def test_streaming__resume_after_the_shards_and_cache_moved_but_not_with_another
     trainer.fit(module, datamodule=data, ckpt_path=tmp_path / "first.ckpt")
     assert first + module.seen == full
     trainer = make_trainer(tmp_path / "third", max_epochs=3, limit_val_batches=0)
-    with pytest.raises(ValueError, match="data.shuffle_seed is 4 but the checkpoint's epoch was streamed with 3"):
+    with pytest.raises(
+        ValueError, match="data.shuffle_seed is 4 but the checkpoint's epoch was streamed with 3"
+    ):
         trainer.fit(
             RecordIds(),
             datamodule=streaming_data(str(id_shards), tmp_path, shuffle_seed=4),
@@ -318,8 +346,14 @@ def test_streaming__resume_after_the_shards_and_cache_moved_but_not_with_another
     shutil.copytree(id_shards.parent / "images", tmp_path / "images")
     shard(tmp_path / "images", str(resharded), "--seed", "1")
     trainer = make_trainer(tmp_path / "fourth", max_epochs=3, limit_val_batches=0)
-    with pytest.raises(ValueError, match=r"streamed the shards \w+ \(24 training images\).*another conversion"):
-        trainer.fit(RecordIds(), datamodule=streaming_data(str(resharded), tmp_path), ckpt_path=tmp_path / "first.ckpt")
+    with pytest.raises(
+        ValueError, match=r"streamed the shards \w+ \(24 training images\).*another conversion"
+    ):
+        trainer.fit(
+            RecordIds(),
+            datamodule=streaming_data(str(resharded), tmp_path),
+            ckpt_path=tmp_path / "first.ckpt",
+        )
 
 
 def test_streaming__a_checkpoint_at_an_epoch_end_resumes_into_the_next_epochs(id_shards, tmp_path):
@@ -363,7 +397,10 @@ def test_streaming__ddp_ranks_see_disjoint_parts_that_cover_each_epoch(id_shards
     once across the ranks (7 images: uneven). kNN / probe feature sets: the whole split on each rank."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(repo=str(REPO), tmp=str(tmp_path), root=str(id_shards)))
-    run_mae_process(str(script))
+    finished = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=400
+    )
+    assert finished.returncode == 0, (finished.stdout + finished.stderr)[-3000:]
     ranks = [json.loads((tmp_path / f"ids_{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
         parts = [[i for e, i in rank["train"] if e == epoch] for rank in ranks]
@@ -373,7 +410,9 @@ def test_streaming__ddp_ranks_see_disjoint_parts_that_cover_each_epoch(id_shards
         val = [[i for e, i in rank["val"] if e == epoch] for rank in ranks]
         assert sorted(val[0] + val[1]) == list(range(100, 107))  # each once: none dropped, none repeated
     for rank in ranks:
-        assert sorted(rank["features"][0]) == list(range(24)) and sorted(rank["features"][1]) == list(range(100, 107))
+        assert sorted(rank["features"][0]) == list(range(24)) and sorted(rank["features"][1]) == list(
+            range(100, 107)
+        )
 
 
 # ---------------------------------------------------------------- object storage (a local S3 server)
@@ -445,7 +484,7 @@ def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_pa
         str(tmp_path / "cache"),
         "--trainer.max_epochs",
         "2",
-        "--model.warmup_epochs",
+        "--model.optim.warmup_epochs",
         "0",
         "--trainer.logger.init_args.save_dir",
         str(tmp_path / "runs"),
@@ -454,7 +493,9 @@ def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_pa
     val_losses = [float(r["val/loss"]) for r in rows if r["val/loss"]]
     assert len(val_losses) == 2 and np.isfinite(val_losses).all()
     knn = [float(r["val/knn_acc1"]) for r in rows if r["val/knn_acc1"]]
-    assert knn and all(abs(a * 7 / 100 - round(a * 7 / 100)) < 1e-4 for a in knn)  # over the 7 validation images
+    assert knn and all(
+        abs(a * 7 / 100 - round(a * 7 / 100)) < 1e-4 for a in knn
+    )  # over the 7 validation images
 
 
 def test_s3__a_missing_bucket_ends_the_command_with_its_error_alone(s3, tmp_path):
@@ -476,17 +517,25 @@ def test_s3__a_missing_bucket_ends_the_command_with_its_error_alone(s3, tmp_path
 
 
 def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monkeypatch):
-    with pytest.raises(FileNotFoundError, match=r"nothing is stored at data.root=s3://shards/none.*mae shard"):
+    with pytest.raises(
+        FileNotFoundError, match=r"nothing is stored at data.root=s3://shards/none.*mae shard"
+    ):
         read_metadata("s3://shards/none")
     import boto3
 
     boto3.session.Session().client("s3").put_object(Bucket="shards", Key="stray.txt", Body=b"x")
-    with pytest.raises(FileNotFoundError, match="data.root=s3://shards has no mae_shards.json"):  # a bucket root
+    with pytest.raises(
+        FileNotFoundError, match="data.root=s3://shards has no mae_shards.json"
+    ):  # a bucket root
         read_metadata("s3://shards")
-    with pytest.raises(StorageError, match=r"bucket 'nobucket' \(of s3://nobucket/x/mae_shards.json\) does not exist"):
+    with pytest.raises(
+        StorageError, match=r"bucket 'nobucket' \(of s3://nobucket/x/mae_shards.json\) does not exist"
+    ):
         read_metadata("s3://nobucket/x")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
-    with pytest.raises(StorageError, match=r"cannot reach the S3 endpoint http://127.0.0.1:9 for s3://shards/x.*AWS_"):
+    with pytest.raises(
+        StorageError, match=r"cannot reach the S3 endpoint http://127.0.0.1:9 for s3://shards/x.*AWS_"
+    ):
         read_metadata("s3://shards/x")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
@@ -494,7 +543,9 @@ def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monk
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    with pytest.raises(StorageError, match="no S3 credentials to read s3://shards/x/mae_shards.json: set AWS_"):
+    with pytest.raises(
+        StorageError, match="no S3 credentials to read s3://shards/x/mae_shards.json: set AWS_"
+    ):
         read_metadata("s3://shards/x")
 
 
@@ -504,7 +555,9 @@ def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monk
 def jpeg_bytes(seed: int, size=(48, 36)) -> bytes:
     rng = np.random.default_rng(seed)
     buffer = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(buffer, "JPEG", quality=90)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(
+        buffer, "JPEG", quality=90
+    )
     return buffer.getvalue()
 
 
@@ -581,7 +634,7 @@ def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_pat
         "seed_everything": 0,
         "model": {
             "model": "mae_vit_tiny_patch4",
-            "warmup_epochs": 0,
+            "optim": {"warmup_epochs": 0},
             "model_kwargs": {
                 "embed_dim": 32,
                 "depth": 1,
@@ -602,18 +655,30 @@ def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_pat
         "checkpoint": {"dirpath": str(tmp_path / "ckpt"), "monitor": None},
     }
     result = run_mae("pretrain", config=config, tmp=tmp_path)
-    assert "StreamingDataModule: 15 training images in 3 classes, 3 validation images" in result.stdout + result.stderr
+    assert (
+        "StreamingDataModule: 15 training images in 3 classes, 3 validation images"
+        in result.stdout + result.stderr
+    )
     ckpt = tmp_path / "ckpt" / "last.ckpt"
-    knn = ["--data", "mae.data.StreamingDataModule", "--data.root", str(local_shards), "--data.num_workers", "0"]
+    knn = [
+        "--data",
+        "mae.data.StreamingDataModule",
+        "--data.root",
+        str(local_shards),
+        "--data.num_workers",
+        "0",
+    ]
     result = run_mae("knn", "--checkpoint", str(ckpt), *knn, "--data.img_size", "16")
     assert "on 3 validation images" in result.stdout
     finetune = {
         "seed_everything": 0,
         "model": {
-            "model": "vit_tiny_patch4",
-            "checkpoint": str(ckpt),
-            "warmup_epochs": 0,
-            "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2},
+            "encoder": {
+                "model": "vit_tiny_patch4",
+                "checkpoint": str(ckpt),
+                "model_kwargs": {"embed_dim": 32, "depth": 1, "num_heads": 2},
+            },
+            "optim": {"warmup_epochs": 0},
         },
         "data": {**data, "init_args": {**data["init_args"], "augmentation": "finetune"}},
         "trainer": {
@@ -629,7 +694,9 @@ def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_pat
     assert "val/acc1" in result.stdout + result.stderr
 
 
-def test_streaming__feature_sets_are_whole_splits_and_a_capped_bank_reads_the_first_shards(id_shards, tmp_path):
+def test_streaming__feature_sets_are_whole_splits_and_a_capped_bank_reads_the_first_shards(
+    id_shards, tmp_path
+):
     train, val = streaming_data(str(id_shards), tmp_path).feature_datasets()
     assert len(train) == 24 and len(val) == 7
     bank = fixed_subset(train, 5)  # what kNN / the probe monitor take with max_train=5
@@ -667,7 +734,9 @@ def test_streaming__sigterm_mid_epoch_then_resume_pretrains_on_the_rest_of_the_s
             tmp_path / name, max_epochs=2, limit_val_batches=0, enable_checkpointing=True, callbacks=callbacks
         )
         trainer.fit(
-            pretrain_module(), datamodule=streaming_data(str(id_shards), tmp_path, img_size=16), ckpt_path=ckpt_path
+            pretrain_module(),
+            datamodule=streaming_data(str(id_shards), tmp_path, img_size=16),
+            ckpt_path=ckpt_path,
         )
 
     full = RecordBatches()

@@ -76,25 +76,26 @@ def test_config__paper_recipe_values_on_64_gpus_and_on_one(stack, capsys, monkey
     recipe = _printed(capsys, monkeypatch, *stack)
     model, trainer, data = recipe["model"], recipe["trainer"], recipe["data"]["init_args"]
     assert model["model"] == "mae_vit_base_patch16" and model["mask_ratio"] == 0.75 and model["norm_pix_loss"]
-    assert model["base_lr"] == 1.5e-4 and model["warmup_epochs"] == 40 and trainer["max_epochs"] == 800
+    optim = model["optim"]
+    assert optim["base_lr"] == 1.5e-4 and optim["warmup_epochs"] == 40 and trainer["max_epochs"] == 800
     assert data["root"] == "/path/to/imagenet" and data["img_size"] == 224  # from the base file
     effective = effective_batch_size(
         data["batch_size"], trainer["devices"], trainer["num_nodes"], trainer["accumulate_grad_batches"]
     )
-    assert effective == 4096 and scaled_lr(model["base_lr"], effective) == pytest.approx(2.4e-3)
+    assert effective == 4096 and scaled_lr(optim["base_lr"], effective) == pytest.approx(2.4e-3)
     assert (trainer["devices"] == 1) == ("1gpu" in stack[-1])
 
 
 @pytest.mark.parametrize("size, model", [("large", "mae_vit_large_patch16"), ("huge", "mae_vit_huge_patch14")])
 def test_config__vit_large_and_huge_recipes_stack_on_the_base_recipe(size, model, capsys, monkeypatch):
     recipe = _printed(capsys, monkeypatch, "imagenet_vit_base.yaml", f"imagenet_vit_{size}.yaml")
-    assert recipe["model"]["model"] == model and recipe["model"]["base_lr"] == 1.5e-4
+    assert recipe["model"]["model"] == model and recipe["model"]["optim"]["base_lr"] == 1.5e-4
     assert recipe["trainer"]["max_epochs"] == 800 and recipe["trainer"]["logger"]["init_args"]["name"].endswith(size)
 
 
 def test_expand_stacked_configs__inserts_the_base_once(tmp_path):
     (tmp_path / "base.yaml").write_text("model:\n  mask_ratio: 0.6\n")
-    (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\nmodel:\n  base_lr: 0.002\n")
+    (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\nmodel:\n  optim:\n    base_lr: 0.002\n")
     base, top = str(tmp_path / "base.yaml"), str(tmp_path / "top.yaml")
     assert expand_stacked_configs(["--config", top, "--x", "1"]) == ["--config", base, "--config", top, "--x", "1"]
     assert expand_stacked_configs([f"--config={top}"]) == ["--config", base, f"--config={top}"]

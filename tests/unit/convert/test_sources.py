@@ -32,7 +32,7 @@ def _saved(tmp_path, module, datamodule) -> dict:
 
 
 def test_pretraining_checkpoint__records_the_model_config_and_the_reader_needs_nothing_else(tmp_path):
-    module = pretrain_module(mask_strategy="grid", warmup_epochs=0)
+    module = pretrain_module(mask_strategy="grid", optim=dict(warmup_epochs=0))
     ckpt = _saved(tmp_path, module, RandomImages())
     record = ckpt[ARCHITECTURE_KEY]
     assert record["class"] == "MaskedAutoencoderViT" and record["state_dict_prefix"] == "model."
@@ -86,7 +86,7 @@ def test_finetuning_checkpoint_written_before_the_record__loads_with_its_head():
 
 
 def test_pretraining_checkpoint_written_before_the_record__resumes(tmp_path):
-    module = pretrain_module(img_size=8, model_kwargs=LEGACY_KWARGS, warmup_epochs=0)
+    module = pretrain_module(img_size=8, model_kwargs=LEGACY_KWARGS, optim=dict(warmup_epochs=0))
     check_resume_checkpoint(LEGACY_PRETRAIN, module)
     trainer = make_trainer(tmp_path, max_epochs=2, limit_val_batches=0, precision="32-true")
     trainer.fit(module, datamodule=DigitsDataModule(img_size=8, batch_size=256), ckpt_path=LEGACY_PRETRAIN)
@@ -141,10 +141,10 @@ def test_trained_checkpoint_of_version_0_2__loads_without_its_pretraining_file_g
     torch.save(pretrained, start)
     module_class = MAEFinetuneModule if kind == "finetune" else MAESegmentationModule
     extra = {"out_channels": 16} if kind == "segmentation" else {}
-    module = module_class(checkpoint=str(start), img_size=16, num_classes=3, **extra).eval()
+    module = module_class(encoder=dict(checkpoint=str(start)), img_size=16, num_classes=3, **extra).eval()
     _write_as_version_0_2(module, tmp_path / "v0_2.ckpt")
     shutil.rmtree(tmp_path / "pre")
-    with pytest.raises(FileNotFoundError, match="model.checkpoint"):
+    with pytest.raises(FileNotFoundError, match="model.encoder.checkpoint"):
         module_class.load_from_checkpoint(tmp_path / "v0_2.ckpt")
     restore = restore_kwargs_v0_2(tmp_path / "v0_2.ckpt")
     assert sorted(restore) == (
@@ -174,7 +174,9 @@ def test_pretraining_checkpoint_of_a_run_started_from_weights__loads_with_init_f
     from mae.training.pretrain import MAEPretrainModule
     from tests.helpers import tiny_pretraining_checkpoint
 
-    module = pretrain_module(init_from=str(tiny_pretraining_checkpoint(tmp_path / "init")), warmup_epochs=0)
+    module = pretrain_module(
+        init_from=str(tiny_pretraining_checkpoint(tmp_path / "init")), optim=dict(warmup_epochs=0)
+    )
     _saved(tmp_path, module, RandomImages())
     shutil.rmtree(tmp_path / "init")
     with pytest.raises(FileNotFoundError, match="pass init_from=None"):

@@ -124,6 +124,6 @@ def test_normalisation__pretraining_refuses_a_batch_no_data_module_normalised():
 def test_schedule_settings__both_modules_refuse_them_at_build():
     for build in (pretrain_module, finetune_module):
         with pytest.raises(ValueError, match="need warmup_epochs >= 0, min_lr >= 0 and a positive lr"):
-            build(warmup_epochs=-1)
+            build(optim=dict(warmup_epochs=-1))
         with pytest.raises(ValueError, match="need warmup_epochs >= 0"):
-            build(lr=0.0)
+            build(optim=dict(lr=0.0))

@@ -101,14 +101,14 @@ def test_pos_embed_resampling__hand_computed_cases():
 
 def test_finetune__missing_pretrained_checkpoint_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist: point it at pretrained weights.*null"):
-        finetune_module(checkpoint=str(tmp_path / "missing.ckpt"))
+        finetune_module(encoder=dict(checkpoint=str(tmp_path / "missing.ckpt")))
 
 
 def test_finetune__wrong_architecture_checkpoint_is_refused(tmp_path):
     path = tmp_path / "resnet.pth"
     torch.save({"conv1.weight": torch.zeros(64, 3, 7, 7)}, path)
     with pytest.raises(ValueError, match="not a ViT / MAE state dict"):
-        finetune_module(checkpoint=str(path))
+        finetune_module(encoder=dict(checkpoint=str(path)))
 
 
 def test_knn__weighted_votes_hand_computed():
@@ -129,7 +129,8 @@ CONFIGS = sorted(
     for p in (Path(__file__).resolve().parents[3] / "configs" / folder).glob("*.yaml")
 )
 LIGHT = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
-         "--trainer.precision", "32-true", "--trainer.logger", "false", "--model.checkpoint", "null"]  # fmt: skip
+         "--trainer.precision", "32-true", "--trainer.logger", "false",
+         "--model.encoder.checkpoint", "null"]  # fmt: skip
 
 
 def test_finetune_configs__the_required_recipes_exist():
@@ -156,7 +157,9 @@ def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
     elif "cifar" in config.name:
         write_cifar(tmp_path, "cifar100" if "cifar100" in config.name else "cifar10", train_per_batch=1, test=1)
         data = ["--data.root", str(tmp_path)]
-    light = ["--model.model_kwargs", '{"depth": 1}'] if "imagenet" in config.name or "vit_base" in config.name else []
+    light = []
+    if "imagenet" in config.name or "vit_base" in config.name:
+        light = ["--model.encoder.model_kwargs", '{"depth": 1}']
     cli = FinetuneCLI(
         MAEFinetuneModule, ImageDataModule, subclass_mode_data=True, run=False,
         args=["--config", str(config), *LIGHT, *data, *light],
@@ -191,10 +194,10 @@ def test_trained_classifier__rebuilds_with_lightnings_load_from_checkpoint_elsew
     elsewhere.mkdir()
     shutil.copytree(tiny_pretraining_checkpoint(tmp_path / "pre").parent, run)
     monkeypatch.chdir(run)
-    settings = dict(mode=mode, img_size=16, num_classes=3, warmup_epochs=0)
+    settings = dict(mode=mode, img_size=16, num_classes=3, optim=dict(warmup_epochs=0))
     if mode == "linprobe":
         settings.update(mixup=0.0, cutmix=0.0, drop_path_rate=0.0)
-    module = MAEFinetuneModule(checkpoint="last.ckpt", **settings)
+    module = MAEFinetuneModule(encoder=dict(checkpoint="last.ckpt"), **settings)
     assert module.hparams.encoder_config["embed_dim"] == module.vit.embed_dim  # filled in from the file
     trainer = make_trainer(run, max_steps=1, limit_val_batches=0)
     trainer.fit(module, datamodule=LabelledImages(batch_size=8))
@@ -202,7 +205,7 @@ def test_trained_classifier__rebuilds_with_lightnings_load_from_checkpoint_elsew
     shutil.rmtree(run)
     monkeypatch.chdir(elsewhere)
     loaded = MAEFinetuneModule.load_from_checkpoint("trained.ckpt")
-    assert loaded.hparams.checkpoint == "last.ckpt" and loaded.mode == mode
+    assert loaded.hparams.encoder["checkpoint"] == "last.ckpt" and loaded.mode == mode
     ours, theirs = module.state_dict(), loaded.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     images = torch.randn(2, 3, 16, 16)
@@ -223,7 +226,8 @@ def test_trained_classifier_built_by_the_cli__loads_with_lightnings_load_from_ch
     shutil.copy(tiny_pretraining_checkpoint(tmp_path / "pre"), start)
     monkeypatch.setattr("sys.argv", ["mae"])
     recipe = next(p for p in CONFIGS if p.parent.name == "finetune" and p.name == "default.yaml")
-    args = ["--config", str(recipe), *LIGHT, "--model.checkpoint", str(start), "--model.warmup_epochs", "0"]
+    args = ["--config", str(recipe), *LIGHT, "--model.encoder.checkpoint", str(start)]
+    args += ["--model.optim.warmup_epochs", "0"]
     cli = FinetuneCLI(MAEFinetuneModule, ImageDataModule, subclass_mode_data=True, run=False, args=args)
     trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
     trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -127,7 +127,7 @@ def test_param_groups__weight_decay_zero_builds_every_optimizer(kind, fsdp):
 
     make = pretrain_module if kind == "pretrain" else finetune_module
     probe = dict(mode="linprobe", mixup=0.0, cutmix=0.0, drop_path_rate=0.0) if kind == "linprobe" else {}
-    module = make(weight_decay=0.0, **probe)
+    module = make(optim=dict(weight_decay=0.0), **probe)
     module.settings = TrainingSettings(precision="fp32", attention="sdpa", compile=False, fused_adamw=False)
     network = getattr(module, module.network_attribute)
     if fsdp:

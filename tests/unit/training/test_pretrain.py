@@ -7,7 +7,7 @@ from tests.helpers import RandomImages, RecordLR, make_trainer, official_lr, pre
 
 def test_module__lr_every_step_follows_the_official_schedule(tmp_path):
     record = RecordLR()
-    module = pretrain_module(base_lr=1e-3, min_lr=1e-5)
+    module = pretrain_module(optim=dict(base_lr=1e-3, min_lr=1e-5))
     trainer = make_trainer(tmp_path, max_epochs=3, limit_train_batches=5, limit_val_batches=0, callbacks=[record])
     trainer.fit(module, datamodule=RandomImages(batch_size=4))
     assert module.effective_batch == 4 and module.resolved_lr == pytest.approx(1e-3 * 4 / 256)
@@ -17,7 +17,7 @@ def test_module__lr_every_step_follows_the_official_schedule(tmp_path):
 
 
 def test_module__accumulation_scales_lr_and_steps_on_a_short_last_window(tmp_path):
-    module = pretrain_module(base_lr=1e-3)
+    module = pretrain_module(optim=dict(base_lr=1e-3))
     trainer = make_trainer(
         tmp_path, max_epochs=2, limit_train_batches=5, limit_val_batches=0, accumulate_grad_batches=2
     )
@@ -47,14 +47,14 @@ def test_module__bad_settings_fail_at_construction():
 
 
 def test_module__warmup_longer_than_run_fails_before_training(tmp_path):
-    module = pretrain_module(warmup_epochs=5)
+    module = pretrain_module(optim=dict(warmup_epochs=5))
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=0)
     with pytest.raises(ValueError, match="warmup_epochs=5"):
         trainer.fit(module, datamodule=RandomImages())
 
 
 def test_module__bf16_mixed_precision_trains(tmp_path):
-    module = pretrain_module(warmup_epochs=0)
+    module = pretrain_module(optim=dict(warmup_epochs=0))
     trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=1, precision="bf16-mixed")
     trainer.fit(module, datamodule=RandomImages())
     assert trainer.global_step == 2
@@ -75,7 +75,7 @@ def test_monitoring_callbacks__do_not_change_the_training_run(tmp_path):
     losses = []
     for callbacks in ([], [KNNCallback(every_n_epochs=1, k=2), ReconstructionCallback(every_n_epochs=1)]):
         pl.seed_everything(0)
-        module = pretrain_module(warmup_epochs=0)
+        module = pretrain_module(optim=dict(warmup_epochs=0))
         trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, callbacks=callbacks)
         trainer.fit(module, datamodule=Monitored())
         losses.append([p.detach().clone() for p in module.parameters()])
@@ -94,7 +94,7 @@ def test_monitors__a_run_ended_by_max_steps_mid_epoch_is_evaluated_once_at_its_e
             Counted.calls += 1
             super().monitor(trainer, pl_module, epoch)
 
-    module = pretrain_module(warmup_epochs=0)
+    module = pretrain_module(optim=dict(warmup_epochs=0))
     callbacks = [Counted(every_n_epochs=10, k=2, max_train=100), ReconstructionCallback(every_n_epochs=10),
                  ProbeCallback(every_n_epochs=10, max_epochs=2, patience=1, max_train=100)]  # fmt: skip
     trainer = make_trainer(tmp_path, max_epochs=50, max_steps=3, limit_train_batches=5, limit_val_batches=0,
@@ -118,7 +118,7 @@ def test_monitors__a_run_told_to_stop_is_evaluated_at_its_last_epoch(tmp_path):
         def on_validation_end(self, trainer, pl_module):
             trainer.should_stop = trainer.should_stop or trainer.current_epoch == 1
 
-    module = pretrain_module(warmup_epochs=0)
+    module = pretrain_module(optim=dict(warmup_epochs=0))
     knn = KNNCallback(every_n_epochs=10, k=2, max_train=100)
     trainer = make_trainer(tmp_path, max_epochs=50, limit_train_batches=2, limit_val_batches=1,
                            callbacks=[StopAfterSecondEpoch(), knn])  # fmt: skip
@@ -134,7 +134,7 @@ def test_monitors__a_probe_on_one_class_is_refused_before_the_first_step(tmp_pat
     write_image_folder(tmp_path / "data" / "train", ["only"], 4, size=(16, 16))
     write_image_folder(tmp_path / "data" / "val", ["only"], 2, size=(16, 16))
     data = ImageFolderDataModule(str(tmp_path / "data"), img_size=16, batch_size=2, num_workers=0)
-    module = pretrain_module(warmup_epochs=0)
+    module = pretrain_module(optim=dict(warmup_epochs=0))
     trainer = make_trainer(tmp_path, max_epochs=2, callbacks=[ProbeCallback(every_n_epochs=1)])
     with pytest.raises(ValueError, match="probe.every_n_epochs=1: a linear probe needs .* 2 or more classes"):
         trainer.fit(module, datamodule=data)
@@ -142,7 +142,7 @@ def test_monitors__a_probe_on_one_class_is_refused_before_the_first_step(tmp_pat
 
 
 def test_module__accumulation_longer_than_an_epoch_still_updates_every_epoch(tmp_path):
-    module = pretrain_module(base_lr=1e-3, warmup_epochs=0)
+    module = pretrain_module(optim=dict(base_lr=1e-3, warmup_epochs=0))
     before = [p.detach().clone() for p in module.parameters()]
     trainer = make_trainer(
         tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, accumulate_grad_batches=4

@@ -72,7 +72,7 @@ def _fit(tmp_path, epochs, ckpt_path=None, stop_after=None):
     record = RecordSizes()
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_epochs=1, save_top_k=-1, save_last=True,
                                   filename="epoch_{epoch}", auto_insert_metric_name=False)  # fmt: skip
-    module = pretrain_module(resolution_schedule=SCHEDULE, warmup_epochs=0)
+    module = pretrain_module(resolution_schedule=SCHEDULE, optim=dict(warmup_epochs=0))
     stop = [StopAfter(stop_after)] if stop_after else []
     trainer = make_trainer(tmp_path, max_epochs=epochs, enable_checkpointing=True,
                            callbacks=[record, checkpoints, *stop])  # fmt: skip

@@ -55,7 +55,7 @@ def test_training_settings__compile_only_for_runs_that_repay_it():
 
 
 def _fit(tmp_path, precision, **module_kwargs):
-    module = pretrain_module(warmup_epochs=0, **module_kwargs)
+    module = pretrain_module(optim=dict(warmup_epochs=0), **module_kwargs)
     trainer = make_trainer(tmp_path, max_steps=2, precision=precision, limit_val_batches=0)
     trainer.fit(module, datamodule=RandomImages(n=8))
     return module, trainer
@@ -65,19 +65,19 @@ def test_pretrain_module__resolves_settings_for_device_precision_and_length(tmp_
     module, _ = _fit(tmp_path, "bf16-mixed")
     assert module.settings == TrainingSettings("bf16", "explicit", compile=False, fused_adamw=True)  # 2 steps
     assert all(not b.attn.fused_attn for b in module.model.blocks)
-    module, trainer = _fit(tmp_path, "32-true", attention="explicit", fused_adamw=False)
+    module, trainer = _fit(tmp_path, "32-true", kernels=dict(attention="explicit", fused_adamw=False))
     assert module.settings == TrainingSettings("fp32", "explicit", compile=False, fused_adamw=False)
     assert not trainer.optimizers[0].defaults["fused"]
-    with pytest.raises(ValueError, match="model.attention"):
-        pretrain_module(attention="flash")
+    with pytest.raises(ValueError, match="model.kernels.attention"):
+        pretrain_module(kernels=dict(attention="flash"))
 
 
 @pytest.mark.slow
 def test_pretrain_module__compiled_model_trains_and_saves_plain_names(tmp_path):
     torch.manual_seed(0)
-    eager, _ = _fit(tmp_path, "32-true", compile=False)
+    eager, _ = _fit(tmp_path, "32-true", kernels=dict(compile=False))
     torch.manual_seed(0)
-    compiled, trainer = _fit(tmp_path, "32-true", compile=True)
+    compiled, trainer = _fit(tmp_path, "32-true", kernels=dict(compile=True))
     assert compiled.settings.compile and compiled.model._compiled_call_impl is not None
     imgs, noise = torch.randn(4, 3, 16, 16), torch.rand(4, compiled.model.num_patches)
     torch.testing.assert_close(

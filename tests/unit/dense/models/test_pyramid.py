@@ -82,7 +82,7 @@ def test_pyramid__from_a_pretraining_checkpoint_holds_its_encoder(tmp_path):
 
 def test_pyramid__from_a_classifier_finetuned_with_average_pooling(tmp_path):
     # such a checkpoint has an fc_norm and no final norm; the pyramid keeps neither, so it loads all the blocks
-    module = finetune_module(checkpoint=str(tiny_pretraining_checkpoint(tmp_path)), global_pool="avg")
+    module = finetune_module(encoder=dict(checkpoint=str(tiny_pretraining_checkpoint(tmp_path))), global_pool="avg")
     trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=0)
     trainer.fit(module, datamodule=LabelledImages())
     checkpoint = tmp_path / "finetuned.ckpt"

@@ -1,0 +1,200 @@
+"""The settings groups several Lightning modules share, each read by LightningCLI as nested keys:
+``model.optim`` (the optimiser and its warmup + cosine schedule), ``model.kernels`` (the kernel choices)
+and, for the modules trained on a pretrained encoder, ``model.encoder`` (``mae.training.transfer.EncoderSource``).
+
+Each group is a frozen dataclass checked when built; a module's parameter of that type, with an
+instance as default, gives the group that task's defaults. Its hyperparameters record each group as a
+plain dict, which the module takes back (``as_group``) when Lightning rebuilds it.
+
+Until 0.3.0 these settings were flat keys (``model.base_lr``, ...): ``RENAMED_KEYS`` is the one table
+of the renames. An old key is refused naming its new one (``renamed_key_error``), and the hyperparameters
+of a checkpoint written before 0.3.0 are translated (``upgrade_hparams``).
+"""
+
+import inspect
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from typing import Any, Literal, TypeVar
+
+from mae.compat.lightning import INSTANTIATOR_KEY, allow_instantiator
+from mae.errors import ConfigError
+from mae.training.optim import check_schedule_settings
+from mae.training.runtime import TrainingSettings
+
+# Each config key renamed in 0.3.0, old -> new. A module refuses an old key only where it takes the new one.
+RENAMED_KEYS = {
+    "model.base_lr": "model.optim.base_lr",
+    "model.lr": "model.optim.lr",
+    "model.min_lr": "model.optim.min_lr",
+    "model.warmup_epochs": "model.optim.warmup_epochs",
+    "model.weight_decay": "model.optim.weight_decay",
+    "model.betas": "model.optim.betas",
+    "model.attention": "model.kernels.attention",
+    "model.compile": "model.kernels.compile",
+    "model.fused_adamw": "model.kernels.fused_adamw",
+    "model.checkpoint": "model.encoder.checkpoint",
+    "model.checkpoint_format": "model.encoder.checkpoint_format",
+    "model.model": "model.encoder.model",
+    "model.model_kwargs": "model.encoder.model_kwargs",
+}
+RENAMED_IN = "0.3.0"
+
+
+def check_setting(name: str, value: Any, allowed: tuple) -> None:
+    """Raises ConfigError naming ``model.<name>`` when ``value`` is not one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"model.{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """``model.optim``: the learning rate (``base_lr`` per 256 images, so lr = ``base_lr`` x effective batch
+    / 256, or ``lr`` directly), its linear warmup over ``warmup_epochs`` (fractional) epochs and cosine to
+    ``min_lr``, and the weight decay (on weights, not on biases and norms); checked when built. The
+    defaults are fine-tuning's (the paper's ViT-B); each module states its task's."""
+
+    base_lr: float = 5e-4
+    lr: float | None = None
+    min_lr: float = 1e-6
+    warmup_epochs: float = 5.0
+    weight_decay: float = 0.05
+
+    def __post_init__(self) -> None:
+        check_schedule_settings(self.base_lr, self.lr, self.min_lr, self.warmup_epochs)
+
+
+@dataclass(frozen=True)
+class PretrainOptimSettings(OptimSettings):
+    """``model.optim`` of pretraining: as ``OptimSettings`` (the paper's pretraining defaults), and AdamW's
+    ``betas``."""
+
+    base_lr: float = 1.5e-4
+    min_lr: float = 0.0
+    warmup_epochs: float = 40.0
+    betas: tuple[float, float] = (0.9, 0.95)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "betas", tuple(self.betas))  # a list from YAML or a checkpoint
+
+
+@dataclass(frozen=True)
+class KernelChoices:
+    """``model.kernels``: ``attention`` ("sdpa" or "explicit"), ``compile`` (``torch.compile`` the network)
+    and ``fused_adamw`` (the single-kernel AdamW), each "auto" (what ``mae.training.runtime`` measured for
+    the device, precision and run length) or a value; checked when built."""
+
+    attention: Literal["auto", "sdpa", "explicit"] = "auto"
+    compile: bool | Literal["auto"] = "auto"
+    fused_adamw: bool | Literal["auto"] = "auto"
+
+    def __post_init__(self) -> None:
+        check_setting("kernels.attention", self.attention, ("auto", "sdpa", "explicit"))
+        check_setting("kernels.compile", self.compile, (True, False, "auto"))
+        check_setting("kernels.fused_adamw", self.fused_adamw, (True, False, "auto"))
+
+    def resolve(self, measured: TrainingSettings) -> TrainingSettings:
+        """The ``measured`` settings with every choice that is not "auto" put in."""
+        chosen = asdict(self)
+        return TrainingSettings(
+            precision=measured.precision,
+            **{name: getattr(measured, name) if value == "auto" else value for name, value in chosen.items()},
+        )
+
+
+# Each module's defaults: the paper's pretraining and fine-tuning; the kernels "auto", but no compiling
+# for the transfers (shorter runs).
+PRETRAIN_OPTIM = PretrainOptimSettings()
+FINETUNE_OPTIM = OptimSettings()
+AUTO_KERNELS = KernelChoices()
+TRANSFER_KERNELS = KernelChoices(compile=False)
+
+Group = TypeVar("Group")
+
+
+def as_group(value: Group | dict[str, Any], default: Group) -> Group:
+    """``value`` as a group of ``default``'s type: itself, or a dict of some of its fields (as hyperparameters
+    record it, or a Python caller passes it) over ``default``, the module's own defaults.
+
+    Raises:
+        ConfigError: a key that is not one of the group's fields.
+    """
+    if isinstance(value, type(default)):
+        return value
+    known = {f.name for f in fields(default)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ConfigError(f"{type(default).__name__} takes {', '.join(sorted(known))}; got {', '.join(unknown)}")
+    return replace(default, **value)
+
+
+def plain(group: Any) -> dict[str, Any]:
+    """A group's fields as plain values (tuples as lists), as a YAML file or LightningCLI records them."""
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(group).items()}
+
+
+def renamed_key_error(old: str) -> ConfigError:
+    """The error for the old key ``old`` (a key of ``RENAMED_KEYS``)."""
+    return ConfigError(f"{old} was moved to {RENAMED_KEYS[old]} in {RENAMED_IN}: set {RENAMED_KEYS[old]} instead")
+
+
+def group_fields(module_class: type) -> dict[str, set[str]]:
+    """The groups ``module_class`` takes, by ``__init__`` parameter name (its own or a base's), with the
+    field names of each (e.g. ``{"optim": {"base_lr", ...}, "kernels": {...}}``)."""
+    groups: dict[str, set[str]] = {}
+    for cls in module_class.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        for name, parameter in inspect.signature(init).parameters.items():
+            if name not in groups and isinstance(parameter.annotation, type) and is_dataclass(parameter.annotation):
+                groups[name] = {f.name for f in fields(parameter.annotation)}
+    return groups
+
+
+def renamed_for(module_class: type) -> dict[str, str]:
+    """The rows of ``RENAMED_KEYS`` that apply to ``module_class``: those whose new key it takes (pretraining
+    keeps its own ``model.model``, which transfer modules moved to ``model.encoder.model``)."""
+    groups = group_fields(module_class)
+    rows = {}
+    for old, new in RENAMED_KEYS.items():
+        _, group, field = new.split(".")
+        if field in groups.get(group, ()):
+            rows[old] = new
+    return rows
+
+
+def upgrade_hparams(hparams: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """``hparams`` of a checkpoint written before 0.3.0 (flat keys) with each key of ``renamed`` (rows of
+    ``RENAMED_KEYS``) moved into its group; a value the group already holds is kept. Other keys stay."""
+    upgraded = dict(hparams)
+    for old, new in renamed.items():
+        key = old.removeprefix("model.")
+        if key in upgraded:
+            _, group, field = new.split(".")
+            value = upgraded.pop(key)
+            upgraded[group] = {field: value, **(upgraded.get(group) or {})}
+    return upgraded
+
+
+def instantiate_upgraded(module_class: type, hparams: dict[str, Any]) -> Any:
+    """``module_class(**hparams)`` with the keys renamed in 0.3.0 moved into their groups: the instantiator
+    ``settings_kwargs_v0_2`` names for Lightning's ``load_from_checkpoint``."""
+    return module_class(**upgrade_hparams(hparams, renamed_for(module_class)))
+
+
+allow_instantiator(f"{__name__}.{instantiate_upgraded.__name__}")
+
+# The rows every module takes, whatever its class: the optimiser's and the kernels' keys.
+_SHARED_ROWS = {old: new for old, new in RENAMED_KEYS.items() if new.split(".")[1] in ("optim", "kernels")}
+
+
+def settings_kwargs_v0_2(hparams: dict[str, Any]) -> dict[str, Any]:
+    """What ``load_from_checkpoint`` needs to rebuild a module from the hyperparameters ``hparams`` of a
+    checkpoint written before 0.3.0, whose settings were flat keys: the optimiser and kernel groups, and
+    an instantiator (``instantiate_upgraded``) that also moves a transfer's encoder keys and leaves out
+    the old keys. Empty when ``hparams`` holds none of the old keys."""
+    if not any(f"model.{key}" in RENAMED_KEYS for key in hparams if key not in ("model", "model_kwargs")):
+        return {}  # pretraining keeps model and model_kwargs: alone they are not old keys
+    moved = upgrade_hparams(hparams, _SHARED_ROWS)
+    groups = {group: moved[group] for group in ("optim", "kernels") if group in moved}
+    return {**groups, INSTANTIATOR_KEY: f"{__name__}.{instantiate_upgraded.__name__}"}
