@@ -103,8 +103,12 @@ def summarise(results: dict[str, list[dict]]) -> str:
         for key in METRICS:
             values = [100 * r[key] for r in runs]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
-            cells.append(f"{statistics.mean(values):.1f} ± {spread:.1f} ({', '.join(f'{v:.1f}' for v in values)})")
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {statistics.mean(r['seconds'] for r in runs):.0f} |")
+            cells.append(
+                f"{statistics.mean(values):.1f} ± {spread:.1f} ({', '.join(f'{v:.1f}' for v in values)})"
+            )
+        lines.append(
+            f"| {method} | " + " | ".join(cells) + f" | {statistics.mean(r['seconds'] for r in runs):.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -144,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-normal", type=int, default=None, help="training digits (default: all 1,437)")
     p.add_argument("--num-test", type=int, default=None, help="validation digits (default: all 360)")
     p.add_argument("--top-k", type=int, default=4, help="image score: mean of the k highest patch scores")
-    p.add_argument("--tasks", type=Path, default=REPO / "data" / "digit_anomalies", help="where the tasks are written")
+    p.add_argument(
+        "--tasks", type=Path, default=REPO / "data" / "digit_anomalies", help="where the tasks are written"
+    )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "anomaly_digits")
     return p
 

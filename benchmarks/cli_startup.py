@@ -51,10 +51,13 @@ def measure(rounds: int) -> dict:
             times[name].append(time_once(command))
     reference = statistics.median(times["python -c pass (reference)"])
     rows = {
-        name: {"median_s": round(statistics.median(t), 3), "min_s": round(min(t), 3),
-               "vs_reference": round(statistics.median(t) / reference, 2)}
+        name: {
+            "median_s": round(statistics.median(t), 3),
+            "min_s": round(min(t), 3),
+            "vs_reference": round(statistics.median(t) / reference, 2),
+        }
         for name, t in times.items()
-    }  # fmt: skip
+    }
     return {"rounds": rounds, "command": " ".join(commands["mae --help"][:-1]), "rows": rows}
 
 

@@ -110,7 +110,9 @@ def encoded_loader(shards: Path, batch_size: int) -> DataLoader:
         shuffle=True,
         cache_dir=str(shards.parent / "cache"),
     )
-    return ResumableStreamingLoader(dataset, batch_size=batch_size, drop_last=True, collate_fn=collate_encoded)
+    return ResumableStreamingLoader(
+        dataset, batch_size=batch_size, drop_last=True, collate_fn=collate_encoded
+    )
 
 
 def gpu_decode_rates(shards: Path, img_size: int, device: str, args: argparse.Namespace) -> dict[str, float]:
@@ -179,7 +181,9 @@ def bench(root: Path, shards: Path, img_size: int, args: argparse.Namespace) -> 
 def build_parser() -> argparse.ArgumentParser:
     """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", type=Path, default=None, help="a folder of <class>/<image> JPEGs (default: generate)")
+    p.add_argument(
+        "--root", type=Path, default=None, help="a folder of <class>/<image> JPEGs (default: generate)"
+    )
     p.add_argument("--images", type=int, default=400, help="images to generate (10 classes)")
     p.add_argument("--img-sizes", type=int, nargs="+", default=[224, 112])
     p.add_argument("--batch-size", type=int, default=32)
@@ -233,7 +237,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows = []
         for size in args.img_sizes:
             r = bench(root, shards, size, args)
-            reference, ours, ours_norm, streamed = r["torchvision"], r["ours"], r["ours + normalise"], r["streamed"]
+            reference, ours, ours_norm, streamed = (
+                r["torchvision"],
+                r["ours"],
+                r["ours + normalise"],
+                r["streamed"],
+            )
             rows.append(
                 dict(
                     img_size=size,
@@ -254,8 +263,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if args.decode_device:
             print(
                 f"\ndecode_on gpu ({args.decode_device}); loader workers needed for {args.target:.0f} img/s\n"
-                "| crop | worker img/s, decoding | worker img/s, bytes only | batch decode + crop on device img/s "
-                "| workers, decoding | workers, bytes only |\n|---|---:|---:|---:|---:|---:|"
+                "| crop | worker img/s, decoding | worker img/s, bytes only "
+                "| batch decode + crop on device img/s | workers, decoding | workers, bytes only |\n"
+                "|---|---:|---:|---:|---:|---:|"
             )
             for row in rows:
                 row.update(gpu_decode_rates(shards, row["img_size"], args.decode_device, args))
@@ -263,7 +273,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 row["workers_gpu_decode"] = math.ceil(args.target / row["encoded_worker"])
                 print(
                     f"| {row['img_size']} px | {row['streamed']:.0f} | {row['encoded_worker']:.0f} | "
-                    f"{row['device_decode']:.0f} | {row['workers_cpu_decode']} | {row['workers_gpu_decode']} |",
+                    f"{row['device_decode']:.0f} | {row['workers_cpu_decode']} | "
+                    f"{row['workers_gpu_decode']} |",
                     flush=True,
                 )
     if args.json:

@@ -4,8 +4,9 @@
    writes them) through ``embed_images`` with the given checkpoint: images/s of the whole run (reading,
    encoding, the parts, the assembled Parquet), the model's loading excluded.
 2. Search: a Parquet index of ``--rows`` random ``--dim``-long vectors, written in chunks, then
-   ``--queries`` queries against it in chunks of ``--chunk-rows`` (``mae.apps.embeddings.similarity.cosine_top_k``,
-   as ``python -m mae.search`` runs it): seconds, and the process's peak memory.
+   ``--queries`` queries against it in chunks of ``--chunk-rows``
+   (``mae.apps.embeddings.similarity.cosine_top_k``, as ``python -m mae.search`` runs it): seconds, and the
+   process's peak memory.
 
     python benchmarks/embed_search.py --checkpoint runs/pretrain_default/version_0/checkpoints/last.ckpt
     python benchmarks/embed_search.py --checkpoint CKPT --rows 1000000 --dim 768 --device cuda
@@ -45,7 +46,9 @@ def embedding_rate(checkpoint: str, count: int, workers: int, batch_size: int, d
         items = listed_images([write_digits(Path(tmp) / "digits", count)])
         embedder = load_embedder(checkpoint, device=device)
         start = time.perf_counter()
-        meta = embed_images(embedder, items, Path(tmp) / "digits.parquet", batch_size, workers, progress=False)
+        meta = embed_images(
+            embedder, items, Path(tmp) / "digits.parquet", batch_size, workers, progress=False
+        )
         seconds = time.perf_counter() - start
     return {"images": meta.count, "seconds": seconds, "img_s": meta.count / seconds, "dim": meta.dim}
 
@@ -78,12 +81,20 @@ def search_time(rows: int, dim: int, queries: int, k: int, chunk_rows: int, devi
         seconds = time.perf_counter() - start
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         size = path.stat().st_size
-    return {"rows": rows, "dim": dim, "seconds": seconds, "file_mb": size / 2**20, "peak_rss_mb": peak / 1024,
-            "peak_rss_growth_mb": (peak - before) / 1024}  # fmt: skip
+    return {
+        "rows": rows,
+        "dim": dim,
+        "seconds": seconds,
+        "file_mb": size / 2**20,
+        "peak_rss_mb": peak / 1024,
+        "peak_rss_growth_mb": (peak - before) / 1024,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--images", type=int, default=1797, help="digits to embed (at most 1,797)")
     parser.add_argument("--workers", type=int, default=2)
@@ -97,13 +108,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     print(f"torch threads: {torch.get_num_threads()}")
     embed = embedding_rate(args.checkpoint, args.images, args.workers, args.batch_size, args.device)
-    print(f"embed: {embed['images']} digits, {embed['seconds']:.1f} s, {embed['img_s']:.0f} images/s "
-          f"({args.workers} workers, batch {args.batch_size}, {args.device})")  # fmt: skip
+    print(
+        f"embed: {embed['images']} digits, {embed['seconds']:.1f} s, {embed['img_s']:.0f} images/s "
+        f"({args.workers} workers, batch {args.batch_size}, {args.device})"
+    )
     search = search_time(args.rows, args.dim, args.queries, args.k, args.chunk_rows, args.device)
-    print(f"search: {args.queries} queries, k={args.k}, over {search['rows']:,} x {search['dim']} "
-          f"({search['file_mb']:.0f} MiB Parquet) in chunks of {args.chunk_rows:,}: {search['seconds']:.2f} s; "
-          f"peak memory {search['peak_rss_mb']:.0f} MiB (+{search['peak_rss_growth_mb']:.0f} MiB while "
-          "searching)")  # fmt: skip
+    print(
+        f"search: {args.queries} queries, k={args.k}, over {search['rows']:,} x {search['dim']} "
+        f"({search['file_mb']:.0f} MiB Parquet) in chunks of {args.chunk_rows:,}: {search['seconds']:.2f} s; "
+        f"peak memory {search['peak_rss_mb']:.0f} MiB (+{search['peak_rss_growth_mb']:.0f} MiB while "
+        "searching)"
+    )
     return {"embed": embed, "search": search}
 
 

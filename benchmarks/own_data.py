@@ -51,7 +51,9 @@ def write_digits16(root: Path, size: int = 32, per_class: int | None = None) -> 
     return root
 
 
-def _config(path: Path, name: str, base: str, model: dict, data: dict, trainer: dict, **sections) -> list[str]:
+def _config(
+    path: Path, name: str, base: str, model: dict, data: dict, trainer: dict, **sections
+) -> list[str]:
     recipe = yaml.safe_load((REPO / base).read_text())
     recipe["model"].update(model)
     optim = recipe["model"]["optim"]
@@ -73,10 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/own_data_digits16"))
     parser.add_argument("--epochs", type=int, default=10, help="pretraining epochs on the grayscale folder")
-    parser.add_argument("--source-epochs", type=int, default=30, help="epochs of the RGB run that is continued")
+    parser.add_argument(
+        "--source-epochs", type=int, default=30, help="epochs of the RGB run that is continued"
+    )
     parser.add_argument("--finetune-epochs", type=int, default=20)
     parser.add_argument("--freeze-encoder-epochs", type=int, default=2)
-    parser.add_argument("--images-per-class", type=int, default=None, help="a smaller folder (for a quick check)")
+    parser.add_argument(
+        "--images-per-class", type=int, default=None, help="a smaller folder (for a quick check)"
+    )
     return parser
 
 

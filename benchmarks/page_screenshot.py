@@ -22,9 +22,17 @@ def browser(size: tuple[int, int]):
 
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver):
-        raise SystemExit("error: chromium or chromedriver not found (Debian: apt-get install chromium chromium-driver)")
+        raise SystemExit(
+            "error: chromium or chromedriver not found (Debian: apt-get install chromium chromium-driver)"
+        )
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+    ):
         options.add_argument(arg)
     options.add_argument(f"--window-size={size[0]},{size[1]}")
     options.binary_location = chromium
@@ -35,8 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, type=Path, help="a checkpoint with a decoder")
     parser.add_argument("--out", required=True, type=Path, help="the PNG to write")
-    parser.add_argument("--size", default="1400x1000", help="window WIDTHxHEIGHT in pixels (default: 1400x1000)")
-    parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the panels (default: 120)")
+    parser.add_argument(
+        "--size", default="1400x1000", help="window WIDTHxHEIGHT in pixels (default: 1400x1000)"
+    )
+    parser.add_argument(
+        "--wait", type=float, default=120.0, help="seconds to wait for the panels (default: 120)"
+    )
     return parser
 
 

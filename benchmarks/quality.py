@@ -9,7 +9,8 @@ and writes plots: the pretraining loss, reconstructions during pretraining, and 
 
     python benchmarks/quality.py                       # built-in digits, 3 seeds, ~19 min on 2 CPU cores
     python benchmarks/quality.py --seeds 0             # one seed, ~6.5 min
-    python benchmarks/quality.py --data imagefolder --root /data/in100 --img-size 224 --model mae_vit_small_patch16
+    python benchmarks/quality.py --data imagefolder --root /data/in100 --img-size 224 \\
+        --model mae_vit_small_patch16
 """
 
 import argparse
@@ -34,19 +35,29 @@ from mae.training.finetune import MAEFinetuneModule
 from mae.training.pretrain import MAEPretrainModule
 
 # The default job's model (configs/pretrain/default.yaml).
-SMALL_VIT = dict(embed_dim=128, depth=4, num_heads=4, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=4)
+SMALL_VIT = dict(
+    embed_dim=128, depth=4, num_heads=4, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=4
+)
 
 
 FEATURE_BATCH = 256  # images per forward pass when extracting frozen features
 
 
 def make_data(
-    args: argparse.Namespace, augmentation: str, fraction: float = 1.0, seed: int = 0, batch_size: int | None = None
+    args: argparse.Namespace,
+    augmentation: str,
+    fraction: float = 1.0,
+    seed: int = 0,
+    batch_size: int | None = None,
 ) -> ImageDataModule:
     common = dict(
-        img_size=args.img_size, batch_size=batch_size or args.batch_size, num_workers=args.workers,
-        augmentation=augmentation, train_fraction=fraction, subset_seed=seed,
-    )  # fmt: skip
+        img_size=args.img_size,
+        batch_size=batch_size or args.batch_size,
+        num_workers=args.workers,
+        augmentation=augmentation,
+        train_fraction=fraction,
+        subset_seed=seed,
+    )
     if augmentation == "finetune":
         common.update(auto_augment=args.auto_augment, re_prob=args.re_prob)
     if args.data == "digits":
@@ -60,10 +71,18 @@ def make_data(
 
 def trainer(out: Path, name: str, epochs: int, callbacks=()) -> pl.Trainer:
     return pl.Trainer(
-        max_epochs=epochs, accelerator="auto", devices=1, logger=CSVLogger(out, name=name, version=""),
-        enable_checkpointing=name == "pretrain", enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, log_every_n_steps=5, callbacks=list(callbacks), default_root_dir=out,
-    )  # fmt: skip
+        max_epochs=epochs,
+        accelerator="auto",
+        devices=1,
+        logger=CSVLogger(out, name=name, version=""),
+        enable_checkpointing=name == "pretrain",
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=5,
+        callbacks=list(callbacks),
+        default_root_dir=out,
+    )
 
 
 def encoder_for(args, checkpoint: str | None) -> torch.nn.Module:
@@ -91,10 +110,17 @@ def evaluate_encoder(args, out: Path, seed: int, checkpoint: str | None, tag: st
         pl.seed_everything(seed)
         dm = make_data(args, args.probe_augmentation)
         probe = MAEFinetuneModule(
-            **common, num_classes=dm.num_labels, mode="linprobe", global_pool="token", mixup=0, cutmix=0,
-            drop_path_rate=0, label_smoothing=0, head_init_std=0.01,
+            **common,
+            num_classes=dm.num_labels,
+            mode="linprobe",
+            global_pool="token",
+            mixup=0,
+            cutmix=0,
+            drop_path_rate=0,
+            label_smoothing=0,
+            head_init_std=0.01,
             optim=dict(weight_decay=0, lr=args.probe_lr, min_lr=0, warmup_epochs=0.1 * args.probe_epochs),
-        )  # fmt: skip
+        )
         t = trainer(out, f"{tag}_linprobe", args.probe_epochs)
         t.fit(probe, datamodule=dm)
         results["linear probe (LARS)"] = 100 * float(t.callback_metrics["val/acc1"])
@@ -105,9 +131,13 @@ def evaluate_encoder(args, out: Path, seed: int, checkpoint: str | None, tag: st
         pl.seed_everything(seed)
         dm = make_data(args, "finetune", fraction, seed)
         model = MAEFinetuneModule(
-            **common, num_classes=dm.num_labels, layer_decay=args.layer_decay, mixup=args.mixup, cutmix=args.cutmix,
+            **common,
+            num_classes=dm.num_labels,
+            layer_decay=args.layer_decay,
+            mixup=args.mixup,
+            cutmix=args.cutmix,
             optim=dict(base_lr=args.finetune_blr, warmup_epochs=0.1 * epochs),
-        )  # fmt: skip
+        )
         t = trainer(out, f"{tag}_finetune_{int(fraction * 100)}", epochs)
         t.fit(model, datamodule=dm)
         results[f"fine-tune {int(fraction * 100)}% labels"] = 100 * float(t.callback_metrics["val/acc1"])
@@ -119,8 +149,12 @@ def run_seed(args, seed: int) -> dict[str, dict[str, float]]:
     shutil.rmtree(out, ignore_errors=True)
     pl.seed_everything(seed)
     start = time.perf_counter()
-    pretrain = MAEPretrainModule(model=args.model, img_size=args.img_size, model_kwargs=args.model_kwargs,
-                                 optim=dict(base_lr=args.pretrain_blr, warmup_epochs=args.pretrain_warmup))  # fmt: skip
+    pretrain = MAEPretrainModule(
+        model=args.model,
+        img_size=args.img_size,
+        model_kwargs=args.model_kwargs,
+        optim=dict(base_lr=args.pretrain_blr, warmup_epochs=args.pretrain_warmup),
+    )
     figures = ReconstructionCallback(every_n_epochs=max(1, args.pretrain_epochs // 3), num_images=6)
     t = trainer(out, "pretrain", args.pretrain_epochs, [figures])
     t.fit(pretrain, datamodule=make_data(args, "pretrain"))
@@ -138,11 +172,15 @@ def run_seed(args, seed: int) -> dict[str, dict[str, float]]:
 
 def summarise(args, per_seed: list[dict]) -> str:
     metrics = list(per_seed[0]["mae"])
-    fmt = lambda xs: f"{statistics.mean(xs):.1f}" + (f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else "")  # noqa: E731
+    fmt = lambda xs: (  # noqa: E731
+        f"{statistics.mean(xs):.1f}" + (f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else "")
+    )
     lines = ["| encoder | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
     names = {"mae": f"MAE-pretrained ({args.pretrain_epochs} epochs)", "random": "random init (from scratch)"}
     for tag in ("mae", "random"):
-        lines.append(f"| {names[tag]} | " + " | ".join(fmt([r[tag][m] for r in per_seed]) for m in metrics) + " |")
+        lines.append(
+            f"| {names[tag]} | " + " | ".join(fmt([r[tag][m] for r in per_seed]) for m in metrics) + " |"
+        )
     wall = {k: statistics.mean(r["wall_s"][k] for r in per_seed) / 60 for k in per_seed[0]["wall_s"]}
     lines.append("")
     lines.append(
@@ -202,8 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretrain-epochs", type=int, default=30)
     p.add_argument("--pretrain-warmup", type=float, default=2)
     p.add_argument("--pretrain-blr", type=float, default=1e-3)
-    p.add_argument("--probe", nargs="+", choices=["fast", "lars"], default=["fast"],
-                   help="fast (converged, on cached features; default) and/or lars (the paper protocol)")  # fmt: skip
+    p.add_argument(
+        "--probe",
+        nargs="+",
+        choices=["fast", "lars"],
+        default=["fast"],
+        help="fast (converged, on cached features; default) and/or lars (the paper protocol)",
+    )
     p.add_argument("--probe-epochs", type=int, default=10, help="epochs of the LARS probe")
     # LARS's trust ratio fixes each step's relative size at lr x 0.001, so a small batch needs the
     # paper's absolute lr (0.1 x 16384 / 256 = 6.4), not the linearly scaled one, to learn at all.
@@ -244,7 +287,9 @@ def main(argv: list[str] | None = None) -> str:
     (args.out / "results.json").write_text(json.dumps(per_seed, indent=2))
     plots(args, per_seed)
     print(table)
-    print(f"\nwrote {args.out}/results.md, results.json, pretrain_loss.png, accuracy.png, reconstructions_*.png")
+    print(
+        f"\nwrote {args.out}/results.md, results.json, pretrain_loss.png, accuracy.png, reconstructions_*.png"
+    )
     return table
 
 

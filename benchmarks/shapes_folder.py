@@ -25,8 +25,20 @@ def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> list[tu
         corners = [(math.cos(a), math.sin(a)) for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)]
     else:  # cross: a plus sign of width 0.4 r
         w = 0.35
-        corners = [(-w, -1), (w, -1), (w, -w), (1, -w), (1, w), (w, w), (w, 1), (-w, 1), (-w, w), (-1, w),
-                   (-1, -w), (-w, -w)]  # fmt: skip
+        corners = [
+            (-w, -1),
+            (w, -1),
+            (w, -w),
+            (1, -w),
+            (1, w),
+            (w, w),
+            (w, 1),
+            (-w, 1),
+            (-w, w),
+            (-1, w),
+            (-1, -w),
+            (-w, -w),
+        ]
     cos, sin = math.cos(angle), math.sin(angle)
     return [(cx + r * (x * cos - y * sin), cy + r * (x * sin + y * cos)) for x, y in corners]
 

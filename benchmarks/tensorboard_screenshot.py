@@ -1,7 +1,8 @@
 """A screenshot of TensorBoard showing one run's scalar, taken in headless Chromium from a local
 ``tensorboard`` server (docs/pretraining.md's figure of a SIGTERM-ed and resumed run).
 
-    python benchmarks/tensorboard_screenshot.py --logdir runs/tensorboard --out docs/tensorboard_resumed_run.png
+    python benchmarks/tensorboard_screenshot.py --logdir runs/tensorboard \\
+        --out docs/tensorboard_resumed_run.png
 
 Needs the ``tracking`` extra (TensorBoard) and Debian's ``chromium``. Starts TensorBoard on a free port
 of 127.0.0.1, loads its time-series page filtered to ``--tag`` for ``--wait`` seconds of the browser's
@@ -45,9 +46,18 @@ def screenshot(url: str, out: Path, size: tuple[int, int], wait_ms: int) -> None
     if browser is None:
         raise SystemExit("error: chromium not found (Debian: apt-get install chromium)")
     with tempfile.TemporaryDirectory() as profile:
-        command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                   f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
-                   f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url]  # fmt: skip
+        command = [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--window-size={size[0]},{size[1]}",
+            f"--virtual-time-budget={wait_ms}",
+            f"--screenshot={out}",
+            url,
+        ]
         subprocess.run(command, check=True, capture_output=True, timeout=120)
 
 
@@ -55,7 +65,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--logdir", required=True, type=Path, help="the folder tensorboard reads")
     parser.add_argument("--out", required=True, type=Path, help="the PNG to write")
-    parser.add_argument("--tag", default="train/loss_step", help="the scalar shown (default: train/loss_step)")
+    parser.add_argument(
+        "--tag", default="train/loss_step", help="the scalar shown (default: train/loss_step)"
+    )
     parser.add_argument("--size", default="1200x700", help="window WIDTHxHEIGHT in pixels")
     parser.add_argument("--wait", type=float, default=20.0, help="seconds of the page's virtual time")
     args = parser.parse_args(argv)
@@ -66,10 +78,20 @@ def main(argv: list[str] | None = None) -> Path:
     width, height = (int(v) for v in args.size.lower().split("x"))
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(args.logdir), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(args.logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         base = f"http://127.0.0.1:{port}/"
         wait_for(base, server)

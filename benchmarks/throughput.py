@@ -84,7 +84,9 @@ def contenders(device: torch.device, variants: list[str]) -> list[Contender]:
     if "peers" in variants:
         for precision in ("fp32", "bf16"):
             for attention in ("sdpa", "explicit"):
-                plain = TrainingSettings(precision=precision, attention=attention, compile=False, fused_adamw=False)
+                plain = TrainingSettings(
+                    precision=precision, attention=attention, compile=False, fused_adamw=False
+                )
                 out += [Contender("hf", plain), Contender("ours", plain)]
     if "default" in variants:
         out.append(Contender("ours", default, f"ours default ({default.describe()})"))
@@ -185,7 +187,14 @@ def process_allocator(contender: Contender, allocator: str) -> str:
 def _probe(flag: str, payload: dict, contender: Contender, allocator: str) -> list[float]:
     """Run this script with ``flag`` in a fresh process; the numbers of its last output line."""
     result = subprocess.run(
-        [sys.executable, __file__, flag, json.dumps(payload), "--allocator", process_allocator(contender, allocator)],
+        [
+            sys.executable,
+            __file__,
+            flag,
+            json.dumps(payload),
+            "--allocator",
+            process_allocator(contender, allocator),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -195,12 +204,18 @@ def _probe(flag: str, payload: dict, contender: Contender, allocator: str) -> li
     return [float(x) for x in result.stdout.strip().splitlines()[-1].split()]
 
 
-def cpu_peak_memory_mib(contender: Contender, config: str, batch_size: int, allocator: str, steps: int = 3) -> float:
+def cpu_peak_memory_mib(
+    contender: Contender, config: str, batch_size: int, allocator: str, steps: int = 3
+) -> float:
     """Peak resident memory of CPU training steps (activations, gradients, AdamW state) above what the
     process held with the model built, in MiB; measured in a fresh process, where no earlier step's
     freed memory hides the peak."""
-    payload = {"contender": [contender.impl, asdict(contender.settings)], "config": config,
-               "batch_size": batch_size, "steps": steps}  # fmt: skip
+    payload = {
+        "contender": [contender.impl, asdict(contender.settings)],
+        "config": config,
+        "batch_size": batch_size,
+        "steps": steps,
+    }
     return _probe("--memory-probe", payload, contender, allocator)[0]
 
 
@@ -232,9 +247,15 @@ def _memory_probe(probe: str) -> None:
 def timed_block_in_process(contender: Contender, config: str, args: argparse.Namespace, hf_dir: str):
     """``time_steps`` of ``contender`` (after ``--warmup`` steps) in a fresh process with its own
     allocator setting: (seconds, page faults per step, CUDA peak MiB or None)."""
-    payload = {"contender": [contender.impl, asdict(contender.settings)], "config": config, "hf_dir": hf_dir,
-               "batch_size": args.batch_size or CONFIGS[config]["batch_size"], "device": args.device,
-               "warmup": args.warmup, "steps": args.steps}  # fmt: skip
+    payload = {
+        "contender": [contender.impl, asdict(contender.settings)],
+        "config": config,
+        "hf_dir": hf_dir,
+        "batch_size": args.batch_size or CONFIGS[config]["batch_size"],
+        "device": args.device,
+        "warmup": args.warmup,
+        "steps": args.steps,
+    }
     seconds, faults, memory = _probe("--time-probe", payload, contender, args.allocator)
     return seconds, faults, None if memory < 0 else memory
 
@@ -244,8 +265,9 @@ def _time_probe(probe: str) -> None:
     impl, settings = spec["contender"]
     device = torch.device(spec["device"])
     model_spec = CONFIGS[spec["config"]]["model"]
-    step = build_step(Contender(impl, TrainingSettings(**settings)), model_spec, device, spec["hf_dir"],
-                         spec["batch_size"])  # fmt: skip
+    step = build_step(
+        Contender(impl, TrainingSettings(**settings)), model_spec, device, spec["hf_dir"], spec["batch_size"]
+    )
     for _ in range(spec["warmup"]):
         step()
     seconds, faults, memory = time_steps(step, spec["steps"], device)
@@ -304,10 +326,17 @@ def bench_config(config: str, args: argparse.Namespace, device: torch.device, pe
     for c in entries:
         ips = statistics.median(times[c.name])
         gflops = flops / batch_size * ips / 1e9
-        row = dict(config=config, batch_size=batch_size, contender=c.name, impl=c.impl, img_s=ips,
-                   vs_hf_best=ips / hf_best if hf_best else None, gflops=gflops,
-                   peak_fraction=gflops / peaks[c.settings.precision],
-                   faults_per_step=statistics.median(faults[c.name]) if device.type == "cpu" else None)  # fmt: skip
+        row = dict(
+            config=config,
+            batch_size=batch_size,
+            contender=c.name,
+            impl=c.impl,
+            img_s=ips,
+            vs_hf_best=ips / hf_best if hf_best else None,
+            gflops=gflops,
+            peak_fraction=gflops / peaks[c.settings.precision],
+            faults_per_step=statistics.median(faults[c.name]) if device.type == "cpu" else None,
+        )
         if device.type == "cuda":
             row["memory_mib"] = memory[c.name]
         elif args.memory:
@@ -322,13 +351,14 @@ def format_row(row: dict) -> str:
     memory = f"{row['memory_mib']:.0f}" if row.get("memory_mib") is not None else "-"
     faults = f"{row['faults_per_step']:.0f}" if row.get("faults_per_step") is not None else "-"
     return (
-        f"| {row['config']} (batch {row['batch_size']}) | {row['contender']} | {row['img_s']:.1f} | {ratio} | "
-        f"{row['gflops']:.0f} | {100 * row['peak_fraction']:.0f} % | {memory} | {faults} |"
+        f"| {row['config']} (batch {row['batch_size']}) | {row['contender']} | {row['img_s']:.1f} | "
+        f"{ratio} | {row['gflops']:.0f} | {100 * row['peak_fraction']:.0f} % | {memory} | {faults} |"
     )
 
 
 HEADER = (
-    "| config | contender | img/s | vs best HF | GFLOP/s | of matmul peak | peak memory MiB | page faults/step |\n"
+    "| config | contender | img/s | vs best HF | GFLOP/s | of matmul peak | peak memory MiB "
+    "| page faults/step |\n"
     "|---|---|---:|---:|---:|---:|---:|---:|"
 )
 
@@ -349,14 +379,22 @@ def build_parser() -> argparse.ArgumentParser:
     """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS))
-    p.add_argument("--variants", nargs="+", default=["peers", "default", "ablations"],
-                   choices=["peers", "default", "ablations"])  # fmt: skip
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=["peers", "default", "ablations"],
+        choices=["peers", "default", "ablations"],
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-size", type=int, default=None, help="override every config's batch size")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender (compilation happens here)")
+    p.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps per contender (compilation happens here)"
+    )
     p.add_argument("--steps", type=int, default=2, help="timed steps per contender per round")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory measurement")
+    p.add_argument(
+        "--no-memory", dest="memory", action="store_false", help="skip the peak-memory measurement"
+    )
     p.add_argument(
         "--allocator",
         choices=["kept", "glibc", "shipped"],
@@ -387,7 +425,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         _time_probe(args.time_probe)
         return []
     device = torch.device(args.device)
-    peaks = {"fp32": matmul_peak_gflops(torch.float32, device), "bf16": matmul_peak_gflops(torch.bfloat16, device)}
+    peaks = {
+        "fp32": matmul_peak_gflops(torch.float32, device),
+        "bf16": matmul_peak_gflops(torch.bfloat16, device),
+    }
     print(f"machine: {machine(device)}; allocator: {args.allocator}")
     print(f"matmul peak: fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s")
     print(HEADER, flush=True)

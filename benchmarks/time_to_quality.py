@@ -11,11 +11,12 @@ analytic FLOPs per training step (``mae/models/flops.py``) and the training thro
 the whole run, loader included). Writes ``results.json``, ``table.md`` (mean ± std over seeds) and
 ``accuracy_vs_time.png``.
 
-    python benchmarks/time_to_quality.py --out benchmarks/results/time_to_quality_digits  # every variant, 3 seeds
-    python benchmarks/time_to_quality.py --variants default fast --seeds 0                # a quicker look
+    python benchmarks/time_to_quality.py \\
+        --out benchmarks/results/time_to_quality_digits                         # every variant, 3 seeds
+    python benchmarks/time_to_quality.py --variants default fast --seeds 0      # a quicker look
     python benchmarks/time_to_quality.py --data imagefolder --root /data/mine --img-size 64
     python benchmarks/time_to_quality.py --throughput-only --device cuda --model mae_vit_base_patch16 \\
-        --img-size 224 --batch-size 256 --json variants.json                              # step throughput alone
+        --img-size 224 --batch-size 256 --json variants.json                    # step throughput alone
 
 Variants: ``default`` (the paper), ``partial-0.25`` / ``partial-0.5`` (``decoder_keep_ratio``),
 ``cross`` (``decoder_type: cross``), ``cross-partial-0.25``, ``low-res`` (pretraining at half the image
@@ -59,7 +60,8 @@ class Variant:
     switches: dict = field(default_factory=dict)
     resolution: float = 1.0
     # Progressive resolution (model.resolution_schedule): (start fraction of the epochs, image side as a
-    # fraction of the full one) per phase, the last at 1.0; the run is built, evaluated and saved at the full size.
+    # fraction of the full one) per phase, the last at 1.0; the run is built, evaluated
+    # and saved at the full size.
     phases: tuple[tuple[float, float], ...] = ()
 
 
@@ -70,7 +72,8 @@ VARIANTS = {
     "cross": Variant({"decoder_type": "cross"}),
     "cross-partial-0.25": Variant({"decoder_type": "cross", "decoder_keep_ratio": 0.25}),
     "low-res": Variant(resolution=0.5),  # configs/pretrain/default_lowres.yaml
-    "fast": Variant({"decoder_type": "cross", "decoder_keep_ratio": 0.5}, resolution=0.75),  # default_fast.yaml
+    # default_fast.yaml
+    "fast": Variant({"decoder_type": "cross", "decoder_keep_ratio": 0.5}, resolution=0.75),
     "progressive": Variant(phases=((0.0, 0.5), (0.8, 1.0))),  # configs/pretrain/default_progressive.yaml
     "progressive-0.6": Variant(phases=((0.0, 0.5), (0.6, 1.0))),  # 40 % of the epochs at the full size
 }
@@ -92,12 +95,17 @@ def recipe(args: argparse.Namespace) -> dict:
     epochs = args.epochs or config["trainer"]["max_epochs"]
     optim = model["optim"]  # a shorter run keeps a warmup that fits
     optim["warmup_epochs"] = min(optim["warmup_epochs"], epochs / 4)
-    return {"model": model, "batch_size": args.batch_size or config["data"]["init_args"]["batch_size"],
-            "epochs": epochs}  # fmt: skip
+    return {
+        "model": model,
+        "batch_size": args.batch_size or config["data"]["init_args"]["batch_size"],
+        "epochs": epochs,
+    }
 
 
 def make_data(args: argparse.Namespace, img_size: int, augmentation: str, batch_size: int) -> ImageDataModule:
-    common = dict(img_size=img_size, batch_size=batch_size, num_workers=args.workers, augmentation=augmentation)
+    common = dict(
+        img_size=img_size, batch_size=batch_size, num_workers=args.workers, augmentation=augmentation
+    )
     if args.data == "digits":
         return DigitsDataModule(**common)
     if args.data == "imagefolder":
@@ -122,8 +130,13 @@ class EpochSnapshots(pl.Callback):
         now = time.perf_counter()
         path = self.folder / f"epoch_{trainer.current_epoch + 1:04d}.ckpt"
         trainer.save_checkpoint(path, weights_only=True)
-        self.rows.append({"epoch": trainer.current_epoch + 1, "elapsed_s": now - self.start - self.excluded,
-                          "path": str(path)})  # fmt: skip
+        self.rows.append(
+            {
+                "epoch": trainer.current_epoch + 1,
+                "elapsed_s": now - self.start - self.excluded,
+                "path": str(path),
+            }
+        )
         self.excluded += time.perf_counter() - now
 
 
@@ -146,16 +159,31 @@ def pretrain(args: argparse.Namespace, name: str, seed: int, out: Path) -> dict:
     module = MAEPretrainModule(img_size=size, **{**settings["model"], **switches})
     snapshots = EpochSnapshots(out / "snapshots")
     trainer = pl.Trainer(
-        max_epochs=settings["epochs"], accelerator="auto", devices=1, precision=default_lightning_precision(),
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[snapshots], default_root_dir=out,
-    )  # fmt: skip
+        max_epochs=settings["epochs"],
+        accelerator="auto",
+        devices=1,
+        precision=default_lightning_precision(),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[snapshots],
+        default_root_dir=out,
+    )
     trainer.fit(module, datamodule=make_data(args, size, "pretrain", settings["batch_size"]))
     wall = snapshots.rows[-1]["elapsed_s"]
     shown = "->".join(str(side) for _, side in switches["resolution_schedule"]) if variant.phases else size
-    return {"img_size": shown, "epochs": len(snapshots.rows), "steps": trainer.global_step, "wall_s": wall,
-            "images_per_s": snapshots.images / wall, "gflops_per_step": module.flops_per_batch / 1e9,
-            "snapshots": snapshots.rows}  # fmt: skip
+    return {
+        "img_size": shown,
+        "epochs": len(snapshots.rows),
+        "steps": trainer.global_step,
+        "wall_s": wall,
+        "images_per_s": snapshots.images / wall,
+        "gflops_per_step": module.flops_per_batch / 1e9,
+        "snapshots": snapshots.rows,
+    }
 
 
 def evaluate_checkpoint(args: argparse.Namespace, path: str, seed: int) -> dict[str, float]:
@@ -218,12 +246,19 @@ def summarise(args: argparse.Namespace, per_seed: list[dict]) -> str:
     budgets = [str(f) for f in args.budgets]
     pct = [f"{float(b) * 100:g} %" for b in budgets]
     head = ["variant", "pretrain px", "pretraining s", "GFLOP/step", "img/s"]
-    head += [f"probe @ {p}" for p in pct] + [f"kNN @ {p}" for p in pct] + ["probe at its end", "kNN at its end"]
+    head += (
+        [f"probe @ {p}" for p in pct] + [f"kNN @ {p}" for p in pct] + ["probe at its end", "kNN at its end"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for name in args.variants:
         runs = [seed[name] for seed in per_seed]
-        cells = [name, str(runs[0]["img_size"]), _fmt([r["wall_s"] for r in runs]),
-                 _fmt([r["gflops_per_step"] for r in runs], 2), _fmt([r["images_per_s"] for r in runs], 0)]  # fmt: skip
+        cells = [
+            name,
+            str(runs[0]["img_size"]),
+            _fmt([r["wall_s"] for r in runs]),
+            _fmt([r["gflops_per_step"] for r in runs], 2),
+            _fmt([r["images_per_s"] for r in runs], 0),
+        ]
         cells += [_fmt(_at(runs, b, "probe")) for b in budgets] + [_fmt(_at(runs, b, "knn")) for b in budgets]
         cells += [_fmt([r["final"]["probe"] for r in runs]), _fmt([r["final"]["knn"] for r in runs])]
         lines.append("| " + " | ".join(cells) + " |")
@@ -248,10 +283,14 @@ def verdict(args: argparse.Namespace, per_seed: list[dict]) -> str:
     closest = ", ".join(f"{n} {g:+.1f}" for n, g in sorted(gaps.items(), key=lambda kv: -kv[1]))
     share = f"{float(budget) * 100:g} % of its time"
     if hits:
-        return (f"Within 0.5 points of the default recipe's final linear probe ({target:.1f} %) in {share}: "
-                f"{', '.join(hits)}.")  # fmt: skip
-    return (f"No variant reaches the default recipe's final linear probe ({target:.1f} %) within 0.5 points in "
-            f"{share}; points from it there: {closest or 'no variant had a checkpoint by then'}.")  # fmt: skip
+        return (
+            f"Within 0.5 points of the default recipe's final linear probe ({target:.1f} %) in {share}: "
+            f"{', '.join(hits)}."
+        )
+    return (
+        f"No variant reaches the default recipe's final linear probe ({target:.1f} %) within 0.5 points in "
+        f"{share}; points from it there: {closest or 'no variant had a checkpoint by then'}."
+    )
 
 
 def plot(args: argparse.Namespace, per_seed: list[dict]) -> None:
@@ -289,14 +328,27 @@ def step_throughput(args: argparse.Namespace) -> list[dict]:
             continue
         torch.manual_seed(0)
         size = pretrain_size(args.img_size, _patch_size(model_settings), variant.resolution)
-        model = create_model(model_settings["model"], img_size=size, norm_pix_loss=True,
-                             **model_settings["model_kwargs"], **variant.switches).to(device).train()  # fmt: skip
+        model = (
+            create_model(
+                model_settings["model"],
+                img_size=size,
+                norm_pix_loss=True,
+                **model_settings["model_kwargs"],
+                **variant.switches,
+            )
+            .to(device)
+            .train()
+        )
         set_attention_kernel(model, settings.attention)
-        optimizer = torch.optim.AdamW(weight_decay_groups(model, 0.05), lr=1e-4, betas=(0.9, 0.95),
-                                      fused=settings.fused_adamw)  # fmt: skip
+        optimizer = torch.optim.AdamW(
+            weight_decay_groups(model, 0.05), lr=1e-4, betas=(0.9, 0.95), fused=settings.fused_adamw
+        )
         imgs = torch.randn(args.batch_size or 64, 3, size, size, device=device)
-        steps[name] = (_training_step(model, optimizer, imgs, settings.precision == "bf16", device),
-                       mae_train_flops(model, imgs.shape[0]), size)  # fmt: skip
+        steps[name] = (
+            _training_step(model, optimizer, imgs, settings.precision == "bf16", device),
+            mae_train_flops(model, imgs.shape[0]),
+            size,
+        )
         for _ in range(args.warmup):
             steps[name][0]()
     timings: dict[str, list[float]] = {name: [] for name in steps}
@@ -313,11 +365,23 @@ def step_throughput(args: argparse.Namespace) -> list[dict]:
     for name, (_, flops, size) in steps.items():
         seconds = statistics.median(timings[name])
         batch = args.batch_size or 64
-        rows.append({"variant": name, "model": model_settings["model"], "img_size": size, "batch_size": batch,
-                     "settings": settings.describe(), "img_s": batch / seconds, "gflops_per_step": flops / 1e9,
-                     "tflops": flops / seconds / 1e12})  # fmt: skip
-        print(f"{name:20s} {size:4d} px  {batch / seconds:9.1f} img/s  {flops / 1e9:9.2f} GFLOP/step  "
-              f"{flops / seconds / 1e12:7.2f} TFLOP/s  ({settings.describe()})", flush=True)  # fmt: skip
+        rows.append(
+            {
+                "variant": name,
+                "model": model_settings["model"],
+                "img_size": size,
+                "batch_size": batch,
+                "settings": settings.describe(),
+                "img_s": batch / seconds,
+                "gflops_per_step": flops / 1e9,
+                "tflops": flops / seconds / 1e12,
+            }
+        )
+        print(
+            f"{name:20s} {size:4d} px  {batch / seconds:9.1f} img/s  {flops / 1e9:9.2f} GFLOP/step  "
+            f"{flops / seconds / 1e12:7.2f} TFLOP/s  ({settings.describe()})",
+            flush=True,
+        )
     return rows
 
 
@@ -342,11 +406,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--budgets", type=float, nargs="+", default=[0.25, 0.5, 1.0],
-                   help="fractions of the default recipe's pretraining time")  # fmt: skip
+    p.add_argument(
+        "--budgets",
+        type=float,
+        nargs="+",
+        default=[0.25, 0.5, 1.0],
+        help="fractions of the default recipe's pretraining time",
+    )
     p.add_argument("--data", default="digits", choices=["digits", "imagefolder", "cifar10", "cifar100"])
     p.add_argument("--root", default="data")
-    p.add_argument("--img-size", type=int, default=32, help="the full image side (evaluation, and the default's)")
+    p.add_argument(
+        "--img-size", type=int, default=32, help="the full image side (evaluation, and the default's)"
+    )
     p.add_argument("--model", default=None, help="a registered model instead of the default job's")
     p.add_argument("--model-kwargs", type=json.loads, default=None, help="JSON; default: the default job's")
     p.add_argument("--batch-size", type=int, default=None, help="default: the default job's (64)")

@@ -12,7 +12,7 @@ finished comparison without rerunning it (a change of this code is not detected:
 
     python train.py --config configs/pretrain/digit_scenes.yaml   # the scenes encoder, once (~10 min)
     python train.py --config configs/pretrain/default.yaml        # the single-digit encoder, once (~3 min)
-    python benchmarks/transfer.py                                 # both encoders and random, 3 seeds, both tasks
+    python benchmarks/transfer.py  # both encoders and random, 3 seeds, both tasks
     python benchmarks/transfer.py --seeds 0 --tasks detect --encoders scenes=path/to/last.ckpt   # one of them
 
 Any checkpoint the pyramid loads can be a row, e.g. the default encoder fine-tuned for classification
@@ -43,14 +43,21 @@ TASKS = {
         "configs/detect/default.yaml",
         ("val/map", "val/map_50", "val/mask_map"),
     ),
-    "segment": (functools.partial(invoke, "segment"), "configs/segment/default.yaml", ("val/miou", "val/acc")),
+    "segment": (
+        functools.partial(invoke, "segment"),
+        "configs/segment/default.yaml",
+        ("val/miou", "val/acc"),
+    ),
 }
 RANDOM = "random"
 DEFAULT_ENCODERS = {
-    "scenes": "runs/pretrain_digit_scenes/version_0/checkpoints/last.ckpt",  # configs/pretrain/digit_scenes.yaml
-    "digits": "runs/pretrain_default/version_0/checkpoints/last.ckpt",  # configs/pretrain/default.yaml
+    # configs/pretrain/digit_scenes.yaml
+    "scenes": "runs/pretrain_digit_scenes/version_0/checkpoints/last.ckpt",
+    # configs/pretrain/default.yaml
+    "digits": "runs/pretrain_default/version_0/checkpoints/last.ckpt",
 }
-ENCODER_ARGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")  # the random encoder's, as pretrained
+# the random encoder's, as pretrained
+ENCODER_ARGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
 
 
 def last_values(metrics_csv: Path, names: tuple[str, ...]) -> dict[str, float]:
@@ -107,7 +114,11 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
         str(args.epochs[task]),
     ]
     record = out / f"{name}.json"  # written after the run: a rerun with the same inputs reuses it
-    inputs = {"argv": argv, "config": sha256_of(REPO / config), "checkpoint": init != RANDOM and sha256_of(checkpoint)}
+    inputs = {
+        "argv": argv,
+        "config": sha256_of(REPO / config),
+        "checkpoint": init != RANDOM and sha256_of(checkpoint),
+    }
     if record.exists() and (done := json.loads(record.read_text())).get("inputs") == inputs:
         print(f"{name}: reusing the finished run recorded in {record}", flush=True)
         return done["result"]
@@ -128,7 +139,9 @@ def run(args: argparse.Namespace, task: str, init: str, seed: int) -> dict[str, 
 def summarise(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> str:
     """Markdown table: one row per task and initialisation, mean +- std over seeds."""
     lines = [
-        "| task | encoder | " + " | ".join(["metric", "mean +- std (%)", "per seed", "minutes per run"]) + " |",
+        "| task | encoder | "
+        + " | ".join(["metric", "mean +- std (%)", "per seed", "minutes per run"])
+        + " |",
         "|---|---|---|---:|---|---:|",
     ]
     for task, by_init in results.items():
@@ -157,12 +170,18 @@ def named_encoders(specs: list[str] | None, parser: argparse.ArgumentParser) -> 
         name, sep, path = spec.partition("=")
         if not sep or not name or name == RANDOM or name in encoders:
             parser.error(
-                f"--encoders takes distinct NAME=CHECKPOINT pairs (a name other than {RANDOM!r}), got {spec!r}"
+                f"--encoders takes distinct NAME=CHECKPOINT pairs (a name other than {RANDOM!r}), got "
+                f"{spec!r}"
             )
         if not Path(path).exists():
-            parser.error(f"--encoders {name}: {path} does not exist; pretrain it first (see this script's docstring)")
+            parser.error(
+                f"--encoders {name}: {path} does not exist; pretrain it first (see this script's docstring)"
+            )
         encoders[name] = Path(path)
-    shapes = {name: {key: read_checkpoint(path).config[key] for key in ENCODER_ARGS} for name, path in encoders.items()}
+    shapes = {
+        name: {key: read_checkpoint(path).config[key] for key in ENCODER_ARGS}
+        for name, path in encoders.items()
+    }
     if len({json.dumps(shape, sort_keys=True) for shape in shapes.values()}) > 1:
         parser.error(f"--encoders differ in shape, so one random encoder cannot match them all: {shapes}")
     return encoders

@@ -50,7 +50,9 @@ def _in_slow_folder(item: pytest.Item) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_interpreters_only_in_slow_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fresh_interpreters_only_in_slow_tests(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In a test not marked ``slow``, starting ``python`` fails naming the fix: the fast tier stays free of
     interpreter start-ups."""
     if request.node.get_closest_marker("slow"):

@@ -14,9 +14,27 @@ from mae.command import command_parser, parse_and_run
 from mae.errors import ConfigError, UsageError
 
 DISTRIBUTION = "mae-lightning"  # the name pip knows the package by (pyproject.toml)
-CORE_PACKAGES = ("torch", "torchvision", "timm", "lightning", "torchmetrics", "jsonargparse", "litdata", "numpy",
-                 "pillow")  # fmt: skip
-EXTRA_PACKAGES = ("onnx", "onnxscript", "onnxruntime", "pycocotools", "pyarrow", "gradio", "transformers", "shtab")
+CORE_PACKAGES = (
+    "torch",
+    "torchvision",
+    "timm",
+    "lightning",
+    "torchmetrics",
+    "jsonargparse",
+    "litdata",
+    "numpy",
+    "pillow",
+)
+EXTRA_PACKAGES = (
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "pycocotools",
+    "pyarrow",
+    "gradio",
+    "transformers",
+    "shtab",
+)
 
 
 def installed_version() -> str:
@@ -33,12 +51,23 @@ def installed_version() -> str:
 
 
 def recipes_parser() -> ArgumentParser:
-    parser = command_parser("mae recipes", "The recipes shipped with the package: give a name to --config of the "
-                            "command shown (a path to your own YAML works the same).")  # fmt: skip
-    parser.add_argument("folder", nargs="?", default=None,
-                        help="list only this folder (pretrain, finetune, linprobe, detect, segment)")  # fmt: skip
-    parser.add_argument("--show", default=None, metavar="NAME",
-                        help="print the recipe NAME (e.g. pretrain/default), to copy and edit")  # fmt: skip
+    parser = command_parser(
+        "mae recipes",
+        "The recipes shipped with the package: give a name to --config of the "
+        "command shown (a path to your own YAML works the same).",
+    )
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        default=None,
+        help="list only this folder (pretrain, finetune, linprobe, detect, segment)",
+    )
+    parser.add_argument(
+        "--show",
+        default=None,
+        metavar="NAME",
+        help="print the recipe NAME (e.g. pretrain/default), to copy and edit",
+    )
     return parser
 
 
@@ -68,8 +97,10 @@ def run_recipes(args: Namespace) -> list[str]:
         for recipe in (r for r in recipes if r.folder == folder):
             lines.append(f"  {recipe.name.split('/')[1]:<{width}}{recipe.summary}")
         lines.append("")
-    lines.append(f"Files: {RECIPES_DIR} (mae recipes --show NAME prints one). A recipe that stacks on another is "
-                 "run on top of it; give several --config to stack your own.")  # fmt: skip
+    lines.append(
+        f"Files: {RECIPES_DIR} (mae recipes --show NAME prints one). A recipe that stacks on another is "
+        "run on top of it; give several --config to stack your own."
+    )
     print("\n".join(lines))
     return lines
 
@@ -82,8 +113,11 @@ def recipes_main(argv: list[str] | None = None) -> list[str]:
 
 
 def env_parser() -> ArgumentParser:
-    return command_parser("mae env", "What a bug report needs: versions, the device, bf16 support, and the "
-                          "precision and attention kernel a training run would pick by default.")  # fmt: skip
+    return command_parser(
+        "mae env",
+        "What a bug report needs: versions, the device, bf16 support, and the "
+        "precision and attention kernel a training run would pick by default.",
+    )
 
 
 def environment() -> dict[str, str]:
@@ -106,18 +140,27 @@ def environment() -> dict[str, str]:
     if device == "cuda":
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         capability = ".".join(map(str, torch.cuda.get_device_capability(0)))
-        info["device"] = (f"cuda: {torch.cuda.device_count()} x {names[0]} (compute capability {capability}), "
-                          f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")  # fmt: skip
+        info["device"] = (
+            f"cuda: {torch.cuda.device_count()} x {names[0]} (compute capability {capability}), "
+            f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
+        )
     else:
         info["device"] = f"cpu ({torch.get_num_threads()} threads; no CUDA device visible to torch)"
     info["bf16"] = "native" if native_bf16(device) else "emulated (slower than fp32: runs train in fp32)"
     settings = training_settings(device)
-    info["default run"] = (f"trainer.precision {default_lightning_precision()}; the model step: "
-                           f"{settings.describe()}")  # fmt: skip
+    info["default run"] = (
+        f"trainer.precision {default_lightning_precision()}; the model step: {settings.describe()}"
+    )
     if device == "cuda":
-        kernels = [name for name, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
-                                         ("memory-efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
-                                         ("math", torch.backends.cuda.math_sdp_enabled())) if on]  # fmt: skip
+        kernels = [
+            name
+            for name, on in (
+                ("flash", torch.backends.cuda.flash_sdp_enabled()),
+                ("memory-efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+                ("math", torch.backends.cuda.math_sdp_enabled()),
+            )
+            if on
+        ]
         info["attention kernels"] = "scaled_dot_product_attention may pick " + ", ".join(kernels)
     return info
 
@@ -170,7 +213,9 @@ def completion_parser() -> ArgumentParser:
 def mae_parser(names: tuple[str, ...] | None = None) -> ArgumentParser:
     """Every command's parser (or those ``names``) under one ``mae`` parser (imports every command: a few
     seconds)."""
-    parser = ArgumentParser(prog="mae", description="Masked Autoencoders: pretraining and reuse of the encoder.")
+    parser = ArgumentParser(
+        prog="mae", description="Masked Autoencoders: pretraining and reuse of the encoder."
+    )
     subcommands = parser.add_subcommands(required=True, dest="command")
     for command in (c for c in COMMANDS if names is None or c.name in names):
         subcommands.add_subcommand(command.name, command.build_parser(), help=command.summary)

@@ -31,39 +31,93 @@ class Command:
         return getattr(importlib.import_module(self.module), self.parser)()
 
 
-TRAIN = "Train (LightningCLI: every model, data and trainer key from a recipe, a YAML file or the command line)"
+TRAIN = (
+    "Train (LightningCLI: every model, data and trainer key from a recipe, a YAML file or the command line)"
+)
 USE = "Evaluate and use a pretrained encoder"
 DATA = "Data"
 ABOUT = "About"
 
-# fmt: off
 COMMANDS = (
-    Command("pretrain", "mae.cli.train", "MAE pretraining (mae pretrain --config default)", TRAIN,
-            ("pretrain", "loggers")),
-    Command("finetune", "mae.cli.finetune", "fine-tuning or linear probing of a pretrained encoder", TRAIN,
-            ("finetune", "linprobe", "loggers")),
-    Command("detect", "mae.cli.dense", "detection and instance segmentation (ViTDet's pyramid, torchvision's "
-            "detectors)", TRAIN, ("detect", "loggers"), main="detect_main", parser="detect_parser"),
-    Command("segment", "mae.cli.dense", "semantic segmentation (UperNet on the feature pyramid)", TRAIN,
-            ("segment", "loggers"), main="segment_main", parser="segment_parser"),
+    Command(
+        "pretrain",
+        "mae.cli.train",
+        "MAE pretraining (mae pretrain --config default)",
+        TRAIN,
+        ("pretrain", "loggers"),
+    ),
+    Command(
+        "finetune",
+        "mae.cli.finetune",
+        "fine-tuning or linear probing of a pretrained encoder",
+        TRAIN,
+        ("finetune", "linprobe", "loggers"),
+    ),
+    Command(
+        "detect",
+        "mae.cli.dense",
+        "detection and instance segmentation (ViTDet's pyramid, torchvision's detectors)",
+        TRAIN,
+        ("detect", "loggers"),
+        main="detect_main",
+        parser="detect_parser",
+    ),
+    Command(
+        "segment",
+        "mae.cli.dense",
+        "semantic segmentation (UperNet on the feature pyramid)",
+        TRAIN,
+        ("segment", "loggers"),
+        main="segment_main",
+        parser="segment_parser",
+    ),
     Command("knn", "mae.cli.knn", "kNN accuracy of a pretrained encoder on a data module", USE),
-    Command("probe", "mae.cli.probe", "a converged linear probe of a pretrained encoder (cached features)", USE),
+    Command(
+        "probe", "mae.cli.probe", "a converged linear probe of a pretrained encoder (cached features)", USE
+    ),
     Command("export", "mae.cli.export", "the encoder as a plain timm ViT (.safetensors) or as ONNX", USE),
-    Command("embed", "mae.cli.embed", "embed images with an encoder into an index (Parquet, or .npy + CSV)", USE),
+    Command(
+        "embed", "mae.cli.embed", "embed images with an encoder into an index (Parquet, or .npy + CSV)", USE
+    ),
     Command("search", "mae.cli.search", "the nearest images of an index to query images, as a figure", USE),
     Command("reconstruct", "mae.cli.reconstruct", "mask and reconstruct your images: a figure", USE),
     Command("anomaly", "mae.cli.anomaly", "anomaly scores and heat maps from the reconstruction error", USE),
     Command("demo", "mae.cli.demo", "a local page that reconstructs your images (needs the demo extra)", USE),
     Command("shard", "mae.data.tools.shard", "an image folder as streaming shards, local or on S3", DATA),
-    Command("stats", "mae.data.tools.stats", "per-channel mean and std of an image folder, as config lines", DATA),
-    Command("recipes", "mae.cli.about", "the recipes shipped with the package, one line each", ABOUT,
-            main="recipes_main", parser="recipes_parser"),
-    Command("env", "mae.cli.about", "what a bug report needs: versions, device, bf16, default precision and "
-            "attention", ABOUT, main="env_main", parser="env_parser"),
-    Command("version", "mae.cli.about", "the installed version", ABOUT, main="version_main",
-            parser="version_parser"),
-    Command("completion", "mae.cli.about", "a bash or zsh completion script for mae", ABOUT,
-            main="completion_main", parser="completion_parser"),
+    Command(
+        "stats", "mae.data.tools.stats", "per-channel mean and std of an image folder, as config lines", DATA
+    ),
+    Command(
+        "recipes",
+        "mae.cli.about",
+        "the recipes shipped with the package, one line each",
+        ABOUT,
+        main="recipes_main",
+        parser="recipes_parser",
+    ),
+    Command(
+        "env",
+        "mae.cli.about",
+        "what a bug report needs: versions, device, bf16, default precision and attention",
+        ABOUT,
+        main="env_main",
+        parser="env_parser",
+    ),
+    Command(
+        "version",
+        "mae.cli.about",
+        "the installed version",
+        ABOUT,
+        main="version_main",
+        parser="version_parser",
+    ),
+    Command(
+        "completion",
+        "mae.cli.about",
+        "a bash or zsh completion script for mae",
+        ABOUT,
+        main="completion_main",
+        parser="completion_parser",
+    ),
 )
-# fmt: on
 BY_NAME = {command.name: command for command in COMMANDS}

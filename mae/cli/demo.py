@@ -10,17 +10,35 @@ from mae.errors import ConfigError
 
 
 def build_parser() -> ArgumentParser:
-    parser = command_parser("mae demo", "A local page that reconstructs your images with a pretrained MAE (Gradio).")
-    add_option(parser, "checkpoint", "a checkpoint with a decoder (ours, official full, Hugging Face)", required=True)
-    add_option(parser, "checkpoint_format", choices=FORMATS)
-    parser.add_argument("--index", default=None, help="an index of mae embed: adds a \"Similar images\" "
-                        "tab searching it with the checkpoint it records")  # fmt: skip
-    parser.add_argument("--examples", default=None, help="a folder of images to pick from (default: a few digits)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
-    parser.add_argument("--port", type=argparse_int, default=None, help="port to serve on (default: the first free one "
-                        "from 7860)")  # fmt: skip
+    parser = command_parser(
+        "mae demo", "A local page that reconstructs your images with a pretrained MAE (Gradio)."
+    )
     add_option(
-        parser, "max_image_pixels", "larger images are refused as decompression bombs", default=DEFAULT_MAX_PIXELS
+        parser, "checkpoint", "a checkpoint with a decoder (ours, official full, Hugging Face)", required=True
+    )
+    add_option(parser, "checkpoint_format", choices=FORMATS)
+    parser.add_argument(
+        "--index",
+        default=None,
+        help='an index of mae embed: adds a "Similar images" tab searching it with the checkpoint it records',
+    )
+    parser.add_argument(
+        "--examples", default=None, help="a folder of images to pick from (default: a few digits)"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default: this machine only)"
+    )
+    parser.add_argument(
+        "--port",
+        type=argparse_int,
+        default=None,
+        help="port to serve on (default: the first free one from 7860)",
+    )
+    add_option(
+        parser,
+        "max_image_pixels",
+        "larger images are refused as decompression bombs",
+        default=DEFAULT_MAX_PIXELS,
     )
     parser.add_argument(
         "--max-upload-mb", type=argparse_float, default=100, help="larger uploads are refused (default: 100)"
@@ -53,8 +71,10 @@ def run(args: Namespace) -> None:
         try:
             serve(page, args.host, port, args.max_upload_mb)
         except OSError:  # Gradio's own port check: the port was taken after ours
-            raise ConfigError(f"port {port} on {args.host} was taken as the page started: "
-                             "start it again, or choose another with --port N") from None  # fmt: skip
+            raise ConfigError(
+                f"port {port} on {args.host} was taken as the page started: "
+                "start it again, or choose another with --port N"
+            ) from None
 
 
 def main(argv: list[str] | None = None) -> None:

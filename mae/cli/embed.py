@@ -25,24 +25,43 @@ def build_parser() -> ArgumentParser:
         "Embed every image of folders and files with a pretrained encoder into an index (Parquet, or .npy + "
         "CSV), for mae search. A stopped run continues where it stopped when started again.",
     )
-    parser.add_argument("images", nargs="+", help="image files, or folders of them (an ImageFolder root: "
-                        "<root>/<class>/... gives each image its class as label)")  # fmt: skip
+    parser.add_argument(
+        "images",
+        nargs="+",
+        help="image files, or folders of them (an ImageFolder root: "
+        "<root>/<class>/... gives each image its class as label)",
+    )
     add_option(parser, "checkpoint", "the encoder", required=True)
     add_option(parser, "checkpoint_format", choices=FORMATS)
-    add_option(parser, "out", "the index: FILE.parquet, or FILE.npy (with FILE.csv and FILE.json beside it)",
-               required=True)  # fmt: skip
-    parser.add_argument("--pool", choices=POOLS, default="cls",
-                        help="the normed cls token, the mean patch token, or both side by side")  # fmt: skip
+    add_option(
+        parser,
+        "out",
+        "the index: FILE.parquet, or FILE.npy (with FILE.csv and FILE.json beside it)",
+        required=True,
+    )
+    parser.add_argument(
+        "--pool",
+        choices=POOLS,
+        default="cls",
+        help="the normed cls token, the mean patch token, or both side by side",
+    )
     add_option(parser, "batch_size", default=256)
     add_option(parser, "workers", "image-reading processes", default=2)
     add_option(parser, "img_size", "default: the checkpoint's")
     add_option(parser, "mean", "default: the checkpoint's record")
     add_option(parser, "std", "default: the checkpoint's record")
-    parser.add_argument("--part-size", type=argparse_int, default=4096,
-                        help="images per resumable part (a stopped run loses at most one part)")  # fmt: skip
+    parser.add_argument(
+        "--part-size",
+        type=argparse_int,
+        default=4096,
+        help="images per resumable part (a stopped run loses at most one part)",
+    )
     add_option(parser, "device", "where the encoder runs")
     add_option(
-        parser, "max_image_pixels", "larger images are skipped as decompression bombs", default=DEFAULT_MAX_PIXELS
+        parser,
+        "max_image_pixels",
+        "larger images are skipped as decompression bombs",
+        default=DEFAULT_MAX_PIXELS,
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -54,8 +73,12 @@ def run(args: Namespace) -> IndexMeta:
     Raises:
         UsageError: a batch, part or input size below 1, negative workers, --mean without --std.
     """
-    sizes = (("--batch-size", args.batch_size, 1), ("--part-size", args.part_size, 1), ("--workers", args.workers, 0),
-             ("--img-size", args.img_size, 1))  # fmt: skip
+    sizes = (
+        ("--batch-size", args.batch_size, 1),
+        ("--part-size", args.part_size, 1),
+        ("--workers", args.workers, 0),
+        ("--img-size", args.img_size, 1),
+    )
     for flag, value, low in sizes:
         if value is not None and value < low:
             raise UsageError(f"{flag} must be at least {low}, got {value}")
@@ -68,15 +91,31 @@ def run(args: Namespace) -> IndexMeta:
         if len(args.mean) != len(args.std):
             raise UsageError("--mean and --std need the same number of values, one per channel")
         norm = Normalization(len(args.mean), tuple(args.mean), tuple(args.std))
-    embedder = load_embedder(args.checkpoint, args.pool, args.checkpoint_format, args.img_size, norm, args.device,
-                             args.max_image_pixels)  # fmt: skip
-    meta = embed_images(embedder, items, args.out, args.batch_size, args.workers, args.part_size,
-                        progress=not args.no_progress)  # fmt: skip
+    embedder = load_embedder(
+        args.checkpoint,
+        args.pool,
+        args.checkpoint_format,
+        args.img_size,
+        norm,
+        args.device,
+        args.max_image_pixels,
+    )
+    meta = embed_images(
+        embedder,
+        items,
+        args.out,
+        args.batch_size,
+        args.workers,
+        args.part_size,
+        progress=not args.no_progress,
+    )
     for skip in meta.skipped:
         print(f"skipped {skip['path']}: {skip['error']}", file=sys.stderr)
     skipped = "" if not meta.skipped else f", {len(meta.skipped)} unreadable image(s) skipped (listed above)"
-    print(f"wrote {args.out}: {meta.count} vectors of length {meta.dim} ({meta.pool} pooling, input "
-          f"{meta.img_size[1]}x{meta.img_size[0]}){skipped}")  # fmt: skip
+    print(
+        f"wrote {args.out}: {meta.count} vectors of length {meta.dim} ({meta.pool} pooling, input "
+        f"{meta.img_size[1]}x{meta.img_size[0]}){skipped}"
+    )
     return meta
 
 

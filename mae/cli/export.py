@@ -20,32 +20,53 @@ from mae.io.outputs import Output, check_outputs
 COMMAND = "mae.export"
 
 # Options of the ONNX output only, with their defaults (a .safetensors export refuses them).
-ONNX_OPTIONS = {"pool": None, "dynamic_batch": False, "img_size": None, "opset": None, "atol": None, "mean": None,
-                "std": None}  # fmt: skip
+ONNX_OPTIONS = {
+    "pool": None,
+    "dynamic_batch": False,
+    "img_size": None,
+    "opset": None,
+    "atol": None,
+    "mean": None,
+    "std": None,
+}
 
 
 def build_parser() -> ArgumentParser:
     parser = command_parser(
         "mae export",
-        "Export a pretrained encoder: --out OUT.safetensors writes a plain timm ViT (safetensors + a JSON of its timm "
-        "arguments); --out OUT.onnx writes an ONNX file of the encoder, checked with onnxruntime against torch.",
+        "Export a pretrained encoder: --out OUT.safetensors writes a plain timm ViT (safetensors + a JSON "
+        "of its timm arguments); --out OUT.onnx writes an ONNX file of the encoder, checked with "
+        "onnxruntime against torch.",
     )
     add_option(parser, "checkpoint", "the encoder", required=True)
-    add_option(parser, "out", "OUT.safetensors (a .json with the timm arguments is written beside it) or OUT.onnx",
-               type=str, required=True)  # fmt: skip
+    add_option(
+        parser,
+        "out",
+        "OUT.safetensors (a .json with the timm arguments is written beside it) or OUT.onnx",
+        type=str,
+        required=True,
+    )
     add_option(parser, "checkpoint_format", "--out's suffix sets the output's", choices=FORMATS)
     parser.add_argument(
         "--num-heads", type=argparse_int, default=None, help="attention heads, for files that do not say"
     )
     onnx = parser.add_argument_group("ONNX output (--out OUT.onnx; needs the onnx extra)")
-    onnx.add_argument("--pool", choices=POOLS, default=None,
-                      help="output the pooled embedding (N, D) as kNN / the probe pool it: cls token, mean of the "
-                      "patch tokens, or both side by side (default: every token, (N, 1 + L, D))")  # fmt: skip
+    onnx.add_argument(
+        "--pool",
+        choices=POOLS,
+        default=None,
+        help="output the pooled embedding (N, D) as kNN / the probe pool it: cls token, mean of the "
+        "patch tokens, or both side by side (default: every token, (N, 1 + L, D))",
+    )
     onnx.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: batch 1)")
     add_option(onnx, "img_size", "default: the checkpoint's; position embeddings are resampled")
     onnx.add_argument("--opset", type=argparse_int, default=None, help="ONNX opset (default: the exporter's)")
-    onnx.add_argument("--atol", type=argparse_float, default=None,
-                      help="largest max abs difference of onnxruntime to torch accepted (default: 1e-4)")  # fmt: skip
+    onnx.add_argument(
+        "--atol",
+        type=argparse_float,
+        default=None,
+        help="largest max abs difference of onnxruntime to torch accepted (default: 1e-4)",
+    )
     add_option(onnx, "mean", "recorded in the file (default: the checkpoint's record)")
     add_option(onnx, "std", "recorded in the file (default: the checkpoint's record)")
     return parser
@@ -66,11 +87,18 @@ def run(args: Namespace):
             f"{', '.join(given)}: for ONNX output only (an --out ending in .onnx); leave out for .safetensors"
         )
     if Path(args.out).suffix != ".safetensors":
-        raise UsageError(f"--out must end in .safetensors (a timm ViT) or .onnx (an ONNX file), got {args.out}")
+        raise UsageError(
+            f"--out must end in .safetensors (a timm ViT) or .onnx (an ONNX file), got {args.out}"
+        )
     out = Path(args.out)
-    check_outputs(COMMAND, [Output(out, "--out", ours=is_exported_encoder),
-                            Output(out.with_suffix(".json"), "the JSON beside --out", ours=is_exported_encoder)],
-                  [args.checkpoint])  # fmt: skip
+    check_outputs(
+        COMMAND,
+        [
+            Output(out, "--out", ours=is_exported_encoder),
+            Output(out.with_suffix(".json"), "the JSON beside --out", ours=is_exported_encoder),
+        ],
+        [args.checkpoint],
+    )
     weights, sidecar = export_encoder(args.checkpoint, args.out, args.checkpoint_format, args.num_heads)
     for note in read_checkpoint(args.checkpoint, args.checkpoint_format).notes:
         print(f"note: {note}")
@@ -100,9 +128,18 @@ def run_onnx(args: Namespace):
 
     check_outputs(COMMAND, [Output(Path(args.out), "--out", ours=is_onnx_encoder)], [args.checkpoint])
     export = export_onnx(
-        args.checkpoint, args.out, args.checkpoint_format, args.pool, args.dynamic_batch, args.img_size, args.opset,
-        DEFAULT_ATOL if args.atol is None else args.atol, args.num_heads, args.mean, args.std,
-    )  # fmt: skip
+        args.checkpoint,
+        args.out,
+        args.checkpoint_format,
+        args.pool,
+        args.dynamic_batch,
+        args.img_size,
+        args.opset,
+        DEFAULT_ATOL if args.atol is None else args.atol,
+        args.num_heads,
+        args.mean,
+        args.std,
+    )
     print("\n".join(describe(export)))
     return export
 

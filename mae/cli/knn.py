@@ -24,8 +24,10 @@ def run(args: Namespace) -> tuple[float, float]:
     """Print and return (top-1 %, top-5 %) on the validation split (``mae.eval.knn.knn_evaluate``)."""
     encoder = load_encoder(args.checkpoint, args.data, args.checkpoint_format, args.device)
     acc1, acc5, queries = knn_evaluate(encoder, args.data, args.k, args.temperature, args.device)
-    print(f"kNN (k={args.k}, T={args.temperature}) on {queries} validation images: top-1 {acc1:.2f}%, "
-          f"top-5 {acc5:.2f}%")  # fmt: skip
+    print(
+        f"kNN (k={args.k}, T={args.temperature}) on {queries} validation images: top-1 {acc1:.2f}%, "
+        f"top-5 {acc5:.2f}%"
+    )
     return acc1, acc5
 
 

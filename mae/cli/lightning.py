@@ -38,17 +38,20 @@ def trainer_defaults(run_name: str) -> dict[str, Any]:
     """Trainer settings when a config gives none: CSV metrics under ``runs/<run_name>``."""
     return {
         "precision": default_lightning_precision(),
-        "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
-                   "init_args": {"save_dir": "runs", "name": run_name}},
+        "logger": {
+            "class_path": "lightning.pytorch.loggers.CSVLogger",
+            "init_args": {"save_dir": "runs", "name": run_name},
+        },
         "log_every_n_steps": 10,
-    }  # fmt: skip
+    }
 
 
 class _MAECLI(LightningCLI):
     """Shared by the entry points: one input size (``data.img_size``) feeds the model; checkpoints
     and throughput logging are always on and configured under their own keys."""
 
-    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans"}  # model keys that come from the data module
+    # model keys that come from the data module
+    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans"}
     command = "pretrain"  # its name in ``mae.cli.commands``: where ``--config NAME`` finds recipes
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -66,7 +69,9 @@ class _MAECLI(LightningCLI):
             on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
             # jsonargparse drops a linked key set in a YAML file without a word: refuse it here.
             if on_command_line or key in _model_section_keys(argv):
-                parser.error(f"model.{key} is taken from {source} so data and model agree: set {source} instead")
+                parser.error(
+                    f"model.{key} is taken from {source} so data and model agree: set {source} instead"
+                )
         self.config = parser.parse_args(argv)  # as LightningCLI does, with the stacked configs' bases added
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -84,17 +89,21 @@ class _MAECLI(LightningCLI):
         )
         parser.add_lightning_class_args(ImageThroughputMonitor, "throughput")
         parser.add_subclass_arguments(
-            Logger, "tracker", instantiate=False, required=False,
+            Logger,
+            "tracker",
+            instantiate=False,
+            required=False,
             help="An experiment tracker beside the CSV metrics, continued on resume (mae.training.trackers): "
-            "a Lightning logger and its own settings; recipes: --config loggers/tensorboard | loggers/mlflow | "
-            "loggers/wandb",
-        )  # fmt: skip
+            "a Lightning logger and its own settings; recipes: --config loggers/tensorboard | "
+            "loggers/mlflow | loggers/wandb",
+        )
         parser.add_argument(
             "--ckpt_path",
             type=str | None,
             default=None,
-            help="Resume from this checkpoint, e.g. <run>/checkpoints/last.ckpt, continuing in its run folder; "
-            "'last': the newest last.ckpt of the configured run, or a fresh start when there is none (requeue-safe)",
+            help="Resume from this checkpoint, e.g. <run>/checkpoints/last.ckpt, continuing in its run "
+            "folder; 'last': the newest last.ckpt of the configured run, or a fresh start when there is "
+            "none (requeue-safe)",
         )
 
 
@@ -112,27 +121,41 @@ class PretrainCLI(_MAECLI):
 class FinetuneCLI(_MAECLI):
     """``mae finetune``: the class count comes from the data too; the best checkpoint by ``val/acc1``."""
 
-    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
+    linked = {
+        "img_size": "data.img_size",
+        "in_chans": "data.in_chans",
+        "num_classes": "data (its number of classes)",
+    }
     command = "finetune"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
         parser.link_arguments("data.num_labels", "model.num_classes", apply_on="instantiate")
         parser.set_defaults(
-            {"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_top_k": 1,
-             "checkpoint.every_n_epochs": 1}
-        )  # fmt: skip
+            {
+                "checkpoint.monitor": "val/acc1",
+                "checkpoint.mode": "max",
+                "checkpoint.save_top_k": 1,
+                "checkpoint.every_n_epochs": 1,
+            }
+        )
         parser.add_argument(
-            "--validate_only", type=bool, default=False,
+            "--validate_only",
+            type=bool,
+            default=False,
             help="Only evaluate (top-1/top-5 on the validation split), e.g. a fine-tuned --ckpt_path",
-        )  # fmt: skip
+        )
 
 
 class DenseCLI(_MAECLI):
     """``mae detect``: the class count comes from the data; the best checkpoint by ``val/map``;
     prediction figures under ``figures``."""
 
-    linked = {"img_size": "data.img_size", "in_chans": "data.in_chans", "num_classes": "data (its number of classes)"}
+    linked = {
+        "img_size": "data.img_size",
+        "in_chans": "data.in_chans",
+        "num_classes": "data (its number of classes)",
+    }
     best = "val/map"
     command = "detect"
 
@@ -140,14 +163,20 @@ class DenseCLI(_MAECLI):
         super().add_arguments_to_parser(parser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.set_defaults(
-            {"checkpoint.monitor": self.best, "checkpoint.mode": "max", "checkpoint.save_top_k": 1,
-             "checkpoint.every_n_epochs": 1}
-        )  # fmt: skip
+            {
+                "checkpoint.monitor": self.best,
+                "checkpoint.mode": "max",
+                "checkpoint.save_top_k": 1,
+                "checkpoint.every_n_epochs": 1,
+            }
+        )
         parser.add_lightning_class_args(PredictionFigures, "figures")
         parser.add_argument(
-            "--validate_only", type=bool, default=False,
+            "--validate_only",
+            type=bool,
+            default=False,
             help=f"Only evaluate ({self.best} on the validation split), e.g. a trained --ckpt_path",
-        )  # fmt: skip
+        )
 
 
 class SegmentCLI(DenseCLI):
@@ -344,13 +373,18 @@ def fit(cli: LightningCLI, ckpt_path: str | None) -> None:
 @rank_zero_only
 def print_accuracy(metrics: dict[str, float]) -> None:
     if "val/acc1" in metrics:
-        print(f"validation top-1 {metrics['val/acc1'] * 100:.2f}%, top-5 {metrics['val/acc5'] * 100:.2f}%", flush=True)
+        print(
+            f"validation top-1 {metrics['val/acc1'] * 100:.2f}%, top-5 {metrics['val/acc5'] * 100:.2f}%",
+            flush=True,
+        )
 
 
 @rank_zero_only
 def print_metrics(metrics: dict[str, Any], prefix: str = "val/") -> None:
     """One line of the validation metrics whose names start with ``prefix`` (e.g. ``val/map 0.4312``)."""
-    shown = [f"{name} {float(value):.4f}" for name, value in sorted(metrics.items()) if name.startswith(prefix)]
+    shown = [
+        f"{name} {float(value):.4f}" for name, value in sorted(metrics.items()) if name.startswith(prefix)
+    ]
     if shown:
         print("validation: " + ", ".join(shown), flush=True)
 
@@ -368,10 +402,14 @@ def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
         lines.append(f"  {'last checkpoint:':<18}{checkpoint.last_model_path}")
     if checkpoint is not None and checkpoint.best_model_path and checkpoint.monitor:
         lines.append(f"  {'best checkpoint:':<18}{checkpoint.best_model_path} ({checkpoint.monitor})")
-    figures = [cb.last_path for cb in trainer.callbacks if isinstance(cb, ReconstructionCallback) and cb.last_path]
+    figures = [
+        cb.last_path for cb in trainer.callbacks if isinstance(cb, ReconstructionCallback) and cb.last_path
+    ]
     if figures:
         lines.append(f"  {'reconstructions:':<18}{figures[0]}")
-    predictions = [cb.last_path for cb in trainer.callbacks if isinstance(cb, PredictionFigures) and cb.last_path]
+    predictions = [
+        cb.last_path for cb in trainer.callbacks if isinstance(cb, PredictionFigures) and cb.last_path
+    ]
     if predictions:
         lines.append(f"  {'predictions:':<18}{predictions[0]}")
     lines += [f"  {label:<18}{text}" for label, text in where_to_look(trainer)]

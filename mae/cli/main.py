@@ -22,8 +22,8 @@ def usage() -> str:
     lines = [
         "usage: mae <command> [options]",
         "",
-        "Masked Autoencoders (He et al., 2021): pretraining, fine-tuning and reuse of the encoder, on timm and "
-        "Lightning.",
+        "Masked Autoencoders (He et al., 2021): pretraining, fine-tuning and reuse of the encoder, on timm "
+        "and Lightning.",
         "",
     ]
     groups = dict.fromkeys(command.group for command in COMMANDS)
@@ -46,7 +46,8 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> object:
-    """Run ``mae`` with ``argv`` (default ``sys.argv[1:]``); returns what the subcommand's ``main`` returns."""
+    """Run ``mae`` with ``argv`` (default ``sys.argv[1:]``); returns what the
+    subcommand's ``main`` returns."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] and argv[0] in HELP_FLAGS:  # before any import: mae --help reads the table alone
         print(usage())
@@ -65,8 +66,11 @@ def main(argv: list[str] | None = None) -> object:
     if name not in BY_NAME:
         close = difflib.get_close_matches(name, BY_NAME, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        print(f"usage: mae <command> [options]\nmae: error: unknown command '{name}'{hint} (mae --help lists them)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"usage: mae <command> [options]\nmae: error: unknown command '{name}'{hint} (mae --help lists "
+            "them)",
+            file=sys.stderr,
+        )
         sys.exit(USAGE_ERROR_EXIT_CODE)
     return run_command(lambda: invoke(name, rest))
 

@@ -22,41 +22,73 @@ def build_parser() -> ArgumentParser:
         "split trains the heads (a held-out part of it chooses them), its validation split "
         "is scored.",
     )
-    parser.add_argument("--pool", type=Pool, default="cls",
-                        help='features: "cls" token, "avg" of the patch tokens, or "both".')  # fmt: skip
-    parser.add_argument("--views", type=int, default=1,
-                        help="views of each training image: 1 = the evaluation view; more = that many views with the "
-                        "data module's training augmentation.")  # fmt: skip
+    parser.add_argument(
+        "--pool",
+        type=Pool,
+        default="cls",
+        help='features: "cls" token, "avg" of the patch tokens, or "both".',
+    )
+    parser.add_argument(
+        "--views",
+        type=int,
+        default=1,
+        help="views of each training image: 1 = the evaluation view; more = that many views with the "
+        "data module's training augmentation.",
+    )
     parser.add_argument(
         "--lrs",
         type=list[float] | None,
         default=None,
         help="the learning-rate grid (default ``mae.eval.probe.DEFAULT_LRS``, 1e-3 ... 3e-1).",
     )
-    parser.add_argument("--weight-decays", type=list[float] | None, default=None,
-                        help="the weight-decay grid (default 0, 1e-4, 1e-3).")  # fmt: skip
+    parser.add_argument(
+        "--weight-decays",
+        type=list[float] | None,
+        default=None,
+        help="the weight-decay grid (default 0, 1e-4, 1e-3).",
+    )
     parser.add_argument("--max-epochs", type=int, default=100, help="cap on the heads' training.")
-    parser.add_argument("--patience", type=int, default=10,
-                        help="stop after this many epochs in which no head's held-out loss improved.")  # fmt: skip
-    parser.add_argument("--holdout", type=float, default=0.1,
-                        help="fraction of the training split held out to choose the head.")  # fmt: skip
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=10,
+        help="stop after this many epochs in which no head's held-out loss improved.",
+    )
+    parser.add_argument(
+        "--holdout",
+        type=float,
+        default=0.1,
+        help="fraction of the training split held out to choose the head.",
+    )
     parser.add_argument(
         "--cache",
         type=Path | None,
         default=None,
         help="a file prefix to keep the features on disk (memory-mapped) instead of in memory.",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of the heads' training.")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the held-out split and of the heads' training."
+    )
     return parser
 
 
 def run(args: Namespace) -> ProbeResult:
     """Print and return the probe's result on the validation split (``mae.eval.probe.evaluate``)."""
-    settings = ProbeSettings(args.pool, args.views, args.lrs, args.weight_decays, args.max_epochs, args.patience,
-                             args.holdout, args.seed)  # fmt: skip
+    settings = ProbeSettings(
+        args.pool,
+        args.views,
+        args.lrs,
+        args.weight_decays,
+        args.max_epochs,
+        args.patience,
+        args.holdout,
+        args.seed,
+    )
     if args.cache is not None:
         files = [path for split in ("train", "val") for path in cache_files(f"{args.cache}.{split}")]
-        check_outputs(COMMAND, [Output(path, "--cache", ours=is_cache_file) for path in files], [args.checkpoint])
+        check_outputs(
+            COMMAND, [Output(path, "--cache", ours=is_cache_file) for path in files], [args.checkpoint]
+        )
     encoder = load_encoder(args.checkpoint, args.data, args.checkpoint_format, args.device)
     result, val_images, train_views = evaluate(encoder, args.data, settings, args.device, args.cache)
     print(f"{result} on {val_images} validation images, {args.pool} features of {train_views} training views")

@@ -49,10 +49,17 @@ class ModelSummaryWithoutUncountedFlops(ModelSummary):
         if total_flops == 0:
             summary_data = [(header, values) for header, values in summary_data if header != "FLOPs"]
         table = format_summary_table(
-            total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *summary_data
+            total_parameters,
+            trainable_parameters,
+            model_size,
+            total_training_modes,
+            total_flops,
+            *summary_data,
         )
         if total_flops == 0:
-            table = "\n".join(line for line in table.splitlines() if not line.rstrip().endswith("Total Flops"))
+            table = "\n".join(
+                line for line in table.splitlines() if not line.rstrip().endswith("Total Flops")
+            )
         log.info("\n" + table)
 
 

@@ -31,16 +31,26 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "images", nargs="+", help="image files or folders (any format and channel count the data path reads)"
     )
-    add_option(parser, "checkpoint", "a checkpoint with a decoder (ours, official full, Hugging Face)", required=True)
+    add_option(
+        parser, "checkpoint", "a checkpoint with a decoder (ours, official full, Hugging Face)", required=True
+    )
     add_option(parser, "checkpoint_format", choices=FORMATS)
     parser.add_argument("--mask-ratio", type=argparse_float, default=0.75)
-    parser.add_argument("--mask-strategy", choices=MASK_STRATEGIES, default=None,
-                        help="default: the checkpoint's (random for other files)")  # fmt: skip
+    parser.add_argument(
+        "--mask-strategy",
+        choices=MASK_STRATEGIES,
+        default=None,
+        help="default: the checkpoint's (random for other files)",
+    )
     parser.add_argument("--seed", type=argparse_int, default=0, help="seed of the masks")
     parser.add_argument("--same-mask", action="store_true", help="one mask for every image")
-    parser.add_argument("--unnormalize", choices=("patch", "none"), default="patch",
-                        help="norm_pix_loss models: draw masked patches with the true patches' statistics (patch, "
-                        "leaks them) or the raw normalised prediction (none)")  # fmt: skip
+    parser.add_argument(
+        "--unnormalize",
+        choices=("patch", "none"),
+        default="patch",
+        help="norm_pix_loss models: draw masked patches with the true patches' statistics (patch, "
+        "leaks them) or the raw normalised prediction (none)",
+    )
     add_option(parser, "img_size", "default: the checkpoint's")
     add_option(parser, "mean", "default: the checkpoint's record")
     add_option(parser, "std", "default: the checkpoint's record")
@@ -48,11 +58,17 @@ def build_parser() -> ArgumentParser:
         "--bands", type=argparse_int, nargs=3, default=None, help="channels drawn as RGB (multi-band data)"
     )
     add_option(
-        parser, "max_image_pixels", "larger images are refused as decompression bombs", default=DEFAULT_MAX_PIXELS
+        parser,
+        "max_image_pixels",
+        "larger images are refused as decompression bombs",
+        default=DEFAULT_MAX_PIXELS,
     )
-    parser.add_argument("--attention", action="store_true",
-                        help="add the last block's cls-token attention (mean of the heads, and each head; the "
-                        "encoder on every patch, no masking) to each row")  # fmt: skip
+    parser.add_argument(
+        "--attention",
+        action="store_true",
+        help="add the last block's cls-token attention (mean of the heads, and each head; the "
+        "encoder on every patch, no masking) to each row",
+    )
     add_option(parser, "out", "the figure (PNG)", default=Path("reconstruction.png"))
     return parser
 
@@ -74,8 +90,12 @@ def run(args: Namespace) -> Figure:
         raise UsageError(f"--img-size must be a positive number of pixels, got {args.img_size}")
     if (args.mean is None) != (args.std is None):
         raise UsageError("give --mean and --std together")
-    check_outputs(COMMAND, [Output(args.out, "--out", ours=png_is_from(COMMAND))], [*args.images, args.checkpoint])
-    model, norm = load_reconstructor(args.checkpoint, args.checkpoint_format, args.img_size, args.mean, args.std)
+    check_outputs(
+        COMMAND, [Output(args.out, "--out", ours=png_is_from(COMMAND))], [*args.images, args.checkpoint]
+    )
+    model, norm = load_reconstructor(
+        args.checkpoint, args.checkpoint_format, args.img_size, args.mean, args.std
+    )
     in_chans = model.config["in_chans"]
     if len(norm.mean) != in_chans or len(norm.std) != in_chans:
         raise UsageError(f"--mean and --std need {in_chans} values, one per channel of the model")
@@ -93,9 +113,19 @@ def run(args: Namespace) -> Figure:
             "files, or folders of them, that the skips do not name"
         )
     figure = reconstruction_figure(
-        model, torch.stack(images), names, norm, args.mask_ratio, args.seed, args.same_mask, args.unnormalize,
-        args.bands, strategy=args.mask_strategy, value_range=display_range(names), attention=args.attention,
-    )  # fmt: skip
+        model,
+        torch.stack(images),
+        names,
+        norm,
+        args.mask_ratio,
+        args.seed,
+        args.same_mask,
+        args.unnormalize,
+        args.bands,
+        strategy=args.mask_strategy,
+        value_range=display_range(names),
+        attention=args.attention,
+    )
     atomic_write(args.out, lambda tmp: figure.image.save(tmp, format="PNG", pnginfo=png_info(COMMAND)))
     for name, loss in zip(names, figure.losses, strict=True):
         print(f"{name}: masked-patch loss {loss:.4f}")

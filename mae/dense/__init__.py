@@ -13,7 +13,12 @@ Configs name the classes from here (``class_path: mae.dense.DigitScenesDataModul
 without breaking users' YAML; the old module paths still load (``mae.moved``).
 """
 
-from mae.dense.data import DetectionDataModule, DigitScenesDataModule, DigitScenesSegmentation, SegmentationDataModule
+from mae.dense.data import (
+    DetectionDataModule,
+    DigitScenesDataModule,
+    DigitScenesSegmentation,
+    SegmentationDataModule,
+)
 from mae.dense.metrics import DetectionMetrics, SegmentationMetrics
 from mae.dense.models import SimpleFeaturePyramid, UperNetHead, feature_pyramid
 from mae.dense.tasks import MAEDetectionModule, MAESegmentationModule, PredictionFigures

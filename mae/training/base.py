@@ -29,9 +29,9 @@ def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
     callback = trainer.checkpoint_callback
     last = getattr(callback, "last_model_path", "") or "none written yet"
     raise FloatingPointError(
-        f"non-finite training loss ({loss.item()}) at step {trainer.global_step} (epoch {trainer.current_epoch}); "
-        f"stopped before the update, so no checkpoint holds it (last good: {last}). Resume from it with a lower lr, "
-        f"bf16-mixed instead of 16-mixed, or check the input data."
+        f"non-finite training loss ({loss.item()}) at step {trainer.global_step} (epoch "
+        f"{trainer.current_epoch}); stopped before the update, so no checkpoint holds it (last good: "
+        f"{last}). Resume from it with a lower lr, bf16-mixed instead of 16-mixed, or check the input data."
     )
 
 
@@ -57,12 +57,14 @@ class MAETrainingModule(pl.LightningModule, ABC):
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor
 
     def save_settings(self, **groups: Any) -> None:
-        """``save_hyperparameters()`` of the calling ``__init__`` (and its subclasses'), with each settings group
-        (``optim``, ``kernels`` and the caller's ``groups``) recorded as the dict of its resolved fields, so
-        that checkpoints and ``hparams.yaml`` hold plain values, whatever form the caller gave."""
+        """``save_hyperparameters()`` of the calling ``__init__`` (and its subclasses'), with each settings
+        group (``optim``, ``kernels`` and the caller's ``groups``) recorded as the dict of its resolved
+        fields, so that checkpoints and ``hparams.yaml`` hold plain values, whatever form the caller gave."""
         self.save_hyperparameters(frame=inspect.currentframe().f_back)
         resolved = {"optim": self.optim, "kernels": self.kernels, **groups}
-        self.save_hyperparameters({**self.hparams, **{name: plain(group) for name, group in resolved.items()}})
+        self.save_hyperparameters(
+            {**self.hparams, **{name: plain(group) for name, group in resolved.items()}}
+        )
 
     @property
     def network(self) -> nn.Module:
@@ -88,7 +90,9 @@ class MAETrainingModule(pl.LightningModule, ABC):
         return self.kernels.resolve(settings_for_trainer(self.trainer, steps))
 
     def setup(self, stage: str) -> None:
-        self.settings = self.resolve_settings(self.trainer.estimated_stepping_batches if stage == "fit" else 0)
+        self.settings = self.resolve_settings(
+            self.trainer.estimated_stepping_batches if stage == "fit" else 0
+        )
         set_attention_kernel(self.network, self.settings.attention)
 
     def on_fit_start(self) -> None:

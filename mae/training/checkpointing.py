@@ -20,7 +20,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes to a temporary file in the target folder, fsyncs it, then renames it into place; a
     checkpoint the free space cannot hold is refused before writing, naming the bytes."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp), size=tensor_bytes(checkpoint))
 
 
@@ -54,7 +56,9 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
     """
     path = Path(path)
     if not path.is_file():
-        raise MissingFileError(f"--ckpt_path {path} does not exist (expected a .ckpt file written by this tool)")
+        raise MissingFileError(
+            f"--ckpt_path {path} does not exist (expected a .ckpt file written by this tool)"
+        )
     ckpt = safe_torch_load(path)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "optimizer_states" not in ckpt:
         raise ConfigError(

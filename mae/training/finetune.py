@@ -58,15 +58,22 @@ class MAEFinetuneModule(TransferModule):
         if mode not in ("finetune", "linprobe"):
             raise ConfigError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
         if mode == "linprobe" and (mixup > 0 or cutmix > 0 or self.drop_path_rate > 0):
-            raise ConfigError("linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0")
+            raise ConfigError(
+                "linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0"
+            )
         self.mode = mode
 
         num_classes = self.num_classes
-        vit_kwargs = dict(global_pool=global_pool, num_classes=num_classes, drop_path_rate=self.drop_path_rate)
+        vit_kwargs = dict(
+            global_pool=global_pool, num_classes=num_classes, drop_path_rate=self.drop_path_rate
+        )
         self.vit, config, ckpt = self.pretrained_vit(**vit_kwargs)
         new_head = ckpt is None or "head.weight" in self.vit.load_report.missing
         # The classifier's timm arguments, recorded in checkpoints so mae.load_backbone rebuilds it exactly.
-        self.vit_args = {**vit_args({**config, "img_size": tuple(self.vit.patch_embed.img_size)}), **vit_kwargs}
+        self.vit_args = {
+            **vit_args({**config, "img_size": tuple(self.vit.patch_embed.img_size)}),
+            **vit_kwargs,
+        }
         self.layer_norm_eps = config["layer_norm_eps"]
         if new_head:
             trunc_normal_(self.vit.head.weight, std=head_init_std)
@@ -85,7 +92,10 @@ class MAEFinetuneModule(TransferModule):
         self.mixup = None
         if mode == "finetune" and (mixup > 0 or cutmix > 0):
             self.mixup = Mixup(
-                mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=label_smoothing, num_classes=num_classes
+                mixup_alpha=mixup,
+                cutmix_alpha=cutmix,
+                label_smoothing=label_smoothing,
+                num_classes=num_classes,
             )
             self.train_criterion: nn.Module = SoftTargetCrossEntropy()
         elif label_smoothing > 0:

@@ -47,7 +47,9 @@ def encoder_decoder_groups(model: nn.Module, groups: list[dict]) -> list[dict]:
             params = [p for p in group["params"] if (id(p) in decoder) == (part == "decoder")]
             if params:
                 name = f"{part}_{group.get('name', len(out))}"
-                out.append({**group, "params": params, "name": name, "lr_scale": 1.0, "encoder": part == "encoder"})
+                out.append(
+                    {**group, "params": params, "name": name, "lr_scale": 1.0, "encoder": part == "encoder"}
+                )
     return out
 
 
@@ -99,8 +101,8 @@ def check_warmup(warmup_steps: int, total_steps: int, setting: str = "the warmup
     warmup is shorter than the run: the cosine needs at least one step after it."""
     if warmup_steps >= total_steps:
         raise ConfigError(
-            f"{setting} ({warmup_steps} steps) is not shorter than the run ({total_steps} steps{run}); lower it or "
-            "train longer"
+            f"{setting} ({warmup_steps} steps) is not shorter than the run ({total_steps} steps{run}); lower "
+            "it or train longer"
         )
 
 
@@ -125,7 +127,12 @@ class RunLengthCosine(CosineLRScheduler):
     computes the lr from ``args.epochs`` each step), and a schedule that differs is named in a warning.
     """
 
-    SHAPE = {"warmup_t": "warmup steps", "t_initial": "cosine steps", "lr_min": "final lr", "base_values": "lr"}
+    SHAPE = {
+        "warmup_t": "warmup steps",
+        "t_initial": "cosine steps",
+        "lr_min": "final lr",
+        "base_values": "lr",
+    }
 
     def load_state_dict(self, state_dict: dict) -> None:
         changed = [
@@ -135,9 +142,11 @@ class RunLengthCosine(CosineLRScheduler):
         ]
         if changed:
             rank_zero_warn(
-                "resuming with another schedule than the checkpoint's run (" + "; ".join(changed) + "): the lr "
-                "follows this run's warmup + cosine from the resumed step on (to keep the checkpoint's, resume with "
-                "its trainer.max_epochs / max_steps, batch size, devices and model lr settings)"
+                "resuming with another schedule than the checkpoint's run ("
+                + "; ".join(changed)
+                + "): the lr "
+                "follows this run's warmup + cosine from the resumed step on (to keep the checkpoint's, "
+                "resume with its trainer.max_epochs / max_steps, batch size, devices and model lr settings)"
             )
 
 
@@ -175,13 +184,15 @@ class ResolvedSchedule:
     def describe(self, trainer: pl.Trainer, rule: str) -> str:
         return (
             f"effective batch {self.effective_batch} = {self.batch_size} per device x {trainer.num_devices} "
-            f"device(s) x {trainer.num_nodes} node(s) x {trainer.accumulate_grad_batches} accumulation; "
-            f"lr {self.lr:.4g} ({rule}); {self.steps_per_epoch} steps/epoch, {self.warmup_steps} warmup steps, "
+            f"device(s) x {trainer.num_nodes} node(s) x {trainer.accumulate_grad_batches} accumulation; lr "
+            f"{self.lr:.4g} ({rule}); {self.steps_per_epoch} steps/epoch, {self.warmup_steps} warmup steps, "
             f"{self.total_steps} steps"
         )
 
 
-def resolve_schedule(trainer: pl.Trainer, base_lr: float, lr: float | None, warmup_epochs: float) -> ResolvedSchedule:
+def resolve_schedule(
+    trainer: pl.Trainer, base_lr: float, lr: float | None, warmup_epochs: float
+) -> ResolvedSchedule:
     """Effective batch, scaled lr and step counts of a Lightning run (call from ``configure_optimizers``).
 
     Raises:
@@ -191,26 +202,36 @@ def resolve_schedule(trainer: pl.Trainer, base_lr: float, lr: float | None, warm
     if trainer.max_epochs == 0 or trainer.max_steps == 0:  # Lightning would estimate one epoch's steps
         raise ConfigError(
             f"this run has 0 optimizer steps (trainer.max_epochs={trainer.max_epochs}, "
-            f"trainer.max_steps={trainer.max_steps}): nothing to train; set a positive number of epochs or steps"
+            f"trainer.max_steps={trainer.max_steps}): nothing to train; set a positive number of epochs or "
+            "steps"
         )
     total_steps = trainer.estimated_stepping_batches
     if not math.isfinite(total_steps):
-        raise ConfigError("set trainer.max_epochs or trainer.max_steps: the cosine schedule needs the run length")
+        raise ConfigError(
+            "set trainer.max_epochs or trainer.max_steps: the cosine schedule needs the run length"
+        )
     accumulate = trainer.accumulate_grad_batches
     batch_size = per_device_batch_size(trainer)
     effective = effective_batch_size(batch_size, trainer.num_devices, trainer.num_nodes, accumulate)
     if trainer.train_dataloader is None:  # not loaded when only max_steps bounds the run
         trainer.fit_loop.setup_data()
     if not math.isfinite(trainer.num_training_batches):
-        raise ConfigError("the training data has no length, so model.optim.warmup_epochs cannot be turned into steps")
+        raise ConfigError(
+            "the training data has no length, so model.optim.warmup_epochs cannot be turned into steps"
+        )
     # Lightning steps the optimizer on an epoch's last batch even mid-accumulation.
     steps_per_epoch = math.ceil(trainer.num_training_batches / accumulate)
     warmup_steps = round(warmup_epochs * steps_per_epoch)
     check_warmup(
-        warmup_steps, int(total_steps), f"model.optim.warmup_epochs={warmup_epochs}", f" of {steps_per_epoch} per epoch"
+        warmup_steps,
+        int(total_steps),
+        f"model.optim.warmup_epochs={warmup_epochs}",
+        f" of {steps_per_epoch} per epoch",
     )
     resolved_lr = lr if lr is not None else scaled_lr(base_lr, effective)
-    return ResolvedSchedule(batch_size, effective, resolved_lr, steps_per_epoch, warmup_steps, int(total_steps))
+    return ResolvedSchedule(
+        batch_size, effective, resolved_lr, steps_per_epoch, warmup_steps, int(total_steps)
+    )
 
 
 def per_device_batch_size(trainer: pl.Trainer) -> int:
@@ -221,8 +242,14 @@ def per_device_batch_size(trainer: pl.Trainer) -> int:
     return trainer.train_dataloader.batch_size
 
 
-def stepwise_schedule(optimizer: Optimizer, schedule: ResolvedSchedule, trainer: pl.Trainer, base_lr: float,
-                      lr: float | None, min_lr: float) -> dict:  # fmt: skip
+def stepwise_schedule(
+    optimizer: Optimizer,
+    schedule: ResolvedSchedule,
+    trainer: pl.Trainer,
+    base_lr: float,
+    lr: float | None,
+    min_lr: float,
+) -> dict:
     """Lightning's optimizer config with the warmup + cosine updated every step; prints the numbers.
 
     Pair with ``lr_scheduler_step`` calling ``scheduler.step_update(num_updates=global_step)``.

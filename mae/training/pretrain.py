@@ -27,8 +27,15 @@ from mae.training.resolution import ResolutionSchedule, resize_batch
 from mae.training.settings import AUTO_KERNELS, PRETRAIN_OPTIM, KernelChoices, PretrainOptimSettings, as_group
 
 # Set through the module's own arguments (or data.img_size), never through model_kwargs.
-_OWN_ARGS = ("img_size", "in_chans", "norm_pix_loss", "mask_strategy", "decoder_type", "decoder_keep_ratio",
-             "decoder_encoder_layers")  # fmt: skip
+_OWN_ARGS = (
+    "img_size",
+    "in_chans",
+    "norm_pix_loss",
+    "mask_strategy",
+    "decoder_type",
+    "decoder_keep_ratio",
+    "decoder_encoder_layers",
+)
 
 
 def model_input(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -118,10 +125,16 @@ class MAEPretrainModule(MAETrainingModule):
         if freeze_encoder_epochs < 0:
             raise ConfigError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
         self.model = create_model(
-            model, img_size=img_size, in_chans=in_chans, norm_pix_loss=norm_pix_loss, mask_strategy=mask_strategy,
-            decoder_type=decoder_type, decoder_keep_ratio=decoder_keep_ratio,
-            decoder_encoder_layers=decoder_encoder_layers, **model_kwargs,
-        )  # fmt: skip
+            model,
+            img_size=img_size,
+            in_chans=in_chans,
+            norm_pix_loss=norm_pix_loss,
+            mask_strategy=mask_strategy,
+            decoder_type=decoder_type,
+            decoder_keep_ratio=decoder_keep_ratio,
+            decoder_encoder_layers=decoder_encoder_layers,
+            **model_kwargs,
+        )
         self.model.check_mask_ratio(mask_ratio)  # at start-up, once: training steps pass it unchanged
         self.model.check_decoded_patches(mask_ratio)
         self.resolution = None
@@ -135,8 +148,8 @@ class MAEPretrainModule(MAETrainingModule):
         if init_from is not None:
             if not Path(init_from).exists():
                 raise MissingFileError(
-                    f"model.init_from {init_from} does not exist (to load a trained checkpoint of a run that started "
-                    f"from it, pass init_from=None: the checkpoint holds every weight)"
+                    f"model.init_from {init_from} does not exist (to load a trained checkpoint of a run that "
+                    "started from it, pass init_from=None: the checkpoint holds every weight)"
                 )
             self.init_report = init_mae_from(self.model, init_from, init_format)
             rank_zero_info(f"model.init_from: {self.init_report}")
@@ -154,22 +167,31 @@ class MAEPretrainModule(MAETrainingModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":
             if self.resolution is not None and (self.trainer.max_epochs or -1) < 1:
-                raise ConfigError("model.resolution_schedule is in fractions of the epochs: set trainer.max_epochs")
+                raise ConfigError(
+                    "model.resolution_schedule is in fractions of the epochs: set trainer.max_epochs"
+                )
             self._count_flops()
         super().setup(stage)
 
     def _count_flops(self) -> None:
-        self.flops_per_batch = mae_train_flops(self.model, per_device_batch_size(self.trainer), self.mask_ratio)
+        self.flops_per_batch = mae_train_flops(
+            self.model, per_device_batch_size(self.trainer), self.mask_ratio
+        )
 
     # ------------------------------------------------------------------ progressive resolution
     @property
     def img_size(self) -> tuple[int, int]:
-        """The input size the model takes now (a phase's of ``model.resolution_schedule``, else the built one)."""
-        return (self.model.grid_size[0] * self.model.patch_size, self.model.grid_size[1] * self.model.patch_size)
+        """The input size the model takes now (a phase's of
+        ``model.resolution_schedule``, else the built one)."""
+        return (
+            self.model.grid_size[0] * self.model.patch_size,
+            self.model.grid_size[1] * self.model.patch_size,
+        )
 
     @contextmanager
     def at_img_size(self, size: tuple[int, int] | None = None) -> Iterator[None]:
-        """The model at ``size`` (default: the built, final size) inside the block, at its size before after."""
+        """The model at ``size`` (default: the built, final size) inside the block,
+        at its size before after."""
         before = self.img_size
         self.model.set_img_size(size if size is not None else self.model.config["img_size"])
         try:
@@ -182,7 +204,8 @@ class MAEPretrainModule(MAETrainingModule):
             size = self.resolution.size_at(self.current_epoch, self.trainer.max_epochs)
             if size != self.img_size:
                 rank_zero_info(
-                    f"model.resolution_schedule: epoch {self.current_epoch + 1} on, {size[0]}x{size[1]} inputs"
+                    f"model.resolution_schedule: epoch {self.current_epoch + 1} on, {size[0]}x{size[1]} "
+                    "inputs"
                 )
                 self.model.set_img_size(size)
                 self._count_flops()
@@ -239,7 +262,9 @@ class MAEPretrainModule(MAETrainingModule):
         # The same masks every epoch, so validation losses are comparable across epochs.
         generator = torch.Generator().manual_seed(batch_idx)
         model = self.model  # its strategy and this ratio were checked at build
-        noise = sample_noise(model.mask_strategy, imgs.shape[0], model.grid_size, self.mask_ratio, "cpu", generator)
+        noise = sample_noise(
+            model.mask_strategy, imgs.shape[0], model.grid_size, self.mask_ratio, "cpu", generator
+        )
         noise = noise.to(imgs.device)
         loss, _, _ = self.model(imgs, self.mask_ratio, noise)
         self.val_loss.update(loss, weight=imgs.shape[0])  # reduced exactly across processes

@@ -40,7 +40,9 @@ class ResolutionSchedule:
         phases = []
         for i, phase in enumerate(value):
             if not isinstance(phase, list | tuple) or len(phase) != 2:
-                raise ConfigError(f"{key}[{i}]: a [start, size] pair (start: a fraction of the epochs); got {phase!r}")
+                raise ConfigError(
+                    f"{key}[{i}]: a [start, size] pair (start: a fraction of the epochs); got {phase!r}"
+                )
             start, size = phase
             if isinstance(start, bool) or not isinstance(start, int | float) or not 0 <= start < 1:
                 raise ConfigError(f"{key}[{i}]: start {start!r} must be a fraction of the epochs in [0, 1)")

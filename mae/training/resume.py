@@ -77,7 +77,9 @@ def continue_in_run_folder(trainer: pl.Trainer, ckpt_path: str, global_step: int
     if not isinstance(logger, CSVLogger) or not metrics.is_file():
         return None
     with open(metrics, newline="") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("step", "") == "" or int(row["step"]) < global_step]
+        rows = [
+            row for row in csv.DictReader(f) if row.get("step", "") == "" or int(row["step"]) < global_step
+        ]
     return KeepMetrics(rows)
 
 

@@ -62,7 +62,9 @@ def default_precision(device: torch.device | str) -> Precision:
 def default_lightning_precision() -> str:
     """``default_precision`` of the device a run trains on (CUDA when there is one) as Lightning's
     ``trainer.precision``: "bf16-mixed" or "32-true"."""
-    return {"bf16": "bf16-mixed", "fp32": "32-true"}[default_precision("cuda" if torch.cuda.is_available() else "cpu")]
+    return {"bf16": "bf16-mixed", "fp32": "32-true"}[
+        default_precision("cuda" if torch.cuda.is_available() else "cpu")
+    ]
 
 
 # Compiling the model costs about a minute on 2 CPU cores (less with a warm cache) and saves 25-40 %
@@ -115,4 +117,6 @@ def keep_freed_memory() -> bool:
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(
+        libc.mallopt(m_trim_threshold, 2**31 - 1)
+    )

@@ -1,6 +1,7 @@
 """The settings groups several Lightning modules share, each read by LightningCLI as nested keys:
 ``model.optim`` (the optimiser and its warmup + cosine schedule), ``model.kernels`` (the kernel choices)
-and, for the modules trained on a pretrained encoder, ``model.encoder`` (``mae.training.transfer.EncoderSource``).
+and, for the modules trained on a pretrained encoder, ``model.encoder``
+(``mae.training.transfer.EncoderSource``).
 
 Each group is a frozen dataclass checked when built; a module's parameter of that type, with an
 instance as default, gives the group that task's defaults. Its hyperparameters record each group as a
@@ -123,7 +124,9 @@ def as_group(value: Group | dict[str, Any], default: Group) -> Group:
     known = {f.name for f in fields(default)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ConfigError(f"{type(default).__name__} takes {', '.join(sorted(known))}; got {', '.join(unknown)}")
+        raise ConfigError(
+            f"{type(default).__name__} takes {', '.join(sorted(known))}; got {', '.join(unknown)}"
+        )
     return replace(default, **value)
 
 
@@ -134,7 +137,9 @@ def plain(group: Any) -> dict[str, Any]:
 
 def renamed_key_error(old: str) -> ConfigError:
     """The error for the old key ``old`` (a key of ``RENAMED_KEYS``)."""
-    return ConfigError(f"{old} was moved to {RENAMED_KEYS[old]} in {RENAMED_IN}: set {RENAMED_KEYS[old]} instead")
+    return ConfigError(
+        f"{old} was moved to {RENAMED_KEYS[old]} in {RENAMED_IN}: set {RENAMED_KEYS[old]} instead"
+    )
 
 
 def group_fields(module_class: type) -> dict[str, set[str]]:
@@ -146,7 +151,11 @@ def group_fields(module_class: type) -> dict[str, set[str]]:
         if init is None:
             continue
         for name, parameter in inspect.signature(init).parameters.items():
-            if name not in groups and isinstance(parameter.annotation, type) and is_dataclass(parameter.annotation):
+            if (
+                name not in groups
+                and isinstance(parameter.annotation, type)
+                and is_dataclass(parameter.annotation)
+            ):
                 groups[name] = {f.name for f in fields(parameter.annotation)}
     return groups
 

@@ -46,9 +46,9 @@ def check_checkpoint_exists(checkpoint: str | None) -> None:
     """Raises MissingFileError naming ``model.encoder.checkpoint`` and the two ways on, when it is missing."""
     if checkpoint is not None and not Path(checkpoint).exists():
         raise MissingFileError(
-            f"model.encoder.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the default "
-            f"config, run `mae pretrain --config default` first) or set it to null "
-            f"to train from a random initialisation"
+            f"model.encoder.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the "
+            "default config, run `mae pretrain --config default` first) or set it to null to train from a "
+            "random initialisation"
         )
 
 
@@ -81,14 +81,17 @@ class EncoderSource:
         (``pooling_of``; "token" otherwise).
 
         Raises:
-            MissingFileError: ``checkpoint`` is needed and does not exist, naming ``model.encoder.checkpoint``.
+            MissingFileError: ``checkpoint`` is needed and does not exist, naming
+                ``model.encoder.checkpoint``.
         """
         if record is not None:
             return build_vit(record, img_size, global_pool or "token", **vit_kwargs), dict(record), None
         check_checkpoint_exists(self.checkpoint)
         if self.checkpoint is None:
             with torch.device("meta"):
-                sized = create_model(self.model, img_size=img_size, in_chans=in_chans, **(self.model_kwargs or {}))
+                sized = create_model(
+                    self.model, img_size=img_size, in_chans=in_chans, **(self.model_kwargs or {})
+                )
             return build_vit(sized.config, img_size, global_pool or "token", **vit_kwargs), sized.config, None
         ckpt = read_checkpoint(self.checkpoint, self.checkpoint_format)
         vit = load_backbone(ckpt, img_size, global_pool or pooling_of(ckpt), in_chans=in_chans, **vit_kwargs)

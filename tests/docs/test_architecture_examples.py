@@ -18,7 +18,8 @@ from tests.helpers import REPO, write_image_folder
 
 PAGE = REPO / "docs" / "architecture.md"
 STEP = re.compile(
-    r"<!-- step: (?P<action>[\w-]+) (?P<file>\S+)(?: \| (?P<anchor>.+?))? -->\n```python\n(?P<code>.*?)```", re.S
+    r"<!-- step: (?P<action>[\w-]+) (?P<file>\S+)(?: \| (?P<anchor>.+?))? -->\n```python\n(?P<code>.*?)```",
+    re.S,
 )
 
 
@@ -50,7 +51,9 @@ def apply(step: Step, root: Path) -> None:
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     found = [i for i, line in enumerate(lines) if line.strip().startswith(step.anchor)]
-    assert len(found) == 1, f"step {step.action} {step.file} | {step.anchor}: the anchor is in {len(found)} lines"
+    assert len(found) == 1, (
+        f"step {step.action} {step.file} | {step.anchor}: the anchor is in {len(found)} lines"
+    )
     at = found[0]
     if step.action == "replace-line":
         lines[at : at + 1] = [step.code]
@@ -78,7 +81,9 @@ def run_python(root: Path, code: str, *args: str) -> subprocess.CompletedProcess
     """``python -c code *args`` in a fresh interpreter that imports ``mae`` from the copy at ``root``."""
     command = [sys.executable, "-c", textwrap.dedent(code), *args]
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HOME": str(root)}
-    with subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+    with subprocess.Popen(
+        command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as p:
         out, err = p.communicate(timeout=280)
     result = subprocess.CompletedProcess(command, p.returncode, out, err)
     assert result.returncode == 0, (out + err)[-4000:]
@@ -114,7 +119,9 @@ def test_example__add_a_masking_strategy(tmp_path):
         from mae.models.masking import MASK_STRATEGIES, random_masking, sample_noise
 
         assert mae.__file__.startswith(sys.argv[1]) and "centre" in MASK_STRATEGIES
-        model = create_model("mae_vit_tiny_patch4", img_size=32, mask_strategy="centre", depth=1, decoder_depth=1)
+        model = create_model(
+            "mae_vit_tiny_patch4", img_size=32, mask_strategy="centre", depth=1, decoder_depth=1
+        )
         loss, pred, mask = model(torch.rand(2, 3, 32, 32), mask_ratio=0.75)
         assert torch.isfinite(loss) and mask.sum(1).tolist() == [48.0, 48.0]
         torch.manual_seed(0)
@@ -128,7 +135,14 @@ def test_example__add_a_masking_strategy(tmp_path):
     )
     assert "masked share" in checked.stdout
     trained = run_python(
-        root, MAE_COMMAND, "pretrain", "--config", "default", "--model.mask_strategy", "centre", *PRETRAIN_FOR_TWO_STEPS
+        root,
+        MAE_COMMAND,
+        "pretrain",
+        "--config",
+        "default",
+        "--model.mask_strategy",
+        "centre",
+        *PRETRAIN_FOR_TWO_STEPS,
     )
     assert "Run folder:" in trained.stdout
 
@@ -139,8 +153,12 @@ def test_example__add_a_data_source(tmp_path):
     data = tmp_path / "clone" / "images"
     write_image_folder(data / "pictures", ["cat", "dog", "fox"], per_class=4, size=(40, 30))
     images = sorted((data / "pictures").rglob("*.jpg"))
-    (data / "train.csv").write_text("".join(f"pictures/{p.parent.name}/{p.name},{p.parent.name}\n" for p in images))
-    (data / "val.csv").write_text("".join(f"pictures/{p.parent.name}/{p.name},{p.parent.name}\n" for p in images[::3]))
+    (data / "train.csv").write_text(
+        "".join(f"pictures/{p.parent.name}/{p.name},{p.parent.name}\n" for p in images)
+    )
+    (data / "val.csv").write_text(
+        "".join(f"pictures/{p.parent.name}/{p.name},{p.parent.name}\n" for p in images[::3])
+    )
     listed = [
         "--data",
         "mae.data.ImageListDataModule",
@@ -151,9 +169,12 @@ def test_example__add_a_data_source(tmp_path):
         "--data.img_size",
         "32",
     ]
-    trained = run_python(root, MAE_COMMAND, "pretrain", "--config", "default", *listed, *PRETRAIN_FOR_TWO_STEPS)
+    trained = run_python(
+        root, MAE_COMMAND, "pretrain", "--config", "default", *listed, *PRETRAIN_FOR_TWO_STEPS
+    )
     assert (
-        "ImageListDataModule: 12 training images in 3 classes, 4 validation images" in trained.stderr + trained.stdout
+        "ImageListDataModule: 12 training images in 3 classes, 4 validation images"
+        in trained.stderr + trained.stdout
     )
     refused = subprocess.run(
         [
@@ -176,7 +197,9 @@ def test_example__add_a_data_source(tmp_path):
         timeout=280,
     )
     assert refused.returncode == 2, refused.stderr[-3000:]
-    assert refused.stderr.strip().splitlines()[-1] == f"error: data list {data / 'missing.csv'} does not exist"
+    assert (
+        refused.stderr.strip().splitlines()[-1] == f"error: data list {data / 'missing.csv'} does not exist"
+    )
 
 
 def test_steps__each_example_has_its_steps_and_a_moved_anchor_is_named(tmp_path):
@@ -186,7 +209,11 @@ def test_steps__each_example_has_its_steps_and_a_moved_anchor_is_named(tmp_path)
         "insert-before",
         "insert-after",
     ]
-    assert [s.action for s in example_steps("Add a data source")] == ["new-file", "insert-after", "insert-after"]
+    assert [s.action for s in example_steps("Add a data source")] == [
+        "new-file",
+        "insert-after",
+        "insert-after",
+    ]
     (tmp_path / "m.py").write_text("x = 1\n")
     with pytest.raises(AssertionError, match=r"insert-after m.py \| y = : the anchor is in 0 lines"):
         apply(Step("insert-after", "m.py", "y = ", "z = 2\n"), tmp_path)

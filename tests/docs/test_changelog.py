@@ -104,14 +104,18 @@ def test_changelog__keep_a_changelog_layout():
 def test_changelog__the_newest_release_is_the_package_version():
     """Fails until ``mae.__version__`` (and pyproject.toml) is raised with a new release entry, or the
     other way round."""
-    assert RELEASES[0][0] == mae.__version__, f"CHANGELOG's newest release {RELEASES[0][0]}, mae {mae.__version__}"
+    assert RELEASES[0][0] == mae.__version__, (
+        f"CHANGELOG's newest release {RELEASES[0][0]}, mae {mae.__version__}"
+    )
 
 
 def test_changelog__every_removed_spelling_is_listed_with_the_one_to_use():
     removed = sections(RELEASES[0][2]).get("Removed", "")
     assert removed, f"no Removed section in {RELEASES[0][0]}"
     missing = unlisted_removals(removed)
-    assert not missing, f"refused by the code, not in CHANGELOG.md's {RELEASES[0][0]} Removed section: {missing}"
+    assert not missing, (
+        f"refused by the code, not in CHANGELOG.md's {RELEASES[0][0]} Removed section: {missing}"
+    )
     assert len(OPTION_PAIR.findall(removed)) >= len(REMOVED)
 
 
@@ -119,7 +123,11 @@ def unlisted_renames(changed: str) -> list[str]:
     """The ``RENAMED_KEYS`` pairs that ``changed`` (a Changed section) does not list on one line as
     `` `old` → `new` ``."""
     lines = changed.splitlines()
-    return [f"{old} -> {new}" for old, new in RENAMED_KEYS.items() if not any(f"`{old}` → `{new}`" in x for x in lines)]
+    return [
+        f"{old} -> {new}"
+        for old, new in RENAMED_KEYS.items()
+        if not any(f"`{old}` → `{new}`" in x for x in lines)
+    ]
 
 
 def test_changelog__every_renamed_config_key_is_listed_with_its_new_key():

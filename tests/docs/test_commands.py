@@ -17,12 +17,12 @@ as it would be, from the repository's root:
 - ``pip install``: the extras named for this project exist in pyproject.toml;
 - ``OTHER_TOOLS``: not checked; any other first word fails, so a new kind of command gets noticed.
 
-Paths the reader supplies (checkpoints, data roots, ``runs/.../last.ckpt``) are not looked up: argument parsing
-does not open them. Exemptions: a ``--config`` naming a YAML file the reader writes (``READERS_CONFIGS``), which
-jsonargparse would load, is replaced by what the page says it holds (``READERS_CONFIG_STAND_IN``); a block right
-under ``<!-- commands not checked: REASON -->`` (say, a mistake shown on purpose) is skipped with that reason.
-Parsers are built once per command and reused (a jsonargparse / argparse parser keeps no state between
-``parse_args`` calls).
+Paths the reader supplies (checkpoints, data roots, ``runs/.../last.ckpt``) are not looked up: argument
+parsing does not open them. Exemptions: a ``--config`` naming a YAML file the reader writes
+(``READERS_CONFIGS``), which jsonargparse would load, is replaced by what the page says it holds
+(``READERS_CONFIG_STAND_IN``); a block right under ``<!-- commands not checked: REASON -->`` (say, a mistake
+shown on purpose) is skipped with that reason. Parsers are built once per command and reused (a jsonargparse /
+argparse parser keeps no state between ``parse_args`` calls).
 """
 
 import argparse
@@ -42,13 +42,34 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SHELL_LANGUAGES = frozenset({"bash", "sh", "shell", "console"})
 # Commands of other programs shown in the docs: their options are not ours to check.
-OTHER_TOOLS = frozenset({
-    "apt", "apt-get", "cat", "cd", "chromium", "cp", "curl", "export", "git", "ls", "mkdir", "mkdocs", "mlflow",
-    "nvidia-smi", "pytest", "ruff", "tee", "tensorboard", "wandb", "wget",
-})  # fmt: skip
+OTHER_TOOLS = frozenset(
+    {
+        "apt",
+        "apt-get",
+        "cat",
+        "cd",
+        "chromium",
+        "cp",
+        "curl",
+        "export",
+        "git",
+        "ls",
+        "mkdir",
+        "mkdocs",
+        "mlflow",
+        "nvidia-smi",
+        "pytest",
+        "ruff",
+        "tee",
+        "tensorboard",
+        "wandb",
+        "wget",
+    }
+)
 OTHER_PYTHON_MODULES = frozenset({"pytest"})  # ``python -m X`` of another project
-# ``--config FILE`` naming a YAML file the reader writes (docs/own-data.md): not shipped, so in its place what the
-# page says such a file holds, a data section for the reader's image folder; the rest of the command is checked.
+# ``--config FILE`` naming a YAML file the reader writes (docs/own-data.md): not shipped, so in its place what
+# the page says such a file holds, a data section for the reader's image folder; the rest
+# of the command is checked.
 READERS_CONFIGS = frozenset({"my_scans.yaml"})
 READERS_CONFIG_STAND_IN = ("--data", "mae.data.ImageFolderDataModule", "--data.root", "/data/my_scans")
 # The root entry points: ``python <script> ...`` is ``mae <command> ...``.
@@ -91,7 +112,8 @@ def doc_pages(root: Path) -> list[Path]:
 
 
 def fenced_blocks(text: str) -> Iterator[tuple[str, int, list[str], str]]:
-    """(language, number of the block's first line, its lines, the line above its fence) of every fenced block."""
+    """(language, number of the block's first line, its lines, the line above its
+    fence) of every fenced block."""
     lines = text.splitlines()
     i = 0
     while i < len(lines):
@@ -160,7 +182,9 @@ def split_chain(text: str) -> list[list[str]]:
         token = tokens[i]
         if token in CHAIN_OPERATORS:
             commands.append([])
-        elif set(token) <= set("<>&") and token:  # a redirection: it, its target and a file descriptor before it
+        elif (
+            set(token) <= set("<>&") and token
+        ):  # a redirection: it, its target and a file descriptor before it
             if commands[-1] and commands[-1][-1].isdigit():
                 commands[-1].pop()
             i += 1
@@ -188,7 +212,9 @@ def doc_commands(root: Path) -> list[DocCommand]:
                 try:
                     chain = split_chain(text)
                 except ValueError as err:  # shlex: an unclosed quote
-                    found.append(DocCommand(where, (), text.strip(), f"the shell cannot read it: {err}", not_checked))
+                    found.append(
+                        DocCommand(where, (), text.strip(), f"the shell cannot read it: {err}", not_checked)
+                    )
                     continue
                 for words in chain:
                     while words and ENV_ASSIGNMENT.match(words[0]):  # CUDA_VISIBLE_DEVICES=0 mae ...
@@ -228,7 +254,9 @@ def benchmark_parser(script: str) -> argparse.ArgumentParser:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, "build_parser"):
-        raise LookupError(f"benchmarks/{script} has no build_parser(): give it one, so its options can be checked")
+        raise LookupError(
+            f"benchmarks/{script} has no build_parser(): give it one, so its options can be checked"
+        )
     return module.build_parser()
 
 
@@ -382,7 +410,10 @@ def pip_problem(args: list[str]) -> str | None:
             continue
         missing = sorted({e.strip() for e in requirement["extras"].split(",")} - project_extras())
         if missing:
-            return f"no extra {', '.join(missing)} in pyproject.toml (extras: {', '.join(sorted(project_extras()))})"
+            return (
+                f"no extra {', '.join(missing)} in pyproject.toml "
+                f"(extras: {', '.join(sorted(project_extras()))})"
+            )
     return None
 
 
@@ -446,18 +477,19 @@ def test_doc_commands__a_misspelt_option_a_deleted_recipe_and_other_mistakes_are
         "mae knn --checkpoint '#not a comment' --data.class_path mae.data.DigitsDataModule | tee log\n"
         "```\n\n"
         "```\nmae pretrain --config default\n```\n\n"
-        "```console\n$ python -m mae knn --checkpoint c.ckpt --data.class_path mae.data.NoSuchData\nerror: ...\n```\n\n"
+        "```console\n$ python -m mae knn --checkpoint c.ckpt --data.class_path mae.data.NoSuchData\n"
+        "error: ...\n```\n\n"
         "<!-- commands not checked: the error this page explains -->\n"
         "```bash\nmae pretrain --config default --model.img_size 64\n```\n"
     )
     problems = problems_in(tmp_path)
     expected = [
-        "docs/page.md:5: mae pretrain --config defualt --data.root /data/imagenet: --config defualt: no such file, "
-        "and no recipe of that name; did you mean default?",
+        "docs/page.md:5: mae pretrain --config defualt --data.root /data/imagenet: --config defualt: no "
+        "such file, and no recipe of that name; did you mean default?",
         "docs/page.md:7: mae finetune --config default --model.chekpoint x.ckpt: ",
         "docs/page.md:8: pip install -e '.[dev,nosuch]': no extra nosuch in pyproject.toml",
-        "docs/page.md:8: mae export --checkpoint c.ckpt --format timm --out e.safetensors: --format was renamed "
-        "--checkpoint-format (the old spelling was removed in 0.3.0)",
+        "docs/page.md:8: mae export --checkpoint c.ckpt --format timm --out e.safetensors: --format was "
+        "renamed --checkpoint-format (the old spelling was removed in 0.3.0)",
         "docs/page.md:9: python benchmarks/throughput.py --configs cifar --steps-per-round 3: ",
         "docs/page.md:10: frobnicate --now: unknown command 'frobnicate'",
         "docs/page.md:11: mae pretrian --config default: unknown command 'pretrian'",
@@ -467,4 +499,8 @@ def test_doc_commands__a_misspelt_option_a_deleted_recipe_and_other_mistakes_are
     assert len(problems) == len(expected), "\n".join(problems)
     for problem, start in zip(problems, expected, strict=True):
         assert problem.startswith(start), problem
-    assert "model.chekpoint" in problems[1] and "--steps-per-round" in problems[4] and "NoSuchData" in problems[8]
+    assert (
+        "model.chekpoint" in problems[1]
+        and "--steps-per-round" in problems[4]
+        and "NoSuchData" in problems[8]
+    )

@@ -46,7 +46,8 @@ def site(tmp_path_factory, monkeypatch_module) -> Path:
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NO_MKDOCS_2_WARNING", "1")  # the theme's notice about its successor, not about our pages
+        # the theme's notice about its successor, not about our pages
+        patch.setenv("NO_MKDOCS_2_WARNING", "1")
         yield patch
 
 
@@ -55,9 +56,12 @@ def test_site__builds_strict_with_every_page_and_the_benchmarks_figures(site):
         built = site / ("index.html" if page.stem == "index" else f"{page.stem}/index.html")
         assert built.is_file(), page.name
     home = (site / "index.html").read_text()
-    assert "Quick start" in home and 'href="own-data/"' in home  # README is the home page, its links rewritten
+    # README is the home page, its links rewritten
+    assert "Quick start" in home and 'href="own-data/"' in home
     assert (site / "benchmarks/results/quality_digits/accuracy.png").is_file()
-    assert 'src="../benchmarks/results/quality_digits/accuracy.png"' in (site / "results/index.html").read_text()
+    assert (
+        'src="../benchmarks/results/quality_digits/accuracy.png"' in (site / "results/index.html").read_text()
+    )
     assert "## [0.2.0]" not in (site / "changelog/index.html").read_text()  # included and rendered, not raw
 
 
@@ -66,19 +70,34 @@ def test_site__the_command_line_build_as_a_user_runs_it(tmp_path):
     """``mkdocs build --strict`` itself (the in-process build above shares its configuration), offline."""
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "WARNING" not in result.stderr and (tmp_path / "site" / "index.html").is_file()
 
 
 def test_site__the_api_reference_renders_signatures_and_docstrings(site):
     api = (site / "api/index.html").read_text()
-    for name in ("create_model", "MaskedAutoencoderViT", "load_backbone", "load_mae", "export_encoder",
-                 "feature_pyramid", "ImageFolderDataModule", "MAEPretrainModule", "MAEFinetuneModule",
-                 "ReconstructionCallback", "KNNCallback"):  # fmt: skip
+    for name in (
+        "create_model",
+        "MaskedAutoencoderViT",
+        "load_backbone",
+        "load_mae",
+        "export_encoder",
+        "feature_pyramid",
+        "ImageFolderDataModule",
+        "MAEPretrainModule",
+        "MAEFinetuneModule",
+        "ReconstructionCallback",
+        "KNNCallback",
+    ):
         assert 'id="mae.' in api and re.search(rf'id="mae\.[\w.]*\b{name}"', api), name
-    assert "mask_ratio" in api and "(N, L, p*p*C)" in api  # arguments, and shapes as written (not as emphasis)
+    # arguments, and shapes as written (not as emphasis)
+    assert "mask_ratio" in api and "(N, L, p*p*C)" in api
 
 
 def test_site__a_broken_link_or_anchor_fails_the_strict_build_naming_the_page(tmp_path, monkeypatch_module):
@@ -131,7 +150,9 @@ def test_readme__each_measured_headline_is_on_the_page_it_links():
         text = " ".join((REPO / "docs" / page).read_text() for page in pages)
         claims = re.sub(r"\]\([^)]*\)", "]", bullet)
         for number in NUMBER.findall(claims):
-            assert re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", text), f"README: {number} not on {pages}"
+            assert re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", text), (
+                f"README: {number} not on {pages}"
+            )
 
 
 def _tables(path: Path) -> list[tuple[int, list[str], list[list[str]], list[str]]]:
@@ -176,11 +197,14 @@ def _source_numbers(source: Path) -> list[float]:
 
 
 def _shown_as(number: str, values: list[float]) -> bool:
-    """Some value of the source written with ``number``'s decimals is ``number`` (TFLOP/s as GFLOP/s / 1000)."""
+    """Some value of the source written with ``number``'s decimals is ``number``
+    (TFLOP/s as GFLOP/s / 1000)."""
     decimals = len(number.split(".")[1]) if "." in number else 0
     shown = float(number)
     half_step = 0.5 * 10**-decimals + 1e-9
-    return any(abs(v - shown) <= half_step or abs(v / 1000 - shown) <= half_step for v in values if math.isfinite(v))
+    return any(
+        abs(v - shown) <= half_step or abs(v / 1000 - shown) <= half_step for v in values if math.isfinite(v)
+    )
 
 
 def _row_key(cell: str) -> str:
@@ -215,25 +239,35 @@ def test_results_tables__every_number_is_the_results_files(page, line, header, r
         for cell in row[1:]:
             if NUMERIC_CELL.fullmatch(cell):
                 for number in NUMBER.findall(cell):
-                    assert _shown_as(number, values), f"{page.name}:{line}: {number} ({row[0]}) is in none of {sources}"
+                    assert _shown_as(number, values), (
+                        f"{page.name}:{line}: {number} ({row[0]}) is in none of {sources}"
+                    )
     for file in files:
         if file.suffix == ".md":
             source_tables = [t for t in _markdown_tables(file) if t[0][0] == header[0]]
             for source_header, source_rows in source_tables:
                 by_key = {_row_key(r[0]): dict(zip(source_header, r, strict=True)) for r in source_rows}
                 for row in rows:
-                    assert _row_key(row[0]) in by_key, f"{page.name}:{line}: row {row[0]!r} not in {file.name}"
+                    assert _row_key(row[0]) in by_key, (
+                        f"{page.name}:{line}: row {row[0]!r} not in {file.name}"
+                    )
                     source = by_key[_row_key(row[0])]
                     for name, cell in zip(header[1:], row[1:], strict=True):
                         where = f"{page.name}:{line}: {row[0]} / {name}"
-                        assert source.get(name) == cell, f"{where}: {cell}, the results file has {source.get(name)}"
+                        assert source.get(name) == cell, (
+                            f"{where}: {cell}, the results file has {source.get(name)}"
+                        )
 
 
 def _markdown_tables(path: Path) -> list[tuple[list[str], list[list[str]]]]:
     tables, lines = [], path.read_text().splitlines()
     i = 0
     while i < len(lines):
-        if lines[i].startswith("|") and i + 1 < len(lines) and re.fullmatch(r"\|[-:| ]+\|", lines[i + 1].strip()):
+        if (
+            lines[i].startswith("|")
+            and i + 1 < len(lines)
+            and re.fullmatch(r"\|[-:| ]+\|", lines[i + 1].strip())
+        ):
             end = i + 2
             while end < len(lines) and lines[end].startswith("|"):
                 end += 1

@@ -46,7 +46,11 @@ MIN_MESSAGES = 40
 
 def string_templates(root: Path) -> list[tuple[str, ...]]:
     """``source_templates`` of every Python file under ``root``."""
-    return [template for path in sorted(root.rglob("*.py")) for template in source_templates(path.read_text("utf-8"))]
+    return [
+        template
+        for path in sorted(root.rglob("*.py"))
+        for template in source_templates(path.read_text("utf-8"))
+    ]
 
 
 def source_templates(code: str) -> list[tuple[str, ...]]:
@@ -54,7 +58,8 @@ def source_templates(code: str) -> list[tuple[str, ...]]:
     plain literal, the parts between the fields for an f-string (adjacent literals are one, as Python
     joins them; ``""`` where two fields touch or a field starts or ends it)."""
     tree = ast.parse(code)
-    templates, skipped = [], set()  # skipped: docstrings, and the parts of f-strings (read with their f-string)
+    # skipped: docstrings, and the parts of f-strings (read with their f-string)
+    templates, skipped = [], set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
             first = node.body[0]
@@ -93,7 +98,9 @@ class Literals:
     """The string literals of a source tree, searchable for a page's fragments."""
 
     def __init__(self, templates: list[tuple[str, ...]]) -> None:
-        self.text = SEPARATOR + SEPARATOR.join(part for template in templates for part in template) + SEPARATOR
+        self.text = (
+            SEPARATOR + SEPARATOR.join(part for template in templates for part in template) + SEPARATOR
+        )
         self.whole = {template[0] for template in templates if len(template) == 1}
         self.firsts = SEPARATOR + SEPARATOR.join(template[0] for template in templates)
         self.lasts = SEPARATOR.join(template[-1] for template in templates) + SEPARATOR
@@ -176,7 +183,9 @@ def page_messages(text: str) -> Iterator[tuple[int, str]]:
 
 def fragments(message: str) -> list[str]:
     """The fixed text of ``message`` between its placeholders, the printed prefix taken off."""
-    return [part for part in PLACEHOLDER.split(PREFIX.sub("", message, count=1)) if part and part not in "'\""]
+    return [
+        part for part in PLACEHOLDER.split(PREFIX.sub("", message, count=1)) if part and part not in "'\""
+    ]
 
 
 def checked(fragment: str) -> bool:
@@ -204,7 +213,10 @@ def command_headings(text: str) -> Iterator[tuple[int, list[str]]]:
             if line.strip().startswith(fence) and not line.strip().strip(fence[0]):
                 fence = None
         elif heading := COMMAND_HEADING.match(line):
-            yield number, [name.strip() for name in re.split(r",|/|\band\b", heading["names"]) if name.strip()]
+            yield (
+                number,
+                [name.strip() for name in re.split(r",|/|\band\b", heading["names"]) if name.strip()],
+            )
 
 
 PAGE_TEXT = PAGE.read_text(encoding="utf-8")
@@ -215,7 +227,9 @@ MESSAGES = list(page_messages(PAGE_TEXT))
 
 
 def test_page__quotes_the_messages_in_its_format():
-    assert len(MESSAGES) >= MIN_MESSAGES, f"{len(MESSAGES)} messages found on {PAGE.name}: the format changed?"
+    assert len(MESSAGES) >= MIN_MESSAGES, (
+        f"{len(MESSAGES)} messages found on {PAGE.name}: the format changed?"
+    )
     assert sum(message.startswith("error: ") for _, message in MESSAGES) >= MIN_MESSAGES
 
 
@@ -262,19 +276,21 @@ d = f"port {port} is busy"
 
 
 def test_page_reader__placeholders_prefixes_and_where_messages_are():
-    text = "\n".join([
-        "Prose with `error: inline <x> message` and `not a message`.",
-        "```text",
-        "error: [Errno 28] no space <n> left",
-        "```",
-        "```bash",
-        "mae env",
-        "```",
-        "```text",
-        "FileExistsError: <out> is not empty: it holds '<name>' there",
-        "mae demo: error: busy <p>",
-        "```",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "Prose with `error: inline <x> message` and `not a message`.",
+            "```text",
+            "error: [Errno 28] no space <n> left",
+            "```",
+            "```bash",
+            "mae env",
+            "```",
+            "```text",
+            "FileExistsError: <out> is not empty: it holds '<name>' there",
+            "mae demo: error: busy <p>",
+            "```",
+        ]
+    )
     assert list(page_messages(text)) == [
         (1, "error: inline <x> message"),
         (3, "error: [Errno 28] no space <n> left"),
@@ -293,9 +309,16 @@ def test_page__every_command_heading_names_a_real_command():
 
     headings = list(command_headings(PAGE_TEXT))
     assert len(headings) >= 8, headings
-    unknown = [f"docs/troubleshooting.md:{n}: {name}" for n, names in headings for name in names if name not in BY_NAME]
+    unknown = [
+        f"docs/troubleshooting.md:{n}: {name}"
+        for n, names in headings
+        for name in names
+        if name not in BY_NAME
+    ]
     assert not unknown, f"headings naming no command of mae/cli/commands.py: {unknown}"
-    assert list(command_headings("## mae pretrain, finetune\n```text\n## mae not-a-heading\n```\n## mae pretrian")) == [
+    assert list(
+        command_headings("## mae pretrain, finetune\n```text\n## mae not-a-heading\n```\n## mae pretrian")
+    ) == [
         (1, ["pretrain", "finetune"]),
         (5, ["pretrian"]),
     ]

@@ -79,7 +79,12 @@ def test_python_m__a_command_prints_the_message_alone():
     [
         (
             "finetune",
-            ["--config", "configs/finetune/default.yaml", "--model.encoder.checkpoint", "/no/pretrained.ckpt"],
+            [
+                "--config",
+                "configs/finetune/default.yaml",
+                "--model.encoder.checkpoint",
+                "/no/pretrained.ckpt",
+            ],
             "model.encoder.checkpoint /no/pretrained.ckpt does not exist",
         ),
         (
@@ -104,10 +109,23 @@ def test_python_m__a_command_prints_the_message_alone():
             ["--checkpoint", "/no/file.ckpt", "/no/images", "--out", "/tmp/never.parquet"],
             "/no/images does not exist",
         ),
-        ("search", ["--index", "/no/index.parquet", "/no/query.png"], "index /no/index.parquet does not exist"),
+        (
+            "search",
+            ["--index", "/no/index.parquet", "/no/query.png"],
+            "index /no/index.parquet does not exist",
+        ),
         (
             "anomaly",
-            ["--checkpoint", "/no/file.ckpt", "--normal", "/no/normal", "--test", "/no/test", "--out", "/tmp/never"],
+            [
+                "--checkpoint",
+                "/no/file.ckpt",
+                "--normal",
+                "/no/normal",
+                "--test",
+                "/no/test",
+                "--out",
+                "/tmp/never",
+            ],
             "test folder /no/test does not exist",
         ),
         ("stats", ["/no/images"], "/no/images"),
@@ -127,7 +145,9 @@ def test_every_command__project_error_exits_2_with_its_message(command, argv, ex
     _only_the_message(capsys.readouterr().err, expected)
 
 
-def test_outputs__a_refusal_to_write_over_files_is_an_error_line_and_nothing_is_touched(tmp_path, capsys, monkeypatch):
+def test_outputs__a_refusal_to_write_over_files_is_an_error_line_and_nothing_is_touched(
+    tmp_path, capsys, monkeypatch
+):
     """An output folder holding files the command did not write (FileExistsError from a project check)."""
     monkeypatch.delenv("MAE_DEBUG", raising=False)
     (tmp_path / "images" / "train" / "a").mkdir(parents=True)
@@ -137,7 +157,9 @@ def test_outputs__a_refusal_to_write_over_files_is_an_error_line_and_nothing_is_
     with pytest.raises(SystemExit) as exit_info:
         run_command(partial(invoke, "shard", [str(tmp_path / "images"), "--out", str(tmp_path / "out")]))
     assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
-    _only_the_message(capsys.readouterr().err, "holds 1 file(s) that no conversion of this tool wrote there (mine.txt)")
+    _only_the_message(
+        capsys.readouterr().err, "holds 1 file(s) that no conversion of this tool wrote there (mine.txt)"
+    )
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine.txt"]
     assert (tmp_path / "out" / "mine.txt").read_text() == "the user's"
 
@@ -156,10 +178,12 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 
 @pytest.mark.parametrize("script, command", sorted(ROOT_ENTRY_POINTS.items()))
 def test_root_entry_points__are_the_mae_command(script, command):
-    """``python train.py`` / ``finetune.py`` run ``mae pretrain`` / ``mae finetune``: the same main, errors and
-    exit statuses (``mae.cli.main.main``), nothing of their own."""
+    """``python train.py`` / ``finetune.py`` run ``mae pretrain`` / ``mae finetune``: the same main, errors
+    and exit statuses (``mae.cli.main.main``), nothing of their own."""
     tree = ast.parse((REPO / script).read_text())
-    main_block = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    main_block = [
+        node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+    ]
     assert main_block and ast.unparse(main_block[0].body[0]) == f"main(['{command}', *sys.argv[1:]])", script
     assert {ast.unparse(node) for node in tree.body if isinstance(node, ast.ImportFrom)} == {
         "from mae.cli.main import main"
@@ -180,7 +204,9 @@ def test_user_errors__every_family_is_an_error_line_with_status_2(capsys, monkey
             run_command(mistake)
         assert exit_.value.code == USAGE_ERROR_EXIT_CODE
         _only_the_message(capsys.readouterr().err, f"a {family.__name__} naming the key and the fix")
-    assert issubclass(errors.ConfigError, ValueError) and issubclass(errors.MissingFileError, FileNotFoundError)
+    assert issubclass(errors.ConfigError, ValueError) and issubclass(
+        errors.MissingFileError, FileNotFoundError
+    )
 
 
 def test_a_planted_bug__a_value_error_in_a_model_function_keeps_its_traceback(capsys, monkeypatch, tmp_path):
@@ -195,8 +221,13 @@ def test_a_planted_bug__a_value_error_in_a_model_function_keeps_its_traceback(ca
         raise ValueError("planted bug in the model")
 
     monkeypatch.setattr(model_module.MaskedAutoencoderViT, "forward_loss", planted)
-    one_step = {"trainer.max_epochs": 1, "trainer.limit_train_batches": 1, "trainer.limit_val_batches": 0,
-                "trainer.enable_progress_bar": "false", "model.optim.warmup_epochs": 0}  # fmt: skip
+    one_step = {
+        "trainer.max_epochs": 1,
+        "trainer.limit_train_batches": 1,
+        "trainer.limit_val_batches": 0,
+        "trainer.enable_progress_bar": "false",
+        "model.optim.warmup_epochs": 0,
+    }
     argv = ["pretrain", "--config", "default", *(f"--{key}={value}" for key, value in one_step.items())]
     from mae.cli.main import main
 

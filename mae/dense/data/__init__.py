@@ -4,4 +4,9 @@ digit scenes read through each."""
 from mae.dense.data.detection import DetectionDataModule, DigitScenesDataModule
 from mae.dense.data.segmentation import DigitScenesSegmentation, SegmentationDataModule
 
-__all__ = ["DetectionDataModule", "DigitScenesDataModule", "DigitScenesSegmentation", "SegmentationDataModule"]
+__all__ = [
+    "DetectionDataModule",
+    "DigitScenesDataModule",
+    "DigitScenesSegmentation",
+    "SegmentationDataModule",
+]

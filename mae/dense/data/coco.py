@@ -53,7 +53,8 @@ from mae.errors import InputError, MissingFileError
 BOX_TOLERANCE = 1.0  # px a box may reach past the image edge (rounding) before it is an error; then clipped
 SHOWN = 5  # entries named in an error or in the report of what was left out
 # A box narrower (lower) than this fraction of its image's width (height) counts as of zero size: wider ones
-# are over 80 float32 steps of the image's coordinates apart, so flips, crops and any resize keep them positive.
+# are over 80 float32 steps of the image's coordinates apart, so flips, crops and any
+# resize keep them positive.
 MIN_BOX_SIDE = 1e-5
 MAX_ANNOTATIONS_PER_IMAGE = 1000  # per image, kept ones; COCO's images hold far fewer
 # Characters of one compressed RLE value: 30 bits with the sign, enough for any count of an image under 2^29
@@ -124,7 +125,9 @@ class CocoDetection(Dataset):
         max_annotations_per_image: int = MAX_ANNOTATIONS_PER_IMAGE,
     ) -> None:
         if type(max_annotations_per_image) is not int or max_annotations_per_image < 1:
-            raise InputError(f"max_annotations_per_image must be at least 1, got {max_annotations_per_image!r}")
+            raise InputError(
+                f"max_annotations_per_image must be at least 1, got {max_annotations_per_image!r}"
+            )
         self.annotation_file = Path(annotation_file)
         self.image_folder = Path(image_folder)
         self.masks = masks
@@ -136,7 +139,9 @@ class CocoDetection(Dataset):
         categories = read_categories(data, self.annotation_file)
         self.category_ids = {label: cid for label, (cid, _) in enumerate(categories, start=1)}
         self.category_names = tuple(name for _, name in categories)
-        self.images, left_out = _index(data, self.annotation_file, categories, masks, train, max_annotations_per_image)
+        self.images, left_out = _index(
+            data, self.annotation_file, categories, masks, train, max_annotations_per_image
+        )
         _check_inside(data["images"], self.image_folder, self.annotation_file)  # all listed, served or not
         _check_image_files(self.images, self.image_folder, self.annotation_file)
         kept = sum(len(image.labels) for image in self.images)
@@ -158,17 +163,26 @@ class CocoDetection(Dataset):
         file = self.image_folder / record.file_name
         try:
             image = tv_tensors.Image(read_rgb(file))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:  # PIL's may not name it
+        except (
+            OSError,
+            ValueError,
+            SyntaxError,
+            Image.DecompressionBombError,
+        ) as err:  # PIL's may not name it
             raise InputError(
-                f"cannot read image {file} (image id {record.id} of {self.annotation_file}): {err}; replace the "
-                "file with a readable copy, or remove the image and its annotations from the JSON"
+                f"cannot read image {file} (image id {record.id} of {self.annotation_file}): {err}; replace "
+                "the file with a readable copy, or remove the image and its annotations from the JSON"
             ) from err
         size = (record.height, record.width)
         if image.shape[-2:] != size:  # checked at start-up: the file changed since
-            raise InputError(f"{file} is now {image.shape[-1]}x{image.shape[-2]} px, {self.annotation_file} says "
-                             f"{record.width}x{record.height} (image id {record.id})")  # fmt: skip
+            raise InputError(
+                f"{file} is now {image.shape[-1]}x{image.shape[-2]} px, {self.annotation_file} says "
+                f"{record.width}x{record.height} (image id {record.id})"
+            )
         target: dict[str, Any] = {
-            "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(record.boxes), format="XYXY", canvas_size=size),
+            "boxes": tv_tensors.BoundingBoxes(
+                torch.from_numpy(record.boxes), format="XYXY", canvas_size=size
+            ),
             "labels": torch.from_numpy(record.labels),
             "iscrowd": torch.from_numpy(record.iscrowd),
             "image_id": record.id,
@@ -180,13 +194,15 @@ class CocoDetection(Dataset):
         if self.transforms is not None:
             image, target = self.transforms(image, target)
         image = F.to_dtype(image, torch.float32, scale=True).as_subclass(torch.Tensor)
-        target = {k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v for k, v in target.items()}
+        target = {
+            k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v for k, v in target.items()
+        }
         return image, target
 
 
 def read_coco(annotation_file: str | Path) -> dict:
-    """The parsed JSON, after checking it is an object with lists ``images``, ``annotations`` and ``categories``
-    (their entries are checked by ``CocoDetection``)."""
+    """The parsed JSON, after checking it is an object with lists ``images``, ``annotations`` and
+    ``categories`` (their entries are checked by ``CocoDetection``)."""
     path = Path(annotation_file)
     if not path.is_file():
         raise MissingFileError(f"COCO annotation file {path} not found")
@@ -251,7 +267,8 @@ def rle_counts(counts: str) -> list[int]:
         if group & 0x20:  # more groups follow
             if shift == 5 * RLE_CHARS_PER_COUNT:
                 raise InputError(
-                    f"compressed counts hold a count of more than {RLE_CHARS_PER_COUNT} characters at position {start}"
+                    f"compressed counts hold a count of more than {RLE_CHARS_PER_COUNT} characters at "
+                    f"position {start}"
                 )
             continue
         if group & 0x10:  # negative: sign-extend
@@ -270,7 +287,9 @@ _POSITIVE = (lambda v: type(v) is int and v > 0, "a positive integer (pixels)")
 _NAME = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
 _CROWD = (lambda v: type(v) is int and v in (0, 1), "0 or 1")
 _BOX = (
-    lambda v: isinstance(v, list) and len(v) == 4 and all(type(x) in (int, float) and math.isfinite(x) for x in v),
+    lambda v: (
+        isinstance(v, list) and len(v) == 4 and all(type(x) in (int, float) and math.isfinite(x) for x in v)
+    ),
     "[x, y, width, height]: 4 finite numbers, in pixels",
 )
 
@@ -283,24 +302,35 @@ def _index(
     images = _checked_images(path, data["images"])
     label_of = {cid: label for label, (cid, _) in enumerate(categories, start=1)}
     annotations = _checked_annotations(path, data["annotations"], images, label_of)
-    boxes, sizes = _boxes(path, annotations, images)  # (A, 4) xyxy, clipped; (A, 2) their images' width, height
+    # (A, 4) xyxy, clipped; (A, 2) their images' width, height
+    boxes, sizes = _boxes(path, annotations, images)
     empty = (boxes[:, 2:] - boxes[:, :2] < MIN_BOX_SIDE * sizes).any(1)
     crowd = np.array([a.get("iscrowd", 0) == 1 for a in annotations], bool)
     keep = ~empty & ~crowd if train else ~empty
-    degenerate = _check_segmentations(path, [annotations[i] for i in np.flatnonzero(keep)], images) if masks else []
+    degenerate = (
+        _check_segmentations(path, [annotations[i] for i in np.flatnonzero(keep)], images) if masks else []
+    )
     rows_of: dict[int, list[int]] = {image_id: [] for image_id in images}
     for i in np.flatnonzero(keep):
         rows_of[annotations[i]["image_id"]].append(int(i))
     _refuse(
         path,
         f"images with more annotations than max_annotations_per_image={max_annotations}",
-        [f"image id {i} ({len(rows)} annotations)" for i, rows in rows_of.items() if len(rows) > max_annotations],
-        "at most that many per image: torchvision's box matching holds (annotations x anchors) arrays, 2.2 GB "
-        "per image for 250 annotations at 1024 px; raise data.max_annotations_per_image where memory allows",
+        [
+            f"image id {i} ({len(rows)} annotations)"
+            for i, rows in rows_of.items()
+            if len(rows) > max_annotations
+        ],
+        "at most that many per image: torchvision's box matching holds (annotations x anchors) arrays, "
+        "2.2 GB per image for 250 annotations at 1024 px; raise data.max_annotations_per_image where "
+        "memory allows",
     )
     served = [
         CocoImage(
-            image["id"], image["file_name"], image["width"], image["height"],
+            image["id"],
+            image["file_name"],
+            image["width"],
+            image["height"],
             boxes[rows].astype(np.float32).reshape(-1, 4),
             np.array([label_of[annotations[i]["category_id"]] for i in rows], np.int64),
             np.array([annotations[i].get("iscrowd", 0) for i in rows], np.int64),
@@ -308,46 +338,60 @@ def _index(
         )
         for image in images.values()
         if (rows := rows_of[image["id"]]) or not train
-    ]  # fmt: skip
+    ]
     left_out = {
         "crowd annotations (iscrowd=1)": [annotations[i]["id"] for i in np.flatnonzero(crowd & train)],
         f"annotations with a box of zero width or height (or under {MIN_BOX_SIDE:g} of its image's)": [
             annotations[i]["id"] for i in np.flatnonzero(empty)
         ],
         "annotations with polygon parts of fewer than 3 points (those parts)": degenerate,
-        "images without annotations (training split)": [i for i, rows in rows_of.items() if train and not rows],
+        "images without annotations (training split)": [
+            i for i, rows in rows_of.items() if train and not rows
+        ],
     }
     report = [_named(what, ids) for what, ids in left_out.items() if ids]
     if not served:
-        raise InputError(f"{path}: no image is left to serve" + (f": left out {'; '.join(report)}" if report else ""))
+        raise InputError(
+            f"{path}: no image is left to serve" + (f": left out {'; '.join(report)}" if report else "")
+        )
     return served, report
 
 
 def _checked_images(path: Path, images: list[dict]) -> dict[int, dict]:
     """The ``images`` entries by id, after checking their fields."""
-    _check_fields(path, images, "image", {"id": _INTEGER, "file_name": _NAME, "width": _POSITIVE, "height": _POSITIVE})
+    _check_fields(
+        path, images, "image", {"id": _INTEGER, "file_name": _NAME, "width": _POSITIVE, "height": _POSITIVE}
+    )
     _refuse(path, "image ids listed twice", _repeated([i["id"] for i in images]), "each image has its own id")
     return {image["id"]: image for image in images}
 
 
 def _checked_annotations(path: Path, annotations: list[dict], images: dict, label_of: dict) -> list[dict]:
-    """The ``annotations`` entries, after checking their fields and that they name listed images and categories."""
+    """The ``annotations`` entries, after checking their fields and that they name
+    listed images and categories."""
     fields = {"id": _INTEGER, "image_id": _INTEGER, "category_id": _INTEGER, "bbox": _BOX}
     _check_fields(path, annotations, "annotation", fields)
     _check_fields(path, [a for a in annotations if "iscrowd" in a], "annotation", {"iscrowd": _CROWD})
     _refuse(
         path,
         "annotations of image ids that are not in 'images'",
-        [f"annotation id {a['id']} (image_id {a['image_id']})" for a in annotations if a["image_id"] not in images],
+        [
+            f"annotation id {a['id']} (image_id {a['image_id']})"
+            for a in annotations
+            if a["image_id"] not in images
+        ],
         "every annotation's image_id is the id of an entry of 'images'",
     )
     _refuse(
         path,
         "annotations of category ids that are not in 'categories'",
-        [f"annotation id {a['id']} (category_id {a['category_id']})" for a in annotations
-         if a["category_id"] not in label_of],
+        [
+            f"annotation id {a['id']} (category_id {a['category_id']})"
+            for a in annotations
+            if a["category_id"] not in label_of
+        ],
         f"every category_id is one of the listed ids {sorted(label_of)}",
-    )  # fmt: skip
+    )
     return annotations
 
 
@@ -355,7 +399,9 @@ def _boxes(path: Path, annotations: list[dict], images: dict[int, dict]) -> tupl
     """(A, 4) float64 xyxy boxes, clipped to their images, and (A, 2) their images' width and height; negative
     sizes and boxes more than ``BOX_TOLERANCE`` px outside their image are refused by name."""
     xywh = np.array([a["bbox"] for a in annotations], np.float64).reshape(-1, 4)
-    sizes = np.array([[images[a["image_id"]][k] for k in ("width", "height")] for a in annotations], np.float64)
+    sizes = np.array(
+        [[images[a["image_id"]][k] for k in ("width", "height")] for a in annotations], np.float64
+    )
     sizes = sizes.reshape(-1, 2)
     negative = np.flatnonzero((xywh[:, 2:] < 0).any(1))
     _refuse(
@@ -365,7 +411,9 @@ def _boxes(path: Path, annotations: list[dict], images: dict[int, dict]) -> tupl
         "COCO boxes are [x, y, width, height] with width, height >= 0 (not [x0, y0, x1, y1])",
     )
     xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
-    outside = np.flatnonzero((xyxy[:, :2] < -BOX_TOLERANCE).any(1) | (xyxy[:, 2:] > sizes + BOX_TOLERANCE).any(1))
+    outside = np.flatnonzero(
+        (xyxy[:, :2] < -BOX_TOLERANCE).any(1) | (xyxy[:, 2:] > sizes + BOX_TOLERANCE).any(1)
+    )
     _refuse(
         path,
         f"boxes more than {BOX_TOLERANCE:g} px outside their image",
@@ -397,12 +445,16 @@ def _check_segmentations(path: Path, annotations: list[dict], images: dict[int, 
             ):
                 malformed.append(f"annotation id {a['id']}")
             elif outside := _far_coordinate(segmentation, width, height):
-                far.append(f"annotation id {a['id']} in image id {image['id']} of {width}x{height} px: {outside}")
+                far.append(
+                    f"annotation id {a['id']} in image id {image['id']} of {width}x{height} px: {outside}"
+                )
             elif any(len(p) < 6 for p in segmentation):
                 degenerate.append(a["id"])
         elif isinstance(segmentation, dict) and isinstance(segmentation.get("counts"), str | list):
             size = segmentation.get("size")
-            if not (isinstance(size, list) and [type(s) for s in size] == [int, int] and size == [height, width]):
+            if not (
+                isinstance(size, list) and [type(s) for s in size] == [int, int] and size == [height, width]
+            ):
                 wrong_size.append(
                     f"annotation id {a['id']} RLE size {size} in image id {image['id']} of {height}x{width} "
                     "(height x width)"
@@ -428,8 +480,8 @@ def _check_segmentations(path: Path, annotations: list[dict], images: dict[int, 
         path,
         "polygons with coordinates far outside their image, or not finite",
         far,
-        "polygon coordinates are finite, x in [-width, 2 width] and y in [-height, 2 height] (the image extended "
-        "by its size on each side; pycocotools crashes on coordinates far outside)",
+        "polygon coordinates are finite, x in [-width, 2 width] and y in [-height, 2 height] (the image "
+        "extended by its size on each side; pycocotools crashes on coordinates far outside)",
     )
     _refuse(
         path,
@@ -441,9 +493,9 @@ def _check_segmentations(path: Path, annotations: list[dict], images: dict[int, 
         path,
         "RLE masks that cover not exactly their image",
         uncovered,
-        "an RLE's counts are the lengths of its runs of 0s and 1s, column by column from a run of 0s: non-negative "
-        "integers summing to height x width (pycocotools fails on more and leaves the rest undefined on fewer); "
-        "string counts are pycocotools' compressed form of them",
+        "an RLE's counts are the lengths of its runs of 0s and 1s, column by column from a run of 0s: "
+        "non-negative integers summing to height x width (pycocotools fails on more and leaves the rest "
+        "undefined on fewer); string counts are pycocotools' compressed form of them",
     )
     return degenerate
 
@@ -452,12 +504,15 @@ def _far_coordinate(polygons: list[list], width: int, height: int) -> str | None
     """The first polygon coordinate outside [-width, 2 width] (x) or [-height, 2 height] (y), or not finite,
     as ``"x=1e+30"``; None when there is none."""
     for p in polygons:
-        try:  # the fast path: C loops (a NaN or an infinity makes the sum so; an int beyond float's range raises)
+        # the fast path: C loops (a NaN or an infinity makes the sum so; an int beyond float's range raises)
+        try:
             if not p or (
                 math.isfinite(sum(p))
-                and -width <= min(p[0::2]) and max(p[0::2]) <= 2 * width
-                and -height <= min(p[1::2]) and max(p[1::2]) <= 2 * height
-            ):  # fmt: skip
+                and -width <= min(p[0::2])
+                and max(p[0::2]) <= 2 * width
+                and -height <= min(p[1::2])
+                and max(p[1::2]) <= 2 * height
+            ):
                 continue
         except OverflowError:
             pass  # an int past float's range: the exact per-value comparison below names it
@@ -515,8 +570,8 @@ def _check_inside(images: list[dict], folder: Path, path: Path) -> None:
         path,
         f"image file_name entries that leave the image folder {folder}",
         leaving,
-        f"every file_name is a relative path to a file inside the image folder ({real_folder}, symlinks followed); "
-        "copy those images into it, or set the image folder to one that holds them all",
+        f"every file_name is a relative path to a file inside the image folder ({real_folder}, symlinks "
+        "followed); copy those images into it, or set the image folder to one that holds them all",
     )
 
 
@@ -556,10 +611,14 @@ def _check_image_files(images: list[CocoImage], folder: Path, path: Path) -> Non
     )
 
 
-def _check_fields(path: Path, entries: list[dict], kind: str, fields: dict[str, tuple[Callable, str]]) -> None:
+def _check_fields(
+    path: Path, entries: list[dict], kind: str, fields: dict[str, tuple[Callable, str]]
+) -> None:
     for key, (test, right) in fields.items():
         bad = [
-            f"{_entry(kind, i, e)} has {key}={e[key]!r}" if key in e else f"{_entry(kind, i, e)} has no '{key}'"
+            f"{_entry(kind, i, e)} has {key}={e[key]!r}"
+            if key in e
+            else f"{_entry(kind, i, e)} has no '{key}'"
             for i, e in enumerate(entries)
             if not test(e.get(key))
         ]
@@ -588,5 +647,7 @@ def _named(what: str, ids: list) -> str:
 def _refuse(path: Path, problem: str, entries: list[str], right: str, error: type = ValueError) -> None:
     """Raise ``error`` naming the file, the problem, the first entries and their count, and what is right."""
     if entries:
-        shown = "; ".join(entries[:SHOWN]) + (f"; ... ({len(entries)} in all)" if len(entries) > SHOWN else "")
+        shown = "; ".join(entries[:SHOWN]) + (
+            f"; ... ({len(entries)} in all)" if len(entries) > SHOWN else ""
+        )
         raise error(f"{path}: {problem}: {shown}. Expected: {right}")

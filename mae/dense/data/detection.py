@@ -44,8 +44,13 @@ class FixedSizeCrop(v2.Transform):
         crop_h, crop_w = min(height, self.size[0]), min(width, self.size[1])
         top = int(torch.randint(height - crop_h + 1, ()))
         left = int(torch.randint(width - crop_w + 1, ()))
-        return dict(top=top, left=left, height=crop_h, width=crop_w, padding=[0, 0, self.size[1] - crop_w,
-                                                                                  self.size[0] - crop_h])  # fmt: skip
+        return dict(
+            top=top,
+            left=left,
+            height=crop_h,
+            width=crop_w,
+            padding=[0, 0, self.size[1] - crop_w, self.size[0] - crop_h],
+        )
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         cropped = F.crop(inpt, params["top"], params["left"], params["height"], params["width"])
@@ -76,12 +81,14 @@ def detection_transform(augmentation: DetectionAugmentation, img_size: int) -> v
     if augmentation == "flip":
         return v2.RandomHorizontalFlip()
     if augmentation == "lsj":
-        return v2.Compose([
-            v2.RandomHorizontalFlip(),
-            v2.ScaleJitter((img_size, img_size), scale_range=LSJ_SCALE),
-            FixedSizeCrop(img_size),
-            v2.SanitizeBoundingBoxes(labels_getter=labels_and_crowds),
-        ])  # fmt: skip
+        return v2.Compose(
+            [
+                v2.RandomHorizontalFlip(),
+                v2.ScaleJitter((img_size, img_size), scale_range=LSJ_SCALE),
+                FixedSizeCrop(img_size),
+                v2.SanitizeBoundingBoxes(labels_getter=labels_and_crowds),
+            ]
+        )
     raise ConfigError(f"data.augmentation must be one of 'flip', 'lsj', 'none', got {augmentation!r}")
 
 
@@ -103,8 +110,8 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
             size it sees).
         augmentation: the training split's augmentation: "flip", "lsj" or "none" (module docstring).
         max_annotations_per_image: the most (kept) annotations an image may have, or the split is refused at
-            start-up naming the images: torchvision's box matching needs memory in proportion (2.2 GB per image
-            for 250 annotations at 1024 px), so an image of 100,000 boxes would run out of it mid-run.
+            start-up naming the images: torchvision's box matching needs memory in proportion (2.2 GB per
+            image for 250 annotations at 1024 px), so an image of 100,000 boxes would run out of it mid-run.
         batch_size: images per device per step (fewer than ``SplitLoaders``' default: the images are large).
         **loader: the other loader settings of ``SplitLoaders`` (num_workers, pin_memory, persistent_workers).
 
@@ -153,27 +160,37 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
     def _train_set(self) -> CocoDetection:
         if self.train_set is None:
             self.train_set = CocoDetection(
-                self.root / self.train_annotations, self.root / self.train_images, self.masks, self.train_transform,
-                train=True, max_annotations_per_image=self.max_annotations_per_image,
-            )  # fmt: skip
+                self.root / self.train_annotations,
+                self.root / self.train_images,
+                self.masks,
+                self.train_transform,
+                train=True,
+                max_annotations_per_image=self.max_annotations_per_image,
+            )
         return self.train_set
 
     def setup(self, stage: str | None = None) -> None:
         train = self._train_set()
         if stage in (None, "fit"):  # said where the run starts: the default differs between modules
             rank_zero_info(
-                f"training augmentation: data.augmentation {self.augmentation} ({AUGMENTATIONS[self.augmentation]})"
+                f"training augmentation: data.augmentation {self.augmentation} "
+                f"({AUGMENTATIONS[self.augmentation]})"
             )
         if self.val_set is None and self.val_annotations is not None:
             self.val_set = CocoDetection(
-                self.root / self.val_annotations, self.root / self.val_images, self.masks,
+                self.root / self.val_annotations,
+                self.root / self.val_images,
+                self.masks,
                 max_annotations_per_image=self.max_annotations_per_image,
-            )  # fmt: skip
-            if self.val_set.category_ids != train.category_ids or self.val_set.category_names != train.category_names:
+            )
+            if (
+                self.val_set.category_ids != train.category_ids
+                or self.val_set.category_names != train.category_names
+            ):
                 raise ConfigError(
                     f"{self.val_set.annotation_file} and {train.annotation_file} list different categories "
-                    f"(validation {_listing(self.val_set)}, training {_listing(train)}): the labels would mean "
-                    "different things; both splits need the same 'categories'"
+                    f"(validation {_listing(self.val_set)}, training {_listing(train)}): the labels would "
+                    "mean different things; both splits need the same 'categories'"
                 )
 
     def collate_fn(self) -> Callable:
@@ -188,7 +205,8 @@ class DetectionDataModule(SplitLoaders, pl.LightningDataModule):
 
 def _listing(dataset: CocoDetection) -> str:
     return ", ".join(
-        f"{cid}: {name!r}" for cid, name in zip(dataset.category_ids.values(), dataset.category_names, strict=True)
+        f"{cid}: {name!r}"
+        for cid, name in zip(dataset.category_ids.values(), dataset.category_names, strict=True)
     )
 
 
@@ -204,8 +222,11 @@ class DigitScenesDataModule(DigitScenesOnDisk, DetectionDataModule):
             ``DigitScenesOnDisk``), ``masks`` and the loader settings.
     """
 
-    def __init__(self, *, augmentation: DetectionAugmentation = "none", batch_size: int = 16, **kwargs: Any) -> None:
-        # The scenes' layout and annotation count are fixed, passed here so they are no settings of this module.
+    def __init__(
+        self, *, augmentation: DetectionAugmentation = "none", batch_size: int = 16, **kwargs: Any
+    ) -> None:
+        # The scenes' layout and annotation count are fixed, passed here so they are
+        # no settings of this module.
         super().__init__(
             train_annotations=ANNOTATIONS.format(split="train"),
             val_annotations=ANNOTATIONS.format(split="val"),

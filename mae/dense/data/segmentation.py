@@ -98,8 +98,8 @@ class SegmentationFolder(Dataset):
             raise InputError(f"check_labels must be >= 0 or None (all masks), got {check_labels}")
         if 0 <= ignore_index < num_classes:
             raise InputError(
-                f"ignore_index={ignore_index} is one of the {num_classes} classes (0 .. {num_classes - 1}): it must "
-                f"be another value (255 is the usual one)"
+                f"ignore_index={ignore_index} is one of the {num_classes} classes (0 .. {num_classes - 1}): "
+                "it must be another value (255 is the usual one)"
             )
         self.image_dir, self.mask_dir = Path(images), Path(masks)
         self.num_classes = num_classes
@@ -140,8 +140,8 @@ class SegmentationFolder(Dataset):
         orphans = sorted(mask for stem, mask in masks.items() if stem not in by_stem)
         if orphans:
             raise InputError(
-                f"{len(orphans)} mask(s) in {self.mask_dir} have no image in {self.image_dir} (an image of the "
-                f"same name with one of {', '.join(extensions)}): {_few(orphans)}"
+                f"{len(orphans)} mask(s) in {self.mask_dir} have no image in {self.image_dir} (an image of "
+                f"the same name with one of {', '.join(extensions)}): {_few(orphans)}"
             )
         stems = sorted(by_stem)
         return [by_stem[s] for s in stems], [masks[s] for s in stems]
@@ -150,9 +150,13 @@ class SegmentationFolder(Dataset):
     def _files(folder: Path, kind: str, extensions: tuple[str, ...]) -> list[Path]:
         if not folder.is_dir():
             raise MissingFileError(f"{kind} folder {folder} does not exist or is not a folder")
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in extensions and not p.name.startswith("."))
+        files = sorted(
+            p for p in folder.iterdir() if p.suffix.lower() in extensions and not p.name.startswith(".")
+        )
         if not files:
-            raise InputError(f"{kind} folder {folder} holds no {kind} files (files ending in {', '.join(extensions)})")
+            raise InputError(
+                f"{kind} folder {folder} holds no {kind} files (files ending in {', '.join(extensions)})"
+            )
         return files
 
     def _check_header(self, image: Path, mask: Path) -> None:
@@ -161,8 +165,8 @@ class SegmentationFolder(Dataset):
         if mode not in INDEX_MODES:
             raise InputError(
                 f"mask {mask} has mode {mode} ({Image.getmodebands(mode)} channels): class masks are "
-                f"single-channel index PNGs whose value at each pixel is its class (modes {', '.join(INDEX_MODES)}); "
-                f"convert colour-coded masks to class indices first"
+                "single-channel index PNGs whose value at each pixel is its class (modes "
+                f"{', '.join(INDEX_MODES)}); convert colour-coded masks to class indices first"
             )
         with open_image(image) as i:
             image_size = i.size
@@ -196,7 +200,10 @@ class SegmentationFolder(Dataset):
                 raw = np.array(img)
         if raw.dtype == bool:
             raw = raw.astype(np.uint8)
-        elif raw.dtype not in (np.uint8, np.uint16):  # mode I (or big-endian 16-bit): 0 .. 65535 fit a 16-bit PNG
+        elif raw.dtype not in (
+            np.uint8,
+            np.uint16,
+        ):  # mode I (or big-endian 16-bit): 0 .. 65535 fit a 16-bit PNG
             out_of_range = (raw < 0) | (raw > 65535)
             if out_of_range.any():
                 self._refuse(path, np.unique(raw[out_of_range]))
@@ -211,7 +218,10 @@ class SegmentationFolder(Dataset):
         shown = ", ".join(str(v) for v in values[:10]) + (", ..." if len(values) > 10 else "")
         n = self.num_classes
         if self.reduce_zero_label:
-            rule = f"with reduce_zero_label=True, mask values 1 .. {n} are classes 0 .. {n - 1} and 0 is unlabelled"
+            rule = (
+                f"with reduce_zero_label=True, mask values 1 .. {n} are classes 0 .. {n - 1} "
+                "and 0 is unlabelled"
+            )
             hint = ""
         else:
             rule = f"mask values 0 .. {n - 1} are the classes"
@@ -240,7 +250,8 @@ class SegmentationFolder(Dataset):
 
 @contextlib.contextmanager
 def _named_errors(kind: str, path: Path) -> Iterator[None]:
-    """Decoding errors of ``path`` as a ValueError naming it (PIL's "image file is truncated" names no file)."""
+    """Decoding errors of ``path`` as a ValueError naming it (PIL's "image file is
+    truncated" names no file)."""
     try:
         yield
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
@@ -267,8 +278,8 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
     crop's cap on one class's share: the short side rescaled to ``img_size`` times a ratio drawn from
     ``scale_range`` (mmseg's ``RandomResize`` relative to its scale; the long side is not capped), a random
     ``img_size`` crop (padded with 0 in the image and ``ignore_index`` in the mask where the rescaled image
-    is smaller), a horizontal flip (``flip``). Validation images are resized to short side ``img_size`` (masks by
-    nearest neighbour) and padded per batch to a common size, masks with ``ignore_index``: the mIoU is
+    is smaller), a horizontal flip (``flip``). Validation images are resized to short side ``img_size`` (masks
+    by nearest neighbour) and padded per batch to a common size, masks with ``ignore_index``: the mIoU is
     computed at that resolution, where mmseg computes it at each image's original one.
 
     Batches: (N, 3, H, W) float32 images in [0, 1] (not normalised) and (N, H, W) int64 masks.
@@ -285,8 +296,10 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
         scale_range: (low, high) ratio of the training rescale's short side to ``img_size``.
         flip: the training views' random horizontal flip (mmseg's, on by default); off where a mirrored
             object is another class or none (digits, text, left / right classes).
-        check_labels: masks per split whose values are checked at start-up (``SegmentationFolder``); None: all.
-        batch_size: images per device per step (fewer than ``SplitLoaders``' default: the images are large).
+        check_labels: masks per split whose values are checked at start-up (``SegmentationFolder``);
+            None: all.
+        batch_size: images per device per step (fewer than ``SplitLoaders``' default: the images
+            are large).
         **loader: the other loader settings of ``SplitLoaders`` (num_workers, pin_memory, persistent_workers).
     """
 
@@ -313,7 +326,9 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
             raise InputError(f"data.class_names has {len(class_names)} names for num_classes={num_classes}")
         low, high = scale_range
         if not 0 < low <= high:
-            raise InputError(f"data.scale_range must be (low, high) with 0 < low <= high, got {tuple(scale_range)}")
+            raise InputError(
+                f"data.scale_range must be (low, high) with 0 < low <= high, got {tuple(scale_range)}"
+            )
         if img_size < 1:
             raise ConfigError(f"data.img_size must be >= 1, got {img_size}")
         self.root = Path(root)
@@ -345,7 +360,8 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
         low, high = self.scale_range
         fill = {tv_tensors.Image: 0, tv_tensors.Mask: self.ignore_index}
         views = [
-            v2.RandomResize(round(low * self.img_size), round(high * self.img_size) + 1),  # short side, max exclusive
+            # short side, max exclusive
+            v2.RandomResize(round(low * self.img_size), round(high * self.img_size) + 1),
             v2.RandomCrop(self.img_size, pad_if_needed=True, fill=fill),
         ]
         return v2.Compose((views + [v2.RandomHorizontalFlip()]) if self.flip else views)
@@ -360,9 +376,17 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
             try:
                 folders.append(self.root / template.format(split=split))
             except (KeyError, IndexError, ValueError) as err:
-                raise InputError(f"data.{option}={template!r}: {{split}} is its only placeholder ({err!r})") from err
-        return SegmentationFolder(*folders, self.num_classes, self.ignore_index, self.reduce_zero_label, transforms,
-                                  self.check_labels)  # fmt: skip
+                raise InputError(
+                    f"data.{option}={template!r}: {{split}} is its only placeholder ({err!r})"
+                ) from err
+        return SegmentationFolder(
+            *folders,
+            self.num_classes,
+            self.ignore_index,
+            self.reduce_zero_label,
+            transforms,
+            self.check_labels,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None and stage in (None, "fit"):
@@ -370,15 +394,17 @@ class SegmentationDataModule(SplitLoaders, pl.LightningDataModule):
         if self.val_set is None and self.val_split is not None:
             self.val_set = self.split(self.val_split, self.val_transform())
         sets = (("training", self.train_set), ("validation", self.val_set))
-        rank_zero_info(f"{type(self).__name__}: " + ", ".join(f"{len(s)} {n} images" for n, s in sets if s is not None))
+        rank_zero_info(
+            f"{type(self).__name__}: " + ", ".join(f"{len(s)} {n} images" for n, s in sets if s is not None)
+        )
 
     def collate_fn(self) -> Callable:
         return functools.partial(collate_padded, ignore_index=self.ignore_index)
 
 
 class DigitScenesSegmentation(DigitScenesOnDisk, SegmentationDataModule):
-    """The built-in offline segmentation task: the digit scenes of ``mae.data.sources.digit_scenes`` (written to
-    ``root`` on first use, reused after; the same scenes as ``DigitScenesDataModule``), their class masks
+    """The built-in offline segmentation task: the digit scenes of ``mae.data.sources.digit_scenes`` (written
+    to ``root`` on first use, reused after; the same scenes as ``DigitScenesDataModule``), their class masks
     (0 background, d + 1 for digit d: 11 classes) read through the folder path like any other data.
 
     Args:
@@ -399,7 +425,8 @@ class DigitScenesSegmentation(DigitScenesOnDisk, SegmentationDataModule):
         batch_size: int = 16,
         **kwargs: Any,
     ) -> None:
-        # The scenes' classes, layout and checks are fixed, passed here so they are no settings of this module.
+        # The scenes' classes, layout and checks are fixed, passed here so they are
+        # no settings of this module.
         super().__init__(
             num_classes=len(CATEGORIES) + 1,
             images=IMAGES,

@@ -25,7 +25,8 @@ METRICS = ("map", "map_50", "map_75")  # torchmetrics' names of the summary valu
 
 
 class DetectionMetrics(nn.Module):
-    """Box (and mask) mAP over a validation epoch: ``update`` per batch, ``compute`` at the end, then ``reset``.
+    """Box (and mask) mAP over a validation epoch: ``update`` per batch, ``compute`` at the end, then
+    ``reset``.
 
     Args:
         masks: also measure instance masks (``segm``).
@@ -70,7 +71,9 @@ class DetectionMetrics(nn.Module):
                 (K, H, W); other keys are ignored.
         """
         keys = ("boxes", "scores", "labels")
-        preds = [{k: p[k] for k in keys} | ({"masks": _binary(p["masks"])} if self.masks else {}) for p in preds]
+        preds = [
+            {k: p[k] for k in keys} | ({"masks": _binary(p["masks"])} if self.masks else {}) for p in preds
+        ]
         targets = [
             {k: t[k] for k in ("boxes", "labels", "iscrowd") if k in t}
             | ({"masks": t["masks"].bool()} if self.masks else {})
@@ -110,8 +113,12 @@ def _binary(masks: torch.Tensor) -> torch.Tensor:
 
 def _gathered(state: dict[str, list]) -> dict[str, list]:
     """Every process's per-image lists, concatenated in rank order (the lists may differ in length)."""
-    # on the CPU: a pickled CUDA tensor would be loaded onto its sender's device; COCOeval runs on the CPU anyway
-    on_cpu = {name: [v.cpu() if isinstance(v, torch.Tensor) else v for v in values] for name, values in state.items()}
+    # on the CPU: a pickled CUDA tensor would be loaded onto its sender's device;
+    # COCOeval runs on the CPU anyway
+    on_cpu = {
+        name: [v.cpu() if isinstance(v, torch.Tensor) else v for v in values]
+        for name, values in state.items()
+    }
     everyone: list[dict[str, list] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, on_cpu)
     return {name: [v for rank in everyone for v in rank[name]] for name in state}

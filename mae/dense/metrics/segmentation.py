@@ -59,8 +59,8 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
         label_shape = preds.shape[:1] + preds.shape[2:] if logits else preds.shape
         if label_shape != target.shape or (logits and preds.shape[1] != k):
             raise ConfigError(
-                f"predictions {tuple(preds.shape)} do not match targets {tuple(target.shape)}: (N, {k}, H, W) logits "
-                f"or (N, H, W) labels for (N, H, W) targets"
+                f"predictions {tuple(preds.shape)} do not match targets {tuple(target.shape)}: "
+                f"(N, {k}, H, W) logits or (N, H, W) labels for (N, H, W) targets"
             )
         self._check_labels("target", target, self.ignore_index)
         if not logits:
@@ -74,8 +74,8 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
         if outside.any():
             also = f" (nor ignore_index={ignore_index})" if ignore_index is not None else ""
             raise ConfigError(
-                f"{name} labels {labels[outside].unique()[:10].tolist()} are no class of num_classes={self.num_classes}"
-                f"{also}"
+                f"{name} labels {labels[outside].unique()[:10].tolist()} are no class of "
+                f"num_classes={self.num_classes}{also}"
             )
 
     def class_iou(self) -> torch.Tensor:
@@ -96,5 +96,7 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
             f"{self.prefix}macc": (confmat.diagonal() / confmat.sum(1)).nanmean(),
         }
         if self.per_class:
-            results.update({f"{self.prefix}iou/{name}": v for name, v in zip(self.class_names, iou, strict=True)})
+            results.update(
+                {f"{self.prefix}iou/{name}": v for name, v in zip(self.class_names, iou, strict=True)}
+            )
         return {key: value.float() for key, value in results.items()}

@@ -18,14 +18,18 @@ Detector = Literal["mask_rcnn", "faster_rcnn", "retinanet"]
 Target = dict[str, torch.Tensor]
 
 
-def anchor_generator(strides: tuple[float, ...], sizes: list[float] | None, three_scales: bool) -> AnchorGenerator:
+def anchor_generator(
+    strides: tuple[float, ...], sizes: list[float] | None, three_scales: bool
+) -> AnchorGenerator:
     """One anchor size per pyramid map (default 8x its stride: torchvision's 32 .. 512 px for p = 16),
     aspect ratios 0.5, 1, 2; RetinaNet's three scales per octave (x, x 2^(1/3), x 2^(2/3)) when asked."""
     sizes = sizes or [8 * stride for stride in strides]
     if len(sizes) != len(strides):
         raise ConfigError(f"model.anchor_sizes needs one size per pyramid map ({len(strides)}), got {sizes}")
     octave = (1.0, 2 ** (1 / 3), 2 ** (2 / 3)) if three_scales else (1.0,)
-    return AnchorGenerator(tuple(tuple(s * o for o in octave) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes))
+    return AnchorGenerator(
+        tuple(tuple(s * o for o in octave) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes)
+    )
 
 
 def build_detector(
@@ -50,8 +54,9 @@ def build_detector(
     common = dict(min_size=img_size, max_size=img_size, image_mean=list(mean), image_std=list(std))
     anchors = anchor_generator(backbone.strides, anchor_sizes, three_scales=kind == "retinanet")
     if kind == "retinanet":
-        return RetinaNet(backbone, num_classes, anchor_generator=anchors, detections_per_img=detections_per_image,
-                         **common)  # fmt: skip
+        return RetinaNet(
+            backbone, num_classes, anchor_generator=anchors, detections_per_img=detections_per_image, **common
+        )
     channels = backbone.out_channels
     heads = dict(
         rpn_anchor_generator=anchors,
@@ -60,7 +65,9 @@ def build_detector(
         rpn_pre_nms_top_n_test=proposals_per_image,
         rpn_post_nms_top_n_train=proposals_per_image,
         rpn_post_nms_top_n_test=proposals_per_image,
-        box_head=FastRCNNConvFCHead((channels, 7, 7), [head_channels] * 4, [4 * head_channels], norm_layer=LayerNorm2d),
+        box_head=FastRCNNConvFCHead(
+            (channels, 7, 7), [head_channels] * 4, [4 * head_channels], norm_layer=LayerNorm2d
+        ),
         box_predictor=FastRCNNPredictor(4 * head_channels, num_classes),
         box_batch_size_per_image=rois_per_image,
         box_detections_per_img=detections_per_image,

@@ -44,9 +44,11 @@ def _rescale(dim: int, scale: float) -> tuple[nn.Module, int]:
     """(module, channels out) that turns a (N, dim, h, w) map into one at ``scale`` x its resolution."""
     if scale == 4.0:
         layers = nn.Sequential(
-            nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), LayerNorm2d(dim // 2), nn.GELU(),
+            nn.ConvTranspose2d(dim, dim // 2, 2, stride=2),
+            LayerNorm2d(dim // 2),
+            nn.GELU(),
             nn.ConvTranspose2d(dim // 2, dim // 4, 2, stride=2),
-        )  # fmt: skip
+        )
         return layers, dim // 4
     if scale == 2.0:
         return nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), dim // 2
@@ -61,11 +63,14 @@ def check_encoder(vit: VisionTransformer) -> None:
     """Raises ValueError when the pyramid cannot run on ``vit``: a width the 4x deconvolutions cannot
     split, or an encoder that takes one input size only."""
     if vit.embed_dim % 4:
-        raise ConfigError(f"the encoder's width {vit.embed_dim} must be divisible by 4 for the 4x deconvolutions")
+        raise ConfigError(
+            f"the encoder's width {vit.embed_dim} must be divisible by 4 for the 4x deconvolutions"
+        )
     if not getattr(vit, "dynamic_img_size", False):
         raise ConfigError(
             "the feature pyramid takes inputs of any size: build its encoder with dynamic_img_size=True "
-            "(mae.load_backbone(..., dynamic_img_size=True), as mae.dense.models.pyramid.feature_pyramid does)"
+            "(mae.load_backbone(..., dynamic_img_size=True), as mae.dense.models.pyramid.feature_pyramid "
+            "does)"
         )
 
 
@@ -73,8 +78,10 @@ def checked_scales(scales: Sequence[float]) -> tuple[float, ...]:
     """The four maps' scales as floats. Raises ValueError unless there are four, finest first."""
     checked = tuple(float(scale) for scale in scales)
     if len(checked) != len(SCALES) or list(checked) != sorted(checked, reverse=True):
-        raise ConfigError(f"pyramid scales must be {len(SCALES)} scales from the finest down, e.g. {SCALES}; "
-                         f"got {tuple(scales)}")  # fmt: skip
+        raise ConfigError(
+            f"pyramid scales must be {len(SCALES)} scales from the finest down, e.g. {SCALES}; "
+            f"got {tuple(scales)}"
+        )
     return checked
 
 
@@ -185,7 +192,9 @@ class SimpleFeaturePyramid(nn.Module):
         if relative_position:
             for index, vit_block in enumerate(vit.blocks):
                 if index not in self.global_blocks:
-                    vit_block.window_position_bias = window_position_bias(window_size, vit_block.attn.num_heads)
+                    vit_block.window_position_bias = window_position_bias(
+                        window_size, vit_block.attn.num_heads
+                    )
         self.vit = vit
         self.activation_checkpointing = activation_checkpointing
         self.patch_size = vit.patch_embed.patch_size  # (ph, pw)
@@ -201,7 +210,7 @@ class SimpleFeaturePyramid(nn.Module):
                     LayerNorm2d(out_channels),
                     nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
                     LayerNorm2d(out_channels),
-                )  # fmt: skip
+                )
             )
 
     def detector_sizes(self) -> dict[str, int]:
@@ -227,7 +236,8 @@ class SimpleFeaturePyramid(nn.Module):
         ``{block: (N, D, H / p, W / p)}``, the encoder run on patch tokens only."""
         vit = self.vit
         tokens = embed_positions(vit, vit.patch_embed(images))  # (N, prefix + h * w, D), embeddings resampled
-        tokens = vit.norm_pre(vit.patch_drop(tokens))[:, vit.num_prefix_tokens :]  # ViTDet drops the cls token
+        # ViTDet drops the cls token
+        tokens = vit.norm_pre(vit.patch_drop(tokens))[:, vit.num_prefix_tokens :]
         n, _, height, width = images.shape
         h, w = height // self.patch_size[0], width // self.patch_size[1]
         tokens = tokens.reshape(n, h, w, -1)
@@ -255,18 +265,18 @@ class SimpleFeaturePyramid(nn.Module):
         patches = max(1, round(1 / self.scales[-1]))  # the coarsest map needs this many patches a side
         if images.shape[-2] <= (patches - 1) * ph or images.shape[-1] <= (patches - 1) * pw:
             raise ConfigError(
-                f"images of {images.shape[-2]}x{images.shape[-1]} px are too small for the feature pyramid: it "
-                f"needs {patches} patches of {ph}x{pw} px along each side (at least "
+                f"images of {images.shape[-2]}x{images.shape[-1]} px are too small for the feature pyramid: "
+                f"it needs {patches} patches of {ph}x{pw} px along each side (at least "
                 f"{(patches - 1) * ph + 1}x{(patches - 1) * pw + 1} px)"
             )
         tokens = -(-images.shape[-2] // ph) * -(-images.shape[-1] // pw)
         if tokens > self.max_tokens:
             raise ConfigError(
-                f"images of {images.shape[-2]}x{images.shape[-1]} px make {tokens:,} patches, over this pyramid's "
-                f"max_tokens {self.max_tokens:,} (its encoder was pretrained at {self.pretraining_size[0]}x"
-                f"{self.pretraining_size[1]}): torchvision's detectors resize images to min_size 800 unless told; "
-                f"pass min_size / max_size (pyramid.detector_sizes() gives the pretraining size), or raise "
-                f"max_tokens for inputs you know fit"
+                f"images of {images.shape[-2]}x{images.shape[-1]} px make {tokens:,} patches, over this "
+                f"pyramid's max_tokens {self.max_tokens:,} (its encoder was pretrained at "
+                f"{self.pretraining_size[0]}x{self.pretraining_size[1]}): torchvision's detectors resize "
+                "images to min_size 800 unless told; pass min_size / max_size (pyramid.detector_sizes() "
+                "gives the pretraining size), or raise max_tokens for inputs you know fit"
             )
         features = self.encode(self.pad(images))
         maps = [

@@ -37,7 +37,8 @@ class PyramidPooling(nn.Module):
     def __init__(self, in_channels: int, channels: int, pool_scales: Sequence[int]) -> None:
         super().__init__()
         self.stages = nn.ModuleList(
-            nn.Sequential(nn.AdaptiveAvgPool2d(scale), _conv_bn_relu(in_channels, channels, 1)) for scale in pool_scales
+            nn.Sequential(nn.AdaptiveAvgPool2d(scale), _conv_bn_relu(in_channels, channels, 1))
+            for scale in pool_scales
         )
         self.bottleneck = _conv_bn_relu(in_channels + len(pool_scales) * channels, channels, 3)
 
@@ -123,5 +124,7 @@ def upsample_logits(logits: torch.Tensor, size: Sequence[int], stride: float | N
         return _resize(logits, (height, width))
     padded = (round(logits.shape[-2] * stride), round(logits.shape[-1] * stride))
     if padded[0] < height or padded[1] < width:
-        raise ConfigError(f"logits of {tuple(logits.shape[-2:])} at stride {stride} do not cover {height}x{width} px")
+        raise ConfigError(
+            f"logits of {tuple(logits.shape[-2:])} at stride {stride} do not cover {height}x{width} px"
+        )
     return _resize(logits, padded)[..., :height, :width]

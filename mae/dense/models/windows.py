@@ -35,7 +35,9 @@ def partition(tokens: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Te
     pad_h, pad_w = -h % window, -w % window
     tokens = F.pad(tokens, (0, 0, 0, pad_w, 0, pad_h))
     nh, nw = (h + pad_h) // window, (w + pad_w) // window
-    windows = tokens.view(n, nh, window, nw, window, d).transpose(2, 3).reshape(n * nh * nw, window * window, d)
+    windows = (
+        tokens.view(n, nh, window, nw, window, d).transpose(2, 3).reshape(n * nh * nw, window * window, d)
+    )
     if not (pad_h or pad_w):
         return windows, None
     real = torch.zeros(h + pad_h, w + pad_w, dtype=torch.bool, device=tokens.device)
@@ -50,7 +52,9 @@ def unpartition(windows: torch.Tensor, n: int, h: int, w: int) -> torch.Tensor:
     window = int(round(windows.shape[1] ** 0.5))
     d = windows.shape[-1]
     nh, nw = -(-h // window), -(-w // window)
-    tokens = windows.view(n, nh, nw, window, window, d).transpose(2, 3).reshape(n, nh * window, nw * window, d)
+    tokens = (
+        windows.view(n, nh, nw, window, window, d).transpose(2, 3).reshape(n, nh * window, nw * window, d)
+    )
     return tokens[:, :h, :w]
 
 

@@ -28,23 +28,33 @@ def input_normalization(
     return normalization(in_chans, mean, std)
 
 
-def layer_decay_groups(network: nn.Module, vit: nn.Module, weight_decay: float, layer_decay: float) -> list[dict]:
+def layer_decay_groups(
+    network: nn.Module, vit: nn.Module, weight_decay: float, layer_decay: float
+) -> list[dict]:
     """Optimizer groups of ``network``: its encoder ``vit`` with layer-wise lr decay (timm's groups: the
     last block at ``layer_decay``, each block below one more factor, the embeddings the most, as ViTDet
     and BEiT do), every other parameter (pyramid, heads) at the full lr; weight decay on weights only."""
-    groups = param_groups_layer_decay(vit, weight_decay, no_weight_decay_list=vit.no_weight_decay(),
-                                      layer_decay=layer_decay)  # fmt: skip
+    groups = param_groups_layer_decay(
+        vit, weight_decay, no_weight_decay_list=vit.no_weight_decay(), layer_decay=layer_decay
+    )
     for group in groups:
-        # timm counts layers up to the encoder's last parametrised one; the pyramid's encoder has lost its final
-        # norm, which timm would put above the last block. One more factor keeps the last block at layer_decay.
+        # timm counts layers up to the encoder's last parametrised one; the pyramid's encoder has lost its
+        # final norm, which timm would put above the last block. One more factor keeps the
+        # last block at layer_decay.
         group["lr_scale"] *= layer_decay
     in_vit = {id(p) for p in vit.parameters()}
     rest = [(name, p) for name, p in network.named_parameters() if id(p) not in in_vit and p.requires_grad]
     for decayed in (True, False):
         params = [p for name, p in rest if (p.ndim > 1 and not name.endswith(".bias")) == decayed]
         if params:
-            groups.append({"params": params, "weight_decay": weight_decay if decayed else 0.0, "lr_scale": 1.0,
-                           "name": "heads_decay" if decayed else "heads_no_decay"})  # fmt: skip
+            groups.append(
+                {
+                    "params": params,
+                    "weight_decay": weight_decay if decayed else 0.0,
+                    "lr_scale": 1.0,
+                    "name": "heads_decay" if decayed else "heads_no_decay",
+                }
+            )
     for index, group in enumerate(groups):
         group.pop("param_names", None)
         group.setdefault("name", f"encoder_{index}")
@@ -106,7 +116,9 @@ class DenseTrainingModule(TransferModule):
         (``input_normalization``), recorded in the hyperparameters."""
         vit, _, ckpt = self.pretrained_vit(dynamic_img_size=True, drop_path_rate=self.drop_path_rate)
         self.pyramid = SimpleFeaturePyramid(vit, **self.pyramid_args, max_tokens=self._largest_input(vit))
-        self.mean, self.std = input_normalization(ckpt and ckpt.data, self.in_chans, self.given_mean, self.given_std)
+        self.mean, self.std = input_normalization(
+            ckpt and ckpt.data, self.in_chans, self.given_mean, self.given_std
+        )
         self.hparams.mean, self.hparams.std = list(self.mean), list(self.std)
 
     def _largest_input(self, vit: nn.Module) -> int:
@@ -138,10 +150,11 @@ class DenseTrainingModule(TransferModule):
             if k in saved and saved[k] != v and k not in self.RESOLVED_AT_BUILD
         ]
         raise ConfigError(
-            f"the checkpoint's network does not fit this config's ({len(mismatched)} tensors missing, extra or "
-            f"of another shape, e.g. {', '.join(mismatched[:3])}); settings that differ from the checkpoint's: "
-            f"{'; '.join(differ) or 'none recorded'}. Use the checkpoint's values for the settings that shape the "
-            f"network (relative_position, window_size, block, scales, out_channels, head_channels, detector, model)"
+            f"the checkpoint's network does not fit this config's ({len(mismatched)} tensors missing, extra "
+            f"or of another shape, e.g. {', '.join(mismatched[:3])}); settings that differ from the "
+            f"checkpoint's: {'; '.join(differ) or 'none recorded'}. Use the checkpoint's values for the "
+            "settings that shape the network (relative_position, window_size, block, scales, out_channels, "
+            "head_channels, detector, model)"
         )
 
     def plan_param_groups(self) -> None:
@@ -166,12 +179,18 @@ class DenseTrainingModule(TransferModule):
             "in_chans": self.in_chans,
             "num_classes": self.num_classes,
         }
-        return {"class": DENSE_CLASS, "args": {**args, "module": type(self).__name__},
-                "state_dict_prefix": f"{self.network_attribute}."}  # fmt: skip
+        return {
+            "class": DENSE_CLASS,
+            "args": {**args, "module": type(self).__name__},
+            "state_dict_prefix": f"{self.network_attribute}.",
+        }
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         size = self.img_size
-        checkpoint["mae_data"] = {"in_chans": self.in_chans,
-                                  "img_size": [size, size] if isinstance(size, int) else list(size),
-                                  "mean": list(self.mean), "std": list(self.std)}  # fmt: skip
+        checkpoint["mae_data"] = {
+            "in_chans": self.in_chans,
+            "img_size": [size, size] if isinstance(size, int) else list(size),
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }

@@ -70,13 +70,27 @@ class MAEDetectionModule(DenseTrainingModule):
             **kwargs,
         )
         if detector not in ("mask_rcnn", "faster_rcnn", "retinanet"):
-            raise ConfigError(f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {detector!r}")
+            raise ConfigError(
+                f"model.detector must be one of mask_rcnn, faster_rcnn, retinanet; got {detector!r}"
+            )
         if self.in_chans != 3:
-            raise ConfigError(f"torchvision's detectors take RGB images: data.in_chans must be 3, got {self.in_chans}")
+            raise ConfigError(
+                f"torchvision's detectors take RGB images: data.in_chans must be 3, got {self.in_chans}"
+            )
         self.build_encoder()
-        self.detector = build_detector(detector, self.pyramid, num_classes, img_size, self.mean, self.std,
-                                       anchor_sizes, detections_per_image, head_channels, rois_per_image,
-                                       proposals_per_image)  # fmt: skip
+        self.detector = build_detector(
+            detector,
+            self.pyramid,
+            num_classes,
+            img_size,
+            self.mean,
+            self.std,
+            anchor_sizes,
+            detections_per_image,
+            head_channels,
+            rois_per_image,
+            proposals_per_image,
+        )
         self.plan_param_groups()
         self.masks = detector == "mask_rcnn"
         self.val_metrics = DetectionMetrics(masks=self.masks)
@@ -87,8 +101,9 @@ class MAEDetectionModule(DenseTrainingModule):
         super().setup(stage)
         if self.masks and getattr(self.trainer.datamodule, "masks", True) is False:
             raise ConfigError(
-                "model.detector is mask_rcnn, which learns and is scored on instance masks, but data.masks is "
-                "false: set data.masks: true (the annotations' segmentation), or model.detector: faster_rcnn"
+                "model.detector is mask_rcnn, which learns and is scored on instance masks, but data.masks "
+                "is false: set data.masks: true (the annotations' segmentation), or model.detector: "
+                "faster_rcnn"
             )
 
     def forward(self, images: list[torch.Tensor]) -> list[Target]:
@@ -126,7 +141,9 @@ class MAEDetectionModule(DenseTrainingModule):
                 "epochs. Said once."
             )
 
-    def figure_rows(self, images: list[torch.Tensor], targets: list[Target], score_threshold: float) -> list[list]:
+    def figure_rows(
+        self, images: list[torch.Tensor], targets: list[Target], score_threshold: float
+    ) -> list[list]:
         """For ``PredictionFigures``: per image, the ground truth and the detections, drawn."""
         count = self.num_classes - 1
         names = list(getattr(self.trainer.datamodule, "category_names", None) or range(1, count + 1))
@@ -135,6 +152,10 @@ class MAEDetectionModule(DenseTrainingModule):
             truth = {**target, "scores": torch.ones(len(target["labels"]))}
             if "masks" in target:
                 truth["masks"] = target["masks"][:, None].float()
-            rows.append([detection_panel(image, truth, [str(n) for n in names], 0.0),
-                         detection_panel(image, found, [str(n) for n in names], score_threshold)])  # fmt: skip
+            rows.append(
+                [
+                    detection_panel(image, truth, [str(n) for n in names], 0.0),
+                    detection_panel(image, found, [str(n) for n in names], score_threshold),
+                ]
+            )
         return rows

@@ -39,19 +39,29 @@ def detection_panel(
     drawn = as_uint8(image)
     if "masks" in found and keep.any():
         masks = found["masks"][keep][:, 0] > 0.5
-        drawn = draw_segmentation_masks(drawn, masks, alpha=0.45, colors=[colours[label - 1] for label in labels])
+        drawn = draw_segmentation_masks(
+            drawn, masks, alpha=0.45, colors=[colours[label - 1] for label in labels]
+        )
     scores = found["scores"][keep].tolist()
     captions = [f"{names[label - 1]} {score:.2f}" for label, score in zip(labels, scores, strict=True)]
-    return draw_bounding_boxes(drawn, found["boxes"][keep].cpu(), captions, [colours[label - 1] for label in labels])
+    return draw_bounding_boxes(
+        drawn, found["boxes"][keep].cpu(), captions, [colours[label - 1] for label in labels]
+    )
 
 
 def segmentation_panel(
-    image: torch.Tensor, classes: torch.Tensor, num_classes: int, ignore_index: int, clear: tuple[int, ...] = ()
+    image: torch.Tensor,
+    classes: torch.Tensor,
+    num_classes: int,
+    ignore_index: int,
+    clear: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """(3, H, W) uint8: ``image`` in [0, 1] with (H, W) ``classes`` painted over it (``ignore_index`` and the
     classes in ``clear``, e.g. a background class, left unpainted)."""
     classes = classes.cpu()
-    present = [c for c in classes.unique().tolist() if c != ignore_index and c not in clear and 0 <= c < num_classes]
+    present = [
+        c for c in classes.unique().tolist() if c != ignore_index and c not in clear and 0 <= c < num_classes
+    ]
     if not present:
         return as_uint8(image)
     masks = torch.stack([classes == c for c in present])
@@ -85,7 +95,8 @@ class PredictionFigures(PeriodicMonitor):
         self.last_path: Path | None = None  # known on global rank 0 only
 
     def monitor(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> None:
-        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "predictions"  # a collective: every process
+        # a collective: every process
+        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "predictions"
         dataset = getattr(trainer.datamodule, "val_set", None)
         if not trainer.is_global_zero or dataset is None or not len(dataset):
             return

@@ -88,13 +88,21 @@ class MAESegmentationModule(DenseTrainingModule):
         self.log_dict(self.val_metrics.compute())
         self.val_metrics.reset()
 
-    def figure_rows(self, images: list[torch.Tensor], masks: list[torch.Tensor], score_threshold: float) -> list[list]:
+    def figure_rows(
+        self, images: list[torch.Tensor], masks: list[torch.Tensor], score_threshold: float
+    ) -> list[list]:
         """For ``PredictionFigures``: per image, the ground-truth classes and the predicted ones, drawn."""
         names = getattr(self.trainer.datamodule, "class_names", None) or []
-        clear = tuple(i for i, name in enumerate(names) if name == "background")  # painted, it would hide the image
+        # painted, it would hide the image
+        clear = tuple(i for i, name in enumerate(names) if name == "background")
         rows = []
         for image, mask in zip(images, masks, strict=True):
             predicted = self(image[None])[0].argmax(0)
             truth_panel = segmentation_panel(image, mask, self.num_classes, self.ignore_index, clear)
-            rows.append([truth_panel, segmentation_panel(image, predicted, self.num_classes, self.ignore_index, clear)])
+            rows.append(
+                [
+                    truth_panel,
+                    segmentation_panel(image, predicted, self.num_classes, self.ignore_index, clear),
+                ]
+            )
         return rows

@@ -20,7 +20,9 @@ class KNNCallback(PeriodicMonitor):
         max_train: memory-bank size cap (a fixed random subset of the training split).
     """
 
-    def __init__(self, every_n_epochs: int = 10, k: int = 20, temperature: float = 0.07, max_train: int = 50_000):
+    def __init__(
+        self, every_n_epochs: int = 10, k: int = 20, temperature: float = 0.07, max_train: int = 50_000
+    ):
         if every_n_epochs < 0 or k < 1 or temperature <= 0:
             raise ConfigError(
                 f"need every_n_epochs >= 0, k >= 1, temperature > 0; got {every_n_epochs}, {k}, {temperature}"
@@ -33,5 +35,7 @@ class KNNCallback(PeriodicMonitor):
         if not trainer.is_global_zero or data is None:
             return
         with evaluating(pl_module, pl_module.encoder) as encoder:
-            acc1, acc5, _ = knn_evaluate(encoder, data, self.k, self.temperature, pl_module.device, self.max_train)
+            acc1, acc5, _ = knn_evaluate(
+                encoder, data, self.k, self.temperature, pl_module.device, self.max_train
+            )
         pl_module.log_dict({"val/knn_acc1": acc1, "val/knn_acc5": acc5}, rank_zero_only=True)

@@ -73,11 +73,17 @@ class SigtermCheckpoint(pl.Callback):
             if trainer.strategy.reduce_boolean_decision(signals.requested, all=False):
                 signals.requested = signals.received_sigterm = True
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
             return  # an evaluation has no training state to save
         callback = trainer.checkpoint_callback
-        folder = Path(callback.dirpath) if callback is not None and callback.dirpath else Path(trainer.default_root_dir)
+        folder = (
+            Path(callback.dirpath)
+            if callback is not None and callback.dirpath
+            else Path(trainer.default_root_dir)
+        )
         path = folder / "last.ckpt"
         if callback is not None and hasattr(callback, "last_model_path"):
             # Recorded in the checkpoint: on resume, the checkpoint callback then keeps writing this
@@ -86,8 +92,8 @@ class SigtermCheckpoint(pl.Callback):
             callback.last_model_path = str(path)
         trainer.save_checkpoint(path)
         rank_zero_info(
-            f"SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path {path} (or --ckpt_path "
-            f"last); exiting with status {PREEMPTED_EXIT_CODE}"
+            f"SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path {path} (or "
+            f"--ckpt_path last); exiting with status {PREEMPTED_EXIT_CODE}"
         )
 
 
@@ -97,7 +103,12 @@ class RemoveOrphanTemporaries(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         callback = trainer.checkpoint_callback
-        if trainer.is_global_zero and callback is not None and callback.dirpath and Path(callback.dirpath).is_dir():
+        if (
+            trainer.is_global_zero
+            and callback is not None
+            and callback.dirpath
+            and Path(callback.dirpath).is_dir()
+        ):
             for path in remove_orphan_temporaries(callback.dirpath):
                 rank_zero_info(f"removed {path}, left by a process killed while saving a checkpoint")
 

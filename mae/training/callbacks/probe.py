@@ -36,8 +36,9 @@ class ProbeCallback(PeriodicMonitor):
         if every_n_epochs < 0:
             raise ConfigError(f"probe.every_n_epochs must be >= 0, got {every_n_epochs}")
         super().__init__(every_n_epochs)
-        self.settings = ProbeSettings(pool, lrs=lrs, weight_decays=weight_decays, max_epochs=max_epochs,
-                                      patience=patience)  # fmt: skip
+        self.settings = ProbeSettings(
+            pool, lrs=lrs, weight_decays=weight_decays, max_epochs=max_epochs, patience=patience
+        )
         self.max_train = max_train
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -45,8 +46,8 @@ class ProbeCallback(PeriodicMonitor):
         data = trainer.datamodule
         if self.every_n_epochs and isinstance(data, ImageDataModule) and data.num_labels < 2:
             raise ConfigError(
-                f"probe.every_n_epochs={self.every_n_epochs}: a linear probe needs labelled data with 2 or more "
-                f"classes; {type(data).__name__} has {data.num_labels}; set probe.every_n_epochs: 0"
+                f"probe.every_n_epochs={self.every_n_epochs}: a linear probe needs labelled data with 2 or "
+                f"more classes; {type(data).__name__} has {data.num_labels}; set probe.every_n_epochs: 0"
             )
 
     def monitor(self, trainer: pl.Trainer, pl_module: MAETrainingModule, epoch: int) -> None:
@@ -55,4 +56,6 @@ class ProbeCallback(PeriodicMonitor):
             return
         with evaluating(pl_module, pl_module.encoder) as encoder:
             result, _, _ = evaluate(encoder, data, self.settings, pl_module.device, max_train=self.max_train)
-        pl_module.log_dict({"val/probe_acc1": result.val_acc1, "val/probe_acc5": result.val_acc5}, rank_zero_only=True)
+        pl_module.log_dict(
+            {"val/probe_acc1": result.val_acc1, "val/probe_acc5": result.val_acc5}, rank_zero_only=True
+        )

@@ -33,7 +33,9 @@ class ReconstructionCallback(PeriodicMonitor):
         self, every_n_epochs: int = 1, num_images: int = 8, seed: int = 0, bands: list[int] | None = None
     ) -> None:
         if every_n_epochs < 0 or num_images < 1:
-            raise ConfigError(f"need every_n_epochs >= 0 and num_images >= 1, got {every_n_epochs}, {num_images}")
+            raise ConfigError(
+                f"need every_n_epochs >= 0 and num_images >= 1, got {every_n_epochs}, {num_images}"
+            )
         if bands is not None and (len(bands) != 3 or min(bands) < 0):
             raise ConfigError(f"reconstruction.bands must be 3 channel indices, got {bands}")
         super().__init__(every_n_epochs)
@@ -49,7 +51,8 @@ class ReconstructionCallback(PeriodicMonitor):
             return next(iter(trainer.train_dataloader))[0][: self.num_images]
         dataset = datamodule.val_set or datamodule.train_set
         count = min(self.num_images, len(dataset))
-        spread = torch.linspace(0, len(dataset) - 1, count).long().tolist()  # across classes, not the first few
+        # across classes, not the first few
+        spread = torch.linspace(0, len(dataset) - 1, count).long().tolist()
         return datamodule.normalize(torch.stack([dataset[i][0] for i in spread]))
 
     @staticmethod

@@ -12,7 +12,8 @@ def _batch_size(batch: Any) -> int:
 
 class ImageThroughputMonitor(ThroughputMonitor):
     """ThroughputMonitor for ``(images, labels)`` batches (images a tensor or a list). Logs
-    ``train/device/samples_per_sec`` (images/s per device) and, with several devices, ``train/samples_per_sec``.
+    ``train/device/samples_per_sec`` (images/s per device) and, with several devices,
+    ``train/samples_per_sec``.
 
     Args:
         window_size: steps averaged per measurement.

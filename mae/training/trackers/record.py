@@ -20,7 +20,8 @@ def load_record(run_folder: Path) -> dict[str, dict]:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(
-            f"{path}: not the tracker record this tool writes ({err}); move it away to start a new tracked run"
+            f"{path}: not the tracker record this tool writes ({err}); move it away to start a new tracked "
+            "run"
         ) from None
     return record if isinstance(record, dict) else {}
 

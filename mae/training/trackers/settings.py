@@ -11,7 +11,8 @@ NOT_INSTALLED = "not installed"
 
 
 def package_versions(packages: tuple[str, ...] = VERSIONED_PACKAGES) -> dict[str, str]:
-    """Versions of ``packages`` (default: those a run's numbers depend on), ``not installed`` where missing."""
+    """Versions of ``packages`` (default: those a run's numbers depend on), ``not
+    installed`` where missing."""
     versions = {}
     for package in packages:
         try:
@@ -21,11 +22,15 @@ def package_versions(packages: tuple[str, ...] = VERSIONED_PACKAGES) -> dict[str
     return versions
 
 
-def run_settings(config: dict[str, Any], pl_module: pl.LightningModule, trainer: pl.Trainer) -> dict[str, Any]:
+def run_settings(
+    config: dict[str, Any], pl_module: pl.LightningModule, trainer: pl.Trainer
+) -> dict[str, Any]:
     """What a tracker shows as the run's hyperparameters: ``config`` (the resolved command-line config,
     without ``ckpt_path``, which changes between a run and its resume), the effective batch and lr
     (known once the optimizer is built), the architecture record and the package versions."""
-    settings: dict[str, Any] = {"config": {k: v for k, v in config.items() if k not in ("ckpt_path", "config")}}
+    settings: dict[str, Any] = {
+        "config": {k: v for k, v in config.items() if k not in ("ckpt_path", "config")}
+    }
     effective_batch = getattr(pl_module, "effective_batch", None)
     if effective_batch is not None:
         settings["run"] = {

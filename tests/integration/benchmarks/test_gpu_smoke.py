@@ -15,8 +15,27 @@ from tests.gpu.parts import RESULT_KEYS
 from tests.helpers import REPO
 
 SCRIPT = REPO / "benchmarks" / "gpu_smoke.sh"
-DECODER_VARIANTS = {"default", "partial-0.25", "partial-0.5", "cross", "cross-partial-0.25", "low-res", "fast"}
-RECORD_KEYS = {"part", "status", "seconds", "limit_s", "dry_run", "device", "results", "notes", "error", "log"}
+DECODER_VARIANTS = {
+    "default",
+    "partial-0.25",
+    "partial-0.5",
+    "cross",
+    "cross-partial-0.25",
+    "low-res",
+    "fast",
+}
+RECORD_KEYS = {
+    "part",
+    "status",
+    "seconds",
+    "limit_s",
+    "dry_run",
+    "device",
+    "results",
+    "notes",
+    "error",
+    "log",
+}
 TAG = "GPU_SMOKE_TEST_TAG"  # in the environment of everything the script starts
 
 
@@ -51,7 +70,9 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
     """One dry run of three parts: decoders (ok), onnx (needs more time than is left: skipped), sigterm
     (a 3 s limit: timeout)."""
     out = tmp_path_factory.mktemp("gpu_smoke") / "results"
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_SMOKE_", "DRY_RUN", "PARTS"))}
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GPU_SMOKE_", "DRY_RUN", "PARTS"))
+    }
     environment.update(GPU_SMOKE_LIMIT_SIGTERM="3", GPU_SMOKE_MIN_ONNX="100000", **{TAG: str(out)})
     command = ["bash", str(SCRIPT), "--dry-run", "--out", str(out), "--parts", "sigterm decoders onnx"]
     result = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=280)
@@ -79,7 +100,12 @@ def test_a_part_that_passes_writes_its_results_notes_and_log(dry_run) -> None:
     _, out = dry_run
     record = _read(out, "decoders.json")
     assert RECORD_KEYS <= set(record), record
-    assert record["status"] == "ok" and record["error"] is None and record["dry_run"] and record["device"] == "cpu"
+    assert (
+        record["status"] == "ok"
+        and record["error"] is None
+        and record["dry_run"]
+        and record["device"] == "cpu"
+    )
     assert 0 < record["seconds"] <= record["limit_s"] == 240
     assert RESULT_KEYS["decoders"] <= set(record["results"]) and record["results"]["checks_failed"] == []
     assert set(record["results"]["img_s"]) == DECODER_VARIANTS

@@ -1,4 +1,5 @@
-"""Smoke runs of benchmarks/throughput.py and benchmarks/dataloader.py at tiny sizes (numbers live in README)."""
+"""Smoke runs of benchmarks/throughput.py and benchmarks/dataloader.py at tiny sizes
+(numbers live in README)."""
 
 import importlib.util
 import tempfile
@@ -23,10 +24,25 @@ def _load(name: str):
 @pytest.mark.slow
 def test_throughput_benchmark__interleaved_table_against_hugging_face(tmp_path, capsys):
     throughput = _load("throughput")
-    rows = throughput.main([
-        "--configs", "cifar", "--batch-size", "2", "--warmup", "1", "--steps", "1", "--rounds", "2",
-        "--variants", "peers", "--no-memory", "--json", str(tmp_path / "rows.json"),
-    ])  # fmt: skip
+    rows = throughput.main(
+        [
+            "--configs",
+            "cifar",
+            "--batch-size",
+            "2",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--rounds",
+            "2",
+            "--variants",
+            "peers",
+            "--no-memory",
+            "--json",
+            str(tmp_path / "rows.json"),
+        ]
+    )
     assert [r["impl"] for r in rows] == ["hf", "ours"] * 4
     best_hf = max(r["img_s"] for r in rows if r["impl"] == "hf")
     for r in rows:
@@ -75,7 +91,9 @@ def test_throughput_benchmark__same_step_as_hugging_face():
         save_hf_pretrained(throughput.reference_model(spec), hf_dir, throughput.MASK_RATIO)
         losses = {}
         for impl in ("ours", "hf"):
-            step = throughput.build_step(throughput.Contender(impl, plain), spec, torch.device("cpu"), hf_dir, 2)
+            step = throughput.build_step(
+                throughput.Contender(impl, plain), spec, torch.device("cpu"), hf_dir, 2
+            )
             losses[impl] = [float(step()) for _ in range(3)]
     assert losses["ours"][0] == pytest.approx(losses["hf"][0], abs=1e-6)  # the same forward
     # Adam's first update is +-lr per element whatever the gradient's size, so float-level gradient
@@ -86,17 +104,30 @@ def test_throughput_benchmark__same_step_as_hugging_face():
 def test_dataloader_benchmark__ours_streamed_and_torchvision_on_generated_jpegs(capsys):
     dataloader = _load("dataloader")
     rows = dataloader.main(
-        ["--images", "20", "--img-sizes", "32", "--batch-size", "4", "--batches", "2", "--rounds", "2",
-         "--decode-device", "cpu"]
-    )  # fmt: skip
+        [
+            "--images",
+            "20",
+            "--img-sizes",
+            "32",
+            "--batch-size",
+            "4",
+            "--batches",
+            "2",
+            "--rounds",
+            "2",
+            "--decode-device",
+            "cpu",
+        ]
+    )
     assert len(rows) == 1 and rows[0]["torchvision"] > 0 and rows[0]["ours"] > 0 and rows[0]["streamed"] > 0
     assert rows[0]["ours_normalised"] < rows[0]["ours"]  # the same batches, plus their normalisation
-    assert rows[0]["encoded_worker"] > rows[0]["streamed"] and rows[0]["device_decode"] > 0  # bytes only: faster
+    # bytes only: faster
+    assert rows[0]["encoded_worker"] > rows[0]["streamed"] and rows[0]["device_decode"] > 0
     assert rows[0]["workers_gpu_decode"] >= 1
     assert "| 32 px |" in capsys.readouterr().out
 
 
-def test_throughput_benchmark__times_registered_models_with_the_modules_optimizer_and_the_gpu_script_is_valid():
+def test_throughput_benchmark__times_registered_models_with_the_modules_optimizer_and_gpu_script_is_valid():
     """Every config is a registered model (base224 / large224 the paper's ViT-B/16 and ViT-L/16); our
     step's optimizer has the pretraining module's weight-decay groups; the default run leaves ViT-L
     out; benchmarks/gpu_check.sh parses and only names configs the benchmark has."""
@@ -111,7 +142,9 @@ def test_throughput_benchmark__times_registered_models_with_the_modules_optimize
     assert throughput.CONFIGS["base224"]["model"] == "mae_vit_base_patch16"
     assert throughput.CONFIGS["large224"]["model"] == "mae_vit_large_patch16"
     plain = TrainingSettings(precision="fp32", attention="sdpa", compile=False, fused_adamw=False)
-    step = throughput.build_step(throughput.Contender("ours", plain), "mae_vit_tiny_patch4", torch.device("cpu"), "", 2)
+    step = throughput.build_step(
+        throughput.Contender("ours", plain), "mae_vit_tiny_patch4", torch.device("cpu"), "", 2
+    )
     decayed = {g["name"]: (g["weight_decay"], len(g["params"])) for g in step.optimizer.param_groups}
     expected = weight_decay_groups(throughput.reference_model("mae_vit_tiny_patch4"), 0.05)
     assert decayed == {g["name"]: (g["weight_decay"], len(g["params"])) for g in expected}

@@ -16,13 +16,37 @@ def test_quality_benchmark__tiny_run_writes_table_and_plots(tmp_path):
     spec = importlib.util.spec_from_file_location("quality", REPO / "benchmarks" / "quality.py")
     quality = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(quality)
-    tiny = {"embed_dim": 32, "depth": 1, "num_heads": 2, "decoder_embed_dim": 32, "decoder_depth": 1,
-            "decoder_num_heads": 2}  # fmt: skip
-    table = quality.main([
-        "--seeds", "0", "--pretrain-epochs", "1", "--pretrain-warmup", "0", "--probe", "fast", "lars",
-        "--probe-epochs", "1",
-        "--finetune-epochs", "2", "--model-kwargs", json.dumps(tiny), "--batch-size", "128", "--out", str(tmp_path),
-    ])  # fmt: skip
+    tiny = {
+        "embed_dim": 32,
+        "depth": 1,
+        "num_heads": 2,
+        "decoder_embed_dim": 32,
+        "decoder_depth": 1,
+        "decoder_num_heads": 2,
+    }
+    table = quality.main(
+        [
+            "--seeds",
+            "0",
+            "--pretrain-epochs",
+            "1",
+            "--pretrain-warmup",
+            "0",
+            "--probe",
+            "fast",
+            "lars",
+            "--probe-epochs",
+            "1",
+            "--finetune-epochs",
+            "2",
+            "--model-kwargs",
+            json.dumps(tiny),
+            "--batch-size",
+            "128",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert "| MAE-pretrained (1 epochs) |" in table and "| random init (from scratch) |" in table
     for name in ("results.md", "results.json", "pretrain_loss.png", "accuracy.png"):
         assert (tmp_path / name).stat().st_size > 0
@@ -41,16 +65,30 @@ def test_own_data_benchmark__tiny_run_writes_results_and_figures(tmp_path):
     spec = importlib.util.spec_from_file_location("own_data", REPO / "benchmarks" / "own_data.py")
     own_data = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(own_data)
-    results = own_data.main([
-        "--out", str(tmp_path), "--epochs", "1", "--source-epochs", "1", "--finetune-epochs", "1",
-        "--freeze-encoder-epochs", "0", "--images-per-class", "12",
-    ])  # fmt: skip
+    results = own_data.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--epochs",
+            "1",
+            "--source-epochs",
+            "1",
+            "--finetune-epochs",
+            "1",
+            "--freeze-encoder-epochs",
+            "0",
+            "--images-per-class",
+            "12",
+        ]
+    )
     pngs = sorted((tmp_path / "digits16" / "train" / "3").glob("*.png"))
     assert len(pngs) == 12 and Image.open(pngs[0]).mode == "I;16"
     for name in ("scratch", "init_from"):
         assert 0 <= results[name]["knn_acc1"] <= 100 and 0 <= results[name]["finetune_acc1"] <= 100
         assert (tmp_path / f"reconstructions_{name}.png").exists()
-    assert "adapted from 3 to 1 input channels" in next((tmp_path / "runs").rglob("init_from.txt")).read_text()
+    assert (
+        "adapted from 3 to 1 input channels" in next((tmp_path / "runs").rglob("init_from.txt")).read_text()
+    )
     assert json.loads((tmp_path / "results.json").read_text())["meta"]["epochs"] == 1
 
 
@@ -61,27 +99,74 @@ def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tm
     transfer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(transfer)
     checkpoint = tiny_pretraining_checkpoint(tmp_path / "pretrain")
-    table = transfer.main([
-        "--encoders", f"tiny={checkpoint}", "--seeds", "0", "--tasks", "segment", "detect", "--num-train", "16",
-        "--num-val", "4", "--segment-epochs", "2", "--detect-epochs", "2", "--scenes", str(tmp_path / "scenes"),
-        "--out", str(tmp_path / "out"),
-    ])  # fmt: skip
-    for row in ("| segment | tiny | val/miou |", "| segment | random | val/miou |",
-                "| detect | tiny | val/map |", "| detect | random | val/mask_map |"):  # fmt: skip
+    table = transfer.main(
+        [
+            "--encoders",
+            f"tiny={checkpoint}",
+            "--seeds",
+            "0",
+            "--tasks",
+            "segment",
+            "detect",
+            "--num-train",
+            "16",
+            "--num-val",
+            "4",
+            "--segment-epochs",
+            "2",
+            "--detect-epochs",
+            "2",
+            "--scenes",
+            str(tmp_path / "scenes"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    for row in (
+        "| segment | tiny | val/miou |",
+        "| segment | random | val/miou |",
+        "| detect | tiny | val/map |",
+        "| detect | random | val/mask_map |",
+    ):
         assert row in table
     results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert all(0 <= run[m] <= 1 for task in results.values() for runs in task.values() for run in runs
-               for m in run if m != "seconds")  # fmt: skip
+    assert all(
+        0 <= run[m] <= 1
+        for task in results.values()
+        for runs in task.values()
+        for run in runs
+        for m in run
+        if m != "seconds"
+    )
     assert (tmp_path / "out" / "detect_tiny_seed0.png").exists()
 
     # the same command line again reuses the finished runs; another seed is trained
     trained = []
-    transfer.TASKS["detect"] = (lambda argv, f=transfer.TASKS["detect"][0]: trained.append(argv) or f(argv),
-                                *transfer.TASKS["detect"][1:])  # fmt: skip
-    again = transfer.main([
-        "--encoders", f"tiny={checkpoint}", "--seeds", "0", "1", "--tasks", "detect", "--num-train", "16",
-        "--num-val", "4", "--detect-epochs", "2", "--scenes", str(tmp_path / "scenes"), "--out", str(tmp_path / "out"),
-    ])  # fmt: skip
+    transfer.TASKS["detect"] = (
+        lambda argv, f=transfer.TASKS["detect"][0]: trained.append(argv) or f(argv),
+        *transfer.TASKS["detect"][1:],
+    )
+    again = transfer.main(
+        [
+            "--encoders",
+            f"tiny={checkpoint}",
+            "--seeds",
+            "0",
+            "1",
+            "--tasks",
+            "detect",
+            "--num-train",
+            "16",
+            "--num-val",
+            "4",
+            "--detect-epochs",
+            "2",
+            "--scenes",
+            str(tmp_path / "scenes"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert [argv[argv.index("--seed_everything") + 1] for argv in trained] == ["1", "1"]  # tiny and random
     first = [line for line in table.splitlines() if line.startswith("| detect | tiny | val/map |")][0]
     assert f"| {first.split('|')[5].strip()}, " in again  # seed 0's value, reused, then seed 1's

@@ -13,13 +13,21 @@ from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from tests.helpers import REPO, write_image_folder
 
-TINY = {"embed_dim": 32, "depth": 1, "num_heads": 2, "decoder_embed_dim": 32, "decoder_depth": 1,
-        "decoder_num_heads": 2}  # fmt: skip
+TINY = {
+    "embed_dim": 32,
+    "depth": 1,
+    "num_heads": 2,
+    "decoder_embed_dim": 32,
+    "decoder_depth": 1,
+    "decoder_num_heads": 2,
+}
 
 
 @pytest.fixture(scope="module")
 def ttq():
-    spec = importlib.util.spec_from_file_location("time_to_quality", REPO / "benchmarks" / "time_to_quality.py")
+    spec = importlib.util.spec_from_file_location(
+        "time_to_quality", REPO / "benchmarks" / "time_to_quality.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -29,18 +37,47 @@ def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(ttq, tmp_p
     write_image_folder(tmp_path / "data" / "train", ["a", "b", "c"], per_class=8, size=(20, 20))
     write_image_folder(tmp_path / "data" / "val", ["a", "b", "c"], per_class=3, size=(20, 20), seed=1)
     out = tmp_path / "out"
-    table = ttq.main([
-        "--data", "imagefolder", "--root", str(tmp_path / "data"), "--img-size", "16", "--model-kwargs",
-        json.dumps(TINY), "--batch-size", "8", "--epochs", "2", "--seeds", "0", "--budgets", "0.5", "1",
-        "--variants", "low-res", "fast", "progressive", "--probe-max-epochs", "2", "--keep-checkpoints",
-        "--out", str(out),
-    ])  # fmt: skip
+    table = ttq.main(
+        [
+            "--data",
+            "imagefolder",
+            "--root",
+            str(tmp_path / "data"),
+            "--img-size",
+            "16",
+            "--model-kwargs",
+            json.dumps(TINY),
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--seeds",
+            "0",
+            "--budgets",
+            "0.5",
+            "1",
+            "--variants",
+            "low-res",
+            "fast",
+            "progressive",
+            "--probe-max-epochs",
+            "2",
+            "--keep-checkpoints",
+            "--out",
+            str(out),
+        ]
+    )
     for name in ("default", "low-res", "fast", "progressive"):
         assert f"| {name} |" in table
     assert "default recipe's final linear probe" in table
     runs = json.loads((out / "results.json").read_text())["runs"][0]
-    assert list(runs) == ["default", "low-res", "fast", "progressive"]  # the default first: it sets the budgets
-    assert (runs["low-res"]["img_size"], runs["fast"]["img_size"], runs["progressive"]["img_size"]) == (8, 12, "8->16")
+    # the default first: it sets the budgets
+    assert list(runs) == ["default", "low-res", "fast", "progressive"]
+    assert (runs["low-res"]["img_size"], runs["fast"]["img_size"], runs["progressive"]["img_size"]) == (
+        8,
+        12,
+        "8->16",
+    )
     default_s = runs["default"]["wall_s"]
     for run in runs.values():
         assert run["epochs"] == 2 and run["steps"] == 6 and run["images_per_s"] > 0
@@ -58,7 +95,9 @@ def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(ttq, tmp_p
 
     # the final kNN, independently: the kept checkpoint through load_backbone at the full size
     final = runs["fast"]["snapshots"][-1]["path"]
-    data = ImageFolderDataModule(tmp_path / "data", img_size=16, batch_size=256, augmentation="none", num_workers=0)
+    data = ImageFolderDataModule(
+        tmp_path / "data", img_size=16, batch_size=256, augmentation="none", num_workers=0
+    )
     knn = knn_evaluate(load_backbone(final, img_size=16).eval(), data)[0]
     assert runs["fast"]["final"]["knn"] == pytest.approx(knn)
     assert (out / "accuracy_vs_time.png").stat().st_size > 0 and (out / "table.md").is_file()
@@ -71,9 +110,28 @@ def test_reached__the_last_snapshot_within_the_budget(ttq):
 
 
 def test_step_throughput__every_variant_with_its_flops(ttq, tmp_path):
-    rows = ttq.main(["--throughput-only", "--device", "cpu", "--model-kwargs", json.dumps(TINY), "--batch-size", "4",
-                     "--variants", "cross-partial-0.25", "low-res", "--warmup", "1", "--steps", "1", "--rounds", "2",
-                     "--json", str(tmp_path / "t.json")])  # fmt: skip
+    rows = ttq.main(
+        [
+            "--throughput-only",
+            "--device",
+            "cpu",
+            "--model-kwargs",
+            json.dumps(TINY),
+            "--batch-size",
+            "4",
+            "--variants",
+            "cross-partial-0.25",
+            "low-res",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--rounds",
+            "2",
+            "--json",
+            str(tmp_path / "t.json"),
+        ]
+    )
     assert [r["variant"] for r in rows] == ["default", "cross-partial-0.25", "low-res"]
     assert json.loads((tmp_path / "t.json").read_text()) == rows
     for row in rows:
@@ -93,7 +151,9 @@ def test_variants__the_recipes_are_the_shipped_configs(ttq):
         assert stacked.get("model", {}) == variant.switches
     stacked = yaml.safe_load((REPO / "configs" / "pretrain" / "default_progressive.yaml").read_text())
     phases = ttq.VARIANTS["progressive"].phases
-    assert stacked["model"]["resolution_schedule"] == [[start, ttq.pretrain_size(full, 4, r)] for start, r in phases]
+    assert stacked["model"]["resolution_schedule"] == [
+        [start, ttq.pretrain_size(full, 4, r)] for start, r in phases
+    ]
 
 
 def test_shapes_folder__class_folders_of_each_shape_and_an_existing_folder_refused(tmp_path):
@@ -101,7 +161,9 @@ def test_shapes_folder__class_folders_of_each_shape_and_an_existing_folder_refus
     shapes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shapes)
     shapes.main(["--out", str(tmp_path / "shapes"), "--train", "3", "--val", "2", "--size", "24"])
-    data = ImageFolderDataModule(tmp_path / "shapes", img_size=24, batch_size=4, augmentation="none", num_workers=0)
+    data = ImageFolderDataModule(
+        tmp_path / "shapes", img_size=24, batch_size=4, augmentation="none", num_workers=0
+    )
     data.setup()
     assert (len(data.train_set), len(data.val_set)) == (12, 8)
     images = sorted((tmp_path / "shapes" / "train").glob("*/*.png"))

@@ -29,7 +29,9 @@ def with_bad_value(checkpoint, folder, key: str, value: float):
 
 @pytest.fixture(scope="module")
 def nan_checkpoint(checkpoint, tmp_path_factory):
-    return with_bad_value(checkpoint, tmp_path_factory.mktemp("nan"), "model.blocks.0.mlp.fc1.weight", float("nan"))
+    return with_bad_value(
+        checkpoint, tmp_path_factory.mktemp("nan"), "model.blocks.0.mlp.fc1.weight", float("nan")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +72,21 @@ def test_nan_weights__refused_by_name_in_every_inference_command(nan_checkpoint,
     }
     for name, command in commands.items():
         error = last_error(run_mae(*command, check=False))
-        assert f"{nan_checkpoint} holds non-finite weights: blocks.0.mlp.fc1.weight has 1 NaN or infinite value(s)" in (
-            error
+        assert (
+            f"{nan_checkpoint} holds non-finite weights: blocks.0.mlp.fc1.weight has 1 NaN or infinite "
+            "value(s)" in (error)
         ), name
     assert not list(tmp_path.iterdir())
 
 
-def test_inf_in_the_decoder__refused_for_reconstruction_not_for_the_encoders_uses(checkpoint, image, tmp_path):
+def test_inf_in_the_decoder__refused_for_reconstruction_not_for_the_encoders_uses(
+    checkpoint, image, tmp_path
+):
     bad = with_bad_value(checkpoint, tmp_path, "model.decoder_pred.bias", float("inf"))
     error = last_error(
-        run_mae("reconstruct", "--checkpoint", str(bad), str(image), "--out", str(tmp_path / "r.png"), check=False)
+        run_mae(
+            "reconstruct", "--checkpoint", str(bad), str(image), "--out", str(tmp_path / "r.png"), check=False
+        )
     )
     assert "decoder_pred.bias has 1 NaN or infinite value(s)" in error
     result = run_mae(
@@ -151,7 +158,10 @@ def test_img_size_too_large__refused_before_allocating(checkpoint, tmp_path):
             timeout=120,
         )
     )
-    assert "img_size 100000x100000 makes 625,000,000 patches of 4 pixels, over the 65,536 one input may have" in error
+    assert (
+        "img_size 100000x100000 makes 625,000,000 patches of 4 pixels, over the 65,536 one input may have"
+        in error
+    )
     with pytest.raises(ValueError, match="over the 65,536"):
         check_img_size(1028, 4)
     assert check_img_size(1024, 4) == (1024, 1024) and (1024 // 4) ** 2 == MAX_PATCHES

@@ -143,9 +143,13 @@ def _not_checkpoints(tmp_path):
         (tmp_path / name).write_bytes(data)
     Image.new("RGB", (8, 8)).save(tmp_path / "photo.pth", format="JPEG")
     return {
-        "url.pth": "a URL", "lfs.pth": "Git LFS pointer", "config.ckpt": "YAML", "random.pth": "binary data",
-        "empty.pth": "an empty file", "photo.pth": "an image",
-    }  # fmt: skip
+        "url.pth": "a URL",
+        "lfs.pth": "Git LFS pointer",
+        "config.ckpt": "YAML",
+        "random.pth": "binary data",
+        "empty.pth": "an empty file",
+        "photo.pth": "an image",
+    }
 
 
 def test_not_a_checkpoint__says_what_the_file_looks_like(tmp_path):
@@ -153,7 +157,9 @@ def test_not_a_checkpoint__says_what_the_file_looks_like(tmp_path):
         with pytest.raises(ValueError) as err:
             load_backbone(tmp_path / name)
         message = str(err.value)
-        assert f"{tmp_path / name} is not a PyTorch/safetensors checkpoint" in message and looks_like in message
+        assert (
+            f"{tmp_path / name} is not a PyTorch/safetensors checkpoint" in message and looks_like in message
+        )
         assert "weights_only=False" not in message
         with pytest.raises(ValueError, match="is not a PyTorch/safetensors checkpoint"):
             check_resume_checkpoint(tmp_path / name, pretrain_module())
@@ -187,7 +193,9 @@ def test_safetensors_weights_under_another_suffix__still_read(tmp_path):
     from safetensors.torch import save_file
 
     model = create_model("mae_vit_tiny_patch4", **TINY_KWARGS)
-    encoder = {k: v for k, v in model.state_dict().items() if not k.startswith("decoder") and k != "mask_token"}
+    encoder = {
+        k: v for k, v in model.state_dict().items() if not k.startswith("decoder") and k != "mask_token"
+    }
     save_file(encoder, tmp_path / "weights.bin")
     vit = load_backbone(tmp_path / "weights.bin", num_heads=2)
     torch.testing.assert_close(vit.cls_token, model.cls_token)
@@ -226,15 +234,23 @@ def test_ckpt_path_last__found_where_lightning_writes_it_without_a_logger_or_wit
 
     from mae.training.resume import continue_in_run_folder, find_last_checkpoint
 
-    bare = make_trainer(tmp_path / "bare", max_steps=1, limit_val_batches=0, enable_checkpointing=True,
-                        callbacks=[ModelCheckpoint(save_last=True)])  # fmt: skip
+    bare = make_trainer(
+        tmp_path / "bare",
+        max_steps=1,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=[ModelCheckpoint(save_last=True)],
+    )
     bare.fit(pretrain_module(optim=dict(warmup_epochs=0)), datamodule=RandomImages())
     assert find_last_checkpoint(bare) == tmp_path / "bare" / "checkpoints" / "last.ckpt"
     logged = lambda: make_trainer(  # noqa: E731
-        tmp_path, max_steps=1, limit_val_batches=0, enable_checkpointing=True,
+        tmp_path,
+        max_steps=1,
+        limit_val_batches=0,
+        enable_checkpointing=True,
         callbacks=[ModelCheckpoint(save_last=True)],
         logger=CSVLogger(tmp_path / "runs", name="exp", version="first-try"),
-    )  # fmt: skip
+    )
     first = logged()
     first.fit(pretrain_module(optim=dict(warmup_epochs=0)), datamodule=RandomImages())
     again = logged()
@@ -257,7 +273,9 @@ def test_short_config_flag__stacked_configs_expand_too(tmp_path):
 def test_two_channel_figures__drawn_in_three_colours():
     from mae.inference.reconstruction import reconstruction_grid
 
-    views = {k: torch.rand(1, 2, 8, 8) for k in ("original", "masked", "reconstruction", "reconstruction_visible")}
+    views = {
+        k: torch.rand(1, 2, 8, 8) for k in ("original", "masked", "reconstruction", "reconstruction_visible")
+    }
     assert reconstruction_grid(views, mean=(0.0, 0.0), std=(1.0, 1.0)).shape[0] == 3
 
 

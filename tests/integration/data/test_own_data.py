@@ -20,7 +20,10 @@ from mae.inference.reconstruction import reconstruction_grid
 from tests.helpers import TINY_KWARGS, RandomImages, csv_logger, make_trainer, pretrain_module, write_config
 
 KINDS = {  # name: (channels, writer of one (H, W, C) image)
-    "gray16_png": (1, lambda path, a: Image.fromarray((a[:, :, 0] * 65535).astype(np.uint16)).save(f"{path}.png")),
+    "gray16_png": (
+        1,
+        lambda path, a: Image.fromarray((a[:, :, 0] * 65535).astype(np.uint16)).save(f"{path}.png"),
+    ),
     "4band_tiff": (
         4,
         lambda path, a: tifffile.imwrite(
@@ -72,7 +75,11 @@ def test_own_data__stats_pretrain_finetune_and_export_for_timm(tmp_path, kind, c
     assert stats["in_chans"] == channels and len(stats["mean"]) == channels
 
     pretrain = _run_config(tmp_path, root, stats, "pretrain")
-    pretrain["model"] = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "optim": {"warmup_epochs": 0}}
+    pretrain["model"] = {
+        "model": "mae_vit_tiny_patch4",
+        "model_kwargs": TINY_KWARGS,
+        "optim": {"warmup_epochs": 0},
+    }
     pretrain["reconstruction"] = {"every_n_epochs": 1, "num_images": 2}
     cli = invoke("pretrain", ["--config", str(write_config(tmp_path, pretrain, "pretrain"))])
     assert cli.model.model.patch_embed.proj.in_channels == channels and cli.datamodule.array_mode
@@ -93,7 +100,10 @@ def test_own_data__stats_pretrain_finetune_and_export_for_timm(tmp_path, kind, c
     args = json.loads(sidecar.read_text())
     assert args["model_args"]["in_chans"] == channels
     vit = timm.create_model(
-        args["architecture"], pretrained=True, pretrained_cfg_overlay={"file": str(weights)}, **args["model_args"]
+        args["architecture"],
+        pretrained=True,
+        pretrained_cfg_overlay={"file": str(weights)},
+        **args["model_args"],
     ).eval()
     x = torch.randn(2, channels, 16, 16)
     ours = load_backbone(run / "checkpoints" / "last.ckpt").eval()
@@ -124,7 +134,10 @@ def test_reader__layouts_and_units(tmp_path):
 
 def test_stats__exact_over_every_pixel(tmp_path, capsys):
     root = _folder(tmp_path, "4band_tiff")
-    pixels = np.concatenate([read_array(p).reshape(-1, 4) for p in sorted((root / "train").rglob("*.tif"))]) / 65535
+    pixels = (
+        np.concatenate([read_array(p).reshape(-1, 4) for p in sorted((root / "train").rglob("*.tif"))])
+        / 65535
+    )
     stats = invoke("stats", [str(root)])
     np.testing.assert_allclose(stats.mean, pixels.mean(0), rtol=1e-9)
     np.testing.assert_allclose(stats.std, pixels.std(0), rtol=1e-6)
@@ -136,7 +149,9 @@ def test_mixed_bit_depths__refused_at_start_naming_two_files(tmp_path):
         (tmp_path / "train" / name).mkdir(parents=True)
         Image.fromarray((np.ones((8, 8)) * scale).astype(dtype)).save(tmp_path / "train" / name / "0.png")
     dm = ImageFolderDataModule(str(tmp_path), img_size=8, num_workers=0, in_chans=1, mean=[0.5], std=[0.2])
-    with pytest.raises(ValueError, match=r"disagree: .*a/0.png has 1 channel\(s\) of uint16, .*b/0.png has 1 of uint8"):
+    with pytest.raises(
+        ValueError, match=r"disagree: .*a/0.png has 1 channel\(s\) of uint16, .*b/0.png has 1 of uint8"
+    ):
         dm.setup()
 
 
@@ -144,7 +159,9 @@ def test_file_unlike_the_sample__skipped_by_name_when_loaded(tmp_path, caplog):
     root = _folder(tmp_path, "4band_tiff", per_class=3)
     odd = root / "train" / "b" / "odd.tif"
     tifffile.imwrite(odd, np.zeros((3, 20, 24), np.uint16), photometric="minisblack", planarconfig="separate")
-    dm = ImageFolderDataModule(str(root), img_size=16, num_workers=0, in_chans=4, mean=[0.5] * 4, std=[0.3] * 4)
+    dm = ImageFolderDataModule(
+        str(root), img_size=16, num_workers=0, in_chans=4, mean=[0.5] * 4, std=[0.3] * 4
+    )
     dm.setup()
     index = [p for p, _ in dm.train_set.samples].index(str(odd))
     with caplog.at_level("WARNING"):
@@ -156,12 +173,16 @@ def test_channels_that_do_not_fit__and_missing_statistics__say_what_to_set(tmp_p
     root = _folder(tmp_path, "4band_tiff", per_class=1)
     with pytest.raises(ValueError, match="has 4 channel.* data.in_chans is 3; set data.in_chans: 4"):
         ImageFolderDataModule(str(root), img_size=16, num_workers=0).setup()
-    with pytest.raises(ValueError, match=r"data.mean and data.std are needed for 4-channel data.*mae stats ROOT"):
+    with pytest.raises(
+        ValueError, match=r"data.mean and data.std are needed for 4-channel data.*mae stats ROOT"
+    ):
         ImageFolderDataModule(str(root), img_size=16, num_workers=0, in_chans=4)
 
 
 def test_reconstruction_figure__gray_bands_and_the_data_range():
-    views = {k: torch.zeros(1, 4, 8, 8) for k in ("original", "masked", "reconstruction", "reconstruction_visible")}
+    views = {
+        k: torch.zeros(1, 4, 8, 8) for k in ("original", "masked", "reconstruction", "reconstruction_visible")
+    }
     views["original"][0, 2] = 1.0  # band 2 bright
     grid = reconstruction_grid(views, mean=(0.0,) * 4, std=(1.0,) * 4, bands=[2, 1, 0])
     assert grid[0, 2:10, 2:10].min() == 1 and grid[1:, 2:10, 2:10].max() == 0  # band 2 drawn as red
@@ -201,7 +222,11 @@ def test_init_from__official_layout_loads_the_files_tensors_and_trains(tmp_path,
     trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
     trainer.fit(module, datamodule=RandomImages())
     assert trainer.global_step == 1 and not torch.equal(module.model.cls_token, source.cls_token)
-    assert "no decoder" in str(module.init_report) if encoder_only else "no decoder" not in str(module.init_report)
+    assert (
+        "no decoder" in str(module.init_report)
+        if encoder_only
+        else "no decoder" not in str(module.init_report)
+    )
 
 
 def test_init_from__rgb_weights_into_one_channel_and_the_report_in_the_run_folder(tmp_path):
@@ -228,11 +253,17 @@ def test_init_from__classifier_other_patch_size_and_non_checkpoints_refused(tmp_
         pretrain_module(init_from=str(tmp_path / "finetuned.pth"))
     other = create_model("mae_vit_tiny_patch4", img_size=16, patch_size=8, **TINY_KWARGS)
     _official(other, tmp_path / "p8.pth")
-    with pytest.raises(ValueError, match=r"p8.pth was pretrained with 8x8-pixel patches, but this model has 4x4"):
+    with pytest.raises(
+        ValueError, match=r"p8.pth was pretrained with 8x8-pixel patches, but this model has 4x4"
+    ):
         pretrain_module(init_from=str(tmp_path / "p8.pth"))
-    wider = create_model("mae_vit_tiny_patch4", img_size=16, **{**TINY_KWARGS, "embed_dim": 64, "num_heads": 4})
+    wider = create_model(
+        "mae_vit_tiny_patch4", img_size=16, **{**TINY_KWARGS, "embed_dim": 64, "num_heads": 4}
+    )
     _official(wider, tmp_path / "wide.pth")
-    with pytest.raises(ValueError, match=r"wide.pth does not fit.*cls_token has shape \(1, 1, 64\).*\(1, 1, 32\)"):
+    with pytest.raises(
+        ValueError, match=r"wide.pth does not fit.*cls_token has shape \(1, 1, 64\).*\(1, 1, 32\)"
+    ):
         pretrain_module(init_from=str(tmp_path / "wide.pth"))
     (tmp_path / "notes.pth").write_text("https://example.org/weights.pth")
     with pytest.raises(ValueError, match="notes.pth is not a PyTorch/safetensors checkpoint"):
@@ -255,10 +286,17 @@ def test_freeze_encoder_epochs__only_the_decoder_learns_first(tmp_path):
 def test_corrupt_tiff_and_truncated_npy__skipped_by_name_not_a_crash(tmp_path, caplog):
     root = _folder(tmp_path, "4band_tiff", per_class=3)
     (root / "train" / "a" / "0.tif").write_bytes(b"II*\x00 not the rest of a tiff")  # sampled at start-up too
-    (root / "train" / "b" / "9.npy").write_bytes(b"\x93NUMPY\x01\x00v\x00{")  # truncated (and unlike the rest)
-    dm = ImageFolderDataModule(str(root), img_size=16, num_workers=0, in_chans=4, mean=[0.5] * 4, std=[0.3] * 4)
+    # truncated (and unlike the rest)
+    (root / "train" / "b" / "9.npy").write_bytes(b"\x93NUMPY\x01\x00v\x00{")
+    dm = ImageFolderDataModule(
+        str(root), img_size=16, num_workers=0, in_chans=4, mean=[0.5] * 4, std=[0.3] * 4
+    )
     dm.setup()
     with caplog.at_level("WARNING"):
         images = [dm.train_set[i][0] for i in range(len(dm.train_set))]
     assert all(img.shape == (4, 16, 16) for img in images)
-    assert "cannot read" in caplog.text and "0.tif as a TIFF" in caplog.text and "9.npy as an .npy array" in caplog.text
+    assert (
+        "cannot read" in caplog.text
+        and "0.tif as a TIFF" in caplog.text
+        and "9.npy as an .npy array" in caplog.text
+    )

@@ -21,7 +21,9 @@ GOOD = (20, 24, 1)  # the good images' (H, W, C), float32
 def _npy_header(path, shape, dtype="<f4", payload: bytes = b""):
     """An ``.npy`` file whose header says ``shape`` (any, even negative), followed by ``payload``."""
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)})
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)}
+        )
         f.write(payload)
     return path
 
@@ -29,7 +31,9 @@ def _npy_header(path, shape, dtype="<f4", payload: bytes = b""):
 def _sparse_npy(path, shape, dtype="<f4"):
     """A real ``.npy`` of zeros of ``shape``, as a sparse file: gigabytes long, a few KB on disk."""
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)})
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)}
+        )
         f.truncate(f.tell() + int(np.prod(shape)) * np.dtype(dtype).itemsize)
     return path
 
@@ -45,7 +49,8 @@ def _no_data_fill(path):
 BAD_NPY = {
     "zero_d.npy": lambda p: np.save(p, np.array(3.0, np.float32)),  # was IndexError
     "empty.npy": lambda p: np.save(p, np.zeros((0, 32, 1), np.float32)),  # was ZeroDivisionError
-    "claims_huge.npy": lambda p: _npy_header(p, (200000, 200000), "<u2", b"\0" * 1024),  # was MemoryError 74.5 GiB
+    # was MemoryError 74.5 GiB
+    "claims_huge.npy": lambda p: _npy_header(p, (200000, 200000), "<u2", b"\0" * 1024),
     "negative.npy": lambda p: _npy_header(p, (-5, 32), "<f4", b"\0" * 1024),  # was OverflowError at start-up
     "over_limit.npy": lambda p: _sparse_npy(p, (10240, 10240, 1)),  # 104.9 megapixels
     "many_bands.npy": lambda p: _sparse_npy(p, (4096, 4096, 64), "<u2"),  # 16.8 megapixels, 4 GiB as float32
@@ -63,7 +68,10 @@ def hostile_npy(tmp_path_factory):
         for label in ("a", "b"):
             (root / split / label).mkdir(parents=True)
             for i in range(count):
-                np.save(root / split / label / f"{i}.npy", (rng.random(GOOD) * 0.5 + 0.4 * (label == "b")).astype("f4"))
+                np.save(
+                    root / split / label / f"{i}.npy",
+                    (rng.random(GOOD) * 0.5 + 0.4 * (label == "b")).astype("f4"),
+                )
     for i, (name, write) in enumerate(BAD_NPY.items()):
         write(root / "train" / "ab"[i % 2] / name)
     _sparse_npy(root / "val" / "a" / "narrow.npy", (1, 1_000_000, 1))
@@ -71,7 +79,9 @@ def hostile_npy(tmp_path_factory):
 
 
 def _good_train_pixels(root):
-    return np.concatenate([np.load(root / "train" / c / f"{i}.npy").reshape(-1) for c in "ab" for i in range(4)])
+    return np.concatenate(
+        [np.load(root / "train" / c / f"{i}.npy").reshape(-1) for c in "ab" for i in range(4)]
+    )
 
 
 def test_train__malformed_oversized_and_no_data_npy_files_are_skipped_by_name(hostile_npy, tmp_path, caplog):
@@ -103,8 +113,14 @@ def test_train__malformed_oversized_and_no_data_npy_files_are_skipped_by_name(ho
     metrics = read_metrics(tmp_path / "runs" / "hostile" / "version_0")
     assert any(row.get("train/loss_epoch") for row in metrics) and any(row.get("val/loss") for row in metrics)
     for name in [*BAD_NPY, "narrow.npy"]:
-        assert re.search(rf"skipping unreadable image {re.escape(str(hostile_npy))}\S*/{name} \(", caplog.text), name
-    assert "max_image_pixels" in caplog.text and "no-data fills" in caplog.text and "evaluation view" in caplog.text
+        assert re.search(
+            rf"skipping unreadable image {re.escape(str(hostile_npy))}\S*/{name} \(", caplog.text
+        ), name
+    assert (
+        "max_image_pixels" in caplog.text
+        and "no-data fills" in caplog.text
+        and "evaluation view" in caplog.text
+    )
 
 
 def test_stats__skips_malformed_oversized_and_no_data_files_by_name(hostile_npy, capsys):
@@ -137,10 +153,19 @@ def test_stats__a_105_megapixel_zlib_tiff_is_skipped_not_averaged_in(tmp_path, c
     np.testing.assert_allclose(stats.mean, [np.mean(small) / 255], rtol=1e-6)  # was 0.0001: the zeros counted
 
     dm = ImageFolderDataModule(
-        str(tmp_path), img_size=8, batch_size=2, num_workers=0, in_chans=1, mean=[0.5], std=[0.3], on_bad_image="raise"
+        str(tmp_path),
+        img_size=8,
+        batch_size=2,
+        num_workers=0,
+        in_chans=1,
+        mean=[0.5],
+        std=[0.3],
+        on_bad_image="raise",
     )
     dm.setup()
-    with pytest.raises(ValueError, match=r"zz_bomb.tif is 10240x10240 = 104,857,600 pixels, over data.max_image_pix"):
+    with pytest.raises(
+        ValueError, match=r"zz_bomb.tif is 10240x10240 = 104,857,600 pixels, over data.max_image_pix"
+    ):
         dm.train_set[3]
 
 
@@ -165,7 +190,9 @@ def test_shard__malformed_and_oversized_npy_files_are_skipped_not_stored(hostile
     err = capfd.readouterr().err
     for name in BAD_NPY:
         assert re.search(rf"skipping unreadable image {re.escape(str(hostile_npy))}\S*/{name} \(", err), name
-    assert metadata["splits"]["train"]["images"] == 8 and metadata["splits"]["train"]["skipped"] == len(BAD_NPY)
+    assert metadata["splits"]["train"]["images"] == 8 and metadata["splits"]["train"]["skipped"] == len(
+        BAD_NPY
+    )
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +203,9 @@ def checkpoint(tmp_path_factory):
 def test_reconstruct__bad_huge_and_narrow_files_skipped_by_name_and_the_rest_drawn(
     checkpoint, tmp_path, capsys, tmp_path_factory
 ):
-    Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(tmp_path / "ok.png")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(
+        tmp_path / "ok.png"
+    )
     Image.new("RGB", (1_000_000, 1)).save(tmp_path / "narrow.png")  # 1 KB, its view 16 x 16,000,000 (12.3 GB)
     tifffile.imwrite(
         tmp_path / "bands.tif",
@@ -216,11 +245,15 @@ def test_reconstruct__anything_a_reader_raises_is_that_files_problem(
 
     monkeypatch.setattr(tifffile.TiffFile, "asarray", failing_read)
     odd = re.escape(str(tmp_path / "odd.tif"))
-    with pytest.raises(ValueError, match=rf"cannot read {odd} as a TIFF: {error.__name__}: the reader library"):
+    with pytest.raises(
+        ValueError, match=rf"cannot read {odd} as a TIFF: {error.__name__}: the reader library"
+    ):
         read_array(tmp_path / "odd.tif")
     out = tmp_path_factory.mktemp("figure") / "fig.png"  # outside the input folder
     figure = invoke("reconstruct", ["--checkpoint", str(checkpoint), str(tmp_path), "--out", str(out)])
-    assert f"skipped {tmp_path / 'odd.tif'}: cannot read" in capsys.readouterr().err and len(figure.losses) == 1
+    assert (
+        f"skipped {tmp_path / 'odd.tif'}: cannot read" in capsys.readouterr().err and len(figure.losses) == 1
+    )
 
 
 def test_validation__a_1_by_1000000_png_is_skipped_by_name_before_it_is_resized(tmp_path, caplog):
@@ -228,7 +261,8 @@ def test_validation__a_1_by_1000000_png_is_skipped_by_name_before_it_is_resized(
         (tmp_path / split / "a").mkdir(parents=True)
         for i in range(2):
             Image.fromarray(np.full((20, 20, 3), 100, np.uint8)).save(tmp_path / split / "a" / f"{i}.png")
-    Image.new("RGB", (1_000_000, 1)).save(tmp_path / "val" / "a" / "narrow.png")  # view 18 x 18,000,000: 5.2 GB
+    # view 18 x 18,000,000: 5.2 GB
+    Image.new("RGB", (1_000_000, 1)).save(tmp_path / "val" / "a" / "narrow.png")
     dm = ImageFolderDataModule(str(tmp_path), img_size=16, batch_size=2, num_workers=0)
     dm.setup()
     with caplog.at_level("WARNING"):
@@ -242,7 +276,10 @@ def test_validation__a_1_by_1000000_png_is_skipped_by_name_before_it_is_resized(
         (lambda p: np.save(p, np.array(3.0)), r"shape \(\); expected \(H, W\) or \(H, W, C\)"),
         (lambda p: np.save(p, np.zeros((4, 0))), r"shape \(4, 0\): every dimension must be at least 1"),
         (lambda p: _npy_header(p, (-5, 32)), r"shape \(-5, 32\): every dimension must be at least 1"),
-        (lambda p: _npy_header(p, (8, 8), "<f4", b"\0" * 10), r"promises \(8, 8\) of float32 \(256 bytes\).*10: trunc"),
+        (
+            lambda p: _npy_header(p, (8, 8), "<f4", b"\0" * 10),
+            r"promises \(8, 8\) of float32 \(256 bytes\).*10: trunc",
+        ),
         (lambda p: np.save(p, np.ones((4, 4), np.complex64)), r"holds complex64 values, not pixels"),
         (lambda p: p.write_bytes(b"\x93NUMPY\x09\x00"), r"as an .npy array: format version \(9, 0\)"),
     ],
@@ -265,4 +302,5 @@ def test_to_unit_range__float16_fills_are_its_extremes_and_large_values_pass():
     half[0, 0] = np.finfo(np.float16).min
     with pytest.raises(ValueError, match=r"h.npy holds 1 value\(s\) of magnitude 65504 or more"):
         to_unit_range(half, "h.npy")
-    assert to_unit_range(np.full((2, 2, 1), 1e20, np.float32), "x").max() == np.float32(1e20)  # large, not a fill
+    # large, not a fill
+    assert to_unit_range(np.full((2, 2, 1), 1e20, np.float32), "x").max() == np.float32(1e20)

@@ -76,14 +76,21 @@ def test_detect__trains_mask_rcnn_logs_coco_map_draws_predictions_then_evaluates
     result = run_mae("detect", config=config, tmp=tmp)
     run = tmp / "runs" / "detect" / "version_0"
     rows = read_metrics(run)
-    for name in ("val/map", "val/map_50", "val/mask_map", "train/loss_mask_epoch", "train/loss_objectness_epoch"):
+    for name in (
+        "val/map",
+        "val/map_50",
+        "val/mask_map",
+        "train/loss_mask_epoch",
+        "train/loss_objectness_epoch",
+    ):
         assert any(r.get(name) for r in rows), name
     epoch_map = [float(r["val/map"]) for r in rows if r.get("val/map")]
     assert len(epoch_map) == 2 and all(0 <= m <= 1 for m in epoch_map)
     assert sorted(p.name for p in (run / "predictions").iterdir()) == ["epoch_0001.png", "epoch_0002.png"]
     assert f"predictions:      {run / 'predictions' / 'epoch_0002.png'}" in result.stdout
     assert re.search(r"validation: .*val/map [\d.]+", result.stdout)
-    tracked = tensorboard_events(tmp / "tb" / "detect" / "version_0")  # the tracker: mAP and prediction figures
+    # the tracker: mAP and prediction figures
+    tracked = tensorboard_events(tmp / "tb" / "detect" / "version_0")
     assert [e.value for e in tracked.Scalars("val/map")] == pytest.approx(epoch_map)
     assert len(tracked.Images("predictions")) == 2
     saved = torch.load(tmp / "detect" / "ckpts" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -126,7 +133,8 @@ def test_segment__trains_upernet_logs_miou_and_draws_predictions(setup):
     assert any(r.get("val/miou") for r in rows) and any(r.get("val/acc") for r in rows)
     assert (tmp / "runs" / "segment" / "version_0" / "predictions" / "epoch_0003.png").exists()
     assert re.search(r"validation: .*val/miou [\d.]+", result.stdout)
-    tracked = tensorboard_events(tmp / "tb" / "segment" / "version_0")  # the tracker: mIoU and prediction figures
+    # the tracker: mIoU and prediction figures
+    tracked = tensorboard_events(tmp / "tb" / "segment" / "version_0")
     assert len(tracked.Scalars("val/miou")) == 3 and len(tracked.Images("predictions")) == 1
 
 
@@ -147,10 +155,12 @@ def _module(cls, **kwargs):
 def test_dense_modules__a_checkpoint_of_another_network_is_refused_naming_the_setting(cls):
     trained = _module(cls, window_size=4, global_blocks=[2], relative_position=True)
     checkpoint = {"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams)}
-    _module(cls, window_size=4, global_blocks=[2], relative_position=True, optim=dict(lr=0.5)).on_load_checkpoint(
-        checkpoint
-    )
-    with pytest.raises(ValueError, match=r"window_position_bias.*model\.relative_position: True there, False here"):
+    _module(
+        cls, window_size=4, global_blocks=[2], relative_position=True, optim=dict(lr=0.5)
+    ).on_load_checkpoint(checkpoint)
+    with pytest.raises(
+        ValueError, match=r"window_position_bias.*model\.relative_position: True there, False here"
+    ):
         _module(cls, window_size=4, global_blocks=[2]).on_load_checkpoint(checkpoint)
     loose = _module(cls, window_size=4, global_blocks=[2])
     loose.strict_loading = False
@@ -183,7 +193,9 @@ def test_dense_modules__bad_settings_are_named(tmp_path):
         _module(MAEDetectionModule, in_chans=4)
     with pytest.raises(ValueError, match="model.layer_decay must be in"):
         _module(MAESegmentationModule, layer_decay=0)
-    with pytest.raises(FileNotFoundError, match=f"model.encoder.checkpoint {tmp_path / 'nope.ckpt'} does not exist"):
+    with pytest.raises(
+        FileNotFoundError, match=f"model.encoder.checkpoint {tmp_path / 'nope.ckpt'} does not exist"
+    ):
         _module(MAESegmentationModule, encoder=dict(checkpoint=str(tmp_path / "nope.ckpt")))
     with pytest.raises(ValueError, match="model.anchor_sizes needs one size per pyramid map"):
         _module(MAEDetectionModule, anchor_sizes=[8, 16])
@@ -243,7 +255,9 @@ def _scenes_as_recipe_data(scenes: Path, segmentation: bool) -> list[str]:
         pytest.param("segment", "configs/segment/ade20k_upernet_vit_base.yaml", marks=pytest.mark.slow),
     ],
 )
-def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_input(setup, command, recipe, monkeypatch):
+def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_input(
+    setup, command, recipe, monkeypatch
+):
     tmp, _ = setup
     monkeypatch.chdir(tmp)
     args = [
@@ -289,7 +303,9 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
     assert cli.trainer.global_step == 1
 
 
-@pytest.mark.parametrize("command, config", [("detect", "detect/default.yaml"), ("segment", "segment/default.yaml")])
+@pytest.mark.parametrize(
+    "command, config", [("detect", "detect/default.yaml"), ("segment", "segment/default.yaml")]
+)
 def test_default_configs__parse(command, config, capsys):
     with pytest.raises(SystemExit) as exit:
         invoke(command, ["--config", str(REPO / "configs" / config), "--print_config"])
@@ -382,7 +398,9 @@ def test_trained_checkpoint__rebuilds_with_lightnings_load_from_checkpoint_elsew
             assert torch.equal(module.network(images), loaded.network(images))
 
 
-def test_detection_run__says_its_augmentation_and_why_an_empty_validation_scores_map_0(setup, tmp_path, monkeypatch):
+def test_detection_run__says_its_augmentation_and_why_an_empty_validation_scores_map_0(
+    setup, tmp_path, monkeypatch
+):
     from mae.dense import DigitScenesDataModule
     from mae.dense.data import detection as data_module
     from mae.dense.tasks import detection as task_module
@@ -407,5 +425,6 @@ def test_detection_run__says_its_augmentation_and_why_an_empty_validation_scores
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=1)
     trainer.fit(module, datamodule=data)
     assert "training augmentation: data.augmentation none (the images as they are)" in said
-    assert sum("this validation found no object at all" in line for line in said) == 1  # two validations, once
+    # two validations, once
+    assert sum("this validation found no object at all" in line for line in said) == 1
     assert trainer.callback_metrics["val/map"] == 0

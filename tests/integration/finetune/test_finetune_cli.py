@@ -56,7 +56,11 @@ def pretrained(tmp_path_factory):
 
 
 def _finetune_config(tmp: Path, ckpt: Path, mode: str) -> dict:
-    model = {"encoder": {"checkpoint": str(ckpt)}, "mode": mode, "optim": {"warmup_epochs": 0, "base_lr": 1e-3}}
+    model = {
+        "encoder": {"checkpoint": str(ckpt)},
+        "mode": mode,
+        "optim": {"warmup_epochs": 0, "base_lr": 1e-3},
+    }
     if mode == "linprobe":
         model.update(global_pool="token", mixup=0, cutmix=0, drop_path_rate=0, label_smoothing=0)
         model["optim"]["weight_decay"] = 0
@@ -90,7 +94,10 @@ def test_finetune__from_pretraining_checkpoint_then_evaluate_only(finetuned):
     tmp, config, result, checkpoint = finetuned
     out = result.stdout + result.stderr
     assert "validation top-1" in result.stdout
-    assert "not in the checkpoint (left as initialised): fc_norm.bias, fc_norm.weight, head.bias, head.weight" in out
+    assert (
+        "not in the checkpoint (left as initialised): fc_norm.bias, fc_norm.weight, head.bias, head.weight"
+        in out
+    )
     assert checkpoint.exists()
     run = checkpoint.parent.parent
     metrics, saved = (run / "metrics.csv").read_text(), checkpoint.read_bytes()

@@ -16,8 +16,9 @@ from tests.helpers import REPO
 
 def _run(command: list, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MAE_DEBUG")}
-    result = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=timeout)  # fmt: skip
+    result = subprocess.run(
+        [str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
 
@@ -25,8 +26,13 @@ def _run(command: list, cwd: Path, timeout: int = 300) -> subprocess.CompletedPr
 def _copy_sources(target: Path) -> Path:
     """The repository's files (tracked and new, not ignored) copied to ``target``: the wheel is built
     there, so building writes nothing into the clone."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                            check=True).stdout.decode().split("\0")  # fmt: skip
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = REPO / name
         if not (source.exists() or source.is_symlink()):
@@ -43,10 +49,24 @@ def _copy_sources(target: Path) -> Path:
 @pytest.mark.timeout(900)
 def test_wheel__outside_the_clone_helps_pretrains_by_recipe_name_and_finetunes(tmp_path):
     sources = _copy_sources(tmp_path / "sources")
-    _run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "--quiet", "-w",
-          tmp_path / "dist"], sources)  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            ".",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "-w",
+            tmp_path / "dist",
+        ],
+        sources,
+    )
     (wheel,) = (tmp_path / "dist").glob("mae_lightning-*.whl")
-    venv = tmp_path / "venv"  # the dependencies come from this interpreter's site-packages, the project from the wheel
+    # the dependencies come from this interpreter's site-packages, the project from the wheel
+    venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], tmp_path)
     python, mae = venv / "bin" / "python", venv / "bin" / "mae"
     _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", wheel], tmp_path)
@@ -60,7 +80,14 @@ def test_wheel__outside_the_clone_helps_pretrains_by_recipe_name_and_finetunes(t
     assert "imagenet_vit_base_1gpu" in _run([mae, "recipes"], work).stdout
 
     # 3 epochs of 3 steps: longer than the recipes' 2 warm-up epochs, as the run length check asks
-    short = ["--trainer.max_epochs", "3", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1"]
+    short = [
+        "--trainer.max_epochs",
+        "3",
+        "--trainer.limit_train_batches",
+        "3",
+        "--trainer.limit_val_batches",
+        "1",
+    ]
     pretrain = _run([mae, "pretrain", "--config", "default", *short], work)
     run = work / "runs" / "pretrain_default" / "version_0"
     assert (run / "checkpoints" / "last.ckpt").is_file(), pretrain.stdout[-2000:]
@@ -68,7 +95,8 @@ def test_wheel__outside_the_clone_helps_pretrains_by_recipe_name_and_finetunes(t
         losses = [float(r["train/loss_epoch"]) for r in csv.DictReader(f) if r.get("train/loss_epoch")]
     assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
 
-    finetune = _run([mae, "finetune", "--config", "default", *short], work)  # its recipe names that checkpoint
+    # its recipe names that checkpoint
+    finetune = _run([mae, "finetune", "--config", "default", *short], work)
     assert (work / "runs" / "finetune_default" / "version_0" / "checkpoints" / "last.ckpt").is_file()
     assert "runs/pretrain_default/version_0/checkpoints/last.ckpt" in (finetune.stdout + finetune.stderr)
     assert sorted(p.name for p in work.iterdir()) == ["runs"]

@@ -14,12 +14,16 @@ from mae.inference.reconstruction import reconstruct
 from mae.training.checkpointing import check_resume_checkpoint
 from tests.helpers import RandomImages, make_trainer, pretrain_module
 
-TWO_BLOCKS = dict(embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2)
+TWO_BLOCKS = dict(
+    embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2
+)
 VARIANTS = {
     "paper": {},
     "partial": dict(decoder_keep_ratio=0.5),
     "cross": dict(decoder_type="cross"),
-    "cross_partial_layers": dict(decoder_type="cross", decoder_keep_ratio=0.25, decoder_encoder_layers=[0, 1]),
+    "cross_partial_layers": dict(
+        decoder_type="cross", decoder_keep_ratio=0.25, decoder_encoder_layers=[0, 1]
+    ),
 }
 
 
@@ -45,7 +49,12 @@ def checkpoints(tmp_path_factory):
 def test_variant__record_holds_the_switches_and_load_mae_rebuilds_the_model(checkpoints, name):
     module, path = checkpoints[name]
     args = torch.load(path, map_location="cpu", weights_only=True)[ARCHITECTURE_KEY]["args"]
-    switches = {"decoder_type": "self", "decoder_keep_ratio": 1.0, "decoder_encoder_layers": None, **VARIANTS[name]}
+    switches = {
+        "decoder_type": "self",
+        "decoder_keep_ratio": 1.0,
+        "decoder_encoder_layers": None,
+        **VARIANTS[name],
+    }
     assert {key: args[key] for key in switches} == switches
     model, report = load_mae(path)
     assert model.config == module.model.config and not report.missing and not report.ignored
@@ -55,7 +64,9 @@ def test_variant__record_holds_the_switches_and_load_mae_rebuilds_the_model(chec
     noise = model.sample_noise(2, 0.75, generator=torch.Generator().manual_seed(0))
     views = reconstruct(model.eval(), imgs, 0.75, noise)  # evaluation: every masked patch reconstructed
     assert views["reconstruction"].shape == imgs.shape and torch.isfinite(views["loss"]).all()
-    masked = model.unpatchify(model.patchify(torch.ones_like(imgs)) * (noise.argsort(1).argsort(1) >= 4)[..., None])
+    masked = model.unpatchify(
+        model.patchify(torch.ones_like(imgs)) * (noise.argsort(1).argsort(1) >= 4)[..., None]
+    )
     assert bool((views["reconstruction"][masked.bool()] != 0).all())
 
 
@@ -70,22 +81,30 @@ def test_variant__exports_the_same_encoder_as_the_paper_model(checkpoints, name,
     assert all(torch.equal(exported[k], encoder[k]) for k in exported) and set(exported) == set(encoder)
     backbone = load_backbone(weights).eval()  # a plain timm ViT, as for the paper's model
     imgs = torch.randn(2, 3, 16, 16)
-    torch.testing.assert_close(backbone.forward_features(imgs), load_mae(path)[0].eval().forward_features(imgs))
+    torch.testing.assert_close(
+        backbone.forward_features(imgs), load_mae(path)[0].eval().forward_features(imgs)
+    )
 
 
 def test_resume__a_checkpoint_of_another_variant_is_refused_naming_the_key(checkpoints):
     _, cross = checkpoints["cross"]
     with pytest.raises(ValueError) as error:
         check_resume_checkpoint(cross, _module())
-    assert "model.decoder_type is 'cross' in the checkpoint but 'self' here (allowed: 'self' or 'cross')" in str(
-        error.value
+    assert (
+        "model.decoder_type is 'cross' in the checkpoint but 'self' here (allowed: 'self' or 'cross')"
+        in str(error.value)
     )
     _, partial = checkpoints["partial"]
-    with pytest.raises(ValueError, match=r"model.decoder_keep_ratio is 0.5 in the checkpoint but 1.0 here \(allowed"):
+    with pytest.raises(
+        ValueError, match=r"model.decoder_keep_ratio is 0.5 in the checkpoint but 1.0 here \(allowed"
+    ):
         check_resume_checkpoint(partial, _module())
-    with pytest.raises(ValueError, match=r"model.decoder_encoder_layers is \[0, 1\] in the checkpoint but None here"):
-        check_resume_checkpoint(checkpoints["cross_partial_layers"][1], _module(decoder_type="cross",
-                                                                                 decoder_keep_ratio=0.25))  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"model.decoder_encoder_layers is \[0, 1\] in the checkpoint but None here"
+    ):
+        check_resume_checkpoint(
+            checkpoints["cross_partial_layers"][1], _module(decoder_type="cross", decoder_keep_ratio=0.25)
+        )
     assert check_resume_checkpoint(partial, _module(decoder_keep_ratio=0.5)) == 2
 
 
@@ -105,25 +124,33 @@ def test_load_mae__the_trained_decoder_cannot_be_overridden_but_the_training_rat
     _, cross = checkpoints["cross"]
     with pytest.raises(ValueError, match="decoder_type is 'cross' in the checkpoint but 'self' here"):
         load_mae(cross, decoder_type="self")
-    with pytest.raises(ValueError, match=r"decoder_encoder_layers is None in the checkpoint but \[0, 1\] here"):
+    with pytest.raises(
+        ValueError, match=r"decoder_encoder_layers is None in the checkpoint but \[0, 1\] here"
+    ):
         load_mae(cross, decoder_encoder_layers=[0, 1])
     assert load_mae(cross, decoder_keep_ratio=0.5)[0].decoder_keep_ratio == 0.5
 
 
 def test_init_from__a_decoder_of_another_type_is_refused_naming_the_key(checkpoints):
-    with pytest.raises(ValueError, match="holds another decoder than this model: model.decoder_type is 'cross'"):
+    with pytest.raises(
+        ValueError, match="holds another decoder than this model: model.decoder_type is 'cross'"
+    ):
         _module(init_from=str(checkpoints["cross"][1]))
     with pytest.raises(ValueError, match="model.decoder_type is 'self' in the checkpoint but 'cross' here"):
         _module(decoder_type="cross", init_from=str(checkpoints["partial"][1]))
     # another keep ratio or other layers: a new run's recipe, from the same weights
-    assert _module(decoder_type="cross", decoder_encoder_layers=[0, 1], init_from=str(checkpoints["cross"][1]))
+    assert _module(
+        decoder_type="cross", decoder_encoder_layers=[0, 1], init_from=str(checkpoints["cross"][1])
+    )
 
 
 def test_record__a_decoder_type_that_disagrees_with_the_tensors_is_named(checkpoints, tmp_path):
     ckpt = torch.load(checkpoints["cross"][1], map_location="cpu", weights_only=True)
     ckpt[ARCHITECTURE_KEY]["args"]["decoder_type"] = "self"
     torch.save(ckpt, tmp_path / "edited.ckpt")
-    with pytest.raises(ValueError, match="record says decoder_type='self', but its tensors are a 'cross' decoder's"):
+    with pytest.raises(
+        ValueError, match="record says decoder_type='self', but its tensors are a 'cross' decoder's"
+    ):
         read_checkpoint(tmp_path / "edited.ckpt")
 
 

@@ -15,10 +15,20 @@ from mae.command import USAGE_ERROR_EXIT_CODE, run_command
 from mae.convert.architecture import ARCHITECTURE_KEY
 from mae.data import ImageDataModule
 from mae.training.pretrain import MAEPretrainModule
-from tests.helpers import REPO, TINY_MODEL, csv_logger, read_metrics, run_mae, write_config, write_image_folder
+from tests.helpers import (
+    REPO,
+    TINY_MODEL,
+    csv_logger,
+    read_metrics,
+    run_mae,
+    write_config,
+    write_image_folder,
+)
 
 SWITCHES = {"decoder_type": "cross", "decoder_keep_ratio": 0.5, "decoder_encoder_layers": [0, 1]}
-TWO_BLOCKS = dict(embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2)
+TWO_BLOCKS = dict(
+    embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2
+)
 
 
 def _data(root, img_size: int, **more) -> dict:
@@ -71,7 +81,10 @@ def test_variant__trains_resumes_and_refuses_a_resume_as_another_variant(variant
         run_command(partial(invoke, "pretrain", ["--config", str(config), *other, "--ckpt_path", str(last)]))
     assert stop.value.code == USAGE_ERROR_EXIT_CODE
     message = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "model.decoder_type is 'cross' in the checkpoint but 'self' here (allowed: 'self' or 'cross')" in message
+    assert (
+        "model.decoder_type is 'cross' in the checkpoint but 'self' here (allowed: 'self' or 'cross')"
+        in message
+    )
     assert "model.decoder_encoder_layers is [0, 1] in the checkpoint but None here" in message
 
 
@@ -80,7 +93,8 @@ def test_variant__reconstructs_and_exports_through_the_commands(variant_run, tmp
     last = run / "checkpoints" / "last.ckpt"
     Image.new("RGB", (20, 20), (200, 30, 30)).save(tmp_path / "red.png")
     figure = invoke(
-        "reconstruct", ["--checkpoint", str(last), str(tmp_path / "red.png"), "--out", str(tmp_path / "r.png")]
+        "reconstruct",
+        ["--checkpoint", str(last), str(tmp_path / "red.png"), "--out", str(tmp_path / "r.png")],
     )
     assert len(figure.losses) == 1 and (tmp_path / "r.png").stat().st_size > 0
     invoke("export", ["--checkpoint", str(last), "--out", str(tmp_path / "encoder.safetensors")])
@@ -152,7 +166,10 @@ def test_recipes__low_resolution_and_fast_stack_on_the_default_job(capsys, monke
     "flags, expected",
     [
         (["--model.decoder_type", "crosss"], ["model.decoder_type", "'self', 'cross'", "crosss"]),
-        (["--model.decoder_keep_ratio", "0.02"], ["decoder_keep_ratio 0.02 reconstructs", "use at least 0.0209"]),
+        (
+            ["--model.decoder_keep_ratio", "0.02"],
+            ["decoder_keep_ratio 0.02 reconstructs", "use at least 0.0209"],
+        ),
         (["--model.decoder_keep_ratio", "1.5"], ["decoder_keep_ratio must be a number in (0, 1]", "got 1.5"]),
         (
             ["--model.decoder_type", "cross", "--model.decoder_encoder_layers", "[1, 4]"],
@@ -160,13 +177,17 @@ def test_recipes__low_resolution_and_fast_stack_on_the_default_job(capsys, monke
         ),
     ],
 )
-def test_train__bad_switches_end_at_start_up_with_the_key_and_allowed_values(flags, expected, capsys, monkeypatch):
+def test_train__bad_switches_end_at_start_up_with_the_key_and_allowed_values(
+    flags, expected, capsys, monkeypatch
+):
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("MAE_DEBUG", raising=False)
     with pytest.raises(SystemExit) as stop:
         run_command(
             partial(
-                invoke, "pretrain", ["--config", "configs/pretrain/default.yaml", *flags, "--trainer.logger", "false"]
+                invoke,
+                "pretrain",
+                ["--config", "configs/pretrain/default.yaml", *flags, "--trainer.logger", "false"],
             )
         )
     assert stop.value.code == USAGE_ERROR_EXIT_CODE

@@ -1,4 +1,5 @@
-"""Two-process DDP (gloo, CPU) through the real entry points, against one process with the same global batch."""
+"""Two-process DDP (gloo, CPU) through the real entry points, against one process
+with the same global batch."""
 
 import csv
 import re
@@ -37,7 +38,8 @@ def _run(command: str, config: dict, tmp: Path, name: str, devices: int, *extra:
         "save_top_k": -1,
         "monitor": None,
     }
-    run = run_mae_process if devices > 1 else run_mae  # only DDP needs a fresh interpreter (its launcher re-runs it)
+    # only DDP needs a fresh interpreter (its launcher re-runs it)
+    run = run_mae_process if devices > 1 else run_mae
     result = run(command, "--config", str(write_config(tmp, config, name)), *extra, timeout=400)
     return result.stdout + result.stderr
 
@@ -69,7 +71,12 @@ def setup(tmp_path_factory):
         "model": {**TINY_MODEL, "optim": {"warmup_epochs": 0}, "mask_strategy": "grid"},
         "data": {
             "class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {"root": str(tmp / "data"), "img_size": 16, "num_workers": 0, "augmentation": "none"},
+            "init_args": {
+                "root": str(tmp / "data"),
+                "img_size": 16,
+                "num_workers": 0,
+                "augmentation": "none",
+            },
         },
         "trainer": {
             "max_epochs": 1,
@@ -81,7 +88,9 @@ def setup(tmp_path_factory):
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
         "tracker": tensorboard_tracker(tmp / "tb"),
     }
-    outputs = {name: _run("pretrain", base, tmp, name, devices) for name, devices in (("ddp", 2), ("single", 1))}
+    outputs = {
+        name: _run("pretrain", base, tmp, name, devices) for name, devices in (("ddp", 2), ("single", 1))
+    }
     return tmp, base, outputs
 
 
@@ -109,7 +118,15 @@ def test_ddp_checkpoints__resume_across_process_counts_and_load_as_backbone(setu
     tmp, base, _ = setup
     more = {**base, "trainer": {**base["trainer"], "max_epochs": 2}}
     _run("pretrain", more, tmp, "ddp_then_single", 1, "--ckpt_path", str(tmp / "ddp" / "ckpts" / "last.ckpt"))
-    _run("pretrain", more, tmp, "single_then_ddp", 2, "--ckpt_path", str(tmp / "single" / "ckpts" / "last.ckpt"))
+    _run(
+        "pretrain",
+        more,
+        tmp,
+        "single_then_ddp",
+        2,
+        "--ckpt_path",
+        str(tmp / "single" / "ckpts" / "last.ckpt"),
+    )
     a, b = _state(tmp, "ddp_then_single"), _state(tmp, "single_then_ddp")
     assert a["global_step"] == b["global_step"] == 2
     for key, value in a["state_dict"].items():
@@ -132,7 +149,9 @@ def test_ddp_finetuning__same_update_and_accuracy_as_one_process(setup):
         "data": base["data"],
         "trainer": base["trainer"],
     }
-    outputs = {name: _run("finetune", config, tmp, name, devices) for name, devices in (("ft_ddp", 2), ("ft", 1))}
+    outputs = {
+        name: _run("finetune", config, tmp, name, devices) for name, devices in (("ft_ddp", 2), ("ft", 1))
+    }
     assert _schedule(outputs["ft_ddp"]) == _schedule(outputs["ft"])
     ddp, single = _state(tmp, "ft_ddp"), _state(tmp, "ft")
     for key, value in single["state_dict"].items():

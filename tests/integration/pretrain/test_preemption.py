@@ -51,7 +51,8 @@ def _folder_data(tmp: Path, workers: int = 2) -> dict:
     root = tmp / "data"
     if not root.exists():
         write_image_folder(root / "train", ["a", "b"], per_class=12, size=(24, 24))
-        write_image_folder(root / "val", ["a", "b"], per_class=6, size=(24, 24), seed=1)  # 3 validation batches
+        # 3 validation batches
+        write_image_folder(root / "val", ["a", "b"], per_class=6, size=(24, 24), seed=1)
     return {
         "class_path": "mae.data.ImageFolderDataModule",
         "init_args": {"root": str(root), "img_size": 16, "batch_size": 4, "num_workers": workers},
@@ -143,14 +144,18 @@ def small_device(tmp_path):
     """A 1 MiB tmpfs (a checkpoint of the tiny model is ~0.4 MB): it fills after a few saves."""
     folder = tmp_path / "small"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.decode().strip()}")
     yield folder
     subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def test_disk_full__the_save_names_the_bytes_keeps_the_previous_checkpoint_and_no_temporary(tmp_path, small_device):
+def test_disk_full__the_save_names_the_bytes_keeps_the_previous_checkpoint_and_no_temporary(
+    tmp_path, small_device
+):
     config = _config(tmp_path, "full", "none", _folder_data(tmp_path, workers=0), max_epochs=6)
     result = run_mae(
         "pretrain",
@@ -166,7 +171,9 @@ def test_disk_full__the_save_names_the_bytes_keeps_the_previous_checkpoint_and_n
     assert result.returncode != 0, out[-3000:]
     assert "no space left on device" in out and "unexpected pos" not in out.splitlines()[-1], out[-3000:]
     last_line = out.strip().splitlines()[-1]
-    assert str(small_device) in last_line and "bytes free" in last_line and "needs about" in last_line, last_line
+    assert str(small_device) in last_line and "bytes free" in last_line and "needs about" in last_line, (
+        last_line
+    )
     assert not list(small_device.glob(".*tmp*"))  # no temporary file left behind
     saved = list(small_device.glob("*.ckpt"))
     assert saved
@@ -181,7 +188,9 @@ def test_disk_full__torch_save_without_a_size_hint_is_named_too(small_device):
 
     target = small_device / "weights.pt"
     atomic_write(target, lambda tmp: torch.save(torch.zeros(1000), tmp))
-    with pytest.raises(NoSpaceError, match=r"no space left on device: could not write .*weights\.pt \(the previous"):
+    with pytest.raises(
+        NoSpaceError, match=r"no space left on device: could not write .*weights\.pt \(the previous"
+    ):
         atomic_write(target, lambda tmp: torch.save(torch.zeros(2**19), tmp))  # 2 MiB
     assert torch.load(target, weights_only=True).shape == (1000,)
     assert [p.name for p in small_device.iterdir()] == ["weights.pt"]
@@ -216,7 +225,8 @@ def test_slurm_requeue_conventions_stay(monkeypatch, tmp_path):
         assert signals._slurm_sigusr_handler_fn in getattr(requeue, "signal_handlers", [])
         term = signal.getsignal(signal.SIGTERM)
         assert signals._sigterm_notifier_fn in term.signal_handlers
-        assert signals._sigterm_handler_fn in term.signal_handlers  # Lightning's "bypassing SIGTERM" under SLURM
+        # Lightning's "bypassing SIGTERM" under SLURM
+        assert signals._sigterm_handler_fn in term.signal_handlers
         os.kill(os.getpid(), signal.SIGTERM)
         assert trainer.received_sigterm and signals.requested
     finally:

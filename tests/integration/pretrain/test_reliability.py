@@ -72,7 +72,9 @@ def test_data__odd_modes_and_tiny_images_load_as_rgb_and_bad_files_are_skipped_b
 def test_data__fail_fast_names_the_file(messy_folder):
     dm = ImageFolderDataModule(str(messy_folder), img_size=16, num_workers=0, on_bad_image="raise")
     dm.setup()
-    with pytest.raises(ValueError, match=r"cannot read image .*(not_an_image|truncated)\.jpg.*on_bad_image=skip"):
+    with pytest.raises(
+        ValueError, match=r"cannot read image .*(not_an_image|truncated)\.jpg.*on_bad_image=skip"
+    ):
         for i in range(len(dm.train_set)):
             dm.train_set[i]
 
@@ -145,7 +147,8 @@ def test_resume_checkpoint__missing_corrupt_and_foreign_files(tmp_path):
     wider = pretrain_module(model_kwargs={**TINY_MODEL["model_kwargs"], "embed_dim": 64, "num_heads": 4})
     with pytest.raises(
         ValueError,
-        match=r"another model architecture.*attn.proj.weight has shape \(32, 32\) in the checkpoint but \(64, 64\)",
+        match=r"another model architecture.*attn.proj.weight has shape \(32, 32\) in the checkpoint "
+        r"but \(64, 64\)",
     ):
         check_resume_checkpoint(last, wider)
     plain = tmp_path / "weights.pth"
@@ -179,7 +182,9 @@ def test_training__non_finite_loss_stops_with_the_step_and_keeps_the_last_checkp
         reload_dataloaders_every_n_epochs=1,
     )
     module = pretrain_module(optim=dict(warmup_epochs=0))
-    with pytest.raises(FloatingPointError, match=r"non-finite training loss .* at step 4 \(epoch 1\).*last.ckpt"):
+    with pytest.raises(
+        FloatingPointError, match=r"non-finite training loss .* at step 4 \(epoch 1\).*last.ckpt"
+    ):
         trainer.fit(module, datamodule=NaNAfter())
     saved = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 4
@@ -213,7 +218,9 @@ def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
         enable_checkpointing=True,
         callbacks=[first, ModelCheckpoint(dirpath=tmp_path / "cut", save_last=True)],
     )
-    trainer.fit(pretrain_module(optim=dict(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)), datamodule=RandomImages())
+    trainer.fit(
+        pretrain_module(optim=dict(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)), datamodule=RandomImages()
+    )
     resumed = run(4, ckpt_path=tmp_path / "cut" / "last.ckpt", folder="resumed")
     assert len(resumed) == 10
     assert resumed == pytest.approx(full[10:], rel=1e-12, abs=0)
@@ -298,7 +305,8 @@ def _finish(config: Path, *extra: str) -> tuple[int, str]:
 
 
 def _wait_for_training(proc: ForkedProcess) -> None:
-    proc.wait_for_output("effective batch", timeout=120)  # the schedule line, printed just before the first step
+    # the schedule line, printed just before the first step
+    proc.wait_for_output("effective batch", timeout=120)
 
 
 def test_faults__sigkill_at_random_moments_then_resume_completes(tmp_path):
@@ -399,7 +407,9 @@ def test_faults__sigterm_twice_with_the_same_command_line_completes_in_one_run_f
     assert 0 < stopped_at[0] < stopped_at[1] < 96
     assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # one run folder
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 96
-    assert sorted(p.name for p in (run / "checkpoints").glob("last*")) == ["last.ckpt"] and not orphan.exists()
+    assert (
+        sorted(p.name for p in (run / "checkpoints").glob("last*")) == ["last.ckpt"] and not orphan.exists()
+    )
     assert "removed" in out and orphan.name in out
     steps = [int(r["step"]) for r in read_metrics(run) if r.get("train/loss_step")]
     assert min(steps) == 0 and max(steps) == 95  # the first attempt's rows kept, the last attempt's added

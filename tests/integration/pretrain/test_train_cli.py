@@ -103,7 +103,9 @@ def test_train__unknown_key_fails_loudly():
 
 def test_train__missing_resume_checkpoint_is_named(tmp_path):
     missing = str(tmp_path / "nope.ckpt")
-    result = _run("--config", "configs/pretrain/default.yaml", "--ckpt_path", missing, "--trainer.logger", "false")
+    result = _run(
+        "--config", "configs/pretrain/default.yaml", "--ckpt_path", missing, "--trainer.logger", "false"
+    )
     assert result.returncode != 0 and "nope.ckpt does not exist" in result.stderr
 
 
@@ -120,11 +122,19 @@ def test_train__print_config_shows_the_resolved_recipe():
 def test_train__on_the_digit_scenes_images_without_their_labels(tmp_path):
     data = {
         "class_path": "mae.data.DigitSceneImagesDataModule",
-        "init_args": {"root": str(tmp_path / "scenes"), "num_train": 8, "num_val": 4, "img_size": 16, "batch_size": 4},
+        "init_args": {
+            "root": str(tmp_path / "scenes"),
+            "num_train": 8,
+            "num_val": 4,
+            "img_size": 16,
+            "batch_size": 4,
+        },
     }
     result = _train("--config", str(_config(tmp_path, data, max_epochs=2)))
 
-    assert "DigitSceneImagesDataModule: 8 training images, 4 validation images" in result.stdout + result.stderr
+    assert (
+        "DigitSceneImagesDataModule: 8 training images, 4 validation images" in result.stdout + result.stderr
+    )
     assert (tmp_path / "scenes" / "scenes.json").exists()  # written on first use, reused after
     rows = read_metrics(tmp_path / "runs" / "test" / "version_0")
     assert any(r.get("val/loss") for r in rows) and any(r.get("train/loss_epoch") for r in rows)
@@ -172,8 +182,12 @@ def test_train__a_refused_run_with_trackers_leaves_no_database_or_event_folder(t
         {"class_path": "lightning.pytorch.loggers.MLFlowLogger"},
         tensorboard_tracker(tmp_path / "runs" / "tensorboard"),
     ):
-        result = _run("--config", str(config), "--model.optim.warmup_epochs", "5", "--tracker", json.dumps(tracker))
-        assert result.returncode == 2 and "is not shorter than the run" in result.stderr, result.stderr[-2000:]
+        result = _run(
+            "--config", str(config), "--model.optim.warmup_epochs", "5", "--tracker", json.dumps(tracker)
+        )
+        assert result.returncode == 2 and "is not shorter than the run" in result.stderr, result.stderr[
+            -2000:
+        ]
         assert not (tmp_path / "runs").exists(), sorted(p.name for p in (tmp_path / "runs").rglob("*"))
 
 

@@ -48,7 +48,8 @@ def images(tmp_path_factory) -> Path:
 
 
 def unfollowable_links(root: Path) -> Path:
-    """``root/train``: 2 classes x 3 JPEGs, ``cat/loop.jpg -> loop.jpg`` and a dangling ``dog/dangling.jpg``."""
+    """``root/train``: 2 classes x 3 JPEGs, ``cat/loop.jpg -> loop.jpg`` and a
+    dangling ``dog/dangling.jpg``."""
     write_image_folder(root / "train", ["cat", "dog"], per_class=3, size=(20, 20))
     os.symlink("loop.jpg", root / "train" / "cat" / "loop.jpg")  # ELOOP when followed
     os.symlink("missing.jpg", root / "train" / "dog" / "dangling.jpg")
@@ -91,7 +92,9 @@ def test_train__a_looping_or_dangling_link_is_skipped_by_name(tmp_path):
         "enable_progress_bar": False,
         "default_root_dir": str(tmp_path / "runs"),
     }
-    config = write_config(tmp_path, {"seed_everything": 0, "model": TINY_MODEL, "data": data, "trainer": trainer}, "c")
+    config = write_config(
+        tmp_path, {"seed_everything": 0, "model": TINY_MODEL, "data": data, "trainer": trainer}, "c"
+    )
     result = run_mae("pretrain", "--config", str(config), check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipping unreadable image" in result.stderr
@@ -111,11 +114,15 @@ def test_shard__file_names_with_newlines_are_data(tmp_path):
     Image.fromarray(np.zeros((20, 20), np.uint8)).save(src / "train" / gray)
     Image.fromarray(np.zeros((20, 20, 4), np.uint8)).save(src / "train" / rgba)
     not_utf8 = (src / "train" / "cat" / "img_000.jpg").read_bytes()
-    os.rename(src / "train" / "cat" / "img_000.jpg", os.fsencode(src / "train" / "cat") + b"/not_utf8_\xff.jpg")
+    os.rename(
+        src / "train" / "cat" / "img_000.jpg", os.fsencode(src / "train" / "cat") + b"/not_utf8_\xff.jpg"
+    )
     result = shard_cli(src, str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr[-3000:]
     metadata = read_metadata(str(tmp_path / "out"))
-    examples = {(c, dtype): Path(name).relative_to(src / "train").as_posix() for c, dtype, name in metadata["kinds"]}
+    examples = {
+        (c, dtype): Path(name).relative_to(src / "train").as_posix() for c, dtype, name in metadata["kinds"]
+    }
     assert examples[(1, "uint8")] == gray and examples[(4, "uint8")] == rgba
     from litdata import StreamingDataset
 
@@ -130,7 +137,9 @@ def test_shard__file_names_with_newlines_are_data(tmp_path):
 
 
 def local_files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def written_by(folder: Path) -> set[str]:
@@ -160,10 +169,13 @@ def test_overwrite__refuses_other_files_locally_naming_them_then_replaces_exactl
     (out / "notes.txt").unlink()
     old = set(local_files(out))
     shard_here(images, str(out), "--overwrite")  # default chunk size: one chunk per split
-    assert set(local_files(out)) == written_by(out) and len(old) > len(written_by(out))  # no old chunk is left
+    # no old chunk is left
+    assert set(local_files(out)) == written_by(out) and len(old) > len(written_by(out))
 
 
-def test_overwrite__clears_an_interrupted_conversion_but_not_files_it_did_not_write(images, tmp_path, monkeypatch):
+def test_overwrite__clears_an_interrupted_conversion_but_not_files_it_did_not_write(
+    images, tmp_path, monkeypatch
+):
     import mae.data.tools.shard as shard_module
 
     out = tmp_path / "out"
@@ -218,8 +230,12 @@ def kill_mid_conversion(src: Path, out: str, moment: str, tmp: Path) -> list[str
         deadline = time.monotonic() + 300
         try:
             while not any(re.fullmatch(moment, f) for f in storage.list_files(out)):
-                assert proc.poll() is None, f"the conversion ended before writing {moment}:\n{proc.stderr()[-3000:]}"
-                assert time.monotonic() < deadline, f"no {moment} under {out} after 300 s:\n{proc.stderr()[-3000:]}"
+                assert proc.poll() is None, (
+                    f"the conversion ended before writing {moment}:\n{proc.stderr()[-3000:]}"
+                )
+                assert time.monotonic() < deadline, (
+                    f"no {moment} under {out} after 300 s:\n{proc.stderr()[-3000:]}"
+                )
                 time.sleep(0.005)
         finally:
             with contextlib.suppress(ProcessLookupError):  # none left of the group
@@ -274,7 +290,13 @@ def test_killed_conversion__locally_the_rerun_with_overwrite_completes(killable,
         ("first-split", r"train/chunk-\d+-\d+\.bin"),
     ],
 )
-def test_killed_conversion__on_s3_the_rerun_with_overwrite_completes(s3, killable, tmp_path, prefix, moment):  # noqa: F811
+def test_killed_conversion__on_s3_the_rerun_with_overwrite_completes(
+    s3,  # noqa: F811
+    killable,
+    tmp_path,
+    prefix,
+    moment,
+):
     src, clean = killable
     out = f"s3://shards/killed-{prefix}"
     kill_mid_conversion(src, out, moment, tmp_path / "tmp")
@@ -336,7 +358,8 @@ def test_overwrite__on_s3_refuses_the_users_objects_then_replaces_exactly_its_ow
     assert s3_keys("own") == before  # nothing deleted, the other prefix included
 
     client.delete_objects(
-        Bucket="shards", Delete={"Objects": [{"Key": "own/train/photo.jpg"}, {"Key": "own/val/chunk-9-9.bin"}]}
+        Bucket="shards",
+        Delete={"Objects": [{"Key": "own/train/photo.jpg"}, {"Key": "own/val/chunk-9-9.bin"}]},
     )
     old = set(s3_keys("own/"))
     shard_here(images, "s3://shards/own", "--overwrite")  # default chunk size: one chunk per split
@@ -368,5 +391,7 @@ def test_listing__a_training_folder_without_class_folders_says_the_layout(tmp_pa
 
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "loose.jpg").write_bytes(b"not in a class folder")
-    with pytest.raises(FileNotFoundError, match=r"no class folder in .*train: expected .*train/<class>/<image>"):
+    with pytest.raises(
+        FileNotFoundError, match=r"no class folder in .*train: expected .*train/<class>/<image>"
+    ):
         ImageFolderDataModule(str(tmp_path)).setup()

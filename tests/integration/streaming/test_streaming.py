@@ -383,7 +383,8 @@ module = RecordIds()
 trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                      num_sanity_val_steps=0, default_root_dir=tmp)
-data = StreamingDataModule({root!r}, img_size=ID_SIDE, batch_size=4, num_workers=1, cache_dir=str(tmp / "cache"))
+data = StreamingDataModule({root!r}, img_size=ID_SIDE, batch_size=4, num_workers=1,
+                           cache_dir=str(tmp / "cache"))
 trainer.fit(module, datamodule=data)
 features = [[image_ids(ds[i][0][None])[0] for i in range(len(ds))] for ds in data.feature_datasets()]
 record = {{"train": module.seen, "val": module.val_seen, "features": features}}

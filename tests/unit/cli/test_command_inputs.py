@@ -45,10 +45,16 @@ def _edited(checkpoint, tmp_path, **args):
         ({"embed_dim": 2**20}, r"record says embed_dim=1048576, but its tensors have embed_dim=32"),
         ({"depth": 4000}, r"record says depth=4000, but its tensors have depth=1"),
         ({"decoder_embed_dim": 2**20}, r"record says decoder_embed_dim=1048576"),
-        ({"img_size": [4096, 4096]}, r"record says img_size=\(4096, 4096\), but pos_embed holds 16 patch positions"),
+        (
+            {"img_size": [4096, 4096]},
+            r"record says img_size=\(4096, 4096\), but pos_embed holds 16 patch positions",
+        ),
         ({"num_heads": 5}, r"record has num_heads=5, which does not divide embed_dim=32"),
         ({"embed_dim": "wide"}, r"record has embed_dim='wide'; expected a positive integer"),
-        ({"attention_kind": "flash"}, r"record has arguments MaskedAutoencoderViT does not take: \['attention_kind'\]"),
+        (
+            {"attention_kind": "flash"},
+            r"record has arguments MaskedAutoencoderViT does not take: \['attention_kind'\]",
+        ),
     ],
 )
 def test_record__checked_against_the_tensors_before_anything_is_built(checkpoint, tmp_path, args, expected):

@@ -29,7 +29,9 @@ def _printed(capsys, command: str, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_nested_keys__from_the_command_line_and_a_stacked_yaml_over_the_recipe(command, tmp_path, capsys, monkeypatch):
+def test_nested_keys__from_the_command_line_and_a_stacked_yaml_over_the_recipe(
+    command, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setattr("sys.argv", ["mae"])
     recipe = _printed(capsys, command)
     assert set(recipe["optim"]) >= {"base_lr", "lr", "min_lr", "warmup_epochs", "weight_decay"}
@@ -39,7 +41,9 @@ def test_nested_keys__from_the_command_line_and_a_stacked_yaml_over_the_recipe(c
     flags = _printed(capsys, command, "--model.optim.base_lr", "0.123", "--model.kernels.attention=explicit")
     assert flags["optim"] == {**recipe["optim"], "base_lr": 0.123}
     assert flags["kernels"] == {**recipe["kernels"], "attention": "explicit"}
-    (tmp_path / "top.yaml").write_text("model:\n  optim:\n    warmup_epochs: 7\n  kernels:\n    compile: true\n")
+    (tmp_path / "top.yaml").write_text(
+        "model:\n  optim:\n    warmup_epochs: 7\n  kernels:\n    compile: true\n"
+    )
     stacked = _printed(capsys, command, "--config", str(tmp_path / "top.yaml"))
     assert stacked["optim"] == {**recipe["optim"], "warmup_epochs": 7}  # the other fields: the recipe's
     assert stacked["kernels"] == {**recipe["kernels"], "compile": True}

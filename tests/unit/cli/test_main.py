@@ -30,8 +30,19 @@ from mae.convert.sources import FORMATS
 from tests.helpers import REPO, tiny_pretraining_checkpoint
 
 # Spellings a command must not use for a shared option (the old ones, and the synonyms users guess).
-FORBIDDEN = {*REMOVED, "--ckpt", "--weights", "--output", "--output-dir", "--num-workers", "--image-size", "--size",
-             "--bs", "--cuda", "--gpu"}  # fmt: skip
+FORBIDDEN = {
+    *REMOVED,
+    "--ckpt",
+    "--weights",
+    "--output",
+    "--output-dir",
+    "--num-workers",
+    "--image-size",
+    "--size",
+    "--bs",
+    "--cuda",
+    "--gpu",
+}
 JSONARGPARSE_OWN = {"--print_config"}  # jsonargparse adds it to a parser with --config, spelt its way
 
 
@@ -46,12 +57,16 @@ def spelling_problems(parsers: dict[str, ArgumentParser]) -> list[str]:
         for action in parser._actions:
             shared = getattr(action, SHARED_MARK, None)
             if action.dest in SHARED_OPTIONS and shared is None:
-                problems.append(f"{command}: {action.option_strings or action.dest} is made by hand, not with "
-                                f"add_option(parser, {action.dest!r})")  # fmt: skip
+                problems.append(
+                    f"{command}: {action.option_strings or action.dest} is made by hand, not with "
+                    f"add_option(parser, {action.dest!r})"
+                )
             if shared is not None and tuple(action.option_strings) != SHARED_OPTIONS[shared].flags:
                 problems.append(f"{command}: {action.option_strings} for the shared {shared}")
             for flag in action.option_strings:
-                if flag in JSONARGPARSE_OWN or "." in flag:  # dotted keys are jsonargparse's (--data.init_args.x)
+                if (
+                    flag in JSONARGPARSE_OWN or "." in flag
+                ):  # dotted keys are jsonargparse's (--data.init_args.x)
                     continue
                 if flag in FORBIDDEN:
                     problems.append(f"{command}: {flag} (a forbidden spelling)")
@@ -76,13 +91,27 @@ def command_parsers() -> dict[str, ArgumentParser]:
 
 def test_one_spelling__every_command_spells_every_shared_option_the_same(command_parsers):
     assert not spelling_problems(command_parsers)
-    users = {name: [c for c, p in command_parsers.items() if any(a.dest == name for a in p._actions)]
-             for name in SHARED_OPTIONS}  # fmt: skip
-    assert {n: len(c) for n, c in users.items()} == {"checkpoint": 8, "checkpoint_format": 8, "out": 6,
-                                                     "img_size": 4, "batch_size": 2, "workers": 2, "device": 5,
-                                                     "k": 2, "max_image_pixels": 7, "mean": 4, "std": 4}  # fmt: skip
+    users = {
+        name: [c for c, p in command_parsers.items() if any(a.dest == name for a in p._actions)]
+        for name in SHARED_OPTIONS
+    }
+    assert {n: len(c) for n, c in users.items()} == {
+        "checkpoint": 8,
+        "checkpoint_format": 8,
+        "out": 6,
+        "img_size": 4,
+        "batch_size": 2,
+        "workers": 2,
+        "device": 5,
+        "k": 2,
+        "max_image_pixels": 7,
+        "mean": 4,
+        "std": 4,
+    }
     for command in users["device"]:
-        assert f"(default: {DEVICE_DEFAULT})" in " ".join(command_parsers[command].format_help().split()), command
+        assert f"(default: {DEVICE_DEFAULT})" in " ".join(command_parsers[command].format_help().split()), (
+            command
+        )
 
 
 def test_one_spelling__the_check_fails_on_a_second_spelling_a_hand_made_option_and_a_cpu_default():
@@ -101,7 +130,9 @@ def test_one_spelling__the_check_fails_on_a_second_spelling_a_hand_made_option_a
     assert "drifting: ['--device'] is made by hand" in joined and "--device defaults to cpu" in joined
     assert "drifting: --max_epochs has an underscore" in joined and "max-epochs is spelt 2 ways" in joined
     assert not any(p.startswith("good") for p in problems)
-    with pytest.raises(ValueError, match="--device's default is cuda when available, else cpu in every command"):
+    with pytest.raises(
+        ValueError, match="--device's default is cuda when available, else cpu in every command"
+    ):
         add_option(ArgumentParser(), "device", default="cpu")
 
 
@@ -123,7 +154,9 @@ def checkpoint(tmp_path_factory):
     return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("mae_command"))
 
 
-def test_removed_spellings__export_and_knn_stop_before_any_work_naming_the_new_spelling(checkpoint, tmp_path, capsys):
+def test_removed_spellings__export_and_knn_stop_before_any_work_naming_the_new_spelling(
+    checkpoint, tmp_path, capsys
+):
     out = tmp_path / "encoder.safetensors"
     for argv, message in [
         (
@@ -184,10 +217,14 @@ def test_unknown_command__exit_2_with_the_closest_name(capsys):
 
 @pytest.mark.slow
 def test_help__takes_no_heavy_import():
-    code = ("import sys; from mae.cli.main import main; main(['--help']); "
-            "heavy = [m for m in ('torch', 'lightning', 'timm', 'jsonargparse') if m in sys.modules]; "
-            "assert not heavy, heavy")  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; from mae.cli.main import main; main(['--help']); "
+        "heavy = [m for m in ('torch', 'lightning', 'timm', 'jsonargparse') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert "pretrain" in result.stdout and "completion" in result.stdout
 
@@ -206,8 +243,12 @@ def test_recipes__every_recipe_has_its_one_line_and_mae_recipes_lists_them(capsy
 def test_recipes__by_name_folder_and_path_a_path_wins_nothing_outside_the_recipes(tmp_path, monkeypatch):
     assert resolve_config("default", ("pretrain",)) == str(RECIPES_DIR / "pretrain" / "default.yaml")
     assert resolve_config("default.yaml", ("pretrain",)) == str(RECIPES_DIR / "pretrain" / "default.yaml")
-    assert resolve_config("default", ("finetune", "linprobe")) == str(RECIPES_DIR / "finetune" / "default.yaml")
-    assert resolve_config("linprobe/default", ("finetune", "linprobe")) == str(RECIPES_DIR / "linprobe/default.yaml")
+    assert resolve_config("default", ("finetune", "linprobe")) == str(
+        RECIPES_DIR / "finetune" / "default.yaml"
+    )
+    assert resolve_config("linprobe/default", ("finetune", "linprobe")) == str(
+        RECIPES_DIR / "linprobe/default.yaml"
+    )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "default").write_text("model: {}\n")
     assert resolve_config("default", ("pretrain",)) == "default"  # the user's file, not the recipe
@@ -227,15 +268,17 @@ def test_recipes__by_name_folder_and_path_a_path_wins_nothing_outside_the_recipe
 
 
 def test_recipes__a_stacked_recipe_by_name_runs_on_its_base():
-    argv = expand_stacked_configs(resolve_recipes(["--config", "imagenet_vit_base_1gpu", "--trainer.max_epochs", "1"],
-                                                  ("pretrain",)))  # fmt: skip
+    argv = expand_stacked_configs(
+        resolve_recipes(["--config", "imagenet_vit_base_1gpu", "--trainer.max_epochs", "1"], ("pretrain",))
+    )
     base, stacked = (
         RECIPES_DIR / "pretrain" / "imagenet_vit_base.yaml",
         RECIPES_DIR / "pretrain/imagenet_vit_base_1gpu.yaml",
     )
     assert [a for a in argv if a.endswith(".yaml")] == [str(base), str(stacked)]
-    both = expand_stacked_configs(resolve_recipes(["--config", "imagenet_vit_base", "--config=imagenet_vit_base_1gpu"],
-                                                  ("pretrain",)))  # fmt: skip
+    both = expand_stacked_configs(
+        resolve_recipes(["--config", "imagenet_vit_base", "--config=imagenet_vit_base_1gpu"], ("pretrain",))
+    )
     assert both == ["--config", str(base), f"--config={stacked}"]
 
 
@@ -244,7 +287,9 @@ def test_class_list__the_shipped_list_is_found_from_any_folder(tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     assert len(select_classes([], "configs/imagenet100_classes.txt")) == 100
-    assert select_classes([], "imagenet100_classes.txt") == select_classes([], "configs/imagenet100_classes.txt")
+    assert select_classes([], "imagenet100_classes.txt") == select_classes(
+        [], "configs/imagenet100_classes.txt"
+    )
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "imagenet100_classes.txt").write_text("n01\nn02\n")
     assert select_classes([], "configs/imagenet100_classes.txt") == ["n01", "n02"]  # the user's own file wins
@@ -255,7 +300,15 @@ def test_class_list__the_shipped_list_is_found_from_any_folder(tmp_path, monkeyp
 @pytest.mark.parametrize("shell", SHELLS)
 def test_completion__a_script_from_the_same_parsers(shell):
     script = mae_parser(("knn", "export", "shard", "recipes")).get_completion_script(f"shtab-{shell}")
-    for word in ("knn", "export", "shard", "recipes", "--checkpoint-format", "--max-image-pixels", "lightning"):
+    for word in (
+        "knn",
+        "export",
+        "shard",
+        "recipes",
+        "--checkpoint-format",
+        "--max-image-pixels",
+        "lightning",
+    ):
         assert word in script, word
     assert "--checkpoint_format" not in script
 

@@ -30,14 +30,21 @@ LIGHT = [
 
 def test_configs__the_required_recipes_exist():
     names = {p.name for p in CONFIGS}
-    assert {"default.yaml", "imagenet_vit_base.yaml", "imagenet100_vit_small.yaml", "cifar10_vit_tiny.yaml"} <= names
+    assert {
+        "default.yaml",
+        "imagenet_vit_base.yaml",
+        "imagenet100_vit_small.yaml",
+        "cifar10_vit_tiny.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_config__parses_and_builds(config, monkeypatch):
     monkeypatch.chdir(config.parents[2])
     monkeypatch.setattr("sys.argv", ["train.py"])
-    overrides = ["--model.model_kwargs", '{"depth": 1, "decoder_depth": 1}'] if "imagenet" in config.name else []
+    overrides = (
+        ["--model.model_kwargs", '{"depth": 1, "decoder_depth": 1}'] if "imagenet" in config.name else []
+    )
     cli = PretrainCLI(
         MAEPretrainModule,
         ImageDataModule,
@@ -52,7 +59,9 @@ def test_config__parses_and_builds(config, monkeypatch):
 
 def _cli(*args: str) -> PretrainCLI:
     """``train.py``'s CLI in this process, from the repository root, building nothing yet."""
-    return PretrainCLI(MAEPretrainModule, ImageDataModule, subclass_mode_data=True, run=False, args=list(args))
+    return PretrainCLI(
+        MAEPretrainModule, ImageDataModule, subclass_mode_data=True, run=False, args=list(args)
+    )
 
 
 def _printed(capsys, monkeypatch, *configs: str) -> dict:
@@ -86,18 +95,29 @@ def test_config__paper_recipe_values_on_64_gpus_and_on_one(stack, capsys, monkey
     assert (trainer["devices"] == 1) == ("1gpu" in stack[-1])
 
 
-@pytest.mark.parametrize("size, model", [("large", "mae_vit_large_patch16"), ("huge", "mae_vit_huge_patch14")])
+@pytest.mark.parametrize(
+    "size, model", [("large", "mae_vit_large_patch16"), ("huge", "mae_vit_huge_patch14")]
+)
 def test_config__vit_large_and_huge_recipes_stack_on_the_base_recipe(size, model, capsys, monkeypatch):
     recipe = _printed(capsys, monkeypatch, "imagenet_vit_base.yaml", f"imagenet_vit_{size}.yaml")
     assert recipe["model"]["model"] == model and recipe["model"]["optim"]["base_lr"] == 1.5e-4
-    assert recipe["trainer"]["max_epochs"] == 800 and recipe["trainer"]["logger"]["init_args"]["name"].endswith(size)
+    assert recipe["trainer"]["max_epochs"] == 800 and recipe["trainer"]["logger"]["init_args"][
+        "name"
+    ].endswith(size)
 
 
 def test_expand_stacked_configs__inserts_the_base_once(tmp_path):
     (tmp_path / "base.yaml").write_text("model:\n  mask_ratio: 0.6\n")
     (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\nmodel:\n  optim:\n    base_lr: 0.002\n")
     base, top = str(tmp_path / "base.yaml"), str(tmp_path / "top.yaml")
-    assert expand_stacked_configs(["--config", top, "--x", "1"]) == ["--config", base, "--config", top, "--x", "1"]
+    assert expand_stacked_configs(["--config", top, "--x", "1"]) == [
+        "--config",
+        base,
+        "--config",
+        top,
+        "--x",
+        "1",
+    ]
     assert expand_stacked_configs([f"--config={top}"]) == ["--config", base, f"--config={top}"]
     assert expand_stacked_configs(["--config", base, "--config", top]) == ["--config", base, "--config", top]
 

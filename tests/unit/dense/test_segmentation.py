@@ -45,7 +45,9 @@ def _encoded_image(labels: np.ndarray) -> np.ndarray:
     return np.repeat((20 * (np.minimum(labels, 11) + 1)).astype(np.uint8)[..., None], 3, axis=-1)
 
 
-def _write_pair(root: Path, name: str, labels: np.ndarray, mode: str = "L", split: str = "train", ext=".png") -> None:
+def _write_pair(
+    root: Path, name: str, labels: np.ndarray, mode: str = "L", split: str = "train", ext=".png"
+) -> None:
     image = root / "images" / split / f"{name}{ext}"
     image.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(_encoded_image(labels)).save(image)
@@ -63,7 +65,7 @@ def _blocks(height: int, width: int, block: int) -> np.ndarray:
     return (rows * 4 + cols) % 12
 
 
-# --- SegmentationFolder --------------------------------------------------------------------------------------------
+# --- SegmentationFolder -------------------------------------------------------------------------------------
 
 
 def test_folder__reads_8bit_palette_and_16bit_masks_as_index_labels(tmp_path):
@@ -90,11 +92,15 @@ def test_folder__reduce_zero_label_makes_0_unlabelled_and_shifts_the_classes(tmp
 
 
 def test_folder__missing_or_empty_folders_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=rf"image folder {tmp_path / 'images' / 'train'} does not exist"):
+    with pytest.raises(
+        FileNotFoundError, match=rf"image folder {tmp_path / 'images' / 'train'} does not exist"
+    ):
         _folder(tmp_path)
     (tmp_path / "images" / "train").mkdir(parents=True)
     (tmp_path / "images" / "train" / "notes.txt").write_text("not an image")
-    with pytest.raises(ValueError, match=rf"image folder {tmp_path / 'images' / 'train'} holds no image files"):
+    with pytest.raises(
+        ValueError, match=rf"image folder {tmp_path / 'images' / 'train'} holds no image files"
+    ):
         _folder(tmp_path)
     _write_pair(tmp_path, "a", np.zeros((4, 4)))
     (tmp_path / "masks" / "train" / "a.png").unlink()
@@ -108,8 +114,12 @@ def test_folder__an_image_without_mask_is_named_with_the_expected_mask_path(tmp_
     (tmp_path / "masks" / "train" / "b.png").rename(tmp_path / "masks" / "train" / "b.jpg")
     (tmp_path / "masks" / "train" / "c.png").unlink()
     expected = tmp_path / "masks" / "train" / "b.png"
-    message = rf"image {tmp_path / 'images' / 'train' / 'b.jpg'} has no mask: expected {expected} \(found b.jpg: "
-    with pytest.raises(FileNotFoundError, match=message + r"masks are PNG index images\); 1 more images have no mask"):
+    message = (
+        rf"image {tmp_path / 'images' / 'train' / 'b.jpg'} has no mask: expected {expected} \(found b.jpg: "
+    )
+    with pytest.raises(
+        FileNotFoundError, match=message + r"masks are PNG index images\); 1 more images have no mask"
+    ):
         _folder(tmp_path)
 
 
@@ -140,7 +150,9 @@ def test_folder__a_mask_of_another_size_than_its_image_is_named(tmp_path):
 def test_folder__a_colour_mask_is_refused_with_the_index_png_hint(tmp_path):
     _write_pair(tmp_path, "a", np.zeros((4, 4)), mode="RGB")
     mask = tmp_path / "masks" / "train" / "a.png"
-    with pytest.raises(ValueError, match=rf"mask {mask} has mode RGB \(3 channels\): class masks are single-channel "):
+    with pytest.raises(
+        ValueError, match=rf"mask {mask} has mode RGB \(3 channels\): class masks are single-channel "
+    ):
         _folder(tmp_path)
 
 
@@ -148,13 +160,19 @@ def test_folder__labels_that_are_no_class_are_named_at_startup_with_a_reduce_zer
     _write_pair(tmp_path, "a", np.array([[0, 149, 150, IGNORE]]))
     mask = tmp_path / "masks" / "train" / "a.png"
     hint = r"if the classes are 1 \.\. 150 and 0 is unlabelled \(ADE20K\), set reduce_zero_label=True"
-    with pytest.raises(ValueError, match=rf"mask {mask} has values 150 that are no class of num_classes=150: .*{hint}"):
+    with pytest.raises(
+        ValueError, match=rf"mask {mask} has values 150 that are no class of num_classes=150: .*{hint}"
+    ):
         _folder(tmp_path, num_classes=150)
     _write_pair(tmp_path, "a", np.array([[0, 150, 151, 200]]))
-    with pytest.raises(ValueError, match=r"has values 151, 200 .* 1 \.\. 150 are classes 0 \.\. 149 and 0 is unl"):
+    with pytest.raises(
+        ValueError, match=r"has values 151, 200 .* 1 \.\. 150 are classes 0 \.\. 149 and 0 is unl"
+    ):
         _folder(tmp_path, num_classes=150, reduce_zero_label=True)
     _write_pair(tmp_path, "a", np.array([[0, 300]]), mode="I;16")
-    with pytest.raises(ValueError, match=rf"mask {mask} has values 300 .*ignore_index=255 marks unlabelled pixels$"):
+    with pytest.raises(
+        ValueError, match=rf"mask {mask} has values 300 .*ignore_index=255 marks unlabelled pixels$"
+    ):
         _folder(tmp_path, num_classes=150)
 
 
@@ -175,7 +193,8 @@ def _truncate(path: Path) -> None:
 
 
 def test_folder__a_truncated_mask_or_image_is_named(tmp_path):
-    labels = np.random.default_rng(0).integers(0, 12, (32, 32))  # noise: pixel data PNG cannot squeeze to nothing
+    # noise: pixel data PNG cannot squeeze to nothing
+    labels = np.random.default_rng(0).integers(0, 12, (32, 32))
     for name in ("a", "b"):
         _write_pair(tmp_path, name, labels)
     mask = tmp_path / "masks" / "train" / "b.png"
@@ -197,7 +216,7 @@ def test_folder__ignore_index_that_is_a_class_is_refused():
         SegmentationFolder("images", "masks", num_classes=12, ignore_index=3)
 
 
-# --- SegmentationDataModule ----------------------------------------------------------------------------------------
+# --- SegmentationDataModule ---------------------------------------------------------------------------------
 
 
 def _aligned(image: torch.Tensor, mask: torch.Tensor) -> int:
@@ -237,7 +256,8 @@ def test_data_module__training_views_crop_pad_and_flip_image_and_mask_together(t
             row = row[row != IGNORE].unique_consecutive()
             flipped.add(bool(row[0] > row[-1]) if len(row) > 1 else None)
     assert compared > 16 * 32 * 32 * 0.3
-    assert {True, False} <= flipped and padded > 0  # both orientations seen, and crops of small rescales padded
+    # both orientations seen, and crops of small rescales padded
+    assert {True, False} <= flipped and padded > 0
 
 
 def test_data_module__flip_off_keeps_every_view_in_its_orientation(tmp_path):
@@ -249,7 +269,8 @@ def test_data_module__flip_off_keeps_every_view_in_its_orientation(tmp_path):
     torch.manual_seed(0)
     for _ in range(8):
         for image, mask in zip(*next(iter(data.train_dataloader())), strict=True):
-            assert torch.equal(mask, torch.as_tensor(_blocks(32, 32, 16)).long())  # 16 draws: unflipped every time
+            # 16 draws: unflipped every time
+            assert torch.equal(mask, torch.as_tensor(_blocks(32, 32, 16)).long())
             assert _aligned(image, mask) > 0  # the image unflipped with its mask
 
 
@@ -274,7 +295,11 @@ def test_data_module__validation_batches_are_resized_and_padded_with_ignore_inde
     _write_pair(tmp_path, "b", _blocks(40, 40, 8), split="val")  # -> 32 x 32, padded to 32 x 42
     data = _module(tmp_path, class_names=[f"c{i}" for i in range(12)])
     data.setup("validate")
-    assert data.train_set is None and (data.num_classes, data.ignore_index, data.class_names[3]) == (12, 255, "c3")
+    assert data.train_set is None and (data.num_classes, data.ignore_index, data.class_names[3]) == (
+        12,
+        255,
+        "c3",
+    )
     images, masks = next(iter(data.val_dataloader()))
     assert images.shape == (2, 3, 32, 42) and masks.shape == (2, 32, 42)
     assert (masks[1, :, 32:] == IGNORE).all() and (images[1, :, :, 32:] == 0).all()
@@ -282,7 +307,10 @@ def test_data_module__validation_batches_are_resized_and_padded_with_ignore_inde
     for image, mask in zip(images, masks, strict=True):
         _aligned(image, mask)
     # the collate alone: heights and widths padded separately
-    batch = [(torch.ones(3, 2, 3), torch.zeros(2, 3, dtype=torch.long)), (torch.ones(3, 4, 1), torch.ones(4, 1).long())]
+    batch = [
+        (torch.ones(3, 2, 3), torch.zeros(2, 3, dtype=torch.long)),
+        (torch.ones(3, 4, 1), torch.ones(4, 1).long()),
+    ]
     images, masks = collate_padded(batch, ignore_index=7)
     assert images.shape == (2, 3, 4, 3) and masks.tolist() == [
         [[0, 0, 0], [0, 0, 0], [7, 7, 7], [7, 7, 7]],
@@ -300,12 +328,14 @@ def test_data_module__bad_settings_are_named(tmp_path):
         _module(tmp_path, images="images/{set}").setup("fit")
 
 
-# --- UperNetHead ---------------------------------------------------------------------------------------------------
+# --- UperNetHead --------------------------------------------------------------------------------------------
 
 
 def _pyramid(out_channels: int = 16) -> SimpleFeaturePyramid:
     config = create_model("mae_vit_tiny_patch4", img_size=16, **TINY_KWARGS).config
-    return SimpleFeaturePyramid(build_vit(config, img_size=16, dynamic_img_size=True), out_channels=out_channels)
+    return SimpleFeaturePyramid(
+        build_vit(config, img_size=16, dynamic_img_size=True), out_channels=out_channels
+    )
 
 
 def test_upernet__logits_at_the_finest_maps_size_and_upsampled_to_the_image():
@@ -318,7 +348,9 @@ def test_upernet__logits_at_the_finest_maps_size_and_upsampled_to_the_image():
     full = upsample_logits(logits, images.shape[-2:], pyramid.strides[0])
     torch.testing.assert_close(full, logits[..., :30, :45])  # stride 1: only the padding cropped
     coarse = logits[..., ::4, ::4]  # as if at stride 4: upsampled to 32 x 48, then cropped
-    torch.testing.assert_close(upsample_logits(coarse, (30, 45), 4.0), upsample_logits(coarse, (32, 48))[..., :30, :45])
+    torch.testing.assert_close(
+        upsample_logits(coarse, (30, 45), 4.0), upsample_logits(coarse, (32, 48))[..., :30, :45]
+    )
     with pytest.raises(ValueError, match="do not cover 40x45 px"):
         upsample_logits(coarse, (40, 45), 4.0)
 
@@ -328,7 +360,8 @@ def test_upernet__cross_entropy_falls_over_a_few_steps_on_a_fixed_batch():
     pyramid = _pyramid()
     head = UperNetHead(pyramid.out_channels, num_classes=3, channels=16)
     masks = torch.randint(0, 3, (2, 6, 6)).repeat_interleave(4, 1).repeat_interleave(4, 2)  # 4 px squares
-    images = (masks[:, None] / 2).expand(2, 3, 24, 24) + 0.1 * torch.rand(2, 3, 24, 24)  # the label is readable
+    # the label is readable
+    images = (masks[:, None] / 2).expand(2, 3, 24, 24) + 0.1 * torch.rand(2, 3, 24, 24)
     masks[:, :4] = IGNORE
     optimizer = torch.optim.AdamW([*pyramid.parameters(), *head.parameters()], lr=1e-2)
     losses = []
@@ -342,14 +375,15 @@ def test_upernet__cross_entropy_falls_over_a_few_steps_on_a_fixed_batch():
     assert losses[-1] < 0.6 * losses[0], losses  # about 1.1 (ln 3) -> 0.5
 
 
-# --- SegmentationMetrics -------------------------------------------------------------------------------------------
+# --- SegmentationMetrics ------------------------------------------------------------------------------------
 
 
 def test_metrics__miou_and_accuracies_match_a_hand_computation():
     target = torch.tensor([[[0, 0, 1, 1], [2, 2, IGNORE, 0]]])
     preds = torch.tensor([[[0, 1, 1, 1], [2, 0, 3, 0]]])  # class 3 predicted only on the ignored pixel
     # Confusion matrix over the 7 labelled pixels (rows target, columns prediction):
-    #   target 0: predicted 0 twice, 1 once;  target 1: predicted 1 twice;  target 2: predicted 2 once, 0 once.
+    #   target 0: predicted 0 twice, 1 once;  target 1: predicted 1 twice;
+    #   target 2: predicted 2 once, 0 once.
     # IoU = TP / (row + column - TP): class 0: 2 / (3 + 3 - 2) = 1/2; class 1: 2 / (2 + 3 - 2) = 2/3;
     # class 2: 1 / (2 + 1 - 1) = 1/2; class 3: 0 / 0, absent from both, left out of the mean.
     # mIoU = (1/2 + 2/3 + 1/2) / 3 = 5/9 (over all four classes with 0 for class 3 it would be 5/12).
@@ -357,12 +391,18 @@ def test_metrics__miou_and_accuracies_match_a_hand_computation():
     metrics = SegmentationMetrics(4, class_names=["a", "b", "c", "d"], per_class=True)
     metrics.update(preds, target)
     results = metrics.compute()
-    expected = {"val/miou": 5 / 9, "val/acc": 5 / 7, "val/macc": 13 / 18, "val/iou/a": 1 / 2, "val/iou/b": 2 / 3}
+    expected = {
+        "val/miou": 5 / 9,
+        "val/acc": 5 / 7,
+        "val/macc": 13 / 18,
+        "val/iou/a": 1 / 2,
+        "val/iou/b": 2 / 3,
+    }
     for key, value in expected.items():
         assert results[key].item() == pytest.approx(value), key
     assert torch.isnan(results["val/iou/d"])
-    # The same batch again as logits: the matrix doubles, the ratios stay. Then class 3 predicted on a labelled
-    # pixel (target 1 there): its IoU is 0 / (0 + 1 + 0) and it counts.
+    # The same batch again as logits: the matrix doubles, the ratios stay. Then class 3 predicted on a
+    # labelled pixel (target 1 there): its IoU is 0 / (0 + 1 + 0) and it counts.
     metrics.update(F.one_hot(preds, 4).permute(0, 3, 1, 2).float(), target)
     assert metrics.compute()["val/miou"].item() == pytest.approx(5 / 9)
     metrics.reset()
@@ -389,7 +429,9 @@ def test_metrics__mismatched_shapes_and_labels_that_are_no_class_are_named():
     metrics = SegmentationMetrics(4)
     with pytest.raises(ValueError, match=r"predictions \(1, 3, 2, 2\) do not match targets \(1, 2, 2\)"):
         metrics.update(torch.zeros(1, 3, 2, 2), torch.zeros(1, 2, 2, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"target labels \[4, 7\] are no class of num_classes=4 \(nor ignore_index"):
+    with pytest.raises(
+        ValueError, match=r"target labels \[4, 7\] are no class of num_classes=4 \(nor ignore_index"
+    ):
         metrics.update(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[4, 7]]))
     with pytest.raises(ValueError, match=r"predicted labels \[9\] are no class of num_classes=4"):
         metrics.update(torch.tensor([[9, 0]]), torch.tensor([[0, IGNORE]]))

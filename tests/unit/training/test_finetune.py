@@ -45,7 +45,10 @@ def test_mixup__applied_to_training_batches_only(tmp_path):
     seen_val = []
     trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=2)
     original = module.validation_step
-    module.validation_step = lambda batch, batch_idx: (seen_val.append(batch[1].dtype), original(batch, batch_idx))[1]
+    module.validation_step = lambda batch, batch_idx: (
+        seen_val.append(batch[1].dtype),
+        original(batch, batch_idx),
+    )[1]
     trainer.fit(module, datamodule=LabelledImages())
     assert len(calls) == 2 and all(shape == (4,) for shape in calls)  # hard labels in, soft targets out
     assert seen_val and all(dtype == torch.long for dtype in seen_val)
@@ -79,7 +82,8 @@ def test_pos_embed_resampling__hand_computed_cases():
     out = resample_pos_embed(torch.cat([cls, flat], 1), (4, 4), (2, 2))
     assert out.shape == (1, 17, 8)
     torch.testing.assert_close(out[:, :1], cls)  # cls position kept
-    torch.testing.assert_close(out[:, 1:], torch.ones(1, 16, 8) * torch.arange(8.0))  # a constant stays constant
+    # a constant stays constant
+    torch.testing.assert_close(out[:, 1:], torch.ones(1, 16, 8) * torch.arange(8.0))
     # 1x2 -> 1x4 (bicubic, a=-0.75, half-pixel centres): new x = 0.5*i - 0.25, border clamped
     pos = torch.tensor([[[0.0], [1.0]]])
     out = resample_pos_embed(torch.cat([torch.zeros(1, 1, 1), pos], 1), (1, 4), (1, 2))[0, 1:, 0]
@@ -128,18 +132,34 @@ CONFIGS = sorted(
     for folder in ("finetune", "linprobe")
     for p in (Path(__file__).resolve().parents[3] / "configs" / folder).glob("*.yaml")
 )
-LIGHT = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
-         "--trainer.precision", "32-true", "--trainer.logger", "false",
-         "--model.encoder.checkpoint", "null"]  # fmt: skip
+LIGHT = [
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.devices",
+    "1",
+    "--trainer.strategy",
+    "auto",
+    "--trainer.precision",
+    "32-true",
+    "--trainer.logger",
+    "false",
+    "--model.encoder.checkpoint",
+    "null",
+]
 
 
 def test_finetune_configs__the_required_recipes_exist():
     names = {f"{p.parent.name}/{p.name}" for p in CONFIGS}
     assert {
-        "finetune/default.yaml", "finetune/imagenet_vit_base.yaml", "finetune/cifar10_vit_base.yaml",
-        "finetune/cifar10_vit_tiny.yaml", "finetune/cifar100_vit_base.yaml", "linprobe/imagenet_vit_base.yaml",
-        "finetune/imagenet_vit_large.yaml", "finetune/imagenet_vit_huge.yaml",
-    } <= names  # fmt: skip
+        "finetune/default.yaml",
+        "finetune/imagenet_vit_base.yaml",
+        "finetune/cifar10_vit_base.yaml",
+        "finetune/cifar10_vit_tiny.yaml",
+        "finetune/cifar100_vit_base.yaml",
+        "linprobe/imagenet_vit_base.yaml",
+        "finetune/imagenet_vit_large.yaml",
+        "finetune/imagenet_vit_huge.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -155,18 +175,24 @@ def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
         write_image_folder(tmp_path / "train", ["a", "b"], per_class=1)
         data = ["--data.root", str(tmp_path)]
     elif "cifar" in config.name:
-        write_cifar(tmp_path, "cifar100" if "cifar100" in config.name else "cifar10", train_per_batch=1, test=1)
+        write_cifar(
+            tmp_path, "cifar100" if "cifar100" in config.name else "cifar10", train_per_batch=1, test=1
+        )
         data = ["--data.root", str(tmp_path)]
     light = []
     if "imagenet" in config.name or "vit_base" in config.name:
         light = ["--model.encoder.model_kwargs", '{"depth": 1}']
     cli = FinetuneCLI(
-        MAEFinetuneModule, ImageDataModule, subclass_mode_data=True, run=False,
+        MAEFinetuneModule,
+        ImageDataModule,
+        subclass_mode_data=True,
+        run=False,
         args=["--config", str(config), *LIGHT, *data, *light],
-    )  # fmt: skip
+    )
     assert cli.model.hparams.num_classes == cli.datamodule.num_labels
     assert cli.model.hparams.img_size == cli.datamodule.img_size
-    assert cli.datamodule.augmentation in (cli.model.hparams.mode, "none")  # none: the digits probe (plain scans)
+    # none: the digits probe (plain scans)
+    assert cli.datamodule.augmentation in (cli.model.hparams.mode, "none")
 
 
 def _uses_lightnings_own_load(module_class: type) -> bool:
@@ -213,7 +239,9 @@ def test_trained_classifier__rebuilds_with_lightnings_load_from_checkpoint_elsew
         assert torch.equal(module.eval()(images), loaded.eval()(images))
 
 
-def test_trained_classifier_built_by_the_cli__loads_with_lightnings_load_from_checkpoint(tmp_path, monkeypatch):
+def test_trained_classifier_built_by_the_cli__loads_with_lightnings_load_from_checkpoint(
+    tmp_path, monkeypatch
+):
     """A module LightningCLI built records the CLI's instantiator with its hyperparameters, so
     load_from_checkpoint parses them back through jsonargparse: the encoder's architecture among them."""
     import shutil
@@ -233,7 +261,8 @@ def test_trained_classifier_built_by_the_cli__loads_with_lightnings_load_from_ch
     trainer.fit(cli.model, datamodule=cli.datamodule)
     trainer.save_checkpoint(tmp_path / "trained.ckpt")
     saved = torch.load(tmp_path / "trained.ckpt", map_location="cpu", weights_only=True)["hyper_parameters"]
-    assert "_instantiator" in saved and saved["encoder_config"]["img_size"] == [16, 16]  # the pretraining size
+    # the pretraining size
+    assert "_instantiator" in saved and saved["encoder_config"]["img_size"] == [16, 16]
     start.unlink()
     loaded = MAEFinetuneModule.load_from_checkpoint(tmp_path / "trained.ckpt")
     ours, theirs = cli.model.state_dict(), loaded.state_dict()

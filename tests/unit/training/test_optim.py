@@ -68,7 +68,9 @@ def test_weight_decay_groups__official_grouping():
     assert "patch_embed.proj.weight" in decay
     # the official grouping excludes only biases and 1-D tensors: tokens (1, 1, D) are decayed
     assert {"cls_token", "mask_token"} <= decay
-    assert "blocks.0.attn.qkv.bias" in no_decay and "norm.weight" in no_decay and "decoder_norm.bias" in no_decay
+    assert (
+        "blocks.0.attn.qkv.bias" in no_decay and "norm.weight" in no_decay and "decoder_norm.bias" in no_decay
+    )
     assert all(n.endswith(".bias") or model.get_parameter(n).ndim == 1 for n in no_decay)
     assert len(decay) + len(no_decay) == len(list(model.parameters()))  # pos embeds are buffers
 
@@ -93,7 +95,9 @@ def _grouping(optimizer: torch.optim.Optimizer, module: nn.Module) -> dict[str, 
     """parameter name (wrappers removed) -> (weight decay, lr scale) in ``optimizer``."""
     names = {id(p): n.replace("_fsdp_wrapped_module.", "") for n, p in module.named_parameters()}
     return {
-        names[id(p)]: (g["weight_decay"], g.get("lr_scale", 1.0)) for g in optimizer.param_groups for p in g["params"]
+        names[id(p)]: (g["weight_decay"], g.get("lr_scale", 1.0))
+        for g in optimizer.param_groups
+        for p in g["params"]
     }
 
 

@@ -8,7 +8,9 @@ from tests.helpers import RandomImages, RecordLR, make_trainer, official_lr, pre
 def test_module__lr_every_step_follows_the_official_schedule(tmp_path):
     record = RecordLR()
     module = pretrain_module(optim=dict(base_lr=1e-3, min_lr=1e-5))
-    trainer = make_trainer(tmp_path, max_epochs=3, limit_train_batches=5, limit_val_batches=0, callbacks=[record])
+    trainer = make_trainer(
+        tmp_path, max_epochs=3, limit_train_batches=5, limit_val_batches=0, callbacks=[record]
+    )
     trainer.fit(module, datamodule=RandomImages(batch_size=4))
     assert module.effective_batch == 4 and module.resolved_lr == pytest.approx(1e-3 * 4 / 256)
     assert len(record.lrs) == 15
@@ -76,7 +78,9 @@ def test_monitoring_callbacks__do_not_change_the_training_run(tmp_path):
     for callbacks in ([], [KNNCallback(every_n_epochs=1, k=2), ReconstructionCallback(every_n_epochs=1)]):
         pl.seed_everything(0)
         module = pretrain_module(optim=dict(warmup_epochs=0))
-        trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, callbacks=callbacks)
+        trainer = make_trainer(
+            tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0, callbacks=callbacks
+        )
         trainer.fit(module, datamodule=Monitored())
         losses.append([p.detach().clone() for p in module.parameters()])
     for a, b in zip(*losses, strict=True):
@@ -95,10 +99,14 @@ def test_monitors__a_run_ended_by_max_steps_mid_epoch_is_evaluated_once_at_its_e
             super().monitor(trainer, pl_module, epoch)
 
     module = pretrain_module(optim=dict(warmup_epochs=0))
-    callbacks = [Counted(every_n_epochs=10, k=2, max_train=100), ReconstructionCallback(every_n_epochs=10),
-                 ProbeCallback(every_n_epochs=10, max_epochs=2, patience=1, max_train=100)]  # fmt: skip
-    trainer = make_trainer(tmp_path, max_epochs=50, max_steps=3, limit_train_batches=5, limit_val_batches=0,
-                           callbacks=callbacks)  # fmt: skip
+    callbacks = [
+        Counted(every_n_epochs=10, k=2, max_train=100),
+        ReconstructionCallback(every_n_epochs=10),
+        ProbeCallback(every_n_epochs=10, max_epochs=2, patience=1, max_train=100),
+    ]
+    trainer = make_trainer(
+        tmp_path, max_epochs=50, max_steps=3, limit_train_batches=5, limit_val_batches=0, callbacks=callbacks
+    )
     trainer.fit(module, datamodule=DigitsDataModule(img_size=16, batch_size=32))
     assert trainer.global_step == 3  # ended inside the first epoch, far from every_n_epochs
     assert {"val/knn_acc1", "val/probe_acc1"} <= set(trainer.callback_metrics)
@@ -120,8 +128,13 @@ def test_monitors__a_run_told_to_stop_is_evaluated_at_its_last_epoch(tmp_path):
 
     module = pretrain_module(optim=dict(warmup_epochs=0))
     knn = KNNCallback(every_n_epochs=10, k=2, max_train=100)
-    trainer = make_trainer(tmp_path, max_epochs=50, limit_train_batches=2, limit_val_batches=1,
-                           callbacks=[StopAfterSecondEpoch(), knn])  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        max_epochs=50,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        callbacks=[StopAfterSecondEpoch(), knn],
+    )
     trainer.fit(module, datamodule=DigitsDataModule(img_size=16, batch_size=32))
     assert trainer.current_epoch == 2 and "val/knn_acc1" in trainer.callback_metrics
 

@@ -34,14 +34,18 @@ def test_set_img_size__position_embeddings_equal_a_fresh_model_built_at_that_siz
 def test_schedule__sizes_per_epoch_and_each_bad_phase_named():
     schedule = ResolutionSchedule.parse([[0, 16], [0.8, 32]], 32, 4)
     assert [schedule.size_at(e, 30)[0] for e in range(30)] == [16] * 24 + [32] * 6
-    assert [schedule.size_at(e, 7)[0] for e in range(7)] == [16] * 5 + [32] * 2  # 0.8 x 7 = 5.6: from epoch 5 (0-based)
+    # 0.8 x 7 = 5.6: from epoch 5 (0-based)
+    assert [schedule.size_at(e, 7)[0] for e in range(7)] == [16] * 5 + [32] * 2
     assert [schedule.size_at(e, 2)[0] for e in range(2)] == [16, 32]  # the final phase is never left out
     for value, message in [
         ([[0, 16], [0.8, 24]], r"last phase's size 24x24 must be data.img_size 32x32"),
         ([[0.1, 16], [0.8, 32]], r"starts must rise from 0"),
         ([[0, 16], [0, 32]], r"starts must rise from 0"),
         ([[0, 18], [0.5, 32]], r"resolution_schedule\[0\]: img_size 18x18 is not divisible by patch_size 4"),
-        ([[0, 16], [1.0, 32]], r"resolution_schedule\[1\]: start 1.0 must be a fraction of the epochs in \[0, 1\)"),
+        (
+            [[0, 16], [1.0, 32]],
+            r"resolution_schedule\[1\]: start 1.0 must be a fraction of the epochs in \[0, 1\)",
+        ),
         ([16, 32], r"resolution_schedule\[0\]: a \[start, size\] pair"),
         ([], r"a list of \[start, size\] phases"),
     ]:
@@ -70,17 +74,26 @@ class RecordSizes(Callback):
 
 def _fit(tmp_path, epochs, ckpt_path=None, stop_after=None):
     record = RecordSizes()
-    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_epochs=1, save_top_k=-1, save_last=True,
-                                  filename="epoch_{epoch}", auto_insert_metric_name=False)  # fmt: skip
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path / "ckpts",
+        every_n_epochs=1,
+        save_top_k=-1,
+        save_last=True,
+        filename="epoch_{epoch}",
+        auto_insert_metric_name=False,
+    )
     module = pretrain_module(resolution_schedule=SCHEDULE, optim=dict(warmup_epochs=0))
     stop = [StopAfter(stop_after)] if stop_after else []
-    trainer = make_trainer(tmp_path, max_epochs=epochs, enable_checkpointing=True,
-                           callbacks=[record, checkpoints, *stop])  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, max_epochs=epochs, enable_checkpointing=True, callbacks=[record, checkpoints, *stop]
+    )
     trainer.fit(module, datamodule=RandomImages(), ckpt_path=ckpt_path)
     return module, record
 
 
-def test_training__each_epoch_in_its_phase_validation_at_the_final_size_checkpoints_of_the_final_model(tmp_path):
+def test_training__each_epoch_in_its_phase_validation_at_the_final_size_checkpoints_of_the_final_model(
+    tmp_path,
+):
     module, record = _fit(tmp_path, epochs=4)
     assert record.train == {0: (8, 8), 1: (8, 8), 2: (16, 16), 3: (16, 16)}
     assert record.val == [(16, 16)] * 4
@@ -88,11 +101,22 @@ def test_training__each_epoch_in_its_phase_validation_at_the_final_size_checkpoi
         saved = torch.load(tmp_path / "ckpts" / f"epoch_{epoch}.ckpt", weights_only=False)
         assert saved["state_dict"]["model.pos_embed"].shape == (1, 1 + 16, 32)
         assert tuple(saved["mae_architecture"]["args"]["img_size"]) == (16, 16)
-        assert saved["hyper_parameters"]["resolution_schedule"] == SCHEDULE  # the checkpoint records the schedule
+        # the checkpoint records the schedule
+        assert saved["hyper_parameters"]["resolution_schedule"] == SCHEDULE
     backbone = load_backbone(tmp_path / "ckpts" / "last.ckpt")
     assert backbone.patch_embed.img_size == (16, 16)
-    fresh = MaskedAutoencoderViT(**{**TINY, "img_size": 16, "embed_dim": 32, "num_heads": 2, "decoder_embed_dim": 32,
-                                    "decoder_num_heads": 2, "depth": 1, "decoder_depth": 1})  # fmt: skip
+    fresh = MaskedAutoencoderViT(
+        **{
+            **TINY,
+            "img_size": 16,
+            "embed_dim": 32,
+            "num_heads": 2,
+            "decoder_embed_dim": 32,
+            "decoder_num_heads": 2,
+            "depth": 1,
+            "decoder_depth": 1,
+        }
+    )
     assert torch.equal(module.model.pos_embed, fresh.pos_embed)  # ended at the final size
 
 

@@ -36,7 +36,10 @@ def test_training_settings__per_device(monkeypatch, bf16):
     assert cpu.attention == ("explicit" if bf16 else "sdpa")  # SDPA's CPU bf16 path is the slow one
     gpu = training_settings("cuda")
     assert gpu.attention == "sdpa" and gpu.fused_adamw
-    assert TrainingSettings("bf16", "explicit", True, True).describe() == "bf16 + explicit + compile + fused AdamW"
+    assert (
+        TrainingSettings("bf16", "explicit", True, True).describe()
+        == "bf16 + explicit + compile + fused AdamW"
+    )
 
 
 def test_native_bf16__matches_the_machine():

@@ -23,7 +23,9 @@ from tests.helpers import finetune_module, pretrain_module
 DATA = Path(__file__).resolve().parents[2] / "data"
 LEGACY_PRETRAIN = DATA / "legacy_pretrain_v0.1.ckpt"  # written by 0.1: flat keys, no architecture record
 LEGACY_FINETUNE = DATA / "legacy_finetune_v0.1.ckpt"
-LEGACY_KWARGS = dict(embed_dim=16, depth=1, num_heads=2, decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2)
+LEGACY_KWARGS = dict(
+    embed_dim=16, depth=1, num_heads=2, decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2
+)
 
 
 def _modules() -> dict[str, type]:
@@ -64,7 +66,9 @@ def test_as_group__a_dict_over_the_modules_defaults_and_an_unknown_key_named():
     assert as_group({"lr": 0.5}, detection) == OptimSettings(4e-4, 0.5, 0.0, 1.0, 0.1)
     assert as_group(detection, OptimSettings()) is detection
     assert as_group({"betas": [0.9, 0.99]}, PretrainOptimSettings()).betas == (0.9, 0.99)
-    with pytest.raises(ConfigError, match="OptimSettings takes base_lr, lr, min_lr, warmup_epochs, weight_decay; got"):
+    with pytest.raises(
+        ConfigError, match="OptimSettings takes base_lr, lr, min_lr, warmup_epochs, weight_decay; got"
+    ):
         as_group({"base_lr": 1e-3, "momentum": 0.9}, OptimSettings())
     with pytest.raises(ConfigError, match="model.kernels.attention must be one of auto, sdpa, explicit"):
         as_group({"attention": "flash"}, KernelChoices())
@@ -80,7 +84,10 @@ def test_hyperparameters__record_each_group_as_a_plain_dict():
         "weight_decay": 0.05,
     }
     assert module.hparams.kernels == {"attention": "sdpa", "compile": False, "fused_adamw": "auto"}
-    assert module.hparams.encoder["model"] == "mae_vit_tiny_patch4" and module.hparams_initial.optim["base_lr"] == 1e-3
+    assert (
+        module.hparams.encoder["model"] == "mae_vit_tiny_patch4"
+        and module.hparams_initial.optim["base_lr"] == 1e-3
+    )
     assert module.optim.base_lr == 1e-3 and module.kernels.attention == "sdpa"
 
 
@@ -91,7 +98,11 @@ def test_renamed_keys__pretraining_keeps_its_own_model_keys():
     for name in ("finetune", "detect", "segment"):
         assert set(renamed_for(modules[name])) == set(RENAMED_KEYS) - {"model.betas"}, name
     flat = {"base_lr": 1e-3, "attention": "sdpa", "checkpoint": "a.ckpt", "mode": "finetune"}
-    grouped = {"optim": {"base_lr": 1e-3}, "kernels": {"attention": "sdpa"}, "encoder": {"checkpoint": "a.ckpt"}}
+    grouped = {
+        "optim": {"base_lr": 1e-3},
+        "kernels": {"attention": "sdpa"},
+        "encoder": {"checkpoint": "a.ckpt"},
+    }
     assert upgrade_hparams(flat, renamed_for(modules["finetune"])) == {**grouped, "mode": "finetune"}
 
 
@@ -108,7 +119,8 @@ def test_checkpoint_of_version_0_1__loads_with_restore_kwargs_its_settings_in_th
         assert loaded.optim.warmup_epochs == 0.0 and "base_lr" not in loaded.hparams
         theirs = saved["state_dict"]
         assert all(torch.equal(value, theirs[name]) for name, value in loaded.state_dict().items())
-    assert loaded.encoder_source.checkpoint == saved["hyper_parameters"]["checkpoint"]  # a path of 0.1's machine
+    # a path of 0.1's machine
+    assert loaded.encoder_source.checkpoint == saved["hyper_parameters"]["checkpoint"]
 
 
 def test_checkpoint_with_flat_keys__of_a_transfer_built_by_the_cli_loads_with_restore_kwargs(tmp_path):
@@ -118,7 +130,9 @@ def test_checkpoint_with_flat_keys__of_a_transfer_built_by_the_cli_loads_with_re
     from mae.training.transfer import restore_kwargs_v0_2
 
     encoder = {"model": "mae_vit_tiny_patch4", "model_kwargs": LEGACY_KWARGS}
-    module = MAESegmentationModule(encoder=encoder, img_size=16, num_classes=3, out_channels=16, optim={"lr": 0.25})
+    module = MAESegmentationModule(
+        encoder=encoder, img_size=16, num_classes=3, out_channels=16, optim={"lr": 0.25}
+    )
     module.eval()
     flat = {key: value for key, value in module.hparams.items() if key not in ("optim", "kernels", "encoder")}
     for group in ("optim", "kernels", "encoder"):
@@ -126,7 +140,8 @@ def test_checkpoint_with_flat_keys__of_a_transfer_built_by_the_cli_loads_with_re
     flat["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
     path = tmp_path / "flat.ckpt"
     torch.save(
-        {"state_dict": module.state_dict(), "hyper_parameters": flat, "pytorch-lightning_version": "2.6.6"}, path
+        {"state_dict": module.state_dict(), "hyper_parameters": flat, "pytorch-lightning_version": "2.6.6"},
+        path,
     )
     loaded = MAESegmentationModule.load_from_checkpoint(path, **restore_kwargs_v0_2(path)).eval()
     assert loaded.optim == module.optim and loaded.encoder_source == module.encoder_source
@@ -142,7 +157,11 @@ def test_checkpoint_of_version_0_1__resumes_with_ckpt_path(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["mae"])
     config = {
-        "model": {"model": "mae_vit_tiny_patch4", "model_kwargs": LEGACY_KWARGS, "optim": {"warmup_epochs": 0}},
+        "model": {
+            "model": "mae_vit_tiny_patch4",
+            "model_kwargs": LEGACY_KWARGS,
+            "optim": {"warmup_epochs": 0},
+        },
         "data": {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 8, "batch_size": 256}},
         "trainer": {"max_epochs": 2, "accelerator": "cpu", "logger": False, "enable_progress_bar": False},
         "checkpoint": {"dirpath": str(tmp_path / "ckpts")},
@@ -152,7 +171,10 @@ def test_checkpoint_of_version_0_1__resumes_with_ckpt_path(tmp_path, monkeypatch
     cli = invoke("pretrain", ["--config", "resume.yaml", "--ckpt_path", str(LEGACY_PRETRAIN)])
     assert cli.trainer.current_epoch == 2 and len(cli.model.epoch_losses) == 1  # epoch 0 was the checkpoint's
     resumed = torch.load(tmp_path / "ckpts" / "last.ckpt", map_location="cpu", weights_only=True)
-    assert resumed["hyper_parameters"]["optim"]["warmup_epochs"] == 0 and "base_lr" not in resumed["hyper_parameters"]
+    assert (
+        resumed["hyper_parameters"]["optim"]["warmup_epochs"] == 0
+        and "base_lr" not in resumed["hyper_parameters"]
+    )
 
 
 def test_pretrain_module__takes_groups_as_dicts():

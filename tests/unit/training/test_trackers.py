@@ -134,7 +134,8 @@ def test_tensorboard__scalars_figure_settings_and_one_curve_across_a_sigterm_and
 
     run, out = _sigterm_then_resume(tmp_path, _config(tmp_path, "tensorboard", save_dir=str(tmp_path / "tb")))
     log_dir = tmp_path / "tb" / "tracked" / "version_0"  # <save_dir>/<run name>/<version>
-    assert len(list(log_dir.glob("events.out.tfevents.*"))) >= 2  # the interrupted run's file and the resumed one's
+    # the interrupted run's file and the resumed one's
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) >= 2
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     events.Reload()
     _assert_every_step_once([e.step for e in events.Scalars("train/loss_step")])
@@ -210,7 +211,9 @@ def mlflow_server(tmp_path):
 def test_mlflow__scalars_figure_settings_and_one_run_across_a_sigterm_and_resume(tmp_path, mlflow_server):
     from mlflow.tracking import MlflowClient
 
-    config = _config(tmp_path, "mlflow", tracking_uri=mlflow_server, experiment_name="trackers-test", log_model=True)
+    config = _config(
+        tmp_path, "mlflow", tracking_uri=mlflow_server, experiment_name="trackers-test", log_model=True
+    )
     run, out = _sigterm_then_resume(tmp_path, config)
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name("trackers-test")
@@ -219,7 +222,9 @@ def test_mlflow__scalars_figure_settings_and_one_run_across_a_sigterm_and_resume
     tracked = runs[0]
     assert json.loads((run / TRACKER_FILE).read_text())["mlflow"]["run_id"] == tracked.info.run_id
     assert tracked.info.status == "FINISHED"
-    _assert_every_step_once([m.step for m in client.get_metric_history(tracked.info.run_id, "train/loss_step")])
+    _assert_every_step_once(
+        [m.step for m in client.get_metric_history(tracked.info.run_id, "train/loss_step")]
+    )
     assert [m.step for m in client.get_metric_history(tracked.info.run_id, "train/loss_epoch")] == [7, 15, 23]
     params = tracked.data.params
     assert params["run/effective_batch"] == "4" and params["architecture/args/embed_dim"] == "32"
@@ -232,7 +237,9 @@ def test_mlflow__scalars_figure_settings_and_one_run_across_a_sigterm_and_resume
     assert Path(stored).read_bytes() == (run / "checkpoints" / "last.ckpt").read_bytes()
     figures = [a.path for a in client.list_artifacts(tracked.info.run_id, "images")]
     steps = sorted(
-        int(m.group(1)) for name in figures if (m := re.search(r"/reconstructions\+step\+(\d+)\+.*\.png$", name))
+        int(m.group(1))
+        for name in figures
+        if (m := re.search(r"/reconstructions\+step\+(\d+)\+.*\.png$", name))
     )
     assert steps == [7, 15, 23], figures  # MLflow's image log: each epoch's figure at its step
     assert f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{tracked.info.run_id}" in out
@@ -277,7 +284,8 @@ def test_wandb__offline_scalars_figure_settings_and_one_run_across_a_sigterm_and
         for record in _wandb_records(segment):
             if record.HasField("history"):
                 row = {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
                 }
                 wandb_steps.append(row["_step"])
                 if "train/loss_step" in row:
@@ -286,10 +294,12 @@ def test_wandb__offline_scalars_figure_settings_and_one_run_across_a_sigterm_and
                     figures.append(row["trainer/global_step"])
             elif record.HasField("config"):
                 config |= {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.config.update
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.config.update
                 }
     _assert_every_step_once(steps)
-    assert wandb_steps == sorted(set(wandb_steps))  # W&B's own step goes on rising: `wandb sync --id` keeps every row
+    # W&B's own step goes on rising: `wandb sync --id` keeps every row
+    assert wandb_steps == sorted(set(wandb_steps))
     assert figures == [7, 15, 23]
     assert config["run"]["effective_batch"] == 4 and config["architecture"]["args"]["embed_dim"] == 32
     assert config["versions"]["torch"].startswith("2.")
@@ -316,9 +326,12 @@ def test_spec__a_tracker_whose_client_is_missing_names_the_extra_before_any_work
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a)
+    )
     with pytest.raises(
-        ValueError, match=r"WandbLogger needs wandb, which is not installed: pip install \"mae-lightning\[tracking\]\""
+        ValueError,
+        match=r"WandbLogger needs wandb, which is not installed: pip install \"mae-lightning\[tracking\]\"",
     ):
         tracker_spec({"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {}})
     assert tracker_spec({"class_path": "lightning.pytorch.loggers.MLFlowLogger", "init_args": {}}) is not None
@@ -327,7 +340,9 @@ def test_spec__a_tracker_whose_client_is_missing_names_the_extra_before_any_work
 def test_mlflow__without_a_tracking_uri_a_sqlite_store_beside_the_run_folders(tmp_path, monkeypatch):
     """MLflow 3 refuses its old folder store (./mlruns), Lightning's default: the run gets a database."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    spec = tracker_spec({"class_path": "lightning.pytorch.loggers.MLFlowLogger", "init_args": {"tracking_uri": None}})
+    spec = tracker_spec(
+        {"class_path": "lightning.pytorch.loggers.MLFlowLogger", "init_args": {"tracking_uri": None}}
+    )
     tracker = build_tracker(spec, tmp_path / "runs" / "pretrain_default" / "version_0", None)
     assert tracker.settings["tracking_uri"] == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     assert tracker.settings["artifact_location"] == str(tmp_path / "runs" / "mlartifacts")
@@ -344,9 +359,16 @@ def test_recipes__each_parses_on_top_of_the_default_recipe():
     parser = build_parser()
     for recipe in ("tensorboard", "mlflow", "wandb"):
         config = parser.parse_args(
-            ["--config", str(RECIPES.parent / "pretrain" / "default.yaml"), "--config", str(RECIPES / f"{recipe}.yaml")]
+            [
+                "--config",
+                str(RECIPES.parent / "pretrain" / "default.yaml"),
+                "--config",
+                str(RECIPES / f"{recipe}.yaml"),
+            ]
         )
-        assert tracker_spec(config.tracker)["class_path"].endswith(("TensorBoardLogger", "MLFlowLogger", "WandbLogger"))
+        assert tracker_spec(config.tracker)["class_path"].endswith(
+            ("TensorBoardLogger", "MLFlowLogger", "WandbLogger")
+        )
 
 
 # ----------------------------------------------------------------------------------------- the interface
@@ -414,7 +436,9 @@ def test_interface__a_fourth_tracker_is_one_class_registered(tmp_path, monkeypat
     assert isinstance(tracker, RecordingTracker) and isinstance(tracker.logger, RecordingLogger)
     assert (tracker.logger.folder, tracker.logger.project) == (str(run_folder / "recording"), "q")
     remember_run(tracker, run_folder)
-    assert json.loads((run_folder / TRACKER_FILE).read_text()) == {"recording": {"folder": tracker.logger.folder}}
+    assert json.loads((run_folder / TRACKER_FILE).read_text()) == {
+        "recording": {"folder": tracker.logger.folder}
+    }
     resumed = build_tracker({"class_path": class_path, "init_args": {}}, run_folder, resume_step=8)
     assert resumed.logger.folder == tracker.logger.folder  # the run folder's record, read back
     trainer = SimpleNamespace(loggers=[CSVLogger(tmp_path), tracker.logger], global_step=8, callbacks=[])
@@ -435,7 +459,8 @@ def test_interface__a_logger_without_a_tracker_class_is_built_as_configured_and_
 
 def test_interface__each_shipped_recipe_names_a_registered_tracker_of_its_own():
     names = {
-        recipe.stem: yaml.safe_load(recipe.read_text())["tracker"]["class_path"] for recipe in RECIPES.glob("*.yaml")
+        recipe.stem: yaml.safe_load(recipe.read_text())["tracker"]["class_path"]
+        for recipe in RECIPES.glob("*.yaml")
     }
     assert {stem: TRACKERS[class_path].name for stem, class_path in names.items()} == {
         "tensorboard": "tensorboard",

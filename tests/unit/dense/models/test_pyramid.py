@@ -10,7 +10,13 @@ from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
 from mae.convert.backbone import build_vit, load_backbone
 from mae.dense.models.pyramid import FEATURE_NAMES, SimpleFeaturePyramid, feature_pyramid
 from mae.models import create_model
-from tests.helpers import TINY_KWARGS, LabelledImages, finetune_module, make_trainer, tiny_pretraining_checkpoint
+from tests.helpers import (
+    TINY_KWARGS,
+    LabelledImages,
+    finetune_module,
+    make_trainer,
+    tiny_pretraining_checkpoint,
+)
 
 
 def _vit(depth: int = 1):
@@ -44,7 +50,9 @@ def test_pyramid__an_intermediate_block_feeds_it_and_bad_settings_are_named():
     sum(m.sum() for m in maps.values()).backward()
     unused = [name for name, p in last.named_parameters() if p.grad is None]
     assert unused == []  # DDP needs a gradient for every parameter (the left-out cls token's is zero)
-    with pytest.raises(ValueError, match=r"4x3 px are too small for the feature pyramid: .* \(at least 5x5 px\)"):
+    with pytest.raises(
+        ValueError, match=r"4x3 px are too small for the feature pyramid: .* \(at least 5x5 px\)"
+    ):
         last(torch.randn(1, 3, 4, 3))
     with pytest.raises(ValueError, match="pyramid block 5 is not one of the encoder's 2 blocks"):
         SimpleFeaturePyramid(vit, block=5)
@@ -81,8 +89,11 @@ def test_pyramid__from_a_pretraining_checkpoint_holds_its_encoder(tmp_path):
 
 
 def test_pyramid__from_a_classifier_finetuned_with_average_pooling(tmp_path):
-    # such a checkpoint has an fc_norm and no final norm; the pyramid keeps neither, so it loads all the blocks
-    module = finetune_module(encoder=dict(checkpoint=str(tiny_pretraining_checkpoint(tmp_path))), global_pool="avg")
+    # such a checkpoint has an fc_norm and no final norm; the pyramid keeps neither,
+    # so it loads all the blocks
+    module = finetune_module(
+        encoder=dict(checkpoint=str(tiny_pretraining_checkpoint(tmp_path))), global_pool="avg"
+    )
     trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=0)
     trainer.fit(module, datamodule=LabelledImages())
     checkpoint = tmp_path / "finetuned.ckpt"
@@ -93,9 +104,13 @@ def test_pyramid__from_a_classifier_finetuned_with_average_pooling(tmp_path):
         torch.testing.assert_close(value, finetuned[name], rtol=0, atol=0)
     assert not hasattr(pyramid.vit.norm, "weight") and not hasattr(pyramid.vit.fc_norm, "weight")
     # token features need the final norm it lacks: refused with the pooling that fits, which loads
-    with pytest.raises(ValueError, match=r"finetuned.ckpt is an encoder fine-tuned with global average.*'avg'"):
+    with pytest.raises(
+        ValueError, match=r"finetuned.ckpt is an encoder fine-tuned with global average.*'avg'"
+    ):
         load_backbone(checkpoint)
-    torch.testing.assert_close(load_backbone(checkpoint, global_pool="avg").fc_norm.weight, module.vit.fc_norm.weight)
+    torch.testing.assert_close(
+        load_backbone(checkpoint, global_pool="avg").fc_norm.weight, module.vit.fc_norm.weight
+    )
 
 
 def _scenes(count: int, size: int = 64) -> tuple[list[torch.Tensor], list[dict]]:
@@ -180,7 +195,9 @@ def test_window_relative_position__zero_at_start_then_an_offset_bias_inside_each
     torch.manual_seed(0)
     vit = _vit(depth=2)
     plain = SimpleFeaturePyramid(copy.deepcopy(vit), out_channels=8, window_size=3, global_blocks=(1,))
-    relative = SimpleFeaturePyramid(vit, out_channels=8, window_size=3, global_blocks=(1,), relative_position=True)
+    relative = SimpleFeaturePyramid(
+        vit, out_channels=8, window_size=3, global_blocks=(1,), relative_position=True
+    )
     assert not hasattr(relative.vit.blocks[1], "window_position_bias")  # global blocks have none
     images = torch.randn(1, 3, 20, 28)  # 5 x 7 patches: windows of 3 x 3, the last row and column padded
     torch.testing.assert_close(relative.encode(images), plain.encode(images))  # zero-initialised: no change
@@ -203,7 +220,9 @@ def test_window_relative_position__zero_at_start_then_an_offset_bias_inside_each
     for rows, cols in ((range(0, 3), range(0, 3)), (range(3, 5), range(6, 7)), (range(3, 5), range(3, 6))):
         window = tokens[:, rows.start : rows.stop, cols.start : cols.stop]
         local = range(len(rows)), range(len(cols))
-        alone = _attend_with_bias(relative.vit.blocks[0], window.reshape(1, -1, window.shape[-1]), offset_bias(*local))
+        alone = _attend_with_bias(
+            relative.vit.blocks[0], window.reshape(1, -1, window.shape[-1]), offset_bias(*local)
+        )
         got = features[:, :, rows.start : rows.stop, cols.start : cols.stop].permute(0, 2, 3, 1)
         torch.testing.assert_close(got, alone.reshape(window.shape))
     expected = relative(images)[FEATURE_NAMES[0]]
@@ -215,7 +234,9 @@ def test_window_relative_position__zero_at_start_then_an_offset_bias_inside_each
 def test_window_relative_position__needs_windows_and_decays_with_its_block():
     from mae.dense.tasks.base import layer_decay_groups
 
-    with pytest.raises(ValueError, match="relative_position is a bias inside attention windows: set window_size"):
+    with pytest.raises(
+        ValueError, match="relative_position is a bias inside attention windows: set window_size"
+    ):
         SimpleFeaturePyramid(_vit(), relative_position=True)
     pyramid = SimpleFeaturePyramid(
         _vit(depth=2), out_channels=8, window_size=2, global_blocks=(), relative_position=True
@@ -223,7 +244,10 @@ def test_window_relative_position__needs_windows_and_decays_with_its_block():
     groups = layer_decay_groups(pyramid, pyramid.vit, weight_decay=0.05, layer_decay=0.5)
     scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
     for block in pyramid.vit.blocks:
-        assert scale[id(block.window_position_bias.relative_position_bias_table)] == scale[id(block.attn.qkv.weight)]
+        assert (
+            scale[id(block.window_position_bias.relative_position_bias_table)]
+            == scale[id(block.attn.qkv.weight)]
+        )
     assert scale[id(pyramid.vit.blocks[0].attn.qkv.weight)] < scale[id(pyramid.vit.blocks[1].attn.qkv.weight)]
 
 
@@ -258,9 +282,16 @@ def test_readme_detector__sized_for_the_encoder_and_torchvisions_800_px_refused_
     backbone = feature_pyramid(tiny_pretraining_checkpoint(tmp_path), out_channels=16)
     assert backbone.detector_sizes() == {"min_size": 16, "max_size": 16}
     images = [torch.rand(3, 64, 64)]
-    targets = [{"boxes": torch.tensor([[8.0, 8.0, 40.0, 40.0]]), "labels": torch.tensor([3]),
-                "masks": torch.zeros(1, 64, 64, dtype=torch.uint8)}]  # fmt: skip
-    with pytest.raises(ValueError, match=r"images of 800x800 px make 40,000 patches, over this pyramid's max_tokens"):
+    targets = [
+        {
+            "boxes": torch.tensor([[8.0, 8.0, 40.0, 40.0]]),
+            "labels": torch.tensor([3]),
+            "masks": torch.zeros(1, 64, 64, dtype=torch.uint8),
+        }
+    ]
+    with pytest.raises(
+        ValueError, match=r"images of 800x800 px make 40,000 patches, over this pyramid's max_tokens"
+    ):
         MaskRCNN(backbone, num_classes=11)(images, targets)
     detector = MaskRCNN(backbone, num_classes=11, **backbone.detector_sizes())
     losses = detector(images, targets)

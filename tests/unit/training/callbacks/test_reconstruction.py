@@ -23,10 +23,15 @@ def test_reconstruct__norm_pix_prediction_is_unnormalised_with_target_statistics
 
 
 def test_reconstruction_grid__four_columns_one_row_per_image():
-    views = {k: torch.zeros(3, 3, 32, 32) for k in ("original", "masked", "reconstruction", "reconstruction_visible")}
+    views = {
+        k: torch.zeros(3, 3, 32, 32)
+        for k in ("original", "masked", "reconstruction", "reconstruction_visible")
+    }
     grid = reconstruction_grid(views)
     assert grid.shape == (3, 3 * 34 + 2, 4 * 34 + 2)
-    torch.testing.assert_close(denormalize(torch.zeros(1, 3, 1, 1)).flatten(), torch.tensor([0.485, 0.456, 0.406]))
+    torch.testing.assert_close(
+        denormalize(torch.zeros(1, 3, 1, 1)).flatten(), torch.tensor([0.485, 0.456, 0.406])
+    )
 
 
 class _Trainer:
@@ -51,5 +56,6 @@ def test_reconstruction_callback__writes_png_and_sends_it_to_the_tracker(tmp_pat
     assert path == tmp_path / "reconstructions" / "epoch_0003.png" and path.stat().st_size > 0
     logger.experiment.flush()
     (figure,) = tensorboard_events(tmp_path / "tb" / "run" / "version_0").Images("reconstructions")
-    assert (figure.step, figure.height, figure.width) == (6, 3 * 34 + 2, 4 * 34 + 2)  # the step of the last update
+    # the step of the last update
+    assert (figure.step, figure.height, figure.width) == (6, 3 * 34 + 2, 4 * 34 + 2)
     assert module.model.training  # mode restored
