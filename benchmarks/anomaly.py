@@ -2,13 +2,13 @@
 baseline on the built-in digit anomaly task (``mae.apps.anomaly.digits``), over several seeds.
 
 For each seed: the task is written with that seed (which validation digits get which defect, and where),
-``python -m mae.anomaly`` scores it with masks of that seed (standardised by the training digits' errors,
+``mae anomaly`` scores it with masks of that seed (standardised by the training digits' errors,
 and again with ``--raw-errors``), and its ``--method pixel-knn`` (the baseline, ``mae.apps.anomaly.baseline``)
 scores the same images at the MAE's size, patch size and normalisation through the same scoring and
 metrics. Prints a markdown table (mean +- std over seeds) and writes it, the per-seed metrics, a bar chart
 and the heat maps of the first seed.
 
-    python train.py --config configs/pretrain/default.yaml   # the MAE, once (~2-4 min)
+    mae pretrain --config configs/pretrain/default.yaml   # the MAE, once (~2-4 min)
     python benchmarks/anomaly.py                             # 3 seeds, ~1.5 min each on 2 CPU cores
 """
 
@@ -161,7 +161,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.checkpoint.exists():
         p.error(
             f"--checkpoint {args.checkpoint} does not exist: run "
-            f"`python train.py --config configs/pretrain/default.yaml` first, or point it at another one"
+            f"`mae pretrain --config default` first, or point it at another one"
         )
     return args
 

@@ -8,7 +8,7 @@ All read the same JPEGs and apply MAE's pretraining augmentation
 vectorised uint8 resize, uint8 samples); a worker does not normalise, the training step does
 (``normalize_batch``, on the GPU in GPU runs), so it is reported both without and with that cost.
 "streamed" is ``StreamingDataModule`` reading the same images from shards on local disk
-(``python -m mae.data.shard``, the files' original bytes) with the same crop. Rounds rotate between
+(``mae shard``, the files' original bytes) with the same crop. Rounds rotate between
 the contenders; the table reports medians.
 
     python benchmarks/dataloader.py                       # generated ~500x375 JPEGs, 224 and 112 px crops

@@ -1,11 +1,11 @@
-"""How fast ``python -m mae.embed`` embeds images, and how long exact search takes over a large index.
+"""How fast ``mae embed`` embeds images, and how long exact search takes over a large index.
 
-1. Embedding: the built-in digits (32x32 PNG files in an ImageFolder, as ``python -m mae.demo``
+1. Embedding: the built-in digits (32x32 PNG files in an ImageFolder, as ``mae demo``
    writes them) through ``embed_images`` with the given checkpoint: images/s of the whole run (reading,
    encoding, the parts, the assembled Parquet), the model's loading excluded.
 2. Search: a Parquet index of ``--rows`` random ``--dim``-long vectors, written in chunks, then
    ``--queries`` queries against it in chunks of ``--chunk-rows``
-   (``mae.apps.embeddings.similarity.cosine_top_k``, as ``python -m mae.search`` runs it): seconds, and the
+   (``mae.apps.embeddings.similarity.cosine_top_k``, as ``mae search`` runs it): seconds, and the
    process's peak memory.
 
     python benchmarks/embed_search.py --checkpoint runs/pretrain_default/version_0/checkpoints/last.ckpt

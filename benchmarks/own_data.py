@@ -5,7 +5,7 @@ The "domain data" is scikit-learn's handwritten digits written as 16-bit graysca
 ImageFolder, 1,437 training / 360 validation images at 32x32); the "released weights" are the
 default RGB digits pretraining run (``configs/pretrain/default.yaml``). On the grayscale folder:
 
-1. ``python -m mae.data.stats`` gives its mean / std;
+1. ``mae stats`` gives its mean / std;
 2. pretraining for ``--epochs`` epochs, from scratch and with ``model.init_from`` the RGB run
    (patch embedding adapted to 1 channel, decoder loaded, ``freeze_encoder_epochs`` of decoder
    warm-up), logging the kNN monitor (k=20, cls token) and reconstructions;
@@ -55,7 +55,11 @@ def _config(
     path: Path, name: str, base: str, model: dict, data: dict, trainer: dict, **sections
 ) -> list[str]:
     recipe = yaml.safe_load((REPO / base).read_text())
-    recipe["model"].update(model)
+    for key, value in model.items():  # a group (encoder, optim) is merged, not replaced
+        merged = (
+            {**recipe["model"][key], **value} if isinstance(value, dict) and key in recipe["model"] else value
+        )
+        recipe["model"][key] = merged
     optim = recipe["model"]["optim"]
     optim["warmup_epochs"] = min(optim["warmup_epochs"], trainer["max_epochs"] / 4)
     recipe["data"] = {"class_path": "mae.data.ImageFolderDataModule", "init_args": data}
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
                 out / f"finetune_{name}.yaml",
                 f"finetune_{name}",
                 "configs/finetune/default.yaml",
-                {"checkpoint": pre.trainer.checkpoint_callback.last_model_path},
+                {"encoder": {"checkpoint": pre.trainer.checkpoint_callback.last_model_path}},
                 {**data, "augmentation": "finetune", "re_prob": 0.0},
                 {"max_epochs": args.finetune_epochs},
             ),

@@ -10,13 +10,13 @@ seeds, wall time) and keeps each run's metrics and its last prediction figure. A
 checkpoint bytes, so an interrupted benchmark continues where it stopped and another encoder can join a
 finished comparison without rerunning it (a change of this code is not detected: delete ``OUT/runs``).
 
-    python train.py --config configs/pretrain/digit_scenes.yaml   # the scenes encoder, once (~10 min)
-    python train.py --config configs/pretrain/default.yaml        # the single-digit encoder, once (~3 min)
+    mae pretrain --config configs/pretrain/digit_scenes.yaml   # the scenes encoder, once (~10 min)
+    mae pretrain --config configs/pretrain/default.yaml        # the single-digit encoder, once (~3 min)
     python benchmarks/transfer.py  # both encoders and random, 3 seeds, both tasks
     python benchmarks/transfer.py --seeds 0 --tasks detect --encoders scenes=path/to/last.ckpt   # one of them
 
 Any checkpoint the pyramid loads can be a row, e.g. the default encoder fine-tuned for classification
-(``python finetune.py --config configs/finetune/default.yaml``, then
+(``mae finetune --config configs/finetune/default.yaml``, then
 ``--encoders digits=runs/pretrain_default/version_0/checkpoints/last.ckpt
 finetuned=runs/finetune_default/version_0/checkpoints/last.ckpt``): it tells whether an encoder that knows
 the digits helps the detector at all.

@@ -1,7 +1,7 @@
 """Run an entry point as a forked copy of an interpreter that has already imported the project.
 
 A command-line test pays for importing torch, Lightning and timm (about 6 s on 2 cores) in every
-fresh ``python train.py ...``. Here one server process (multiprocessing's forkserver, started once a
+fresh ``mae pretrain ...``. Here one server process (multiprocessing's forkserver, started once a
 test session) imports them, runs no torch op, and forks a child per command: the child is a new
 process with its own memory, working directory, environment, ``sys.argv``, stdout and stderr, that
 runs the script or module as ``__main__`` (``runpy``) and exits with the status Python would give

@@ -125,7 +125,7 @@ def test_group_sigterm__streaming_workers(tmp_path):
 @pytest.mark.timeout(600)
 def test_group_sigterm__ddp_two_processes_with_workers(tmp_path):
     config = _config(tmp_path, "ddp", "step", _folder_data(tmp_path), devices=2, strategy="ddp")
-    with _start(config) as proc:  # rank 0 forked; Lightning starts rank 1 as a fresh `python train.py ...`
+    with _start(config) as proc:  # rank 0 forked; rank 1 is a fresh `python -m mae pretrain ...`
         out, paused_at = _signal_group_at_pause(proc, "step")
     _preempted(out, proc)
     saved = _last(tmp_path, "ddp")["global_step"]

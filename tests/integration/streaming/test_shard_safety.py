@@ -252,7 +252,7 @@ def check_the_rerun_with_overwrite_completes(src: Path, out: str, clean: list[st
     --overwrite", and that rerun replaces it, leaving exactly what a clean conversion stores."""
     left = storage.list_files(out)
     with pytest.raises(
-        FileNotFoundError, match=r"unfinished conversion of mae\.data\.shard.*IMAGE_FOLDER .* --overwrite"
+        FileNotFoundError, match=r"unfinished conversion of mae shard.*IMAGE_FOLDER .* --overwrite"
     ):
         read_metadata(out)
     refused = shard_cli(src, out, *SMALL_CHUNKS)
