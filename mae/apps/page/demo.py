@@ -302,6 +302,22 @@ def shown_image(upload, example, by_name: dict[str, Path]) -> tuple[str | Path |
     return None, None
 
 
+def image_chooser(by_name: dict[str, Path], prefix: str = "") -> tuple:
+    """The page's image chooser, placed in the current Gradio column: a file upload (images and arrays)
+    and a list of the examples ``by_name``; their element ids are ``<prefix>upload`` and ``<prefix>example``
+    (the browser tests find them by these). Returns (upload, example)."""
+    import gradio as gr
+
+    upload = gr.File(label="your image", file_types=["image", *ARRAY_EXTENSIONS], elem_id=f"{prefix}upload")
+    example = gr.Dropdown(
+        choices=list(by_name),
+        value=next(iter(by_name), None),
+        label="or an example",
+        elem_id=f"{prefix}example",
+    )
+    return upload, example
+
+
 def build_page(
     session: ReconstructionSession, examples: list[Path], around: AbstractContextManager | None = None
 ):
@@ -336,15 +352,7 @@ def build_page(
         )
         with gr.Row():
             with gr.Column(scale=1):
-                upload = gr.File(
-                    label="your image", file_types=["image", *ARRAY_EXTENSIONS], elem_id="upload"
-                )
-                example = gr.Dropdown(
-                    choices=list(by_name),
-                    value=next(iter(by_name), None),
-                    label="or an example",
-                    elem_id="example",
-                )
+                upload, example = image_chooser(by_name)
                 ratio = gr.Slider(
                     *MASK_RATIO_RANGE, value=0.75, step=0.05, label="mask ratio", elem_id="ratio"
                 )

@@ -14,9 +14,8 @@ from PIL import Image
 from mae.apps.embeddings.embedding_index import EmbeddingIndex
 from mae.apps.embeddings.image_search import index_embedder, search_images
 from mae.apps.embeddings.neighbours_figure import MIN_PANEL, picture, shown_range
-from mae.apps.page.demo import shown_image
+from mae.apps.page.demo import image_chooser, shown_image
 from mae.data import DEFAULT_MAX_PIXELS
-from mae.data.decoding.formats import ARRAY_EXTENSIONS
 from mae.errors import ConfigError
 from mae.inference.images import IMAGE_ERRORS
 
@@ -118,15 +117,7 @@ def similar_images_tab(session: SearchSession, examples: list[Path]) -> None:
     gr.Markdown(f"## Similar images\nIndex: `{session.name}`, {len(session.index):,} images.")
     with gr.Row():
         with gr.Column(scale=1):
-            upload = gr.File(
-                label="your image", file_types=["image", *ARRAY_EXTENSIONS], elem_id="search-upload"
-            )
-            example = gr.Dropdown(
-                choices=list(by_name),
-                value=next(iter(by_name), None),
-                label="or an example",
-                elem_id="search-example",
-            )
+            upload, example = image_chooser(by_name, prefix="search-")
             k = gr.Slider(1, MAX_K, value=8, step=1, label="neighbours", elem_id="search-k")
             run = gr.Button("Search", variant="primary", elem_id="search-run")
         with gr.Column(scale=3):
