@@ -181,8 +181,8 @@ class MAEPretrainModule(MAETrainingModule):
     # ------------------------------------------------------------------ progressive resolution
     @property
     def img_size(self) -> tuple[int, int]:
-        """The input size the model takes now (a phase's of
-        ``model.resolution_schedule``, else the built one)."""
+        """The input size (H, W) in pixels the model takes now: the current phase's of
+        ``model.resolution_schedule``, else the size it was built at."""
         return (
             self.model.grid_size[0] * self.model.patch_size,
             self.model.grid_size[1] * self.model.patch_size,
@@ -190,8 +190,8 @@ class MAEPretrainModule(MAETrainingModule):
 
     @contextmanager
     def at_img_size(self, size: tuple[int, int] | None = None) -> Iterator[None]:
-        """The model at ``size`` (default: the built, final size) inside the block,
-        at its size before after."""
+        """Inside the block, the model takes inputs of ``size`` (default: the built, final size); after it,
+        the size it had before."""
         before = self.img_size
         self.model.set_img_size(size if size is not None else self.model.config["img_size"])
         try:

@@ -43,7 +43,8 @@ ENCODER_KEY_V0_2 = "mae_encoder_config"
 
 
 def check_checkpoint_exists(checkpoint: str | None) -> None:
-    """Raises MissingFileError naming ``model.encoder.checkpoint`` and the two ways on, when it is missing."""
+    """Raises MissingFileError when ``checkpoint`` is set and missing, naming ``model.encoder.checkpoint``
+    and the two ways to go on: pretrain first, or start from a random encoder."""
     if checkpoint is not None and not Path(checkpoint).exists():
         raise MissingFileError(
             f"model.encoder.checkpoint {checkpoint} does not exist: point it at pretrained weights (for the "
