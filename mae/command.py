@@ -26,6 +26,8 @@ from mae.errors import UsageError, UserError
 USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
 DEBUG_FLAG = "--debug"
 DEBUG_VARIABLE = "MAE_DEBUG"
+# Packages whose errors wrap the project's (a data module's check raised while jsonargparse builds it).
+PARSER_PACKAGES = ("jsonargparse", "argparse")
 
 
 def command_parser(prog: str, description: str) -> ArgumentParser:
@@ -86,12 +88,25 @@ def close_process_group() -> None:
 
 
 def own_error(err: BaseException) -> BaseException | None:
-    """The first ``UserError`` along ``err``'s chain (itself, its cause or the error it was raised while
-    handling: jsonargparse's wall holds the data module's error there), or None."""
+    """``err`` when it is a ``UserError``; else the ``UserError`` a parser's wrapping error holds (the error
+    it was raised from or while handling: jsonargparse's "Does not validate" wall holds the data module's
+    error there), or None. Only a parser's errors are looked through: a bug raised while handling a user's
+    mistake is still a bug, and keeps its traceback."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         if isinstance(err, UserError):
             return err
+        if not _raised_by_a_parser(err):
+            return None
         err = err.__cause__ or err.__context__
     return None
+
+
+def _raised_by_a_parser(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside jsonargparse or argparse (the code that wraps our errors)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return module.split(".")[0] in PARSER_PACKAGES

@@ -176,6 +176,23 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
         run_command(partial(int, "not ours"))
 
 
+def test_a_bug_raised_while_handling_a_users_mistake_keeps_its_traceback(monkeypatch):
+    """The chain is looked through only for a parser's wrapping error: a bug in an ``except InputError``
+    block is a bug, not the mistake it was handling."""
+    from mae.errors import InputError
+
+    monkeypatch.delenv("MAE_DEBUG", raising=False)
+
+    def handler_with_a_bug():
+        try:
+            raise InputError("the user's unreadable file")
+        except InputError:
+            return {}["missing"]
+
+    with pytest.raises(KeyError):
+        run_command(handler_with_a_bug)
+
+
 @pytest.mark.parametrize("script, command", sorted(ROOT_ENTRY_POINTS.items()))
 def test_root_entry_points__are_the_mae_command(script, command):
     """``python train.py`` / ``finetune.py`` run ``mae pretrain`` / ``mae finetune``: the same main, errors
