@@ -24,6 +24,7 @@ from mae.command_options import CommandHelpFormatter, finish_shared, refuse_remo
 from mae.errors import UsageError, UserError
 
 USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: a command ended by Ctrl-C, as the shell reports it
 DEBUG_FLAG = "--debug"
 DEBUG_VARIABLE = "MAE_DEBUG"
 # Packages whose errors wrap the project's (a data module's check raised while jsonargparse builds it).
@@ -73,6 +74,9 @@ def run_command(main: Callable[[], Any]) -> Any:
             raise
         print(f"error: {project_error}", file=sys.stderr, flush=True)
         sys.exit(USAGE_ERROR_EXIT_CODE)
+    except KeyboardInterrupt:  # Ctrl-C: no traceback of wherever it came
+        print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT_CODE)
     finally:
         close_process_group()
 

@@ -1,8 +1,9 @@
 """Private names of Lightning (tested with lightning 2.6.6).
 
 - ``lightning.pytorch.trainer.connectors.signal_connector._SignalConnector``, its SIGTERM handler
-  ``_sigterm_notifier_fn`` and the trainer's ``_signal_connector``: Lightning's SIGTERM handler runs a
-  collective inside the handler, and no public setting replaces it.
+  ``_sigterm_notifier_fn``, its ``_register_signal`` and the trainer's ``_signal_connector``: Lightning's
+  SIGTERM handler runs a collective inside the handler, and no public setting replaces it; a handler set
+  as Lightning sets its own is restored by the connector's ``teardown`` (Ctrl-C's, ``set_handler``).
 - ``_version`` of a logger that keeps each run in a version folder (``CSVLogger``,
   ``TensorBoardLogger``): the public ``version`` chooses a new version when read, and none is set
   after construction.
@@ -23,6 +24,8 @@
   run; the public ``experiment`` (and what reads it: ``run_id``) starts one when asked.
 """
 
+import signal
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -53,6 +56,14 @@ class SignalConnector(_SignalConnector):
 
     def _sigterm_notifier_fn(self, signum: int, frame: FrameType | None) -> None:
         self.on_sigterm(signum)
+
+    def set_handler(
+        self, signum: int, handler: Callable[[int, FrameType | None], Any] | signal.Handlers
+    ) -> None:
+        """Handle ``signum`` with ``handler`` (a function or ``signal.SIG_*``), set as Lightning sets its
+        handlers (from the main thread only); ``teardown`` restores the handler that
+        ``register_signal_handlers`` found."""
+        self._register_signal(signum, handler)
 
 
 def signal_connector(trainer: pl.Trainer) -> _SignalConnector:

@@ -1,6 +1,9 @@
-"""Resuming a run where it stopped, in its own folder, so a requeued job can repeat its command line.
+"""Run folders: each run claims a folder of its own, and resuming a run continues in its folder, so a
+requeued job can repeat its command line.
 
-``--ckpt_path last`` resumes from the newest ``last.ckpt`` of the configured run (or starts fresh
+A fresh run claims the next free ``<save_dir>/<name>/version_N`` by creating it exclusively before it
+starts (``claim_run_folder``), so runs started at the same moment (an array job, a sweep) never share a
+folder. ``--ckpt_path last`` resumes from the newest ``last.ckpt`` of the configured run (or starts fresh
 when there is none yet); a checkpoint inside ``<save_dir>/<name>/version_N/`` continues logging and
 checkpointing in ``version_N`` (its ``metrics.csv`` kept and appended to) instead of a new version.
 """
@@ -10,6 +13,8 @@ import re
 from pathlib import Path
 
 import lightning.pytorch as pl
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -24,6 +29,97 @@ def _versioned_logger(trainer: pl.Trainer):
     the CSV and TensorBoard loggers do), else None."""
     logger = trainer.logger
     return logger if keeps_versions(logger) else None
+
+
+# How many times a claim is tried again when the folder above the run folders vanishes meanwhile (a run
+# refused at start removing the empty folders it made).
+_CLAIM_TRIES = 100
+
+
+def _next_version(root: Path) -> int:
+    """One more than the highest ``version_N`` folder in ``root`` (0 when there is none), as Lightning's
+    versioned loggers count."""
+    numbers = [
+        int(match.group(1))
+        for path in (root.iterdir() if root.is_dir() else [])
+        if path.is_dir() and (match := re.fullmatch(r"version_(\d+)", path.name))
+    ]
+    return max(numbers, default=-1) + 1
+
+
+def claim_run_folder(root: Path) -> tuple[int, list[Path]]:
+    """Create ``root/version_N`` for the next free ``N``, exclusively (``os.mkdir`` fails when it exists):
+    of several processes claiming in ``root`` at the same moment each gets a folder of its own, and a
+    folder another run has taken is never shared.
+
+    Returns (``N``, the folders above it that did not exist and were created for it, deepest first).
+    """
+    missing = [path for path in [root, *root.parents] if not path.exists()]
+    for _ in range(_CLAIM_TRIES):
+        made = []
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+                made.append(path)
+            except FileExistsError:
+                pass
+        version = _next_version(root)
+        while True:
+            try:
+                (root / f"version_{version}").mkdir()
+                return version, made[::-1]
+            except FileExistsError:
+                version += 1  # taken since we looked (or a file of that name)
+            except FileNotFoundError:
+                break  # root was removed meanwhile: make it again
+        missing = [path for path in [root, *root.parents] if not path.exists()]
+    raise FileNotFoundError(f"could not create a run folder in {root}: it keeps disappearing")
+
+
+class ShareRunVersion(pl.Callback):
+    """At setup, every process takes the global-zero process's run version (which that process claimed
+    before the run started), so that each names the same run folder."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        logger = _versioned_logger(trainer)
+        if logger is not None:
+            set_version(logger, trainer.strategy.broadcast(logger.version))
+
+
+def planned_run_folder(trainer: pl.Trainer) -> Path:
+    """The run folder the run about to start will write into, found without choosing it: a fresh run's
+    next free ``version_N`` is only claimed when it starts (``start_run_folder``), and reading
+    ``trainer.log_dir`` before then would fix that version for this process alone."""
+    logger = _versioned_logger(trainer)
+    if logger is None or version_chosen(logger):
+        return Path(trainer.log_dir or trainer.default_root_dir)
+    root = Path(logger.root_dir)
+    return root / f"version_{_next_version(root)}"
+
+
+def start_run_folder(trainer: pl.Trainer) -> tuple[Path, list[Path]] | None:
+    """Fix the run folder of a run about to start; call it on every process, before ``fit`` or ``validate``.
+
+    When the first logger keeps versions and none is chosen (no ``version`` given, not a resumed run's
+    folder), the global-zero process claims the next free version on a local disk (``claim_run_folder``)
+    and the others take it at setup (``ShareRunVersion``). Returns, on the global-zero process, (the run
+    folder, the folders above it made for it) when this run creates the folder (claimed here, or a
+    given version whose folder does not exist yet); else None.
+    """
+    logger = _versioned_logger(trainer)
+    if logger is None or not isinstance(get_filesystem(logger.root_dir), LocalFileSystem):
+        return None  # remote storage: Lightning's own choice of version
+    if version_chosen(logger):
+        folder = Path(logger.log_dir)
+        if not trainer.is_global_zero or folder.exists():
+            return None
+        return folder, [path for path in folder.parents if not path.exists()]
+    trainer.callbacks.insert(0, ShareRunVersion())
+    if not trainer.is_global_zero:
+        return None
+    version, made = claim_run_folder(Path(logger.root_dir))
+    set_version(logger, version)
+    return Path(logger.log_dir), made
 
 
 def find_last_checkpoint(trainer: pl.Trainer) -> Path | None:

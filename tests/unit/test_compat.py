@@ -118,6 +118,20 @@ def test_lightning__installed_signal_connector_handles_sigterm():
     assert connector.signals == [signal.SIGTERM] and trainer.received_sigterm  # Lightning's handler ran too
 
 
+def test_lightning__a_handler_set_like_lightnings_is_restored_by_teardown():
+    from mae.compat.lightning import SignalConnector
+
+    connector = SignalConnector(_trainer())
+    previous = signal.getsignal(signal.SIGINT)
+    connector.register_signal_handlers()
+    try:
+        connector.set_handler(signal.SIGINT, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        connector.teardown()
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
 @pytest.mark.parametrize("kind", ["csv", "tensorboard"])
 def test_lightning__a_versioned_loggers_version_is_set_before_first_use(kind, tmp_path):
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger

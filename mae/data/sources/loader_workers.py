@@ -24,6 +24,9 @@ from torch.utils.data import DataLoader, Dataset
 from mae.compat.torch import IteratorStartHook, restore_worker_signal_handlers
 from mae.errors import ConfigError
 
+# The signals a worker leaves to its main process: a scheduler's SIGTERM, a terminal's Ctrl-C (SIGINT).
+_MAIN_DECIDES = {signal.SIGTERM, signal.SIGINT}
+
 
 def _leave_first_sigterm_to_main(signum: int, frame: FrameType | None) -> None:
     """The first SIGTERM is the job-wide signal: the main process saves and then shuts this worker
@@ -35,22 +38,28 @@ def _leave_first_sigterm_to_main(signum: int, frame: FrameType | None) -> None:
 def worker_init(worker_id: int) -> None:
     """``worker_init_fn`` of every loader: Lightning's worker seeding when the run seeds workers
     (``seed_everything(workers=True)``, which LightningCLI does; Lightning adds its seeding only to
-    loaders without a ``worker_init_fn``), then the SIGTERM handling above."""
+    loaders without a ``worker_init_fn``), then the SIGTERM handling above; a Ctrl-C (SIGINT) is ignored
+    where the main process has a handler of its own for it."""
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id)
     signal.signal(signal.SIGTERM, _leave_first_sigterm_to_main)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by SigtermSafeLoader at the fork
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        # A terminal's Ctrl-C reaches the workers too; where the main process handles it (a training run
+        # saves first: mae.training.callbacks.preemption), it stops them itself.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _MAIN_DECIDES)  # blocked by SigtermSafeLoader at the fork
 
 
 class SigtermSafeLoader(IteratorStartHook):
-    """A ``DataLoader`` mixin: workers are forked with SIGTERM blocked, so a job-wide SIGTERM that
-    arrives while they start waits until ``worker_init`` has taken it over (PyTorch's own worker
-    handler would end them). The main process's SIGTERM waits those milliseconds too."""
+    """A ``DataLoader`` mixin: workers are forked with SIGTERM and SIGINT blocked, so a job-wide SIGTERM
+    (or a terminal's Ctrl-C) that arrives while they start waits until ``worker_init`` has taken it over
+    (PyTorch's own worker handler would end them). The main process's signal waits those milliseconds
+    too."""
 
     def start_iterator(self, start: Callable):
         if self.num_workers == 0:
             return start()
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_DECIDES)
         try:
             return start()
         finally:

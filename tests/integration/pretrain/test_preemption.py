@@ -134,6 +134,8 @@ def test_group_sigterm__ddp_two_processes_with_workers(tmp_path):
         out = "".join(proc.communicate(timeout=300))
     assert proc.returncode == 0, out[-3000:]
     assert _last(tmp_path, "ddp")["global_step"] == 3 * STEPS_PER_EPOCH // 2
+    # one run folder per run (rank 0 claims it; rank 1 names the same): the checkpoints live elsewhere
+    assert sorted(p.name for p in (tmp_path / "runs" / "ddp").iterdir()) == ["version_0", "version_1"]
 
 
 # ---------------------------------------------------------------- a full disk during a checkpoint save
