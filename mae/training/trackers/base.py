@@ -27,6 +27,8 @@ class Tracker:
     run_folder_settings: ClassVar[tuple[str, ...]] = ()
     # The client it needs: the package an error names, and the modules any one of which will do.
     client: ClassVar[tuple[str, tuple[str, ...]] | None] = None
+    # The keys of its entry in tracker.json (``record``) that a resume reads, each a string.
+    record_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, logger: Logger, settings: dict[str, Any] | None = None) -> None:
         self.logger = logger
@@ -37,6 +39,16 @@ class Tracker:
     def check(cls, init_args: dict[str, Any]) -> None:
         """Refuse (``ConfigError``), before any work, settings this tracker cannot run with; the run folder's
         settings and the client are checked for every tracker (``tracker_spec``)."""
+
+    @classmethod
+    def check_start(
+        cls, init_args: dict[str, Any], run_folder: Path, resume_step: int | None, saved: dict | None
+    ) -> None:
+        """Refuse (``ConfigError``), before any work and without creating anything, a start this tracker
+        cannot make with ``init_args`` in ``run_folder`` (arguments as for ``tie_to_run_folder``): a folder it
+        cannot write, a store it cannot use or reach, a resumed tracked run that is gone. This base: the
+        run folder's settings only (``tie_to_run_folder``)."""
+        cls.tie_to_run_folder(dict(init_args), run_folder, resume_step, saved)
 
     @classmethod
     def tie_to_run_folder(
@@ -97,6 +109,11 @@ def register_tracker(tracker: type[Tracker]) -> type[Tracker]:
 def tracker_type(class_path: str) -> type[Tracker]:
     """The tracker class of the logger ``class_path`` names (``Tracker`` itself for one with none)."""
     return TRACKERS.get(class_path, Tracker)
+
+
+def tracker_named(name: str) -> type[Tracker] | None:
+    """The tracker whose entry in tracker.json is ``name`` (None: no registered one)."""
+    return next((tracker for tracker in TRACKERS.values() if tracker.name == name), None)
 
 
 def tracker_of(logger: Logger) -> Tracker | None:

@@ -48,15 +48,36 @@ def _default(class_path: str, key: str) -> Any:
     return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
+def check_tracker(spec: dict[str, Any], run_folder: Path, resume_step: int | None) -> None:
+    """Refuse, before any work and without creating anything, a tracker ``spec`` (``tracker_spec``) that
+    cannot start in ``run_folder`` (``resume_step``: as for ``build_tracker``): a ``tracker.json`` there that
+    this tool did not write, and what ``Tracker.check_start`` refuses (a folder it cannot write, a store it
+    cannot use or reach, a resumed tracked run that is gone, missing credentials).
+
+    Raises:
+        InputError: the run folder's ``tracker.json`` is not a record this tool wrote.
+        ConfigError: naming the setting (or the file) and what would be right.
+    """
+    tracker = tracker_type(spec["class_path"])
+    saved = _saved(tracker, run_folder, resume_step)
+    tracker.check_start(dict(spec["init_args"]), run_folder, resume_step, saved)
+
+
 def build_tracker(spec: dict[str, Any], run_folder: Path, resume_step: int | None) -> Tracker:
     """The tracker ``spec`` names, its logger tied to ``run_folder`` (see ``mae.training.trackers``).
     ``resume_step``: the global step of the checkpoint this run resumes from in ``run_folder`` (None: a
     fresh run). Reads ``run_folder/tracker.json``; the caller saves it (``remember_run``)."""
     tracker = tracker_type(spec["class_path"])
-    record = load_record(run_folder)
-    saved = record.get(tracker.name) if resume_step is not None else None
+    saved = _saved(tracker, run_folder, resume_step)
     init_args = tracker.tie_to_run_folder(dict(spec["init_args"]), run_folder, resume_step, saved)
     return tracker(logger_type(spec["class_path"])(**init_args), init_args)
+
+
+def _saved(tracker: type[Tracker], run_folder: Path, resume_step: int | None) -> dict | None:
+    """``tracker``'s entry in the record of ``run_folder`` when the run resumes (else None); the record is
+    read, so checked, either way (a fresh run adds its entry to it)."""
+    record = load_record(run_folder)
+    return record.get(tracker.name) if resume_step is not None else None
 
 
 def remember_run(tracker: Tracker, run_folder: Path) -> None:

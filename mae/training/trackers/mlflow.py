@@ -2,15 +2,20 @@
 run; without a tracking URI (nor ``$MLFLOW_TRACKING_URI``), a SQLite database beside the run folders."""
 
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mae.compat.lightning import flatten_params, mlflow_run_started
-from mae.errors import ConfigError
+from mae.errors import ConfigError, InputError
+from mae.io.outputs import Output, check_outputs
 from mae.training.trackers.base import Tracker, register_tracker
 from mae.training.trackers.record import TRACKER_FILE
 
@@ -24,6 +29,42 @@ class MLflowTracker(Tracker):
     logger_class = "lightning.pytorch.loggers.MLFlowLogger"
     run_folder_settings = ("run_id",)
     client = ("mlflow-skinny", ("mlflow",))
+    record_keys = ("tracking_uri", "run_id")
+
+    @classmethod
+    def check_start(
+        cls, init_args: dict[str, Any], run_folder: Path, resume_step: int | None, saved: dict | None
+    ) -> None:
+        """Refuse a tracking URI MLflow has no store for, a database it cannot write, a server it cannot
+        reach within ``CHECK_TIMEOUT`` seconds, and a resume whose MLflow run is gone; a database not made
+        yet is not made here (a run refused later leaves none)."""
+        # Lightning's default of tracking_uri is $MLFLOW_TRACKING_URI as it was when Lightning was imported.
+        given, environment = init_args.get("tracking_uri"), os.getenv("MLFLOW_TRACKING_URI")
+        uri = cls.tie_to_run_folder(dict(init_args), run_folder, resume_step, saved)["tracking_uri"]
+        if given and given != environment:
+            label = f"tracker.init_args.tracking_uri {uri}"
+        elif environment:
+            label = f"$MLFLOW_TRACKING_URI {uri}"
+        else:
+            label = f"the default MLflow store {uri} (tracker.init_args.tracking_uri unset)"
+        record = run_folder / TRACKER_FILE
+        database = _sqlite_file(uri)
+        if database is not None:
+            check_outputs("mlflow", [Output(database, f"{label}: the database", "file", _kept)])
+            if database.is_file() and not os.access(database, os.W_OK):
+                raise ConfigError(f"{label}: the database {database} is read-only; choose one you can write")
+            if not database.exists():
+                if saved is not None:
+                    raise _gone(record, saved, f"its database {database} does not exist")
+                return
+        with _bounded_requests():
+            client = _client(uri, label)
+            try:
+                client.search_experiments(max_results=1)
+                if saved is not None:
+                    _check_run(client, saved, record)
+            except _store_errors() as err:
+                raise _unusable(label, err) from None
 
     @classmethod
     def tie_to_run_folder(
@@ -91,3 +132,116 @@ class MLflowTracker(Tracker):
         if uri.startswith(("http://", "https://")):
             return f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{run}"
         return f"run {run} of experiment {experiment}: mlflow ui --backend-store-uri {uri}"
+
+
+CHECK_TIMEOUT = 5  # seconds the start-up check waits for a tracking server's answer, tried once
+
+
+@contextmanager
+def _bounded_requests() -> Iterator[None]:
+    """MLflow's HTTP requests inside: one try of at most ``CHECK_TIMEOUT`` seconds, where its defaults
+    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` 7, with backoff) keep a refused connection retrying for minutes."""
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+
+    bounded = {
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0",
+        MLFLOW_HTTP_REQUEST_TIMEOUT.name: str(CHECK_TIMEOUT),
+    }
+    before = {name: os.environ.get(name) for name in bounded}
+    os.environ.update(bounded)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:`` tracking URI (None: another store, or one in memory)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    try:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+    except ImportError:  # no SQLite store without it: the client says so
+        return None
+    try:
+        database = make_url(uri).database
+    except ArgumentError:
+        return None
+    return Path(database) if database and database != ":memory:" else None
+
+
+def _kept(database: Path) -> bool:
+    """An existing database is MLflow's to add to."""
+    return True
+
+
+def _store_errors() -> tuple[type[Exception], ...]:
+    """What MLflow's client raises for a store it cannot use (an error of its, the store's client or the
+    database)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+    except ImportError:
+        return MlflowException, ImportError, OSError
+    return MlflowException, ImportError, OSError, SQLAlchemyError
+
+
+def _client(uri: str, label: str):
+    """MLflow's client of ``uri`` (a database store connects, and is made if missing)."""
+    from mlflow.tracking import MlflowClient
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        return MlflowClient(uri)
+    except UnsupportedModelRegistryStoreURIException as err:
+        schemes = ", ".join(repr(scheme) for scheme in err.supported_uri_schemes if scheme)
+        raise ConfigError(
+            f"{label}: MLflow has no store of the scheme {urlparse(uri).scheme!r}; use one of {schemes} "
+            "(a server: http://host:port, a database: sqlite:///path/to/mlflow.db)"
+        ) from None
+    except _store_errors() as err:
+        raise _unusable(label, err) from None
+
+
+def _unusable(label: str, err: Exception) -> ConfigError:
+    """The error of a store that ``err`` says MLflow cannot use; a server it cannot reach is named so."""
+    import requests  # MLflow's HTTP client
+
+    cause = err.__cause__ or err.__context__
+    if isinstance(cause, requests.exceptions.RequestException):
+        if isinstance(cause, requests.exceptions.Timeout):
+            why = f"no answer within {CHECK_TIMEOUT} s"
+        else:
+            found = re.search(r"\[Errno -?\d+\] [^'\")]+", str(cause))
+            why = found.group(0) if found else type(cause).__name__
+        return ConfigError(f"{label}: cannot reach the MLflow server ({why}); start it, or correct the URI")
+    message = getattr(err, "message", None) or str(err)
+    return ConfigError(f"{label}: MLflow cannot use this store ({message.strip().splitlines()[0]})")
+
+
+def _check_run(client, saved: dict[str, Any], record: Path) -> None:
+    """Refuse a resume whose MLflow run (``saved``: its entry in ``record``) is not in the store."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(saved["run_id"])
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise _gone(record, saved, "no run of that id there") from None
+    if run.info.lifecycle_stage == "deleted":
+        raise _gone(record, saved, f"deleted; mlflow runs restore --run-id {saved['run_id']} brings it back")
+
+
+def _gone(record: Path, saved: dict[str, Any], why: str) -> InputError:
+    return InputError(
+        f"{record}: this run folder's MLflow run {saved['run_id']} is gone from {saved['tracking_uri']} "
+        f"({why}): restore it there, or move {record.name} away to log the rest of this run to a new MLflow "
+        "run"
+    )

@@ -9,6 +9,7 @@ import torch
 
 from mae.compat.lightning import flatten_params, tensorboard_param_values
 from mae.compat.tensorboard import event_file_writer
+from mae.io.outputs import Output, check_outputs
 from mae.training.trackers.base import Tracker, register_tracker
 
 
@@ -21,6 +22,16 @@ class TensorBoardTracker(Tracker):
     logger_class = "lightning.pytorch.loggers.TensorBoardLogger"
     run_folder_settings = ("name", "version", "sub_dir", "purge_step")
     client = ("tensorboard", ("tensorboard", "tensorboardX"))
+
+    @classmethod
+    def check_start(
+        cls, init_args: dict[str, Any], run_folder: Path, resume_step: int | None, saved: dict | None
+    ) -> None:
+        tied = cls.tie_to_run_folder(dict(init_args), run_folder, resume_step, saved)
+        save_dir = str(tied.get("save_dir") or "")
+        if save_dir and "://" not in save_dir:  # a remote one (gs://, s3://) is Lightning's to check
+            events = Path(save_dir, tied["name"], tied["version"])
+            check_outputs("tensorboard", [Output(events, "tracker.init_args.save_dir", "folder", _continued)])
 
     @classmethod
     def tie_to_run_folder(
@@ -57,3 +68,8 @@ class TensorBoardTracker(Tracker):
 
     def where(self) -> str:
         return f"tensorboard --logdir {self.logger.log_dir}"
+
+
+def _continued(event_folder: Path) -> bool:
+    """Whatever an event folder holds is kept and added to (a resumed run's curves continue there)."""
+    return True

@@ -21,6 +21,7 @@ class WandbTracker(Tracker):
     logger_class = "lightning.pytorch.loggers.WandbLogger"
     run_folder_settings = ("save_dir", "dir", "id", "version", "resume")
     client = ("wandb", ("wandb",))
+    record_keys = ("id",)
 
     @classmethod
     def check(cls, init_args: dict[str, Any]) -> None:
@@ -28,6 +29,20 @@ class WandbTracker(Tracker):
             raise ConfigError(
                 "tracker: W&B in offline mode cannot upload checkpoints: set tracker.init_args.log_model "
                 "false, or run online"
+            )
+
+    @classmethod
+    def check_start(
+        cls, init_args: dict[str, Any], run_folder: Path, resume_step: int | None, saved: dict | None
+    ) -> None:
+        """Refuse online mode without credentials: W&B would fail in its own init, after the model is built
+        (or wait at a prompt for a key). Offline and disabled runs need none."""
+        super().check_start(init_args, run_folder, resume_step, saved)
+        if _mode(init_args) not in ("offline", "dryrun", "disabled") and not _has_credentials():
+            raise ConfigError(
+                "tracker: W&B in online mode needs credentials, and none are configured (no "
+                "$WANDB_API_KEY, no `wandb login`): run `wandb login` or set WANDB_API_KEY, or set "
+                "tracker.init_args.mode offline (upload later with wandb sync)"
             )
 
     @classmethod
@@ -74,3 +89,33 @@ class WandbTracker(Tracker):
 def _new_run_id() -> str:
     alphabet = string.ascii_lowercase + string.digits
     return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def _mode(init_args: dict[str, Any]) -> str:
+    """The mode W&B will run in: the logger's (``offline``, ``mode``), else W&B's own settings
+    (``$WANDB_MODE``, ``wandb offline``), else online."""
+    if init_args.get("offline"):
+        return "offline"
+    if init_args.get("mode"):
+        return str(init_args["mode"])
+    from wandb.sdk import wandb_setup
+
+    return str(wandb_setup.singleton().settings.mode)
+
+
+def _has_credentials() -> bool:
+    """Whether W&B finds credentials for its server (the environment, its settings or .netrc), asked
+    without a prompt, a network call or a change to its session."""
+    try:
+        from wandb.errors import AuthenticationError
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:  # another W&B version: its init decides
+        return True
+    settings = wandb_setup.singleton().settings
+    host = wbauth.HostUrl(settings.base_url, app_url=settings.app_url)
+    try:
+        found = wbauth.authenticate_session(host=host, source="mae", prompt=False, update_session=False)
+    except AuthenticationError as err:
+        raise ConfigError(f"tracker: W&B's credentials cannot be used: {err}") from None
+    return found is not None

@@ -27,6 +27,7 @@ from mae.training.trackers import (
     TRACKERS,
     Tracker,
     build_tracker,
+    check_tracker,
     log_figure,
     register_tracker,
     remember_run,
@@ -467,3 +468,48 @@ def test_interface__each_shipped_recipe_names_a_registered_tracker_of_its_own():
         "mlflow": "mlflow",
         "wandb": "wandb",
     }
+
+
+# ------------------------------------------------------------------------------- the checks at start-up
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    ['["runs", 2]', '{"mlflow": "x"}', '{"wandb": {"project": "p"}}', "not json"],
+    ids=["a list", "an entry of another shape", "an entry without its id", "not JSON"],
+)
+def test_record__a_tracker_json_this_tool_did_not_write_is_refused_by_name_and_never_replaced(
+    tmp_path, foreign
+):
+    from mae.errors import InputError
+
+    (tmp_path / TRACKER_FILE).write_text(foreign)
+    spec = tracker_spec(
+        {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": "tb"}}
+    )
+    for resume_step in (None, 8):  # a fresh run would add its entry to it, a resumed one read it
+        with pytest.raises(InputError, match=rf"{tmp_path / TRACKER_FILE}: not a tracker record this tool"):
+            check_tracker(spec, tmp_path, resume_step)
+    assert (tmp_path / TRACKER_FILE).read_text() == foreign
+
+
+def test_mlflow__the_check_of_the_default_store_makes_no_database(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = tracker_spec({"class_path": "lightning.pytorch.loggers.MLFlowLogger", "init_args": {}})
+    check_tracker(spec, tmp_path / "runs" / "pretrain_default" / "version_0", None)
+    assert not any(tmp_path.iterdir())  # runs/mlflow.db is made once the run starts
+
+
+def test_wandb__credentials_are_needed_online_only(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="W&B comes with the tracking extra")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    run_folder = tmp_path / "runs" / "x" / "version_0"
+    spec = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"mode": "offline"}}
+    check_tracker(tracker_spec(spec), run_folder, None)  # offline: nothing to log in to
+    spec["init_args"]["mode"] = "online"
+    with pytest.raises(ConfigError, match=r"tracker: W&B in online mode needs credentials.*wandb login"):
+        check_tracker(tracker_spec(spec), run_folder, None)
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    check_tracker(tracker_spec(spec), run_folder, None)
