@@ -1,12 +1,13 @@
 """The pretraining ``LightningModule``: a thin wrapper that trains ``MaskedAutoencoderViT``."""
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 
 from mae.convert.architecture import mae_record
@@ -139,11 +140,15 @@ class MAEPretrainModule(MAETrainingModule):
         self.model.check_decoded_patches(mask_ratio)
         self.resolution = None
         if resolution_schedule is not None:
-            self.resolution = ResolutionSchedule.parse(resolution_schedule, img_size, self.model.patch_size)
-            for _, size in self.resolution.phases:  # each phase's grid: masking must leave visible patches
-                with self.at_img_size(size):
-                    self.model.check_mask_ratio(mask_ratio)
-                    self.model.check_decoded_patches(mask_ratio)
+            self.resolution = ResolutionSchedule.parse(
+                resolution_schedule,
+                img_size,
+                self.model.patch_size,
+                check=lambda size: self._check_trainable_at(size, mask_ratio),
+            )
+        # This run's phases as trained: (size (H, W), first 0-based optimizer step), for the run summary.
+        self.resolution_run: list[tuple[tuple[int, int], int]] = []
+        self.resolution_last_epoch = 0  # the last epoch this run started
         self.init_report = None
         if init_from is not None:
             if not Path(init_from).exists():
@@ -168,10 +173,19 @@ class MAEPretrainModule(MAETrainingModule):
         if stage == "fit":
             if self.resolution is not None and (self.trainer.max_epochs or -1) < 1:
                 raise ConfigError(
-                    "model.resolution_schedule is in fractions of the epochs: set trainer.max_epochs"
+                    f"model.resolution_schedule starts its phases at fractions of trainer.max_epochs, which "
+                    f"is {self.trainer.max_epochs}: set trainer.max_epochs to the run's length in epochs"
                 )
             self._count_flops()
-        super().setup(stage)
+        super().setup(stage)  # loads the training data (the run's length in steps)
+        if stage == "fit" and self.resolution is not None:
+            batches = self.trainer.num_training_batches
+            if math.isfinite(batches):
+                self.resolution.check_run_length(
+                    self.trainer.max_epochs,
+                    math.ceil(batches / self.trainer.accumulate_grad_batches),
+                    self.trainer.max_steps,
+                )
 
     def _count_flops(self) -> None:
         self.flops_per_batch = mae_train_flops(
@@ -187,6 +201,27 @@ class MAEPretrainModule(MAETrainingModule):
             self.model.grid_size[0] * self.model.patch_size,
             self.model.grid_size[1] * self.model.patch_size,
         )
+
+    def _check_trainable_at(self, size: tuple[int, int], mask_ratio: float) -> None:
+        """Raise ``ConfigError`` when the model cannot train on (H, W) ``size`` inputs at ``mask_ratio``:
+        a patch grid its strategy cannot mask, or one the ratio leaves no visible or decoded patch of."""
+        with self.at_img_size(size):
+            self.model.check_mask_ratio(mask_ratio)
+            self.model.check_decoded_patches(mask_ratio)
+
+    @property
+    def resolution_summary(self) -> str | None:
+        """This run's phases of ``model.resolution_schedule`` as trained, e.g. ``16x16 px (steps 0-99),
+        32x32 px (steps 100-199)`` (0-based optimizer steps); None without a schedule or a step."""
+        if not self.resolution_run:
+            return None
+        ends = [step for _, step in self.resolution_run[1:]] + [self.global_step]
+        shown = [
+            f"{size[0]}x{size[1]} px ({f'step {first}' if end - first == 1 else f'steps {first}-{end - 1}'})"
+            for (size, first), end in zip(self.resolution_run, ends, strict=True)
+            if end > first
+        ]
+        return ", ".join(shown) or None
 
     @contextmanager
     def at_img_size(self, size: tuple[int, int] | None = None) -> Iterator[None]:
@@ -209,6 +244,28 @@ class MAEPretrainModule(MAETrainingModule):
                 )
                 self.model.set_img_size(size)
                 self._count_flops()
+            if not self.resolution_run or self.resolution_run[-1][0] != size:
+                self.resolution_run.append((size, self.global_step))
+            self.resolution_last_epoch = self.current_epoch
+
+    def on_train_end(self) -> None:
+        if self.resolution is None or not self.resolution_run:
+            return
+        # A time limit or an early stop ends a run before the epochs its phases start at: its checkpoints
+        # then hold the final-size model, never trained at that size (a max_steps cap is refused in setup).
+        max_epochs = self.trainer.max_epochs
+        phase = self.resolution.next_phase(self.resolution_last_epoch, max_epochs)
+        if phase is None:
+            return
+        final = self.resolution.phases[-1][1]
+        sizes = ", ".join(dict.fromkeys(f"{size[0]}x{size[1]}" for size, _ in self.resolution_run))
+        rank_zero_warn(
+            f"model.resolution_schedule: the run stopped at step {self.global_step} before its phase "
+            f"{self.resolution.shown(phase)} (epoch {self.resolution.first_epoch(phase, max_epochs) + 1} on) "
+            f"started: this run trained only at {sizes} px, yet its checkpoints hold the "
+            f"{final[0]}x{final[1]} model; resume from its last checkpoint (--ckpt_path) to train the "
+            "remaining phases"
+        )
 
     def on_validation_start(self) -> None:
         self._training_size = self.img_size  # validation and the monitors see the final size

@@ -2,11 +2,14 @@
 position embeddings recomputed per grid, resumes that continue in the right phase, and checkpoints that
 describe the final-size model."""
 
+import re
+
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from mae.convert.backbone import load_backbone
+from mae.errors import ConfigError
 from mae.models import MaskedAutoencoderViT
 from mae.training.resolution import ResolutionSchedule
 from tests.helpers import TINY, RandomImages, make_trainer, pretrain_module
@@ -38,19 +41,53 @@ def test_schedule__sizes_per_epoch_and_each_bad_phase_named():
     assert [schedule.size_at(e, 7)[0] for e in range(7)] == [16] * 5 + [32] * 2
     assert [schedule.size_at(e, 2)[0] for e in range(2)] == [16, 32]  # the final phase is never left out
     for value, message in [
-        ([[0, 16], [0.8, 24]], r"last phase's size 24x24 must be data.img_size 32x32"),
-        ([[0.1, 16], [0.8, 32]], r"starts must rise from 0"),
-        ([[0, 16], [0, 32]], r"starts must rise from 0"),
-        ([[0, 18], [0.5, 32]], r"resolution_schedule\[0\]: img_size 18x18 is not divisible by patch_size 4"),
+        ([[0, 16], [0.8, 24]], r"\[1\] \[0.8, 24\]: the last phase's size 24x24 must be data.img_size 32x32"),
         (
-            [[0, 16], [1.0, 32]],
-            r"resolution_schedule\[1\]: start 1.0 must be a fraction of the epochs in \[0, 1\)",
+            [[0.1, 16], [0.8, 32]],
+            r"\[0\] \[0.1, 16\]: the first phase starts the run, so its start must be 0",
         ),
+        ([[0, 16], [0, 32]], r"\[1\] \[0, 32\]: start 0 must be above the previous phase's start 0"),
+        (
+            [[0, 18], [0.5, 32]],
+            r"\[0\] \[0, 18\]: the phase's img_size 18x18 is not divisible by patch_size 4",
+        ),
+        ([[0, 16.0], [0.5, 32]], r"\[0\] \[0, 16.0\]: size 16.0 must be a number of pixels"),
+        ([[0, 64], [0.5, 32]], r"\[0\] \[0, 64\]: size 64x64 is above data.img_size 32x32.*at most 32"),
+        ([[0, [16, 40]], [0.5, 32]], r"size 16x40 is above data.img_size 32x32"),
+        ([[0, 16], [1.0, 32]], r"\[1\] \[1.0, 32\]: start 1.0 must be a fraction of the epochs in \[0, 1\)"),
         ([16, 32], r"resolution_schedule\[0\]: a \[start, size\] pair"),
         ([], r"a list of \[start, size\] phases"),
     ]:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=r"^model\.resolution_schedule") as raised:
             ResolutionSchedule.parse(value, 32, 4)
+        assert re.search(message, str(raised.value)), (message, str(raised.value))
+    assert ResolutionSchedule.parse([[0, [8, 16]], [0.5, 32]], 32, 4).phases[0] == (0.0, (8, 16))
+
+
+def test_schedule__a_phase_the_check_refuses_names_the_smallest_size_that_passes():
+    def even_grid_of_at_least_3x3(size):
+        if size[0] // 4 < 3 or size[0] // 4 % 2:
+            raise ConfigError(f"cannot mask {size[0] // 4}x{size[1] // 4}")
+
+    with pytest.raises(ValueError) as raised:
+        ResolutionSchedule.parse([[0, 16], [0.4, 20], [0.8, 32]], 32, 4, check=even_grid_of_at_least_3x3)
+    assert str(raised.value) == (
+        "model.resolution_schedule[1] [0.4, 20]: at 20x20 px, a 5x5 patch grid: cannot mask 5x5; the "
+        "smallest phase size that trains at these settings is 16 (a multiple of patch_size 4, at most "
+        "data.img_size 32)"
+    )
+
+
+def test_schedule__max_steps_that_end_the_run_before_a_phase_are_refused_naming_its_first_step():
+    schedule = ResolutionSchedule.parse([[0, 8], [0.25, 16], [0.8, 32]], 32, 4)
+    # 10 epochs of 5 steps: the phases start at epochs 0, 2 and 8, steps 0, 10 and 40
+    for max_steps in (-1, 41, 50, 1000):
+        schedule.check_run_length(10, 5, max_steps)
+    with pytest.raises(ValueError, match=r"\[2\] \[0.8, 32\]: trainer.max_steps=40 .* at step 40 \(epoch 9 "):
+        schedule.check_run_length(10, 5, 40)
+    with pytest.raises(ValueError, match=r"\[1\] \[0.25, 16\]: .*raise trainer.max_steps above 10"):
+        schedule.check_run_length(10, 5, 7)
+    assert [schedule.next_phase(e, 10) for e in (0, 1, 2, 7, 8, 9)] == [1, 1, 2, 2, None, None]
 
 
 def test_schedule__a_phase_whose_grid_leaves_no_visible_patch_is_refused_at_build():
