@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 
 from mae.errors import ConfigError
 
@@ -22,18 +23,42 @@ SHARED_MARK = "mae_shared_option"
 DEVICE_DEFAULT = "cuda when available, else cpu"
 
 
+# The ranges of jsonargparse's restricted number types, in the words of an error.
+ALLOWED = {
+    PositiveInt: "at least 1",
+    NonNegativeInt: "at least 0",
+    PositiveFloat: "above 0",
+    OpenUnitInterval: "strictly between 0 and 1",
+}
+
+
+class OutOfRange(argparse.ArgumentTypeError, ValueError):
+    """A number outside its flag's range: argparse words it as its message alone; jsonargparse, reading
+    the value from a ``--config`` file, as a ``ValueError`` of the key."""
+
+
 class _ArgparseNumber:
     """The type of a number flag read as argparse reads it: a bad value refused in argparse's words
     ("argument --seed: invalid int value: 'x'", from ``__name__``), not jsonargparse's, and ``nan`` /
     ``inf`` read as floats (so the command's own check names them; jsonargparse's ``float`` reads YAML,
-    which spells them ``.nan`` / ``.inf``). Shown in ``--help`` as ``int`` / ``float``."""
+    which spells them ``.nan`` / ``.inf``). Shown in ``--help`` as ``int`` / ``float``.
 
-    def __init__(self, kind: type) -> None:
-        self.kind = kind
+    ``bound``: a jsonargparse restricted number type (a key of ``ALLOWED``) the value must satisfy, checked
+    by the parser: a value outside it stops the command with one line naming the flag and the range
+    ("argument -k: must be at least 1, got 0"), exit status 2, before anything is loaded."""
+
+    def __init__(self, kind: type, bound: type | None = None) -> None:
+        self.kind, self.bound = kind, bound
         self.__name__ = kind.__name__
 
     def __call__(self, text: str) -> int | float:
-        return self.kind(text)
+        value = self.kind(text)
+        if self.bound is not None:
+            try:
+                self.bound(value)
+            except ValueError:
+                raise OutOfRange(f"must be {ALLOWED[self.bound]}, got {text}") from None
+        return value
 
     def __repr__(self) -> str:
         return self.kind.__name__
@@ -41,6 +66,10 @@ class _ArgparseNumber:
 
 argparse_int = _ArgparseNumber(int)
 argparse_float = _ArgparseNumber(float)
+positive_int = _ArgparseNumber(int, PositiveInt)
+non_negative_int = _ArgparseNumber(int, NonNegativeInt)
+positive_float = _ArgparseNumber(float, PositiveFloat)
+fraction = _ArgparseNumber(float, OpenUnitInterval)  # strictly between 0 and 1
 
 
 @dataclass(frozen=True)
@@ -75,7 +104,7 @@ SHARED_OPTIONS = {
         ("--workers",), "worker processes (0: none, all in this process)", {"type": argparse_int}
     ),
     "device": SharedOption(("--device",), "cpu, cuda, cuda:1, ...", {"default": None}, DEVICE_DEFAULT),
-    "k": SharedOption(("-k",), "neighbours", {"type": argparse_int}),
+    "k": SharedOption(("-k",), "neighbours", {"type": positive_int}),
     "max_image_pixels": SharedOption(
         ("--max-image-pixels",),
         "the largest image read, in pixels",

@@ -4,7 +4,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.encoder_evaluation import encoder_evaluation_parser
 from mae.command import parse_and_run
-from mae.command_options import add_option
+from mae.command_options import add_option, positive_float
 from mae.eval.features import load_encoder
 from mae.eval.knn import knn_evaluate
 
@@ -16,7 +16,12 @@ def build_parser() -> ArgumentParser:
         "a data module (e.g. ``mae.data.DigitsDataModule``); its train split is the memory bank.",
     )
     add_option(parser, "k", "voters per validation image", default=20)
-    parser.add_argument("--temperature", type=float, default=0.07, help="vote temperature.")
+    parser.add_argument(
+        "--temperature",
+        type=positive_float,
+        default=0.07,
+        help="vote temperature: each neighbour votes with weight exp(similarity / temperature).",
+    )
     return parser
 
 

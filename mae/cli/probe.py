@@ -7,6 +7,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.encoder_evaluation import encoder_evaluation_parser
 from mae.command import parse_and_run
+from mae.command_options import fraction, non_negative_int, positive_int
 from mae.eval.features import Pool, cache_files, is_cache_file, load_encoder
 from mae.eval.probe import ProbeResult, ProbeSettings, evaluate
 from mae.io.outputs import Output, check_outputs
@@ -30,7 +31,7 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--views",
-        type=int,
+        type=positive_int,
         default=1,
         help="views of each training image: 1 = the evaluation view; more = that many views with the "
         "data module's training augmentation.",
@@ -47,16 +48,16 @@ def build_parser() -> ArgumentParser:
         default=None,
         help="the weight-decay grid (default 0, 1e-4, 1e-3).",
     )
-    parser.add_argument("--max-epochs", type=int, default=100, help="cap on the heads' training.")
+    parser.add_argument("--max-epochs", type=positive_int, default=100, help="cap on the heads' training.")
     parser.add_argument(
         "--patience",
-        type=int,
+        type=positive_int,
         default=10,
         help="stop after this many epochs in which no head's held-out loss improved.",
     )
     parser.add_argument(
         "--holdout",
-        type=float,
+        type=fraction,
         default=0.1,
         help="fraction of the training split held out to choose the head.",
     )
@@ -67,7 +68,10 @@ def build_parser() -> ArgumentParser:
         help="a file prefix to keep the features on disk (memory-mapped) instead of in memory.",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the held-out split and of the heads' training."
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="seed of the held-out split and of the heads' training.",
     )
     return parser
 

@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from mae.convert.backbone import load_backbone
 from mae.data import ImageDataModule, Loader
 from mae.errors import ConfigError
+from mae.io.progress import Progress
 
 Pool = Literal["cls", "avg", "both"]
 POOLS: tuple[str, ...] = get_args(Pool)
@@ -71,22 +72,26 @@ class FeatureStore:
         device: torch.device | str = "cpu",
         views: int = 1,
         cache: str | Path | None = None,
+        progress: str | None = None,
     ) -> "FeatureStore":
         """Run ``encode`` ((N, C, H, W) -> (N, D) float) over ``dataset`` ``views`` times (augmented
         views when its transform is random), writing to ``cache`` (a file prefix; memory-mapped
-        ``.npy``) when given."""
+        ``.npy``) when given. ``progress``: what the work is ("kNN: features of the training split"),
+        to show its progress on stderr (``mae.io.progress.Progress``); None: nothing shown."""
         total = len(dataset) * views
         feats = labels = None
         offset = 0
-        for _ in range(views):
-            for imgs, targets in Loader(dataset, batch_size=batch_size, num_workers=num_workers):
-                out = encode(imgs.to(device)).cpu().numpy()
-                if feats is None:
-                    feats = _array(cache, "feats", (total, out.shape[1]), np.float32)
-                    labels = _array(cache, "labels", (total,), np.int64)
-                feats[offset : offset + len(out)] = out
-                labels[offset : offset + len(out)] = targets.numpy()
-                offset += len(out)
+        with Progress(total, progress or "", enabled=progress is not None) as shown:
+            for _ in range(views):
+                for imgs, targets in Loader(dataset, batch_size=batch_size, num_workers=num_workers):
+                    out = encode(imgs.to(device)).cpu().numpy()
+                    if feats is None:
+                        feats = _array(cache, "feats", (total, out.shape[1]), np.float32)
+                        labels = _array(cache, "labels", (total,), np.int64)
+                    feats[offset : offset + len(out)] = out
+                    labels[offset : offset + len(out)] = targets.numpy()
+                    offset += len(out)
+                    shown.update(len(out))
         if isinstance(feats, np.memmap):
             feats.flush()
             labels.flush()

@@ -5,6 +5,9 @@ References: Wu et al., "Unsupervised Feature Learning via Non-Parametric Instanc
 (2018); the weighted kNN protocol popularised by DINO (Caron et al., 2021).
 """
 
+import sys
+from collections.abc import Callable
+
 import torch
 
 from mae.data import ImageDataModule, fixed_subset
@@ -60,22 +63,47 @@ def knn_evaluate(
     temperature: float = 0.07,
     device: torch.device | str = "cpu",
     max_train: int | None = None,
+    max_val: int | None = None,
+    progress: bool = True,
+    announce: Callable[[int, int], None] | None = None,
 ) -> tuple[float, float, int]:
     """(top-1 %, top-5 %, number of queries) of kNN on ``model``'s cls token (L2-normalised, float):
     ``data``'s training split (evaluation transform; a fixed subset of ``max_train`` images when
-    larger) is the memory bank, its validation split the queries.
+    larger) is the memory bank, its validation split (a fixed subset of ``max_val`` images when larger)
+    the queries. A ``k`` above the memory bank's size is lowered to it, with a note on stderr.
+
+    ``progress``: show the feature extraction's progress on stderr (``mae.io.progress``);
+    ``announce``: called with (memory-bank images, queries) once they are known, before any feature
+    is extracted.
 
     Raises:
-        ValueError: the data module has no validation split.
+        ConfigError: the data module has no validation split.
     """
     train_set, val_set = data.feature_datasets()
     if val_set is None:
         raise ConfigError(f"kNN evaluation needs a validation split; {type(data).__name__} has none")
     if max_train is not None:
         train_set = fixed_subset(train_set, max_train)
+    if max_val is not None:
+        val_set = fixed_subset(val_set, max_val)
+    if announce is not None:
+        announce(len(train_set), len(val_set))
+    if k > len(train_set):
+        print(
+            f"note: k={k} neighbours, but the memory bank holds {len(train_set)} training images: all "
+            f"{len(train_set)} vote",
+            file=sys.stderr,
+        )
     encode = l2_normalised(pooled(model, "cls"))
     train, val = (
-        FeatureStore.extract(encode, ds, data.batch_size, data.num_workers, device).tensors()
-        for ds in (train_set, val_set)
+        FeatureStore.extract(
+            encode,
+            ds,
+            data.batch_size,
+            data.num_workers,
+            device,
+            progress=f"kNN: features of the {split} split" if progress else None,
+        ).tensors()
+        for ds, split in ((train_set, "training"), (val_set, "validation"))
     )
     return *knn_accuracy(train, val, data.num_labels, k, temperature), len(val_set)

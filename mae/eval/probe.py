@@ -12,6 +12,7 @@ only scored, never used to choose.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from torch.nn import functional as F
 from mae.data import ImageDataModule, fixed_subset
 from mae.errors import ConfigError
 from mae.eval.features import FeatureStore, Pool, pooled
+from mae.io.progress import Progress
 
 DEFAULT_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 DEFAULT_WEIGHT_DECAYS = (0.0, 1e-4, 1e-3)
@@ -29,10 +31,10 @@ DEFAULT_WEIGHT_DECAYS = (0.0, 1e-4, 1e-3)
 
 def check_grid(lrs: list[float], weight_decays: list[float]) -> None:
     """Raises ValueError naming ``probe.lrs`` / ``probe.weight_decays`` for an empty grid, a
-    non-positive learning rate or a negative weight decay."""
-    if not lrs or min(lrs) <= 0:
+    non-positive or non-finite learning rate or a negative or non-finite weight decay."""
+    if not lrs or not all(0 < lr < math.inf for lr in lrs):
         raise ConfigError(f"probe.lrs must be positive learning rates, got {list(lrs)}")
-    if not weight_decays or min(weight_decays) < 0:
+    if not weight_decays or not all(0 <= wd < math.inf for wd in weight_decays):
         raise ConfigError(f"probe.weight_decays must be >= 0, got {list(weight_decays)}")
 
 
@@ -101,11 +103,17 @@ def evaluate(
     device: torch.device | str = "cpu",
     cache: str | Path | None = None,
     max_train: int | None = None,
+    max_val: int | None = None,
+    progress: bool = True,
+    announce: Callable[[int, int], None] | None = None,
 ) -> tuple[ProbeResult, int, int]:
     """(result, validation images, training views) of the linear probe on ``model``'s frozen
     features: heads trained on ``data``'s training split (a fixed subset of ``max_train`` images when
-    larger), chosen on a held-out part of it, scored on its validation split. ``cache``: a file
-    prefix to keep the features on disk (memory-mapped) instead of in memory.
+    larger), chosen on a held-out part of it, scored on its validation split (a fixed subset of
+    ``max_val`` images when larger). ``cache``: a file prefix to keep the features on disk
+    (memory-mapped) instead of in memory. ``progress``: show the feature extraction's and the heads'
+    training's progress on stderr (``mae.io.progress``); ``announce``: called with (training images,
+    validation images) once they are known, before any feature is extracted.
 
     Raises:
         ValueError: the data has fewer than 2 classes or no validation split.
@@ -126,11 +134,18 @@ def evaluate(
     )
     if max_train is not None:
         train_set = fixed_subset(train_set, max_train)
+    if max_val is not None:
+        val_set = fixed_subset(val_set, max_val)
+    if announce is not None:
+        announce(len(train_set), len(val_set))
     torch.manual_seed(settings.seed)
     prefix = lambda split: None if cache is None else f"{cache}.{split}"  # noqa: E731
+    shown = lambda split: f"linear probe: features of the {split} split" if progress else None  # noqa: E731
     loading = (data.batch_size, data.num_workers, device)
-    train = FeatureStore.extract(encode, train_set, *loading, settings.views, prefix("train"))
-    val = FeatureStore.extract(encode, val_set, *loading, 1, prefix("val"))
+    train = FeatureStore.extract(
+        encode, train_set, *loading, settings.views, prefix("train"), shown("training")
+    )
+    val = FeatureStore.extract(encode, val_set, *loading, 1, prefix("val"), shown("validation"))
     result = _train_heads(
         train,
         val,
@@ -141,6 +156,7 @@ def evaluate(
         settings.max_epochs,
         settings.patience,
         seed=settings.seed,
+        progress=progress,
     )
     return result, len(val), len(train)
 
@@ -191,8 +207,9 @@ def _train_heads(
     batch_size: int = 256,
     chunk: int = 65536,
     seed: int = 0,
+    progress: bool = False,
 ) -> ProbeResult:
-    """``train_probe`` on settings checked already."""
+    """``train_probe`` on settings checked already; ``progress``: show the epochs' progress on stderr."""
     generator = np.random.default_rng(seed)
     # Held out by image: the other augmented views of a held-out image must not be trained on.
     images = len(train) // train.views
@@ -219,37 +236,39 @@ def _train_heads(
     lowest_loss = torch.full((heads,), math.inf)  # and its lowest held-out loss (the stopping signal)
     best_weight = weight.clone()
     best_epoch, stale = 0, 0
-    for epoch in range(1, max_epochs + 1):
-        order = generator.permutation(fit_rows)
-        for feats, labels in train.chunks(order, chunk):  # a chunk is read once, in random order
-            for start in range(0, len(labels), batch_size):
-                x = _standardised(feats[start : start + batch_size], mean, std)
-                y = labels[start : start + batch_size]
-                weight.requires_grad_(True)
-                logits = torch.einsum("nd,hdk->hnk", x, weight)
-                loss = F.cross_entropy(
-                    logits.reshape(-1, num_classes), y.repeat(heads), reduction="sum"
-                ) / len(y)
-                (grad,) = torch.autograd.grad(loss, weight)
-                weight = weight.detach()
-                grad[:, :-1] += wd * weight[:, :-1]  # no decay on the bias
-                velocity.mul_(0.9).add_(grad)
-                weight -= lr * (grad + 0.9 * velocity)
-        held, _, held_loss = _evaluate(train, held_rows, weight, mean, std, chunk)
-        improved = (held > best_acc) | ((held == best_acc) & (held_loss < best_loss))
-        best_weight[improved] = weight[improved]  # each head keeps its best held-out epoch
-        best_acc = torch.where(improved, held, best_acc)
-        best_loss = torch.where(improved, held_loss, best_loss)
-        if improved[_choose(best_acc, best_loss)]:
-            best_epoch = epoch
-        # converged when no head's held-out loss has improved (by 0.1 %) for ``patience`` epochs
-        if (held_loss < lowest_loss * 0.999).any():
-            stale = 0
-        else:
-            stale += 1
-            if stale >= patience:
-                break
-        lowest_loss = torch.minimum(lowest_loss, held_loss)
+    with Progress(max_epochs, "linear probe: training the heads", "epochs", progress) as shown:
+        for epoch in range(1, max_epochs + 1):
+            order = generator.permutation(fit_rows)
+            for feats, labels in train.chunks(order, chunk):  # a chunk is read once, in random order
+                for start in range(0, len(labels), batch_size):
+                    x = _standardised(feats[start : start + batch_size], mean, std)
+                    y = labels[start : start + batch_size]
+                    weight.requires_grad_(True)
+                    logits = torch.einsum("nd,hdk->hnk", x, weight)
+                    loss = F.cross_entropy(
+                        logits.reshape(-1, num_classes), y.repeat(heads), reduction="sum"
+                    ) / len(y)
+                    (grad,) = torch.autograd.grad(loss, weight)
+                    weight = weight.detach()
+                    grad[:, :-1] += wd * weight[:, :-1]  # no decay on the bias
+                    velocity.mul_(0.9).add_(grad)
+                    weight -= lr * (grad + 0.9 * velocity)
+            held, _, held_loss = _evaluate(train, held_rows, weight, mean, std, chunk)
+            improved = (held > best_acc) | ((held == best_acc) & (held_loss < best_loss))
+            best_weight[improved] = weight[improved]  # each head keeps its best held-out epoch
+            best_acc = torch.where(improved, held, best_acc)
+            best_loss = torch.where(improved, held_loss, best_loss)
+            if improved[_choose(best_acc, best_loss)]:
+                best_epoch = epoch
+            shown.update(1)
+            # converged when no head's held-out loss has improved (by 0.1 %) for ``patience`` epochs
+            if (held_loss < lowest_loss * 0.999).any():
+                stale = 0
+            else:
+                stale += 1
+                if stale >= patience:
+                    break
+            lowest_loss = torch.minimum(lowest_loss, held_loss)
     choice = _choose(best_acc, best_loss)
     val_rows = np.arange(len(val))
     top1, top5, _ = _evaluate(val, val_rows, best_weight[choice : choice + 1], mean, std, chunk)

@@ -3,14 +3,17 @@ data they may evaluate on, and evaluating without touching the training run."""
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, get_type_hints
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
 
+from mae.command_options import ALLOWED
 from mae.data import ImageDataModule
+from mae.errors import ConfigError
 from mae.training.base import MAETrainingModule
 
 
@@ -46,6 +49,25 @@ class PeriodicMonitor(pl.Callback, ABC):
     @abstractmethod
     def monitor(self, trainer: pl.Trainer, pl_module: MAETrainingModule, epoch: int) -> None:
         """Evaluate ``pl_module`` after ``epoch`` (1-based) and log or write the result."""
+
+
+def check_bounds(section: str, init: Callable, **values: Any) -> None:
+    """Check a monitor's settings against the jsonargparse restricted number types ``init`` annotates them
+    with (``PositiveInt``, ...): the ``mae pretrain`` parser checks them from the same annotations, this
+    check covers a monitor built in Python.
+
+    Raises:
+        ConfigError: a value outside its range, naming ``<section>.<name>`` and the range.
+    """
+    hints = get_type_hints(init)
+    for name, value in values.items():
+        bound = hints.get(name)
+        if bound not in ALLOWED:
+            continue
+        try:
+            bound(value)
+        except ValueError:
+            raise ConfigError(f"{section}.{name} must be {ALLOWED[bound]}, got {value}") from None
 
 
 def evaluation_data(trainer: pl.Trainer) -> ImageDataModule | None:

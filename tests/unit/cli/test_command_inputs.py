@@ -137,9 +137,10 @@ def test_probe__one_training_image_per_class_leaves_nothing_to_choose_the_head_o
         _probe(checkpoint, probe_data / "few")
 
 
-def test_probe__zero_epochs_is_refused_before_any_feature_is_extracted(checkpoint, tmp_path):
-    with pytest.raises(ValueError, match=r"probe.max_epochs and probe.patience must be >= 1, got 0"):
+def test_probe__zero_epochs_is_refused_before_any_feature_is_extracted(checkpoint, tmp_path, capsys):
+    with pytest.raises(SystemExit):  # by the parser (mae.command_options.positive_int)
         _probe(checkpoint, tmp_path / "never_read", "--max-epochs", "0")
+    assert "error: argument --max-epochs: must be at least 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("std", [[0.0], [float("nan")], [float("inf")]])
