@@ -1,10 +1,14 @@
 """Where a conversion writes (``mae shard ... --out OUT``): what an earlier conversion left
 there, by its own records, so that ``--overwrite`` deletes exactly that and nothing a user put
-there; and a private workspace for litdata's caches, so concurrent conversions never share one."""
+there; and a private workspace for litdata's caches, so concurrent conversions never share one, which
+the next conversion removes when a kill left it behind."""
 
+import contextlib
+import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -147,18 +151,36 @@ def clear_destination(out: str, earlier: list[str], splits: list[str], storage_o
 LITDATA_CACHES = {"DATA_OPTIMIZER_CACHE_FOLDER": "chunks", "DATA_OPTIMIZER_DATA_CACHE_FOLDER": "data"}
 
 
+WORKSPACE_PREFIX = "mae-shard-"
+# The record in each workspace of who made it: {"format", "pid", "machine", "folders"} (``_write_owner``).
+OWNER_RECORD = ".mae-shard-owner.json"
+OWNER_FORMAT = "mae-shard-workspace"
+# The name of a cache folder a workspace makes in a folder the user chose for litdata's caches.
+CACHE_FOLDER = re.compile(rf"{WORKSPACE_PREFIX}({'|'.join(LITDATA_CACHES.values())})-[^/]+")
+
+
 @contextmanager
 def private_workspace() -> Iterator[str]:
     """A temporary folder for one conversion, removed at the end: the workers' kinds notes, and
     litdata's caches. litdata otherwise uses the fixed ``TMPDIR/chunks`` and ``TMPDIR/data`` (and
     empties them at each start), which concurrent conversions would share; a folder the user chose
-    with litdata's variables becomes the parent of ours."""
+    with litdata's variables becomes the parent of ours.
+
+    A conversion killed outright (SIGKILL, out of memory) cannot remove its workspace: each one records
+    its owner (``OWNER_RECORD``: this process and machine, and the cache folders it made elsewhere), and
+    every conversion first removes the workspaces whose owner no longer runs (``remove_abandoned``)."""
     chosen = {name: os.environ.get(name) for name in LITDATA_CACHES}
-    with tempfile.TemporaryDirectory(prefix="mae-shard-") as work:
+    remove_abandoned(tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(prefix=WORKSPACE_PREFIX) as work:
+        _write_owner(work, [])
         private = {}
         for name, sub in LITDATA_CACHES.items():
             os.makedirs(chosen[name] or work, exist_ok=True)
-            private[name] = tempfile.mkdtemp(prefix=f"mae-shard-{sub}-", dir=chosen[name] or work)
+            private[name] = os.path.abspath(
+                tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{sub}-", dir=chosen[name] or work)
+            )
+            # recorded at once (a kill just before leaves this one folder, not one of another's)
+            _write_owner(work, [p for p in private.values() if not Path(p).is_relative_to(work)])
         os.environ.update(private)  # read by litdata here and in the workers it starts
         try:
             yield work
@@ -170,3 +192,89 @@ def private_workspace() -> Iterator[str]:
                     os.environ[name] = value
             for folder in private.values():
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_abandoned(parent: str) -> list[str]:
+    """Remove the workspaces of conversions that were killed (``private_workspace``): the folders
+    ``parent/mae-shard-*`` whose ``OWNER_RECORD`` names a process of this machine (same host name, boot
+    and process namespace) that no longer runs, with the cache folders the record lists elsewhere. A
+    folder without a readable record of ours, one of another machine (or boot, or container: its process
+    ids are not this one's) and one whose process runs are left alone.
+
+    Returns:
+        The folders removed.
+    """
+    removed = []
+    try:
+        entries = [e for e in os.scandir(parent) if e.name.startswith(WORKSPACE_PREFIX)]
+    except OSError:  # no TMPDIR to look in: nothing of ours there
+        return removed
+    for entry in entries:
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        owner = _read_owner(entry.path)
+        if owner is None or owner["machine"] != _machine() or _running(owner["pid"]):
+            continue
+        for folder in [*owner["folders"], entry.path]:
+            shutil.rmtree(folder, ignore_errors=True)  # another user's, in a shared TMPDIR, stays
+            if not os.path.lexists(folder):
+                removed.append(folder)
+    return removed
+
+
+def _write_owner(work: str, folders: list[str]) -> None:
+    """Record in ``work`` that this process owns it and the cache ``folders`` made outside it, replacing
+    the record whole (``os.replace``): a reader sees the old record or the new one."""
+    record = {"format": OWNER_FORMAT, "pid": os.getpid(), "machine": _machine(), "folders": folders}
+    temporary = os.path.join(work, f"{OWNER_RECORD}.tmp")
+    with open(temporary, "w") as f:
+        json.dump(record, f)
+    os.replace(temporary, os.path.join(work, OWNER_RECORD))
+
+
+def _read_owner(work: str) -> dict | None:
+    """``work``'s owner record when it is one of ours, whole and well-formed (a positive integer pid;
+    cache folders whose names are our sub-folders'), else None."""
+    try:
+        with open(os.path.join(work, OWNER_RECORD)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not (
+        isinstance(record, dict)
+        and record.get("format") == OWNER_FORMAT
+        and type(record.get("pid")) is int
+        and record["pid"] > 0  # os.kill(0 or -1, ...) would reach a whole process group
+        and isinstance(record.get("machine"), str)
+        and isinstance(record.get("folders"), list)
+        and all(
+            isinstance(f, str)
+            and os.path.isabs(f)
+            and CACHE_FOLDER.fullmatch(os.path.basename(f)) is not None
+            for f in record["folders"]
+        )
+    ):
+        return None
+    return record
+
+
+def _machine() -> str:
+    """This machine, boot and process namespace, as far as the system tells (Linux: the host name, the
+    kernel's boot id and the process-id namespace): where a recorded process id means this process."""
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    with contextlib.suppress(OSError):
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    return " ".join(parts)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (running, stopped or not yet reaped) on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True

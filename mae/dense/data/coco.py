@@ -18,9 +18,11 @@ be non-negative integers summing to exactly height x width of an integer ``size`
 (pycocotools fails mid-run on more, and leaves the rest of the mask undefined on fewer; string counts are
 decoded here, ``rle_counts``), polygon coordinates finite and within the image extended by its own size on
 each side (x in [-width, 2 width], y in [-height, 2 height]; pycocotools crashes the process on ones far
-outside, 1e30). An image with more than ``max_annotations_per_image`` kept annotations refuses the dataset
-(leaving it out would drop an image unnoticed): torchvision's box matching holds (annotations x anchors)
-arrays, measured 2.2 GB per image for 250 annotations at 1024 px, so 100,000 boxes run out of memory.
+outside, 1e30), and at most ``MAX_POLYGON_POINTS`` points per polygon (pycocotools' memory for drawing one
+grows with its points times the image's size). An image with more than ``max_annotations_per_image`` kept
+annotations refuses the dataset (leaving it out would drop an image unnoticed): torchvision's box matching
+holds (annotations x anchors) arrays, measured 2.2 GB per image for 250 annotations at 1024 px, so 100,000
+boxes run out of memory.
 
 Only image headers are read at start-up: decoding every image would catch truncated ones too, but costs
 0.3 ms per 32 x 32 PNG and 7 ms per 640 x 480 JPEG (measured), some 10 minutes for COCO train2017's 118k
@@ -48,7 +50,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
 from mae.data.decoding.rgb import open_image, read_rgb
-from mae.errors import InputError, MissingFileError
+from mae.errors import InputError, MissingFileError, UserError
 
 BOX_TOLERANCE = 1.0  # px a box may reach past the image edge (rounding) before it is an error; then clipped
 SHOWN = 5  # entries named in an error or in the report of what was left out
@@ -57,6 +59,11 @@ SHOWN = 5  # entries named in an error or in the report of what was left out
 # resize keep them positive.
 MIN_BOX_SIDE = 1e-5
 MAX_ANNOTATIONS_PER_IMAGE = 1000  # per image, kept ones; COCO's images hold far fewer
+# Points (x, y pairs) one polygon may have. pycocotools draws a polygon through temporary arrays of about
+# 40 bytes per point per pixel its edges span (measured: 8 GB for 100,000 points zigzagging across a 640 px
+# image, 0.8 GB for 10,000), so a polygon of many points is refused before it is ever drawn. Generous for
+# drawn outlines: a point at every boundary pixel of an object filling a 1024 x 1024 image is about 4,000.
+MAX_POLYGON_POINTS = 10_000
 # Characters of one compressed RLE value: 30 bits with the sign, enough for any count of an image under 2^29
 # pixels (images over the 89.5-megapixel limit are refused), and no shift overflows pycocotools' int.
 RLE_CHARS_PER_COUNT = 6
@@ -428,10 +435,10 @@ def _boxes(path: Path, annotations: list[dict], images: dict[int, dict]) -> tupl
 
 
 def _check_segmentations(path: Path, annotations: list[dict], images: dict[int, dict]) -> list[int]:
-    """Refuse missing or malformed segmentations, polygons far outside their image, RLE of another size than
-    the image or whose counts do not cover it exactly (module docstring); the ids of annotations with polygon
-    parts of fewer than 3 points (left out of their masks)."""
-    missing, malformed, far, wrong_size, uncovered, degenerate = [], [], [], [], [], []
+    """Refuse missing or malformed segmentations, polygons of too many points or far outside their image,
+    RLE of another size than the image or whose counts do not cover it exactly (module docstring); the ids
+    of annotations with polygon parts of fewer than 3 points (left out of their masks)."""
+    missing, malformed, crowded, far, wrong_size, uncovered, degenerate = [], [], [], [], [], [], []
     for a in annotations:
         segmentation = a.get("segmentation")
         image = images[a["image_id"]]
@@ -444,6 +451,11 @@ def _check_segmentations(path: Path, annotations: list[dict], images: dict[int, 
                 for p in segmentation
             ):
                 malformed.append(f"annotation id {a['id']}")
+            elif (points := max((len(p) // 2 for p in segmentation), default=0)) > MAX_POLYGON_POINTS:
+                crowded.append(
+                    f"annotation id {a['id']} in image id {image['id']} ({image['file_name']}): "
+                    f"{points:,} points"
+                )
             elif outside := _far_coordinate(segmentation, width, height):
                 far.append(
                     f"annotation id {a['id']} in image id {image['id']} of {width}x{height} px: {outside}"
@@ -475,6 +487,14 @@ def _check_segmentations(path: Path, annotations: list[dict], images: dict[int, 
         malformed,
         "a segmentation is a list of polygons [x0, y0, x1, y1, ...] (an even count of numbers) or an RLE "
         "object {'size': [height, width], 'counts': ...}",
+    )
+    _refuse(
+        path,
+        f"polygons of more than {MAX_POLYGON_POINTS:,} points",
+        crowded,
+        f"at most {MAX_POLYGON_POINTS:,} (x, y) points per polygon: pycocotools' memory for drawing one "
+        "grows with its points times the image's size (8 GB for 100,000 points across a 640 px image); "
+        "simplify the polygon, split it into parts, or give the mask as RLE",
     )
     _refuse(
         path,
@@ -600,7 +620,7 @@ def _check_image_files(images: list[CocoImage], folder: Path, path: Path) -> Non
         f"images missing under {folder}",
         missing,
         "image_folder is the folder the file_name entries are relative to",
-        FileNotFoundError,
+        MissingFileError,
     )
     _refuse(path, "unreadable images", unreadable, "every file_name is an image file")
     _refuse(
@@ -644,8 +664,11 @@ def _named(what: str, ids: list) -> str:
     return f"{len(ids)} {what} (ids {shown})"
 
 
-def _refuse(path: Path, problem: str, entries: list[str], right: str, error: type = ValueError) -> None:
-    """Raise ``error`` naming the file, the problem, the first entries and their count, and what is right."""
+def _refuse(
+    path: Path, problem: str, entries: list[str], right: str, error: type[UserError] = InputError
+) -> None:
+    """Raise ``error`` naming the file, the problem, the first entries and their count, and what is right:
+    the data's mistake, which the ``mae`` command reports in one ``error:`` line (``mae.errors``)."""
     if entries:
         shown = "; ".join(entries[:SHOWN]) + (
             f"; ... ({len(entries)} in all)" if len(entries) > SHOWN else ""

@@ -428,3 +428,40 @@ def test_detection_run__says_its_augmentation_and_why_an_empty_validation_scores
     # two validations, once
     assert sum("this validation found no object at all" in line for line in said) == 1
     assert trainer.callback_metrics["val/map"] == 0
+
+
+def test_detect__a_polygon_of_more_points_than_pycocotools_can_afford_is_refused_at_start_up(setup, tmp_path):
+    """A polygon inside its image but of 100,000 points would make pycocotools allocate in proportion to
+    points x image size for every mask it draws: the annotation is refused by id and image file before
+    any step, as the other polygon checks refuse theirs."""
+    import json
+    import shutil
+
+    from mae.dense.data.coco import MAX_POLYGON_POINTS
+
+    tmp, checkpoint = setup
+    scenes = shutil.copytree(tmp / "scenes", tmp_path / "scenes")
+    annotations = scenes / "annotations" / "instances_train.json"
+    data = json.loads(annotations.read_text())
+    first = data["annotations"][0]
+    x, y, width, height = first["bbox"]
+    # a zigzag from side to side of the annotation's own box: every point inside the image
+    points = 100_000
+    zigzag = [v for i in range(points) for v in (x + width * (i % 2), y + height * i / points)]
+    first["segmentation"] = [zigzag]
+    annotations.write_text(json.dumps(data))
+    image = next(i for i in data["images"] if i["id"] == first["image_id"])
+
+    config = _detect_config(tmp, checkpoint, "many_points")
+    config["data"] = {
+        "class_path": "mae.dense.DetectionDataModule",
+        "init_args": {"root": str(scenes), "masks": True, "img_size": 64, "batch_size": 4, "num_workers": 0},
+    }
+    config["trainer"] |= {"max_steps": 1, "limit_val_batches": 0}
+    result = run_mae("detect", config=config, tmp=tmp, check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {annotations}: polygons of more than {MAX_POLYGON_POINTS:,} points"), last
+    named = f"annotation id {first['id']} in image id {image['id']} ({image['file_name']}): 100,000 points"
+    assert named in last
+    assert not (tmp / "runs" / "many_points").exists()  # refused before the run started

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -21,6 +22,7 @@ from PIL import Image
 
 from mae.cli.main import invoke
 from mae.data.sources.shard_format import read_metadata
+from mae.data.tools import shard_destination
 from mae.io import storage
 from tests.helpers import TINY_MODEL, run_mae, start_mae, write_config, write_image_folder
 from tests.integration.streaming.test_streaming import s3  # noqa: F401  (the moto S3 server fixture)
@@ -328,6 +330,41 @@ def test_killed_conversion__a_users_file_named_like_a_records_temporary_is_still
     with pytest.raises(FileNotFoundError, match=r"no record of an unfinished conversion") as refused:
         read_metadata(str(out))
     assert "--overwrite" not in str(refused.value)  # the tool would refuse it
+
+
+def test_killed_conversion__the_next_one_removes_its_workspace_and_nothing_else(
+    killable, tmp_path, monkeypatch
+):
+    """A SIGKILLed conversion cannot remove its workspace in TMPDIR, nor its cache folder in the folder
+    chosen with litdata's variable: the next conversion removes both, by the owner record the killed one
+    wrote. A folder named like a workspace without that record, one of another machine and the workspace
+    of a conversion that still runs stay."""
+    src, clean = killable
+    tmp, caches = tmp_path / "tmp", tmp_path / "caches"
+    monkeypatch.setenv("DATA_OPTIMIZER_CACHE_FOLDER", str(caches))
+    out = str(tmp_path / "out")
+    kill_mid_conversion(src, out, r"train/chunk-\d+-\d+\.bin", tmp)
+    (killed,) = tmp.glob("mae-shard-*")
+    assert [p.name.startswith("mae-shard-chunks-") for p in caches.iterdir()] == [True]
+    (tmp / "mae-shard-foo").mkdir()
+    (tmp / "mae-shard-foo" / "notes.txt").write_text("not a workspace")
+    running = tmp / "mae-shard-running"
+    running.mkdir()
+    shard_destination._write_owner(str(running), [])  # this test's process, alive
+    elsewhere = shutil.copytree(killed, tmp / "mae-shard-elsewhere")
+    record = json.loads((elsewhere / shard_destination.OWNER_RECORD).read_text())
+    (elsewhere / shard_destination.OWNER_RECORD).write_text(json.dumps({**record, "machine": "another host"}))
+
+    rerun = shard_cli(src, out, *SMALL_CHUNKS, "--overwrite", env={**os.environ, "TMPDIR": str(tmp)})
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert storage.list_files(out) == clean
+    assert sorted(p.name for p in tmp.glob("mae-shard-*")) == [
+        "mae-shard-elsewhere",
+        "mae-shard-foo",
+        "mae-shard-running",
+    ]
+    assert (tmp / "mae-shard-foo" / "notes.txt").read_text() == "not a workspace"
+    assert list(caches.iterdir()) == []
 
 
 def test_output_inside_the_dataset_folder__refused(tmp_path):

@@ -385,6 +385,15 @@ BAD_INPUTS = {
         ValueError,
         ["annotation id 12 in image id 2 of 24x18 px: y=1000"],
     ),
+    # inside the image, but pycocotools' memory for drawing it grows with points x image size
+    "polygon of too many points": (
+        _set(
+            "annotations.1.segmentation",
+            [[1, 1, 11, 1, 11, 9], [v for i in range(10_001) for v in (i % 2, 9)]],
+        ),
+        ValueError,
+        ["polygons of more than 10,000 points: annotation id 12 in image id 2 (2.png): 10,001 points"],
+    ),
 }
 
 
