@@ -9,7 +9,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.commands import BY_NAME, COMMANDS
-from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config
+from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config, shown_recipe
 from mae.command import command_parser, parse_and_run
 from mae.errors import ConfigError, UsageError
 
@@ -78,7 +78,7 @@ def run_recipes(args: Namespace) -> list[str]:
             path = Path(resolve_config(args.show, tuple(c.recipes[0] for c in COMMANDS if c.recipes)))
         except RecipeNotFound as err:
             raise UsageError(str(err).replace("--config", "--show", 1)) from None
-        lines = [f"# {path}", path.read_text(encoding="utf-8").rstrip("\n")]
+        lines = [shown_recipe(path)]  # a recipe stacked on others: merged with them, to run on its own
         print("\n".join(lines))
         return lines
     recipes = all_recipes(None if args.folder is None else (args.folder,))

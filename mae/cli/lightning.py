@@ -2,36 +2,37 @@
 and trainer key from YAML or flags): stacked configs, the linked model keys, trainer defaults and hardening,
 ``--ckpt_path`` resume, and what a finished run prints."""
 
+import inspect
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from mae.cli.commands import BY_NAME
 from mae.cli.quiet import quiet_libraries, quiet_trainer
-from mae.cli.recipes import RecipeNotFound, resolve_config
+from mae.cli.recipes import RecipeNotFound, config_stack, read_config, resolve_config
 from mae.data import ImageDataModule
 from mae.dense.tasks.figures import PredictionFigures
+from mae.errors import ConfigError, UserError
 from mae.training.callbacks import (
-    PREEMPTED_EXIT_CODE,
     ImageThroughputMonitor,
     KNNCallback,
     ProbeCallback,
     ReconstructionCallback,
     harden_trainer,
 )
-from mae.training.resume import prepare_resume
+from mae.training.callbacks.preemption import INTERRUPTED_EXIT_CODE, stop_exit_code
+from mae.training.resume import planned_run_folder, prepare_resume, start_run_folder
 from mae.training.runtime import default_lightning_precision, keep_freed_memory
 from mae.training.settings import renamed_for, renamed_key_error
-from mae.training.trackers import TRACKER_FILE, AttachTracker, tracker_spec, where_to_look
+from mae.training.trackers import TRACKER_FILE, AttachTracker, check_tracker, tracker_spec, where_to_look
 
 
 def trainer_defaults(run_name: str) -> dict[str, Any]:
@@ -63,7 +64,7 @@ class _MAECLI(LightningCLI):
             argv = resolve_recipes(argv, BY_NAME[self.command].recipes)
         except RecipeNotFound as err:
             parser.error(str(err))
-        argv = expand_stacked_configs(argv)
+        argv = expand_stacked_configs(argv)  # reads and checks every config file: ConfigError naming it
         refuse_renamed_keys(argv, self.model_class)
         for key, source in self.linked.items():
             on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
@@ -192,10 +193,6 @@ class SegmentCLI(DenseCLI):
         parser.link_arguments("data.ignore_index", "model.ignore_index", apply_on="instantiate")
 
 
-# First line of a config that only changes another one (``configs/pretrain/imagenet_vit_base_1gpu.yaml``).
-_STACKS_ON = re.compile(r"^# stacks on: (\S+\.yaml)")
-
-
 def _config_files(argv: list[str]) -> list[tuple[int, str]]:
     """(position, path) of every ``--config PATH`` / ``--config=PATH`` (or ``-c``) in ``argv``."""
     found = []
@@ -218,24 +215,25 @@ def resolve_recipes(argv: list[str], folders: tuple[str, ...]) -> list[str]:
 
 
 def expand_stacked_configs(argv: list[str]) -> list[str]:
-    """Put the base config before every stacked config given without it.
+    """Put the bases of every stacked config given without them before it.
 
     A stacked config names its base on its first line (``# stacks on: base.yaml``, relative to the
-    file); ``--config base.yaml --config stacked.yaml`` is the documented form, and a stacked
-    config given alone gets its base inserted before it, so it still runs the whole recipe.
+    file; the base may stack on another: ``mae.cli.recipes.config_stack``); ``--config base.yaml --config
+    stacked.yaml`` is the documented form, and a stacked config given alone gets its bases inserted before
+    it, once, so it still runs the whole recipe. Every config file is read and checked on the way.
+
+    Raises:
+        ConfigError: a config file, or a base it stacks on, cannot be used (``mae.cli.recipes.read_config``).
     """
     out = list(argv)
-    for position, path in reversed(_config_files(argv)):
-        file = Path(path)
-        first_line = file.read_text().split("\n", 1)[0] if file.is_file() else ""
-        match = _STACKS_ON.match(first_line)
-        if match is None:
-            continue
-        base = file.parent / match.group(1)
-        given = [Path(p).resolve() for _, p in _config_files(argv) if Path(p).is_file()]
-        if base.resolve() not in given:
-            start = position if out[position].startswith(("--config=", "-c=")) else position - 1
-            out[start:start] = ["--config", str(base)]
+    given = {Path(path).resolve() for _, path in _config_files(argv)}
+    inserted = 0
+    for position, path in _config_files(argv):
+        bases = [base for base in config_stack(path)[:-1] if base.resolve() not in given]
+        given |= {base.resolve() for base in bases}
+        start = position + inserted - (0 if argv[position].startswith(("--config=", "-c=")) else 1)
+        out[start:start] = [arg for base in bases for arg in ("--config", str(base))]
+        inserted += 2 * len(bases)
     return out
 
 
@@ -243,10 +241,9 @@ def _model_section_keys(argv: list[str]) -> set[str]:
     """Keys under ``model:`` in the YAML files given with ``--config``."""
     keys: set[str] = set()
     for _, path in _config_files(argv):
-        if Path(path).is_file():
-            config = yaml.safe_load(Path(path).read_text()) or {}
-            if isinstance(config.get("model"), dict):
-                keys |= set(config["model"])
+        config = read_config(path)
+        if isinstance(config.get("model"), dict):
+            keys |= set(config["model"])
     return keys
 
 
@@ -263,6 +260,76 @@ def refuse_renamed_keys(argv: list[str], module_class: type) -> None:
     for old in renamed_for(module_class):
         if old.removeprefix("model.") in given:
             raise renamed_key_error(old)
+
+
+# Where Lightning's own code lives: an error raised there, called by LightningCLI or jsonargparse building a
+# class of the config, is Lightning refusing a setting (``lightning_refusal``).
+LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
+
+
+def _frames(err: BaseException) -> list[Any]:
+    """The frames of ``err``'s traceback, outermost first."""
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _package(frame: Any) -> str:
+    return frame.f_globals.get("__name__", "").split(".")[0]
+
+
+def lightning_refusal(err: BaseException) -> ConfigError | None:
+    """``err`` as the ``ConfigError`` of the setting it refuses, when it is Lightning refusing a setting of
+    the trainer, a callback or a logger (a ``MisconfigurationException`` or ``ValueError`` raised in
+    Lightning's own code while LightningCLI builds the Trainer, or jsonargparse a callback or logger, e.g.
+    ``trainer.max_epochs: -5``): names the key (``trainer.max_epochs``) and Lightning's reason. Else None:
+    an error raised in or through the project's code (our modules, callbacks, data) is a bug and keeps its
+    traceback, and the project's own errors are left as they are."""
+    refusal: BaseException | None = err
+    while refusal is not None and (frames := _frames(refusal)) and _package(frames[-1]) == "jsonargparse":
+        refusal = refusal.__cause__ or refusal.__context__  # jsonargparse's wrapping of a class's error
+    if not isinstance(refusal, (MisconfigurationException, ValueError)) or isinstance(refusal, UserError):
+        return None
+    frames = _frames(refusal)
+    builders = [
+        i
+        for i, frame in enumerate(frames)
+        if _package(frame) == "jsonargparse"
+        or (_package(frame) in LIGHTNING_PACKAGES and frame.f_code.co_name == "_instantiate_trainer")
+    ]
+    if not builders or builders[-1] == len(frames) - 1:
+        return None
+    inside = frames[builders[-1] + 1 :]  # the class being built, down to the raise
+    built = inside[0].f_locals.get("self")
+    if built is None or any(_package(frame) not in LIGHTNING_PACKAGES for frame in inside):
+        return None
+    cls = type(built)
+    section, listed = ("trainer", False) if isinstance(built, pl.Trainer) else _section(_frames(err))
+    reason = str(refusal).strip()
+    parameters = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    named = sorted(
+        (match.start(), p) for p in parameters if (match := re.search(rf"\b{re.escape(p)}\b", reason))
+    )
+    key = section or cls.__name__
+    if named:
+        key = f"{key} ({cls.__name__}.{named[0][1]})" if listed else f"{key}.{named[0][1]}"
+    return ConfigError(f"{key}: {reason} (refused by Lightning's {cls.__name__})")
+
+
+def _section(frames: list[Any]) -> tuple[str | None, bool]:
+    """The config section jsonargparse was building a class of, in the frames of its traceback (a group such
+    as ``checkpoint``, or a typed key such as ``trainer.callbacks``, then True), or (None, False)."""
+    for frame in reversed(frames):
+        if _package(frame) != "jsonargparse":
+            continue
+        if frame.f_code.co_name == "group_instantiate_class" and isinstance(frame.f_locals.get("key"), str):
+            return frame.f_locals["key"], False
+        dest = getattr(frame.f_locals.get("self"), "dest", None)
+        if frame.f_code.co_name == "instantiate_classes" and isinstance(dest, str):
+            return dest, True
+    return None, False
 
 
 def _cli_arguments(cli_class: type[_MAECLI], run_name: str) -> dict[str, Any]:
@@ -288,7 +355,13 @@ def build(
     ``--ckpt_path`` and harden the trainer, all before any work. Returns (cli, resolved ckpt_path)."""
     keep_freed_memory()  # no page faults re-mapping activations every step (mae.training.runtime)
     quiet_libraries()
-    cli = cli_class(module, datamodule_class, args=args, **_cli_arguments(cli_class, run_name))
+    try:
+        cli = cli_class(module, datamodule_class, args=args, **_cli_arguments(cli_class, run_name))
+    except (MisconfigurationException, ValueError) as err:
+        refusal = lightning_refusal(err)  # a trainer, callback or logger setting Lightning refuses
+        if refusal is None:
+            raise
+        raise refusal from err
     harden_trainer(cli.trainer)
     quiet_trainer(cli.trainer)
     fitting = not cli.config.get("validate_only", False)
@@ -298,8 +371,12 @@ def build(
         cli.parser.error(str(err))
     ckpt_path, resume_step = prepare_resume(cli.trainer, cli.model, cli.config.ckpt_path, fitting)
     if tracker is not None:
-        config = cli.config.as_dict()
-        cli.trainer.callbacks.append(AttachTracker(tracker, config, resume_step if fitting else None))
+        tracker_step = resume_step if fitting else None
+        # Its folders, store, credentials and the run folder's tracker.json, before the run folder is made;
+        # on the process that talks to it (a refusal there comes before the others are started).
+        if cli.trainer.is_global_zero:
+            check_tracker(tracker, planned_run_folder(cli.trainer), tracker_step)
+        cli.trainer.callbacks.append(AttachTracker(tracker, cli.config.as_dict(), tracker_step))
     return cli, ckpt_path
 
 
@@ -334,20 +411,38 @@ BEFORE_FIRST_STEP = ("config.yaml", "hparams.yaml", "metrics.csv", TRACKER_FILE)
 
 
 def run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:
-    """``trainer.fit`` or ``trainer.validate``; after a SIGTERM (and, when fitting, its checkpoint),
-    exit with ``PREEMPTED_EXIT_CODE``, not 0. A run refused before its first step (e.g. 0 steps) removes
-    the run folder it had just created, so the next run does not become ``version_1``."""
-    folder = Path(cli.trainer.log_dir) if cli.trainer.log_dir else None
-    new_folder = stage == "fit" and folder is not None and not folder.exists()
-    # The folders above it this run creates (runs/, runs/pretrain_default/), deepest first.
-    new_parents = [p for p in folder.parents if not p.exists()] if new_folder else []
+    """``trainer.fit`` or ``trainer.validate`` in a run folder of its own (``start_run_folder``: claimed
+    before anything is written, so runs started at the same moment never share one).
+
+    After a SIGTERM or a first Ctrl-C (and, when fitting, its checkpoint) exit with
+    ``PREEMPTED_EXIT_CODE`` or ``INTERRUPTED_EXIT_CODE``, not 0; a second Ctrl-C, or one during
+    start-up, exits with ``INTERRUPTED_EXIT_CODE`` at once. A run that fails or is stopped before its
+    first step (e.g. 0 steps), and an evaluation that fails, remove the run folder they created
+    (``_remove_unused_run_folder``), so the next run does not become ``version_1``."""
+    trainer, created = cli.trainer, None  # created: (run folder, folders above it made for it)
+
+    def remove_unused() -> None:
+        if created is not None and (stage != "fit" or trainer.global_step == 0):
+            _remove_unused_run_folder(*created)
+
     try:
-        return getattr(cli.trainer, stage)(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        created = start_run_folder(trainer)
+        return getattr(trainer, stage)(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     except SIGTERMException:
-        sys.exit(PREEMPTED_EXIT_CODE)
+        remove_unused()
+        sys.exit(stop_exit_code(trainer))
+    except (KeyboardInterrupt, SystemExit) as stop:
+        # Lightning ends a KeyboardInterrupt itself (teardown, then exit status 1)
+        if isinstance(stop, SystemExit) and not isinstance(stop.__context__, KeyboardInterrupt):
+            raise
+        remove_unused()
+        rank_zero_info(
+            f"Ctrl-C: stopped at step {trainer.global_step} without saving a checkpoint; exiting with "
+            f"status {INTERRUPTED_EXIT_CODE}"
+        )
+        sys.exit(INTERRUPTED_EXIT_CODE)
     except Exception:
-        if new_folder and cli.trainer.global_step == 0 and cli.trainer.is_global_zero:
-            _remove_unused_run_folder(folder, new_parents)
+        remove_unused()
         raise
 
 
@@ -417,4 +512,7 @@ def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
     if losses:
         shown = " -> ".join(f"{v:.4f}" for v in losses)
         lines.append(f"  train loss per epoch: {shown}")
+    phases = getattr(trainer.lightning_module, "resolution_summary", None)  # model.resolution_schedule
+    if phases:
+        lines.append(f"  resolution phases run: {phases}")
     print("\n".join(lines), flush=True)

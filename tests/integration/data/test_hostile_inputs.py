@@ -265,7 +265,7 @@ def test_short_config_flag__stacked_configs_expand_too(tmp_path):
     from mae.cli.lightning import expand_stacked_configs
 
     (tmp_path / "base.yaml").write_text("model:\n  mask_ratio: 0.6\n")
-    (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\n")
+    (tmp_path / "top.yaml").write_text("# stacks on: base.yaml\nmodel:\n  mask_ratio: 0.7\n")  # not empty
     top, base = str(tmp_path / "top.yaml"), str(tmp_path / "base.yaml")
     assert expand_stacked_configs(["-c", top]) == ["--config", base, "-c", top]
 

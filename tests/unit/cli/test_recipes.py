@@ -5,7 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mae.cli.commands import BY_NAME
 from mae.cli.lightning import PretrainCLI, expand_stacked_configs
+from mae.cli.main import invoke
+from mae.cli.recipes import all_recipes, merge_configs
 from mae.data import ImageDataModule
 from mae.training.optim import effective_batch_size, scaled_lr
 from mae.training.pretrain import MAEPretrainModule
@@ -122,6 +125,39 @@ def test_expand_stacked_configs__inserts_the_base_once(tmp_path):
     assert expand_stacked_configs(["--config", base, "--config", top]) == ["--config", base, "--config", top]
 
 
+def test_expand_stacked_configs__a_chain_of_bases_in_order_each_once(tmp_path):
+    """A base that stacks on another brings it too; a base two configs share comes once, before the first."""
+    files = {
+        "a": "model:\n  mask_ratio: 0.6\n",
+        "b": "# stacks on: a.yaml\nmodel:\n  mask_ratio: 0.7\n",
+        "c": "# stacks on: b.yaml\nmodel:\n  mask_ratio: 0.8\n",
+        "d": "# stacks on: a.yaml\ntrainer:\n  max_epochs: 1\n",
+    }
+    for name, text in files.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    a, b, c, d = (str(tmp_path / f"{name}.yaml") for name in files)
+    expanded = expand_stacked_configs(["--config", c, "--config", d])
+    assert expanded == ["--config", a, "--config", b, "--config", c, "--config", d]
+
+
+def test_merge_configs__as_jsonargparse_merges_config_files():
+    base = {
+        "model": {"optim": {"base_lr": 1e-3, "warmup_epochs": 2}, "schedule": [[0, 16]]},
+        "data": {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 32, "batch_size": 64}},
+        "trainer": {"logger": {"class_path": "CSVLogger", "init_args": {"save_dir": "runs", "name": "a"}}},
+    }
+    top = {
+        "model": {"optim": {"base_lr": 2e-3}, "schedule": [[0, 24]]},
+        "data": {"class_path": "mae.data.CIFARDataModule", "init_args": {"img_size": 24}},
+        "trainer": {"logger": {"class_path": "CSVLogger", "init_args": {"name": "b"}}},
+    }
+    assert merge_configs(base, top) == {
+        "model": {"optim": {"base_lr": 2e-3, "warmup_epochs": 2}, "schedule": [[0, 24]]},
+        "data": {"class_path": "mae.data.CIFARDataModule", "init_args": {"img_size": 24}},
+        "trainer": {"logger": {"class_path": "CSVLogger", "init_args": {"save_dir": "runs", "name": "b"}}},
+    }
+
+
 @pytest.mark.parametrize("form", ["--config PATH", "--config=PATH"])
 def test_linked_model_img_size_in_a_yaml_is_refused(tmp_path, form, capsys, monkeypatch):
     monkeypatch.chdir(CONFIGS[0].parents[2])
@@ -131,3 +167,39 @@ def test_linked_model_img_size_in_a_yaml_is_refused(tmp_path, form, capsys, monk
     with pytest.raises(SystemExit) as stop:
         _cli("--config", "configs/pretrain/default.yaml", *args, "--trainer.logger", "false")
     assert stop.value.code != 0 and "model.img_size is taken from data.img_size" in capsys.readouterr().err
+
+
+# The command that runs each recipe folder's recipes.
+RUN_BY = {
+    "pretrain": "pretrain",
+    "finetune": "finetune",
+    "linprobe": "finetune",
+    "detect": "detect",
+    "segment": "segment",
+}
+
+
+def _without_config_paths(config) -> dict:
+    parsed = config.as_dict()
+    parsed.pop("config", None)
+    return parsed
+
+
+def test_every_recipe_shown__parses_to_the_recipe_as_run(tmp_path, capsys, monkeypatch):
+    """What ``mae recipes --show NAME`` prints, saved and given alone to ``--config``, is the config
+    ``--config NAME`` runs (a stacked recipe with its bases merged in)."""
+    monkeypatch.chdir(tmp_path)
+    parsers = {command: BY_NAME[command].build_parser() for command in set(RUN_BY.values())}
+    stacked = 0
+    for recipe in all_recipes(tuple(RUN_BY)):
+        shown = tmp_path / f"{recipe.folder}_{recipe.path.name}"
+        shown.write_text("\n".join(invoke("recipes", ["--show", recipe.name])) + "\n")
+        as_run = expand_stacked_configs(["--config", str(recipe.path)])
+        stacked += len(as_run) > 2
+        parser = parsers[RUN_BY[recipe.folder]]
+        assert _without_config_paths(parser.parse_args(["--config", str(shown)])) == _without_config_paths(
+            parser.parse_args(as_run)
+        ), recipe.name
+        assert "# stacks on:" not in shown.read_text()
+    assert stacked >= 9  # the check covers the recipes that stack on others
+    capsys.readouterr()
