@@ -14,6 +14,7 @@ from mae.cli.commands import BY_NAME, COMMANDS
 
 HELP_FLAGS = ("-h", "--help")
 VERSION_FLAGS = ("-V", "--version")
+BROKEN_PIPE_EXIT_CODE = 128 + 13  # as a shell reports a process ended by SIGPIPE
 
 
 def usage() -> str:
@@ -86,5 +87,13 @@ def invoke(command: str, argv: list[str] | None = None) -> object:
 
 
 def console_main() -> None:
-    """The ``mae`` console script: ``main()``, exiting 0 whatever the command returned."""
-    main()
+    """The ``mae`` console script: ``main()``, exiting 0 whatever the command returned. A reader that stops
+    early (``mae recipes --show default | head``) ends the command quietly with the shell's status for a
+    closed pipe (141), not a ``BrokenPipeError`` traceback."""
+    try:
+        main()
+        sys.stdout.flush()  # inside the try: a closed pipe is found when the buffer is written
+    except BrokenPipeError:
+        # Python would fail again flushing stdout at exit: point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(BROKEN_PIPE_EXIT_CODE)
