@@ -5,6 +5,7 @@ empty folder with its recipe found by name, and a fine-tune from that run's chec
 import csv
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,22 @@ def _copy_sources(target: Path) -> Path:
     return target
 
 
+def _see_this_interpreters_packages(python: Path) -> None:
+    """Make the packages of the interpreter running the tests importable by ``python`` (a new virtual
+    environment's, made without them), as ``--system-site-packages`` would for a system Python: a ``.pth``
+    file in its site-packages adds this interpreter's site directories (its own site-packages and those it
+    sees: a virtual environment's and, with ``--system-site-packages``, its base's, a conda environment's,
+    the system's; the user's where it reads them) with their own ``.pth`` files. ``--system-site-packages``
+    alone gives the BASE interpreter's, which lacks the dependencies when the tests run in a virtual
+    environment. Added after the environment's own site-packages, so the wheel installed there shadows an
+    installation of the clone here (editable or not)."""
+    folders = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    target = Path(_run([python, "-c", code], python.parent).stdout.strip())
+    lines = [f"import site; site.addsitedir({folder!r})\n" for folder in folders if os.path.isdir(folder)]
+    (target / "_tests_interpreter_packages.pth").write_text("".join(lines))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_wheel__outside_the_clone_helps_pretrains_by_recipe_name_and_finetunes(tmp_path):
@@ -67,8 +84,9 @@ def test_wheel__outside_the_clone_helps_pretrains_by_recipe_name_and_finetunes(t
     (wheel,) = (tmp_path / "dist").glob("mae_lightning-*.whl")
     # the dependencies come from this interpreter's site-packages, the project from the wheel
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], tmp_path)
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path)
     python, mae = venv / "bin" / "python", venv / "bin" / "mae"
+    _see_this_interpreters_packages(python)
     _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", wheel], tmp_path)
     work = tmp_path / "empty"
     work.mkdir()
