@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -28,6 +27,7 @@ from mae.training.callbacks import (
     ReconstructionCallback,
     harden_trainer,
 )
+from mae.training.callbacks.last_checkpoint import LastStateCheckpoint
 from mae.training.callbacks.preemption import INTERRUPTED_EXIT_CODE, stop_exit_code
 from mae.training.resume import planned_run_folder, prepare_resume, start_run_folder
 from mae.training.runtime import default_lightning_precision, keep_freed_memory
@@ -78,7 +78,7 @@ class _MAECLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
         parser.link_arguments("data.in_chans", "model.in_chans", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(LastStateCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.filename": "epoch_{epoch:04d}",

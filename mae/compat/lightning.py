@@ -20,6 +20,11 @@
   the one way to rebuild from hyperparameters that need translating (``INSTANTIATOR_KEY``), and
   ``lightning.pytorch.core.saving._ALLOWED_INSTANTIATORS``, the instantiators it trusts
   (``allow_instantiator``; Lightning's own message says to add one there).
+- ``ModelCheckpoint._every_n_epochs``, ``_should_save_on_train_epoch_end``,
+  ``_should_skip_saving_checkpoint``, ``_monitor_candidates`` and ``_save_last_checkpoint``: Lightning
+  2.6 rewrites ``last.ckpt`` only at a step where a top-k checkpoint was saved (a monitored metric that
+  improved), and no setting makes ``last.ckpt`` the run's latest state; ``refresh_last_checkpoint``
+  writes it as Lightning's own ``save_last`` does.
 - ``MLFlowLogger._initialized`` and ``WandbLogger._experiment``: whether the logger has started its
   run; the public ``experiment`` (and what reads it: ``run_id``) starts one when asked.
 """
@@ -30,7 +35,7 @@ from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
@@ -141,3 +146,22 @@ def mlflow_run_started(logger: Any) -> bool:
 def wandb_run_started(logger: Any) -> bool:
     """Whether a ``WandbLogger`` has started its run (reading ``logger.experiment`` would start it)."""
     return logger._experiment is not None
+
+
+def checkpoint_period_epochs(callback: ModelCheckpoint) -> int:
+    """``callback``'s ``every_n_epochs`` (0: it saves by steps or time instead)."""
+    return callback._every_n_epochs
+
+
+def checkpoints_at_train_epoch_end(callback: ModelCheckpoint, trainer: pl.Trainer) -> bool:
+    """Whether ``callback`` saves at the end of the training epoch (no validation this epoch, or as set)
+    rather than at the end of validation."""
+    return callback._should_save_on_train_epoch_end(trainer)
+
+
+def refresh_last_checkpoint(callback: ModelCheckpoint, trainer: pl.Trainer) -> None:
+    """Write ``callback``'s ``last.ckpt`` now, as its ``save_last`` does, unless it is off or Lightning would
+    not save at this moment (sanity check, not fitting, ``fast_dev_run``, a checkpoint already written at
+    this step)."""
+    if callback.save_last and not callback._should_skip_saving_checkpoint(trainer):
+        callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))

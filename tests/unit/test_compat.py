@@ -373,3 +373,40 @@ def test_tensorboard__event_file_writer_writes_into_the_writers_event_file(tmp_p
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
+
+def test_lightning__refresh_last_checkpoint_writes_last_as_save_last_does(tmp_path):
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from mae.compat.lightning import (
+        checkpoint_period_epochs,
+        checkpoints_at_train_epoch_end,
+        refresh_last_checkpoint,
+    )
+    from tests.helpers import RandomImages, make_trainer, pretrain_module
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)  # no top-k: no last either
+    seen = {}
+
+    class RefreshAfterFirstStep(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen["at_epoch_end"] = checkpoints_at_train_epoch_end(checkpoint, trainer)  # no validation
+            if trainer.global_step == 1:
+                refresh_last_checkpoint(checkpoint, trainer)
+
+    assert (
+        checkpoint_period_epochs(checkpoint) == 1
+        and checkpoint_period_epochs(ModelCheckpoint(every_n_epochs=3)) == 3
+    )
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=2,
+        limit_val_batches=0,
+        callbacks=[checkpoint, RefreshAfterFirstStep()],
+        enable_checkpointing=True,
+    )
+    trainer.fit(pretrain_module(optim={"warmup_epochs": 0}), datamodule=RandomImages(n=8, batch_size=4))
+    assert seen["at_epoch_end"]
+    # written at step 1; Lightning's own end-of-training save_last then sees a last.ckpt and leaves it
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 1
