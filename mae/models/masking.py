@@ -208,6 +208,15 @@ def block_mask(
     return mask
 
 
+def uniform_noise(
+    batch_size: int, length: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """(N, L) scores uniform in [0, 1): the paper's random masking keeps the L - len_keep lowest."""
+    if generator is None:  # torch 2.14 cannot compile torch.rand(..., generator=None) with dynamic shapes
+        return torch.rand(batch_size, length, device=device)
+    return torch.rand(batch_size, length, device=device, generator=generator)
+
+
 def block_noise(
     batch_size: int,
     grid_size: tuple[int, int],
@@ -220,7 +229,7 @@ def block_noise(
     # One draw from torch's generator seeds the Python RNG, so global seeding reproduces masks.
     rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
     masks = torch.stack([block_mask(grid_size, num_masked, rng).flatten() for _ in range(batch_size)])
-    return masks.float() + torch.rand(batch_size, L, generator=generator)
+    return masks.float() + uniform_noise(batch_size, L, generator=generator)
 
 
 def _check_grid_cells(grid_size: tuple[int, int]) -> None:
@@ -287,8 +296,8 @@ class Strategy:
 # and its entry here (a test checks the two agree).
 STRATEGIES: dict[str, Strategy] = {
     "random": Strategy(
-        scores=lambda n, grid, ratio, device, generator: torch.rand(
-            n, grid[0] * grid[1], device=device, generator=generator
+        scores=lambda n, grid, ratio, device, generator: uniform_noise(
+            n, grid[0] * grid[1], device, generator
         ),
     ),
     "block": Strategy(

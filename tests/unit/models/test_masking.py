@@ -140,3 +140,16 @@ def test_strategies__a_strategy_s_rules_are_its_table_entry_s_and_apply_everywhe
     monkeypatch.setitem(STRATEGIES, "random", dataclasses.replace(STRATEGIES["random"], check_ratio=refuse))
     with pytest.raises(ValueError, match="refused by the entry"):
         MaskedAutoencoderViT(**TINY)(torch.randn(1, 3, 32, 32), 0.75)
+
+
+def test_random_masking__compiles_with_dynamic_shapes():
+    """A compiled model recompiled for a new batch or grid size (progressive resolution) traces sizes
+    symbolically; torch.rand with ``generator=None`` then failed to trace (torch 2.14)."""
+    from tests.helpers import pretrain_module
+
+    model = pretrain_module().model.eval()
+    compiled = torch.compile(model, dynamic=True, backend="eager")
+    imgs, noise = torch.randn(3, 3, 16, 16), torch.rand(3, model.num_patches)
+    torch.testing.assert_close(compiled(imgs, 0.75, noise)[0], model(imgs, 0.75, noise)[0])
+    loss, pred, mask = compiled(imgs, 0.75)  # the noise drawn inside the traced graph
+    assert torch.isfinite(loss) and mask.shape == (3, model.num_patches) and int(mask.sum()) == 3 * 12
