@@ -18,6 +18,7 @@ import io
 import multiprocessing
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,9 @@ def _child_main(
     """The child: the interpreter state a fresh ``python <command>`` would have, then the command."""
     if new_session:
         os.setsid()
+    # Ctrl-C as a terminal's command has it, not as the suite's runner does (a script's background job, as
+    # `cmd &` in a script starts one, ignores SIGINT, and its children inherit that).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # A forkserver's child inherits "forkserver" as its start method; a fresh interpreter has none set (Linux:
     # fork). Without this, the command's loader workers would start through a new forkserver of their own:
     # ~9 s, and unlike a user's run.

@@ -2,6 +2,9 @@
 it with onnxruntime against torch on the CPU) and compared with the encoder run on the GPU (dry run: the
 tiny model trained 3 steps on the CPU in fp32)."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import lightning.pytorch as pl
 import numpy as np
 import pytest
@@ -81,9 +84,7 @@ def _compare_with_onnxruntime(smoke: SmokePart) -> dict[str, float]:
         export_check_vs_torch_cpu={str(k): v for k, v in export.differences.items()},
     )
     pixels = torch.randn(4, 3, img_size, img_size, generator=torch.Generator().manual_seed(1))
-    with pytest.MonkeyPatch.context() as patch:  # the encoder on the device in fp32, no TF32
-        patch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-        patch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    with _no_tf32():  # the encoder on the device in fp32
         backbone = load_backbone(str(ckpt)).eval().to(smoke.device)
         with torch.no_grad():
             expected = backbone.forward_features(pixels.to(smoke.device)).float().cpu().numpy()
@@ -95,6 +96,21 @@ def _compare_with_onnxruntime(smoke: SmokePart) -> dict[str, float]:
         differences[provider] = float(np.abs(got - expected).max())
     smoke.results.update(onnxruntime_providers=providers, vs_encoder_on_device=differences)
     return differences
+
+
+@contextmanager
+def _no_tf32() -> Iterator[None]:
+    """TF32 matmuls and convolutions off, restored after. Set and restored by hand: these flags are
+    properties of torch's backend modules, which pytest 9.2's monkeypatch deletes on undo (an error)."""
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    before = [flag.allow_tf32 for flag in flags]
+    for flag in flags:
+        flag.allow_tf32 = False
+    try:
+        yield
+    finally:
+        for flag, value in zip(flags, before, strict=True):
+            flag.allow_tf32 = value
 
 
 def test_the_encoder_trains_on_the_device(differences: dict[str, float], smoke: SmokePart) -> None:
