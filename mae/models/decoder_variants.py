@@ -112,7 +112,7 @@ class PartialReconstructionMAE(MaskedAutoencoderViT):
         tokens = torch.cat([x[:, 1:, :], self.mask_token.expand(N, ids_decode.shape[1], -1)], dim=1)
         tokens = tokens + self.decoder_positions(ids)
         x = torch.cat([x[:, :1, :] + self.decoder_pos_embed[:, :1, :], tokens], dim=1)
-        x = self.decoder_pred(self.decoder_norm(self.decoder_blocks(x)))
+        x = self.decoder_pred(self.decoder_norm(self.run_blocks(self.decoder_blocks, x)))
         return _scatter_patches(x[:, 1:, :], ids, L)
 
     def decoder_positions(self, ids: torch.Tensor) -> torch.Tensor:
@@ -164,7 +164,7 @@ class CrossMAE(PartialReconstructionMAE):
         x, mask, ids_restore = self.visible_tokens(imgs, mask_ratio, noise)
         outputs = []
         for block in self.blocks:
-            x = block(x)
+            x = self.run_block(block, x)
             outputs.append(x)
         normed = {i: self.norm(outputs[i]) for i in sorted(set(self.decoder_encoder_layers))}
         return torch.stack([normed[i] for i in self.decoder_encoder_layers]), mask, ids_restore
@@ -193,7 +193,7 @@ class CrossMAE(PartialReconstructionMAE):
         else:
             x = self.mask_token + self.decoder_positions(ids_decode)
         for i, block in enumerate(self.decoder_blocks):
-            x = block(x, context[i] if per_block else context)
+            x = self.run_block(block, x, context[i] if per_block else context)
         x = self.decoder_pred(self.decoder_norm(x))
         return x if ids_decode is None else _scatter_patches(x, ids_decode, L)
 

@@ -17,6 +17,7 @@ from functools import partial
 
 import torch
 from timm.layers import PatchEmbed, to_2tuple
+from timm.models import checkpoint, checkpoint_seq
 from timm.models.vision_transformer import Block
 from torch import nn
 
@@ -135,6 +136,7 @@ class MaskedAutoencoderViT(nn.Module):
         self.mask_strategy = mask_strategy
         self.decoder_type = decoder_type
         self.decoder_keep_ratio = decoder_keep_ratio
+        self.grad_checkpointing = False  # a way of training, not of the architecture: not in config
         norm_layer = partial(nn.LayerNorm, eps=layer_norm_eps)
 
         # Encoder: exactly timm VisionTransformer's parts and names.
@@ -170,6 +172,26 @@ class MaskedAutoencoderViT(nn.Module):
     ) -> nn.Module:
         """The decoder's transformer blocks: the paper's are the encoder's kind."""
         return vit_blocks(dim, num_heads, depth, mlp_ratio, norm_layer)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing of every encoder and decoder block (timm's method name): while autograd
+        records, each block keeps only its input and is run again in the backward pass, so a step holds one
+        block's activations instead of all of them, for about one more forward pass of compute. Losses and
+        gradients are those without it (non-reentrant ``torch.utils.checkpoint``, which restores the RNG
+        state for the rerun)."""
+        self.grad_checkpointing = enable
+
+    def run_blocks(self, blocks: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+        """``blocks(x)``, each block checkpointed when ``grad_checkpointing`` is on."""
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint_seq(blocks, x, use_reentrant=False)
+        return blocks(x)
+
+    def run_block(self, block: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+        """``block(*inputs)``, checkpointed when ``grad_checkpointing`` is on (blocks run one by one)."""
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, *inputs, use_reentrant=False)
+        return block(*inputs)
 
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
         """Take inputs of ``img_size`` from now on (same patch size): the patch grid and both fixed sin-cos
@@ -260,7 +282,7 @@ class MaskedAutoencoderViT(nn.Module):
             ids_restore: (N, L) permutation that puts the shuffled tokens back in patch order.
         """
         x, mask, ids_restore = self.visible_tokens(imgs, mask_ratio, noise)
-        x = self.blocks(x)
+        x = self.run_blocks(self.blocks, x)
         x = self.norm(x)
         return x, mask, ids_restore
 
@@ -303,7 +325,7 @@ class MaskedAutoencoderViT(nn.Module):
         x = torch.cat([x[:, :1, :], x_], dim=1)
         x = x + self.decoder_pos_embed
 
-        x = self.decoder_blocks(x)
+        x = self.run_blocks(self.decoder_blocks, x)
         x = self.decoder_norm(x)
         x = self.decoder_pred(x)
         return x[:, 1:, :]
@@ -334,7 +356,7 @@ class MaskedAutoencoderViT(nn.Module):
     def forward_features(self, imgs: torch.Tensor) -> torch.Tensor:
         """Encoder on all patches, no masking: (N, C, H, W) -> (N, 1 + L, D), normed, patch order."""
         x = self.prepend_cls_token(self.embed_patches(imgs))
-        return self.norm(self.blocks(x))
+        return self.norm(self.run_blocks(self.blocks, x))
 
 
 def vit_blocks(

@@ -39,7 +39,8 @@ class MAEFinetuneModule(TransferModule):
             input and classes (img_size, in_chans, num_classes), drop_path_rate, layer_decay, the optimiser
             with the paper's fine-tuning defaults (``optim``: base_lr (paper: 5e-4 B, 1e-3 L/H; linear probe
             0.1), lr, min_lr (1e-6; linear probe 0), warmup_epochs (5; linear probe 10), weight_decay (0.05;
-            linear probe 0)) and the kernel choices (``kernels``: attention, compile, fused_adamw).
+            linear probe 0)), the kernel choices (``kernels``: attention, compile, fused_adamw) and
+            ``grad_checkpointing`` (activation checkpointing of the encoder blocks).
     """
 
     network_attribute = "vit"

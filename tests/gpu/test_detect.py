@@ -75,7 +75,7 @@ def _config(smoke: SmokePart) -> tuple[dict, int]:
         relative_position=model["relative_position"],
         img_size=img_size,
         batch_size=batch,
-        activation_checkpointing=model["activation_checkpointing"],
+        grad_checkpointing=model["grad_checkpointing"],
     )
     init = {
         **scenes["init_args"],

@@ -68,9 +68,13 @@ class DenseTrainingModule(TransferModule):
     Images enter in [0, 1] and are normalised by the network.
 
     Args:
-        out_channels, block, window_size, global_blocks, relative_position, activation_checkpointing, scales:
-            the pyramid's (``mae.dense.models.pyramid.SimpleFeaturePyramid``; ViTDet ViT-B: 256, last block,
-            window 14, global blocks 2, 5, 8, 11, relative positions on); kept in ``self.pyramid_args``.
+        out_channels, block, window_size, global_blocks, relative_position, scales: the pyramid's
+            (``mae.dense.models.pyramid.SimpleFeaturePyramid``; ViTDet ViT-B: 256, last block, window 14,
+            global blocks 2, 5, 8, 11, relative positions on); kept in ``self.pyramid_args``, with its
+            ``activation_checkpointing``: on with ``grad_checkpointing`` (``TransferModule``'s, the name
+            every task shares).
+        activation_checkpointing: the older name of ``grad_checkpointing``, still read (configs and
+            checkpoints of earlier versions): either turns the encoder blocks' checkpointing on.
         mean, std: input normalisation; None: the pretraining run's (from the checkpoint), else ImageNet's.
             The module's hyperparameters record the values it resolved, so a trained checkpoint needs no
             pretraining file for them either.
@@ -105,7 +109,7 @@ class DenseTrainingModule(TransferModule):
             window_size=window_size,
             global_blocks=global_blocks,
             relative_position=relative_position,
-            activation_checkpointing=activation_checkpointing,
+            activation_checkpointing=activation_checkpointing or self.grad_checkpointing,
             scales=tuple(scales or SCALES),
         )
         self.given_mean, self.given_std = mean, std

@@ -41,9 +41,9 @@ class MAEDetectionModule(DenseTrainingModule):
         optim: the optimiser and its schedule (``mae.training.settings.OptimSettings``): ViTDet ViT-B's
             base_lr 4e-4 and weight_decay 0.1, min_lr 0, warmup_epochs 1.
         **kwargs: passed on whole: the pyramid's settings and input normalisation (``DenseTrainingModule``:
-            out_channels, block, window_size, global_blocks, relative_position, activation_checkpointing,
-            scales, mean, std), the encoder and kernel settings (``mae.training.transfer.TransferModule``:
-            encoder, encoder_config, in_chans, drop_path_rate (ViTDet ViT-B: 0.1), kernels).
+            out_channels, block, window_size, global_blocks, relative_position, scales, mean, std), the
+            encoder and kernel settings (``mae.training.transfer.TransferModule``: encoder, encoder_config,
+            in_chans, drop_path_rate (ViTDet ViT-B: 0.1), kernels, grad_checkpointing).
     """
 
     network_attribute = "detector"

@@ -37,9 +37,9 @@ class MAESegmentationModule(DenseTrainingModule):
         **kwargs: passed on whole: the pyramid's settings and input normalisation (``DenseTrainingModule``:
             out_channels, block (the MAE paper, after BEiT, takes the four maps from four blocks:
             ``block: [3, 5, 7, 11]`` for ViT-B), window_size, global_blocks, relative_position,
-            activation_checkpointing, scales, mean, std), the encoder and kernel settings
+            scales, mean, std), the encoder and kernel settings
             (``mae.training.transfer.TransferModule``: encoder, encoder_config, in_chans, drop_path_rate,
-            layer_decay, kernels).
+            layer_decay, kernels, grad_checkpointing).
     """
 
     network_attribute = "segmenter"

@@ -88,8 +88,11 @@ def setup(tmp_path_factory):
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
         "tracker": tensorboard_tracker(tmp / "tb"),
     }
+    # the DDP run with activation checkpointing: the same update as the single process without it
+    checkpointed = ("--model.grad_checkpointing", "true")
     outputs = {
-        name: _run("pretrain", base, tmp, name, devices) for name, devices in (("ddp", 2), ("single", 1))
+        name: _run("pretrain", base, tmp, name, devices, *extra)
+        for name, devices, extra in (("ddp", 2, checkpointed), ("single", 1, ()))
     }
     return tmp, base, outputs
 
