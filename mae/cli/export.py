@@ -1,6 +1,8 @@
 """``mae export --checkpoint CKPT --out OUT.safetensors`` (the encoder as a plain timm ViT + its arguments)
 or ``mae export --checkpoint CKPT --out OUT.onnx`` (the encoder as ONNX, checked with onnxruntime): the
-output's suffix chooses the kind; ``--checkpoint-format`` names the checkpoint's format."""
+output's suffix chooses the kind; ``--checkpoint-format`` names the checkpoint's format.
+``mae export --checkpoint CKPT --to timm|huggingface --out DIR`` writes a folder timm or transformers loads,
+with its model card (``mae.convert.folders``)."""
 
 import importlib
 import json
@@ -12,6 +14,7 @@ from jsonargparse import ArgumentParser, Namespace
 from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.export import export_encoder, is_exported_encoder
+from mae.convert.folders import TARGETS, export_folder, is_export_folder
 from mae.convert.sources import FORMATS, read_checkpoint
 from mae.errors import ConfigError, UsageError
 from mae.eval.features import POOLS
@@ -36,19 +39,41 @@ def build_parser() -> ArgumentParser:
         "mae export",
         "Export a pretrained encoder: --out OUT.safetensors writes a plain timm ViT (safetensors + a JSON "
         "of its timm arguments); --out OUT.onnx writes an ONNX file of the encoder, checked with "
-        "onnxruntime against torch.",
+        "onnxruntime against torch; --to timm|huggingface --out DIR writes a folder timm or Hugging Face "
+        "transformers loads, with a README.md model card.",
     )
     add_option(parser, "checkpoint", "the encoder", required=True)
     add_option(
         parser,
         "out",
-        "OUT.safetensors (a .json with the timm arguments is written beside it) or OUT.onnx",
+        "OUT.safetensors (a .json with the timm arguments is written beside it), OUT.onnx, or with --to "
+        "a folder",
         type=str,
         required=True,
     )
     add_option(parser, "checkpoint_format", "--out's suffix sets the output's", choices=FORMATS)
     parser.add_argument(
         "--num-heads", type=argparse_int, default=None, help="attention heads, for files that do not say"
+    )
+    parser.add_argument(
+        "--ema",
+        action="store_true",
+        help="export the EMA weights of a mae finetune --ema.decay checkpoint (OUT.safetensors only)",
+    )
+    folders = parser.add_argument_group("folder output (--to)")
+    folders.add_argument(
+        "--to",
+        choices=TARGETS,
+        default=None,
+        help="write --out as a folder: timm's hub layout (config.json + model.safetensors, for "
+        'timm.create_model("local-dir:DIR", pretrained=True)) or a Hugging Face transformers ViTMAE '
+        "folder (ViTMAEForPreTraining when the checkpoint has a decoder, else ViTMAEModel, and its image "
+        "processor); each with a README.md model card",
+    )
+    folders.add_argument(
+        "--encoder-only",
+        action="store_true",
+        help="--to huggingface: the encoder alone (ViTMAEModel) even when the checkpoint has a decoder",
     )
     onnx = parser.add_argument_group("ONNX output (--out OUT.onnx; needs the onnx extra)")
     onnx.add_argument(
@@ -79,6 +104,12 @@ def run(args: Namespace):
     Raises:
         UsageError: ONNX options for a .safetensors output, --mean without --std, a size below 1.
     """
+    if args.ema and (args.to is not None or Path(args.out).suffix == ".onnx"):
+        raise UsageError("--ema: for --out OUT.safetensors only; export the EMA weights there")
+    if args.to is not None:
+        return run_folder(args)
+    if args.encoder_only:
+        raise UsageError("--encoder-only: for --to huggingface only")
     if Path(args.out).suffix == ".onnx":
         return run_onnx(args)
     given = [f"--{name.replace('_', '-')}" for name, default in ONNX_OPTIONS.items() if args[name] != default]
@@ -99,7 +130,9 @@ def run(args: Namespace):
         ],
         [args.checkpoint],
     )
-    weights, sidecar = export_encoder(args.checkpoint, args.out, args.checkpoint_format, args.num_heads)
+    weights, sidecar = export_encoder(
+        args.checkpoint, args.out, args.checkpoint_format, args.num_heads, ema=args.ema
+    )
     for note in read_checkpoint(args.checkpoint, args.checkpoint_format).notes:
         print(f"note: {note}")
     meta = json.loads(Path(sidecar).read_text())
@@ -109,6 +142,35 @@ def run(args: Namespace):
         f'pretrained_cfg_overlay=dict(file="{weights}"), **json.load(open("{sidecar}"))["model_args"])'
     )
     return weights, sidecar
+
+
+def run_folder(args: Namespace):
+    """``--to timm|huggingface``: the folder ``args.out`` with its model card. Returns the
+    ``FolderExport``."""
+    given = [f"--{name.replace('_', '-')}" for name, default in ONNX_OPTIONS.items() if args[name] != default]
+    if given:
+        raise UsageError(f"{', '.join(given)}: for ONNX output only (an --out ending in .onnx), not --to")
+    if args.encoder_only and args.to != "huggingface":
+        raise UsageError("--encoder-only: for --to huggingface only (a timm folder is always the encoder)")
+    out = Path(args.out)
+    if out.suffix in (".safetensors", ".onnx"):
+        raise UsageError(f"--to {args.to} writes a folder: give --out a folder path, not {out}")
+    check_outputs(COMMAND, [Output(out, "--out", "folder", is_export_folder)], [args.checkpoint])
+    export = export_folder(
+        args.checkpoint, out, args.to, args.checkpoint_format, args.encoder_only, args.num_heads
+    )
+    for note in export.notes:
+        print(f"note: {note}")
+    files = ", ".join(sorted(p.name for p in out.iterdir()))
+    what = "encoder and decoder" if export.has_decoder else "encoder"
+    print(f"wrote the {what} to {out}/ ({files})")
+    if args.to == "timm":
+        print(f'load with timm: timm.create_model("local-dir:{out}", pretrained=True)')
+    else:
+        cls = "ViTMAEForPreTraining" if export.has_decoder else "ViTMAEModel"
+        print(f'load with transformers: {cls}.from_pretrained("{out}")')
+    print(f"upload: hf upload USER/REPO {out} .")
+    return export
 
 
 def run_onnx(args: Namespace):

@@ -18,7 +18,7 @@ import timm
 from safetensors.torch import save_file
 
 from mae.convert.backbone import vit_args
-from mae.convert.sources import check_finite, read_checkpoint
+from mae.convert.sources import check_finite, ema_checkpoint, read_checkpoint
 from mae.errors import ConfigError
 from mae.io.atomic import atomic_write
 
@@ -50,16 +50,19 @@ def is_exported_encoder(path: Path) -> bool:
 
 
 def export_encoder(
-    source: str | Path, out: str | Path, format: str = "auto", num_heads: int | None = None
+    source: str | Path, out: str | Path, format: str = "auto", num_heads: int | None = None, ema: bool = False
 ) -> tuple[Path, Path]:
     """Write the encoder of ``source`` as ``out`` (safetensors) and ``out`` with ``.json`` (timm arguments).
 
-    ``num_heads`` overrides the head count for files that do not record it.
+    ``num_heads`` overrides the head count for files that do not record it; ``ema``: the EMA weights of a
+    ``mae finetune --ema.decay`` checkpoint instead of its live ones (``mae.convert.sources.ema_checkpoint``).
 
     Both files are written to temporary names first and renamed, so an interrupted export leaves
     nothing half-written.
     """
     ckpt = read_checkpoint(source, format)
+    if ema:
+        ckpt = ema_checkpoint(ckpt)
     out = Path(out)
     if out.suffix != ".safetensors":
         raise ConfigError(f"export target {out} must end in .safetensors (or .onnx for an ONNX file)")

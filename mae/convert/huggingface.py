@@ -112,40 +112,64 @@ def from_hf_state_dict(hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torc
 
 def hf_config(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> dict[str, Any]:
     """The ``ViTMAEConfig`` (as a ``config.json`` dict) of the same architecture as ``model``."""
-    grid_h, grid_w = model.grid_size
-    if model.decoder_type != "self":
+    return hf_config_of(model.config, decoder=True, mask_ratio=mask_ratio)
+
+
+def hf_config_of(config: dict[str, Any], decoder: bool, mask_ratio: float = 0.75) -> dict[str, Any]:
+    """The ``config.json`` dict of the model an MAE ``config`` describes: ``ViTMAEForPreTraining`` (encoder
+    and decoder) with ``decoder``, else ``ViTMAEModel`` (the encoder alone).
+
+    Raises:
+        ConfigError: what ViTMAE cannot represent, naming the value: a decoder other than the paper's
+            self-attention one, or a non-square input with the decoder (transformers' decoder and loss
+            assume a square patch grid; its encoder takes any ``image_size`` [H, W]).
+    """
+    height, width = (config["img_size"],) * 2 if isinstance(config["img_size"], int) else config["img_size"]
+    patch, embed_dim = config["patch_size"], config["embed_dim"]
+    if decoder and config.get("decoder_type", "self") != "self":
         raise ConfigError(
             f"Hugging Face ViTMAE has only the paper's self-attention decoder, not decoder_type "
-            f"{model.decoder_type!r}; export the encoder instead (mae export), which every variant shares"
+            f"{config['decoder_type']!r}; export the encoder alone (--encoder-only), which every variant "
+            "shares"
         )
-    if grid_h != grid_w:
+    if decoder and height != width:
         raise ConfigError(
-            f"Hugging Face ViTMAE supports square inputs only, got a {grid_h}x{grid_w} patch grid"
+            f"Hugging Face ViTMAEForPreTraining supports square inputs only, got img_size {height}x{width}; "
+            "export the encoder alone (--encoder-only: ViTMAEModel takes any size) or use --to timm"
         )
-    block, decoder_block = model.blocks[0], model.decoder_blocks[0]
-    return {
-        "architectures": ["ViTMAEForPreTraining"],
+    hf = {
+        "architectures": ["ViTMAEForPreTraining" if decoder else "ViTMAEModel"],
         "model_type": "vit_mae",
-        "image_size": grid_h * model.patch_size,
-        "patch_size": model.patch_size,
-        "num_channels": model.patch_embed.proj.in_channels,
-        "hidden_size": model.cls_token.shape[-1],
-        "num_hidden_layers": len(model.blocks),
-        "num_attention_heads": block.attn.num_heads,
-        "intermediate_size": block.mlp.fc1.out_features,
-        "decoder_hidden_size": model.mask_token.shape[-1],
-        "decoder_num_hidden_layers": len(model.decoder_blocks),
-        "decoder_num_attention_heads": decoder_block.attn.num_heads,
-        "decoder_intermediate_size": decoder_block.mlp.fc1.out_features,
+        "image_size": height if height == width else [height, width],
+        "patch_size": patch,
+        "num_channels": config["in_chans"],
+        "hidden_size": embed_dim,
+        "num_hidden_layers": config["depth"],
+        "num_attention_heads": config["num_heads"],
+        "intermediate_size": int(embed_dim * config["mlp_ratio"]),
         "hidden_act": "gelu",
-        "layer_norm_eps": model.norm.eps,
+        "layer_norm_eps": config["layer_norm_eps"],
         "qkv_bias": True,
         "mask_ratio": mask_ratio,
-        "norm_pix_loss": model.norm_pix_loss,
+        "norm_pix_loss": bool(config.get("norm_pix_loss", False)),
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
         "initializer_range": 0.02,
     }
+    if decoder:
+        hf.update(
+            decoder_hidden_size=config["decoder_embed_dim"],
+            decoder_num_hidden_layers=config["decoder_depth"],
+            decoder_num_attention_heads=config["decoder_num_heads"],
+            decoder_intermediate_size=int(config["decoder_embed_dim"] * config["mlp_ratio"]),
+        )
+    return hf
+
+
+def hf_encoder_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our encoder's state dict -> ``ViTMAEModel``'s (hub layout, without the ``vit.`` prefix)."""
+    encoder = {k: v for k, v in state_dict.items() if not (k.startswith("decoder") or k == "mask_token")}
+    return {k.removeprefix("vit."): v for k, v in to_hf_state_dict(encoder).items()}
 
 
 def save_hf_pretrained(model: MaskedAutoencoderViT, out_dir: str | Path, mask_ratio: float = 0.75) -> Path:
@@ -157,3 +181,37 @@ def save_hf_pretrained(model: MaskedAutoencoderViT, out_dir: str | Path, mask_ra
     save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return out_dir
+
+
+def write_hf_folder(
+    state_dict: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    folder: Path,
+    decoder: bool,
+    mask_ratio: float,
+    mean: list[float],
+    std: list[float],
+) -> None:
+    """Write ``config.json``, ``model.safetensors`` and ``preprocessor_config.json`` into ``folder`` (an
+    empty, new folder): ``ViTMAEForPreTraining`` with ``decoder`` (``state_dict`` then holds one), else
+    ``ViTMAEModel``; a ``ViTImageProcessor`` resizing to the input size (bicubic), scaling 8-bit values
+    by 1/255 and normalising with ``mean`` / ``std``."""
+    from transformers import ViTImageProcessor
+
+    hf = hf_config_of(config, decoder, mask_ratio)  # first: it refuses what ViTMAE cannot hold
+    height, width = (hf["image_size"],) * 2 if isinstance(hf["image_size"], int) else hf["image_size"]
+    tensors = to_hf_state_dict(state_dict) if decoder else hf_encoder_state_dict(state_dict)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    processor = ViTImageProcessor(
+        do_resize=True,
+        size={"height": height, "width": width},
+        resample=3,  # PIL's bicubic, as our evaluation view
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=list(mean),
+        image_std=list(std),
+    )
+    processor.save_pretrained(str(folder))

@@ -97,6 +97,9 @@ def read_checkpoint(source: str | Path, format: str = "auto") -> MAECheckpoint:
         raise InputError(f"checkpoint format {format!r} is unknown; expected one of {FORMATS}")
     path = Path(source)
     if path.is_dir():
+        timm_config = timm_folder_config(path)
+        if timm_config is not None:
+            return _read_timm_folder(path, timm_config, _hf_weights_in(path))
         return _read_huggingface(path, _hf_weights_in(path))
     if path.suffix == ".safetensors":
         tensors = read_safetensors(path)
@@ -325,6 +328,36 @@ def _read_timm(path: Path, state: dict) -> MAECheckpoint:
     return MAECheckpoint(str(path), "timm", state, config, notes)
 
 
+def timm_folder_config(folder: Path) -> dict | None:
+    """The ``config.json`` of a timm hub folder (``architecture`` and ``pretrained_cfg``, as timm's
+    ``save_for_hf`` and ``mae export --to timm`` write it), or None for any other folder."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    is_timm = isinstance(config, dict) and "architecture" in config and "pretrained_cfg" in config
+    return config if is_timm else None
+
+
+def _read_timm_folder(folder: Path, config: dict, state: dict[str, torch.Tensor]) -> MAECheckpoint:
+    """A timm hub folder: the weights' architecture from ``model_args``, the normalisation from
+    ``pretrained_cfg`` (as ``mae_data``, so every command prepares images as the export recorded)."""
+    args = config.get("model_args") or {}
+    hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
+    ckpt_config, notes = infer_config(state, hints, folder)
+    pretrained = config["pretrained_cfg"] if isinstance(config["pretrained_cfg"], dict) else {}
+    data = None
+    if {"mean", "std", "input_size"} <= pretrained.keys():
+        channels, *size = pretrained["input_size"]
+        data = {
+            "in_chans": channels,
+            "img_size": list(size),
+            "mean": list(pretrained["mean"]),
+            "std": list(pretrained["std"]),
+        }
+    return MAECheckpoint(str(folder), "timm", state, ckpt_config, notes, data=data)
+
+
 def _read_huggingface(
     folder: Path, tensors: dict[str, torch.Tensor], path: Path | None = None
 ) -> MAECheckpoint:
@@ -445,3 +478,35 @@ def infer_config(
             decoder_num_heads=dec_heads,
         )
     return config, notes
+
+
+# Where ``mae finetune --ema.decay`` keeps the EMA weights in its checkpoints: under
+# ``checkpoint["callbacks"]["EMA"]`` (``mae.training.callbacks.ema``), named as the live weights are in
+# ``MAECheckpoint.state_dict``.
+EMA_WEIGHTS_KEY = "ema_state_dict"
+
+
+def ema_checkpoint(ckpt: MAECheckpoint) -> MAECheckpoint:
+    """``ckpt``, one of our Lightning checkpoints as ``read_checkpoint`` read it, with the EMA weights its run
+    kept in place of the live weights.
+
+    Raises:
+        InputError: ``ckpt`` holds no EMA weights (not a run with ``--ema.decay``), or EMA weights whose names
+            or shapes differ from the live weights'.
+    """
+    state = None
+    if ckpt.format == "lightning":
+        callbacks = safe_torch_load(Path(ckpt.source)).get("callbacks") or {}
+        state = (callbacks.get("EMA") or {}).get(EMA_WEIGHTS_KEY)
+    if not isinstance(state, dict):
+        raise InputError(
+            f"{ckpt.source} holds no EMA weights (only runs with --ema.decay keep them): export it "
+            "without --ema"
+        )
+    shapes = {name: tuple(tensor.shape) for name, tensor in ckpt.state_dict.items()}
+    if {name: tuple(tensor.shape) for name, tensor in state.items()} != shapes:
+        raise InputError(
+            f"{ckpt.source}: its EMA weights do not match its weights (names or shapes); the file is damaged "
+            "or was edited"
+        )
+    return MAECheckpoint(ckpt.source, ckpt.format, state, ckpt.config, ckpt.notes, ckpt.ignored, ckpt.data)

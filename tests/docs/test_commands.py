@@ -285,6 +285,8 @@ def problem_with(words: list[str]) -> str | None:
         return python_problem(args)
     if program == "pip":
         return pip_problem(args)
+    if program == "hf":
+        return hf_problem(args)
     if program in OTHER_TOOLS:
         return None
     return f"unknown command {program!r}: check it in tests/docs/test_commands.py or add it to OTHER_TOOLS"
@@ -414,6 +416,21 @@ def pip_problem(args: list[str]) -> str | None:
                 f"no extra {', '.join(missing)} in pyproject.toml "
                 f"(extras: {', '.join(sorted(project_extras()))})"
             )
+    return None
+
+
+def hf_problem(args: list[str]) -> str | None:
+    """``hf <command> ...`` (huggingface_hub's command, e.g. ``hf upload``): parsed by its own click parser,
+    nothing run (no network)."""
+    import click
+    from huggingface_hub.cli.hf import app
+
+    try:
+        context = app.make_context("hf", list(args))
+        name, command, rest = app.resolve_command(context, [*context.protected_args, *context.args])
+        command.make_context(name, rest, parent=context)
+    except click.ClickException as err:
+        return err.format_message().splitlines()[0]
     return None
 
 

@@ -1,0 +1,389 @@
+"""The ``README.md`` model card of an exported folder: YAML front matter (licence, library, tags, datasets,
+evaluation results as ``model-index``; written by ``huggingface_hub.ModelCard``) and a body, every fact
+read from the checkpoint and the run folder beside it, nothing typed by the user.
+
+What a card states, and where it comes from:
+
+- architecture: the checkpoint's record (``mae_architecture``), or what its tensors show;
+- recipe and config: the run's ``config.yaml`` (``runs/<name>/version_N/``, the folder above
+  ``checkpoints/``), else the checkpoint's hyperparameters;
+- epochs, optimizer steps and images seen: the checkpoint's loop state; images seen = optimizer steps
+  x batch size x devices x nodes x gradient accumulation (training loaders drop the last partial batch);
+- data: the data module and its settings (``config.yaml``), the normalisation (``mae_data``);
+- evaluation results: the last kNN / linear-probe / fine-tuning accuracies in the run's ``metrics.csv``,
+  with their protocol from ``config.yaml``;
+- licence: CC BY-NC 4.0 when the run started from the official MAE weights (``model.init_from``).
+"""
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mae.convert.safe_load import safe_torch_load
+from mae.convert.sources import MAECheckpoint
+
+# The marker a card ``mae export`` wrote carries (an HTML comment: not shown on the hub).
+CARD_MARK = "<!-- written by mae export"
+OFFICIAL_LICENSE = "cc-by-nc-4.0"
+CITATION = """@inproceedings{he2022masked,
+  title     = {Masked Autoencoders Are Scalable Vision Learners},
+  author    = {He, Kaiming and Chen, Xinlei and Xie, Saining and Li, Yanghao and Doll{\\'a}r, Piotr and
+               Girshick, Ross},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  pages     = {16000--16009},
+  year      = {2022}
+}"""
+# metrics.csv column -> (evaluation, config.yaml section of its protocol)
+_EVALUATIONS = {
+    "val/knn_acc1": ("kNN top-1", "knn"),
+    "val/knn_acc5": ("kNN top-5", "knn"),
+    "val/probe_acc1": ("linear probe top-1", "probe"),
+    "val/probe_acc5": ("linear probe top-5", "probe"),
+    "val/acc1": ("fine-tuning top-1", "finetune"),
+    "val/acc5": ("fine-tuning top-5", "finetune"),
+}
+# Names of the official MAE weight files and Hugging Face repositories (CC BY-NC 4.0).
+_OFFICIAL_NAMES = re.compile(
+    r"mae_(pretrain|visualize|finetuned)_vit_|facebook/vit-mae-|vit-mae-(base|large|huge)"
+)
+
+
+@dataclass
+class Evaluation:
+    """One accuracy the run folder holds: ``name`` ("kNN top-1"), ``value`` (%), the number of ``epochs``
+    trained when it was measured, and its ``protocol`` in words."""
+
+    name: str
+    value: float
+    epochs: int
+    protocol: str
+
+
+@dataclass
+class RunFacts:
+    """What a card states about the run that wrote a checkpoint (see the module doc for the sources)."""
+
+    checkpoint: str
+    format: str
+    config: dict[str, Any]
+    data: dict[str, Any] | None
+    hparams: dict[str, Any] = field(default_factory=dict)
+    run_folder: Path | None = None
+    run_config: dict[str, Any] | None = None
+    epochs: int | None = None
+    steps: int | None = None
+    images_seen: int | None = None
+    evaluations: list[Evaluation] = field(default_factory=list)
+
+    @property
+    def init_from(self) -> str | None:
+        return self.hparams.get("init_from") or (self.run_config or {}).get("model", {}).get("init_from")
+
+    @property
+    def from_official_weights(self) -> bool:
+        """Whether the run started from the official MAE weights (CC BY-NC 4.0)."""
+        source = self.init_from
+        if not source:
+            return False
+        init_format = self.hparams.get("init_format") or "auto"
+        return init_format == "official" or bool(_OFFICIAL_NAMES.search(str(source)))
+
+
+def read_run(ckpt: MAECheckpoint) -> RunFacts:
+    """The facts of the run that wrote ``ckpt``: its Lightning state and, when the checkpoint sits in
+    ``<run>/checkpoints/``, the run folder's ``config.yaml`` and ``metrics.csv``."""
+    facts = RunFacts(ckpt.source, ckpt.format, dict(ckpt.config), ckpt.data)
+    path = Path(ckpt.source)
+    if ckpt.format != "lightning" or not path.is_file():
+        return facts
+    obj = safe_torch_load(path)
+    facts.hparams = dict(obj.get("hyper_parameters") or {})
+    facts.steps = obj.get("global_step")
+    progress = obj.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+    facts.epochs = progress.get("processed", obj.get("epoch"))
+    if path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").is_file():
+        attach_run_folder(facts, path.parent.parent)
+    return facts
+
+
+def attach_run_folder(facts: RunFacts, folder: Path, shown_as: Path | None = None) -> RunFacts:
+    """``facts`` with the run folder ``folder``'s ``config.yaml`` and ``metrics.csv`` read in (the card
+    names the folder ``shown_as``, where a recorded copy stands in for the run folder)."""
+    facts.run_folder = shown_as or folder
+    facts.run_config = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+    facts.images_seen = _images_seen(facts.steps, facts.run_config)
+    facts.evaluations = _evaluations(folder / "metrics.csv", facts.run_config)
+    return facts
+
+
+def _images_seen(steps: int | None, run_config: dict[str, Any]) -> int | None:
+    trainer = run_config.get("trainer") or {}
+    batch = ((run_config.get("data") or {}).get("init_args") or {}).get("batch_size")
+    devices = trainer.get("devices", 1)
+    devices = len(devices) if isinstance(devices, list) else devices
+    numbers = (steps, batch, devices, trainer.get("num_nodes", 1), trainer.get("accumulate_grad_batches", 1))
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+        return None  # "auto" devices, a batch size set elsewhere: not stated rather than guessed
+    product = 1
+    for n in numbers:
+        product *= n
+    return product
+
+
+def _evaluations(metrics: Path, run_config: dict[str, Any]) -> list[Evaluation]:
+    """The last value of each evaluation column of ``metrics``, with its protocol."""
+    if not metrics.is_file():
+        return []
+    with open(metrics, newline="") as f:
+        rows = list(csv.DictReader(f))
+    found = []
+    for column, (name, section) in _EVALUATIONS.items():
+        measured = [row for row in rows if row.get(column)]
+        if measured:
+            last = measured[-1]
+            value = float(last[column])
+            epochs = int(last["epoch"]) + 1  # metrics.csv counts epochs from 0
+            found.append(Evaluation(name, value, epochs, _protocol(section, run_config)))
+    return found
+
+
+def _protocol(section: str, run_config: dict[str, Any]) -> str:
+    settings = run_config.get(section) or {}
+    data = _data_name(run_config)
+    if section == "knn":
+        return (
+            f"weighted kNN (k={settings.get('k')}, temperature {settings.get('temperature')}) on the cls "
+            f"token of the frozen encoder: training split of {data} as the memory bank (at most "
+            f"{settings.get('max_train')} images), its validation split as queries"
+        )
+    if section == "probe":
+        return (
+            f"linear probe ({settings.get('pool')} pooling) on the frozen encoder's features, at most "
+            f"{settings.get('max_epochs')} epochs, early stopping after {settings.get('patience')}; trained "
+            f"on the training split of {data}, measured on its validation split"
+        )
+    return f"the whole network fine-tuned on the training split of {data}, measured on its validation split"
+
+
+def _data_name(run_config: dict[str, Any] | None) -> str:
+    data = (run_config or {}).get("data") or {}
+    name = str(data.get("class_path", "the training data")).rpartition(".")[2]
+    root = (data.get("init_args") or {}).get("root")
+    return f"{name} ({root})" if root else name
+
+
+def card_license(facts: RunFacts) -> str:
+    """The card's licence id: CC BY-NC 4.0 for weights initialised from the official MAE weights, else
+    ``other`` (a run of the user's own: the licence is the owner's to state; the card says so)."""
+    return OFFICIAL_LICENSE if facts.from_official_weights else "other"
+
+
+def model_card(facts: RunFacts, target: str, folder_name: str, has_decoder: bool) -> str:
+    """The card's text for an export of ``facts``' checkpoint to ``target`` ("timm" or "huggingface")
+    in a folder named ``folder_name``; ``has_decoder``: the folder holds the decoder too."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    data_name = _data_name(facts.run_config) if facts.run_config else "unknown"
+    library = "timm" if target == "timm" else "transformers"
+    results = [
+        EvalResult(
+            task_type="image-classification",
+            dataset_type=data_name,
+            dataset_name=data_name,
+            dataset_split="validation",
+            metric_type="accuracy",
+            metric_name=e.name,
+            metric_value=round(e.value, 2),
+        )
+        for e in facts.evaluations
+    ]
+    card_data = ModelCardData(
+        license=card_license(facts),
+        library_name=library,
+        tags=["image-feature-extraction", "masked-autoencoder", "mae", "vision-transformer", library],
+        pipeline_tag="image-feature-extraction",
+        datasets=[data_name] if facts.run_config else None,
+        model_name=folder_name if results else None,
+        eval_results=results or None,
+    )
+    body = _body(facts, target, folder_name, has_decoder, data_name)
+    return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}"))
+
+
+def _body(facts: RunFacts, target: str, folder_name: str, has_decoder: bool, data_name: str) -> str:
+    c = facts.config
+    size = c["img_size"] if isinstance(c["img_size"], int) else "x".join(str(s) for s in c["img_size"])
+    what = "encoder and decoder (ViTMAEForPreTraining)" if has_decoder else "encoder"
+    lines = [
+        f"# {folder_name}",
+        "",
+        f"{CARD_MARK} from {facts.checkpoint} ({facts.format}) -->",
+        "",
+        f"A Vision Transformer {what} pretrained as a Masked Autoencoder (He et al., 2021) with the "
+        f"`mae` package, exported for {'timm' if target == 'timm' else 'Hugging Face transformers'}.",
+        "",
+        "## Architecture",
+        "",
+        "| input | patch | channels | width | depth | heads | MLP ratio | LayerNorm eps |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {size} | {c['patch_size']} | {c['in_chans']} | {c['embed_dim']} | {c['depth']} "
+        f"| {c['num_heads']} | {c['mlp_ratio']:g} | {c['layer_norm_eps']:g} |",
+        "",
+    ]
+    if has_decoder:
+        lines += [
+            f"Decoder: width {c['decoder_embed_dim']}, depth {c['decoder_depth']}, "
+            f"{c['decoder_num_heads']} heads; loss on {'normalised' if c.get('norm_pix_loss') else 'raw'} "
+            "pixels of the masked patches.",
+            "",
+        ]
+    lines += _recipe(facts)
+    lines += _data(facts, data_name)
+    lines += _results(facts)
+    lines += _loading(facts, target, folder_name, has_decoder)
+    lines += _licence(facts)
+    lines += ["## Citation", "", "```bibtex", CITATION, "```", ""]
+    return "\n".join(lines)
+
+
+def _recipe(facts: RunFacts) -> list[str]:
+    lines = ["## Training", ""]
+    h = facts.hparams
+    if h:
+        lines.append(
+            f"MAE pretraining: mask ratio {h.get('mask_ratio')} ({h.get('mask_strategy')} masking), "
+            f"norm_pix_loss {h.get('norm_pix_loss')}, recipe model `{h.get('model')}`."
+        )
+    counted = []
+    if facts.epochs is not None:
+        counted.append(f"{facts.epochs} epochs")
+    if facts.steps is not None:
+        counted.append(f"{facts.steps:,} optimizer steps")
+    if facts.images_seen is not None:
+        counted.append(
+            f"{facts.images_seen:,} images seen (optimizer steps x batch size x devices x nodes x "
+            "gradient accumulation)"
+        )
+    if counted:
+        lines.append("Trained for " + ", ".join(counted) + ".")
+    if facts.run_config:
+        shown = {
+            k: facts.run_config[k] for k in ("seed_everything", "model", "data") if k in facts.run_config
+        }
+        trainer = facts.run_config.get("trainer") or {}
+        keys = ("max_epochs", "max_steps", "precision", "devices", "num_nodes", "accumulate_grad_batches")
+        shown["trainer"] = {k: trainer[k] for k in keys if k in trainer}
+        config = yaml.safe_dump(shown, sort_keys=False).rstrip()
+        lines += ["", f"The run's configuration (`{facts.run_folder}/config.yaml`, in part):", "", "```yaml"]
+        lines += [config, "```"]
+    elif not h:
+        lines.append(f"The checkpoint ({facts.format}) records no training run; only its weights are known.")
+    return lines + [""]
+
+
+def _data(facts: RunFacts, data_name: str) -> list[str]:
+    lines = ["## Data", ""]
+    if facts.run_config:
+        lines.append(f"Pretrained on {data_name}.")
+    if facts.data:
+        d = facts.data
+        lines.append(
+            f"Inputs: {d['in_chans']} channels, {'x'.join(str(s) for s in d['img_size'])} pixels, values "
+            f"scaled to [0, 1] (8-bit / 255, 16-bit / 65535), then normalised per channel with mean "
+            f"{_numbers(d['mean'])} and std {_numbers(d['std'])}."
+        )
+    else:
+        lines.append("The checkpoint records no normalisation; ImageNet's mean and std are assumed.")
+    return lines + [""]
+
+
+def _numbers(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.6g}" for v in values) + "]"
+
+
+def _results(facts: RunFacts) -> list[str]:
+    lines = ["## Evaluation", ""]
+    if not facts.evaluations:
+        where = facts.run_folder or "beside the checkpoint"
+        return lines + [
+            f"No kNN, linear-probe or fine-tuning result was found in the run folder ({where}).",
+            "",
+        ]
+    lines += ["| evaluation | accuracy (%) | after epochs | protocol |", "|---|---|---|---|"]
+    for e in facts.evaluations:
+        lines.append(f"| {e.name} | {e.value:.2f} | {e.epochs} | {e.protocol} |")
+    lines += ["", f"The last of each in `{facts.run_folder}/metrics.csv`, measured while the run trained"]
+    if facts.epochs is not None:
+        lines[-1] += f"; this checkpoint holds the weights after {facts.epochs} epochs"
+    return lines + [lines.pop() + ".", ""]
+
+
+def _loading(facts: RunFacts, target: str, folder_name: str, has_decoder: bool) -> list[str]:
+    lines = ["## Use", ""]
+    if target == "timm":
+        lines += [
+            "```python",
+            "import timm",
+            "",
+            f'model = timm.create_model("local-dir:{folder_name}", pretrained=True)  # or hf-hub:USER/REPO',
+            "config = timm.data.resolve_data_config({}, model=model)",
+            "transform = timm.data.create_transform(**config)  # resize, centre crop, normalise as trained",
+            "tokens = model.forward_features(transform(image).unsqueeze(0))  # (1, 1 + patches, width)",
+            "```",
+        ]
+    else:
+        cls = "ViTMAEForPreTraining" if has_decoder else "ViTMAEModel"
+        lines += [
+            "```python",
+            "import torch",
+            f"from transformers import ViTImageProcessor, ViTMAEModel{', ' + cls if has_decoder else ''}",
+            "",
+            f'processor = ViTImageProcessor.from_pretrained("{folder_name}")  # or "<user>/<repo>"',
+            "# every patch, in raster order: no masking, and noise that keeps the order",
+            f'encoder = ViTMAEModel.from_pretrained("{folder_name}", mask_ratio=0.0)',
+            'pixels = processor(images=image, return_tensors="pt")["pixel_values"]',
+            "patches = encoder.embeddings.patch_embeddings.num_patches",
+            "noise = torch.arange(patches, dtype=torch.float).expand(len(pixels), patches)",
+            "tokens = encoder(pixel_values=pixels, noise=noise).last_hidden_state  # (N, 1 + patches, width)",
+        ]
+        if has_decoder:
+            lines.append(f'mae = {cls}.from_pretrained("{folder_name}")  # reconstruction loss, logits, mask')
+        lines += ["```"]
+    lines += [
+        "",
+        "With the `mae` package (features, fine-tuning):",
+        "",
+        "```python",
+        "import mae",
+        "",
+        f'backbone = mae.load_backbone("{folder_name}")  # a timm VisionTransformer',
+        "```",
+        "",
+        f"`mae finetune --model.checkpoint {folder_name} ...` fine-tunes it.",
+        "",
+    ]
+    return lines
+
+
+def _licence(facts: RunFacts) -> list[str]:
+    lines = ["## Licence", ""]
+    if facts.from_official_weights:
+        lines.append(
+            f"This run started from the official MAE weights ({facts.init_from}), released by Meta under "
+            "CC BY-NC 4.0 (non-commercial use only); these weights derive from them and carry that licence."
+        )
+    elif facts.init_from:
+        lines.append(
+            f"This run started from {facts.init_from}; its licence applies to these weights as well. "
+            "Licence: not recorded by the run: state it in `license:` above before sharing."
+        )
+    else:
+        lines.append(
+            "Trained from scratch by this run: the licence is the owner's choice, not recorded by the run; "
+            "state it in `license:` above before sharing."
+        )
+    return lines + [""]
