@@ -5,7 +5,10 @@
 # train_shards (300 steps of mae pretrain from litdata shards, data.decode_on: gpu), decoders (every decoder
 # switch, 50 steps each), fsdp (save / load / resume under trainer.strategy: fsdp), detect (mae detect with
 # the COCO ViTDet recipe's model, bf16, 30 steps), onnx (a GPU-trained encoder exported and checked with
-# onnxruntime), sigterm (SIGTERM mid-step of mae pretrain, then --ckpt_path last).
+# onnxruntime), sigterm (SIGTERM mid-step of mae pretrain, then --ckpt_path last), checkpointing (ViT-L/16 bf16
+# pretraining step, peak memory and step time without and with model.grad_checkpointing), fp16 (mae pretrain
+# with trainer.precision 16-mixed, fused AdamW and checkpointing, one step skipped by the loss scaler), ema
+# (mae finetune --ema.decay, bf16: val/acc1_ema and the saved average; the EMA update's cost per step).
 #
 #     bash benchmarks/gpu_smoke.sh                          # on the GPU machine (OUT is relative to the current folder)
 #     bash benchmarks/gpu_smoke.sh --dry-run                # every part on the CPU with tiny sizes (~2 minutes)
@@ -35,7 +38,7 @@ while (($#)); do
     esac
     shift
 done
-ALL_PARTS="throughput train_shards decoders fsdp detect onnx sigterm"
+ALL_PARTS="throughput train_shards decoders fsdp detect onnx sigterm checkpointing fp16 ema"
 for part in $PARTS; do
     [[ " $ALL_PARTS " == *" $part "* ]] || { echo "gpu_smoke.sh: unknown part $part (parts: $ALL_PARTS)" >&2; exit 2; }
 done

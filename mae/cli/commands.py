@@ -95,6 +95,7 @@ COMMANDS = (
         main="recipes_main",
         parser="recipes_parser",
     ),
+    Command("replay", "mae.cli.replay", "replay a training step kept when it went non-finite", ABOUT),
     Command(
         "env",
         "mae.cli.about",

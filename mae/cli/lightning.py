@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from jsonargparse.typing import PositiveInt
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -21,10 +22,13 @@ from mae.data import ImageDataModule
 from mae.dense.tasks.figures import PredictionFigures
 from mae.errors import ConfigError, UserError
 from mae.training.callbacks import (
+    EMA,
     ImageThroughputMonitor,
     KNNCallback,
+    NonFiniteCapture,
     ProbeCallback,
     ReconstructionCallback,
+    RunHealth,
     harden_trainer,
 )
 from mae.training.callbacks.last_checkpoint import LastStateCheckpoint
@@ -89,6 +93,8 @@ class _MAECLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(ImageThroughputMonitor, "throughput")
+        parser.add_lightning_class_args(RunHealth, "health")  # grad norm, update ratio, loss scale
+        parser.add_lightning_class_args(NonFiniteCapture, "nonfinite")  # a replayable non-finite step
         parser.add_subclass_arguments(
             Logger,
             "tracker",
@@ -117,6 +123,25 @@ class PretrainCLI(_MAECLI):
         parser.add_lightning_class_args(KNNCallback, "knn")
         parser.set_defaults({"knn.every_n_epochs": 0})
         parser.add_lightning_class_args(ProbeCallback, "probe")
+        add_batch_size_search(parser)
+
+
+def add_batch_size_search(parser: LightningArgumentParser) -> None:
+    """``--find_batch_size`` (``mae.cli.batch_size``): only search the largest batch that fits."""
+    parser.add_argument(
+        "--find_batch_size",
+        type=bool,
+        default=False,
+        help="Only find the largest data.batch_size per device that fits (from the configured one, "
+        "doubling) and print it with its lr by the paper's rule; trains a few steps per try, writes nothing",
+    )
+    parser.add_argument(
+        "--find_batch_size_max_trials",
+        type=PositiveInt,
+        default=25,
+        help="At most this many batch sizes tried by --find_batch_size (on CPU, where nothing runs out of "
+        "memory, the search stops only here or at the training split's size)",
+    )
 
 
 class FinetuneCLI(_MAECLI):
@@ -146,6 +171,7 @@ class FinetuneCLI(_MAECLI):
             default=False,
             help="Only evaluate (top-1/top-5 on the validation split), e.g. a fine-tuned --ckpt_path",
         )
+        parser.add_lightning_class_args(EMA, "ema")  # weight EMA: --ema.decay 0.9999 (off by default)
 
 
 class DenseCLI(_MAECLI):

@@ -25,6 +25,14 @@
   2.6 rewrites ``last.ckpt`` only at a step where a top-k checkpoint was saved (a monitored metric that
   improved), and no setting makes ``last.ckpt`` the run's latest state; ``refresh_last_checkpoint``
   writes it as Lightning's own ``save_last`` does.
+- ``lightning.fabric.utilities.seed._collect_rng_states`` / ``_set_rng_states``: every random state a step
+  draws from (torch CPU and CUDA, numpy, Python), as Lightning's own checkpoints save them
+  (``rng_states``, ``restore_rng_states``); a captured non-finite step is replayed from them.
+- ``trainer._logger_connector.should_update_logs``: whether this step's metrics are written
+  (``log_every_n_steps``); the run-health metrics are computed on those steps only (``is_logging_step``).
+- ``Trainer._default_root_dir``: the folder Lightning's tuner writes its temporary checkpoint into, set
+  to a scratch folder by ``mae pretrain --find_batch_size`` (``set_scratch_root``); no setting after
+  construction.
 - ``MLFlowLogger._initialized`` and ``WandbLogger._experiment``: whether the logger has started its
   run; the public ``experiment`` (and what reads it: ``run_id``) starts one when asked.
 """
@@ -35,6 +43,7 @@ from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
@@ -165,3 +174,24 @@ def refresh_last_checkpoint(callback: ModelCheckpoint, trainer: pl.Trainer) -> N
     this step)."""
     if callback.save_last and not callback._should_skip_saving_checkpoint(trainer):
         callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def rng_states(include_cuda: bool) -> dict[str, Any]:
+    """Every random state a training step draws from: torch CPU, CUDA when ``include_cuda``, numpy, Python."""
+    return _collect_rng_states(include_cuda=include_cuda)
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    """Set the random states ``rng_states`` returned."""
+    _set_rng_states(states)
+
+
+def is_logging_step(trainer: pl.Trainer) -> bool:
+    """Whether the metrics of the running training step are written (``log_every_n_steps``)."""
+    return trainer._logger_connector.should_update_logs
+
+
+def set_scratch_root(trainer: pl.Trainer, folder: str) -> None:
+    """Make ``folder`` the trainer's ``default_root_dir`` (where Lightning's tuner writes its temporary
+    checkpoint)."""
+    trainer._default_root_dir = folder

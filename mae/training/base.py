@@ -4,6 +4,7 @@ and the checkpoint's architecture record."""
 
 import inspect
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,20 +13,29 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from torch import nn
 
 from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, data_record
+from mae.errors import ConfigError
 from mae.training.optim import resolve_schedule, stepwise_schedule
 from mae.training.runtime import TrainingSettings, set_attention_kernel, settings_for_trainer
 from mae.training.settings import KernelChoices, OptimSettings, plain
 
 
 def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
-    """Stop the run before a non-finite loss reaches the weights (or any checkpoint).
+    """Stop the run before a non-finite loss reaches the weights (or any checkpoint); with a
+    ``NonFiniteCapture`` callback (on in the ``mae`` commands), keep the step in the run folder first.
 
     Raises:
-        FloatingPointError: naming the step, the epoch and the last checkpoint left intact.
+        NonFiniteError: (``mae.training.callbacks.nonfinite``, with the capture) naming the step, the first
+            module whose output is non-finite, the capture folder and the command that replays it.
+        FloatingPointError: (without it) naming the step, the epoch and the last checkpoint left intact.
     """
     if torch.isfinite(loss).item():
         return
+    from mae.training.callbacks.nonfinite import NonFiniteCapture  # the callbacks import this module
+
     trainer = module.trainer
+    capture = next((c for c in trainer.callbacks if isinstance(c, NonFiniteCapture) and c.enabled), None)
+    if capture is not None:
+        raise capture.capture(trainer, module, loss)
     callback = trainer.checkpoint_callback
     last = getattr(callback, "last_model_path", "") or "none written yet"
     raise FloatingPointError(
@@ -46,6 +56,9 @@ class MAETrainingModule(pl.LightningModule, ABC):
     """
 
     network_attribute: str
+    # True while ``mae.training.callbacks.nonfinite.replay_step`` re-runs a captured training step: its loss
+    # is then neither checked nor logged.
+    replaying: bool = False
 
     def __init__(self, optim: OptimSettings, kernels: KernelChoices) -> None:
         super().__init__()
@@ -86,8 +99,26 @@ class MAETrainingModule(pl.LightningModule, ABC):
 
     def resolve_settings(self, steps: float | None = None) -> TrainingSettings:
         """The run's kernel choices: the measured defaults for the device, precision and run length
-        (``steps`` optimizer steps), with this module's overrides."""
-        return self.kernels.resolve(settings_for_trainer(self.trainer, steps))
+        (``steps`` optimizer steps), with this module's overrides. Under fp16 with gradient clipping the
+        AdamW is not fused: a fused AdamW unscales the gradients inside its step, after Lightning would
+        clip them (Lightning refuses the pair).
+
+        Raises:
+            ConfigError: ``kernels.fused_adamw: true`` with ``trainer.gradient_clip_val`` under fp16.
+        """
+        settings = self.kernels.resolve(settings_for_trainer(self.trainer, steps))
+        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
+        if settings.fused_adamw and scaled and self.trainer.gradient_clip_val:
+            if self.kernels.fused_adamw is True:
+                clip, precision = self.trainer.gradient_clip_val, self.trainer.precision
+                raise ConfigError(
+                    "model.kernels.fused_adamw: true cannot clip gradients (trainer.gradient_clip_val: "
+                    f"{clip}) under trainer.precision {precision}: the fused AdamW unscales the gradients "
+                    "inside its step; set model.kernels.fused_adamw: auto (the plain AdamW then) or drop "
+                    "the clipping"
+                )
+            settings = replace(settings, fused_adamw=False)
+        return settings
 
     def setup(self, stage: str) -> None:
         self.settings = self.resolve_settings(
@@ -122,6 +153,8 @@ class MAETrainingModule(pl.LightningModule, ABC):
 
     def log_training_loss(self, loss: torch.Tensor, batch_size: int) -> None:
         """Stop on a non-finite loss (before the update), else log ``train/loss`` per step and epoch."""
+        if self.replaying:
+            return
         check_finite_loss(loss, self)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=batch_size)
 

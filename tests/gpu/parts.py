@@ -9,7 +9,18 @@ the script's deadline to start; the dry run on the CPU allows ``DRY_RUN_LIMIT_S`
 import os
 from pathlib import Path
 
-PARTS = ("throughput", "train_shards", "decoders", "fsdp", "detect", "onnx", "sigterm")
+PARTS = (
+    "throughput",
+    "train_shards",
+    "decoders",
+    "fsdp",
+    "detect",
+    "onnx",
+    "sigterm",
+    "checkpointing",
+    "fp16",
+    "ema",
+)
 # part: (time limit on the GPU, least time left before the deadline to start it), seconds
 LIMITS = {
     "throughput": (150, 60),
@@ -19,6 +30,9 @@ LIMITS = {
     "detect": (110, 45),
     "onnx": (80, 30),
     "sigterm": (100, 40),
+    "checkpointing": (60, 30),
+    "fp16": (90, 40),
+    "ema": (90, 40),
 }
 DRY_RUN_LIMIT_S, DRY_RUN_MIN_S = 240, 5
 
@@ -47,4 +61,7 @@ RESULT_KEYS = {
     "detect": {"steps", "first_loss", "last_loss", "val_map", "window_size", "global_blocks"},
     "onnx": {"trained_on", "export_check_vs_torch_cpu", "vs_encoder_on_device", "opset"},
     "sigterm": {"signalled_at_step", "exit_status", "saved_step", "resumed_from_step", "final_step"},
+    "checkpointing": {"rows", "activation_saved", "time_added"},
+    "fp16": {"steps", "skipped_step", "loss_scale_before", "loss_scale_after", "fused_adamw", "captured"},
+    "ema": {"steps", "ema_step", "val_acc1_ema", "ema_ratio"},
 }

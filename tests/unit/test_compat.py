@@ -410,3 +410,38 @@ def test_lightning__refresh_last_checkpoint_writes_last_as_save_last_does(tmp_pa
     assert seen["at_epoch_end"]
     # written at step 1; Lightning's own end-of-training save_last then sees a last.ckpt and leaves it
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 1
+
+
+def test_lightning__rng_states_restored_draw_the_same_numbers():
+    import random
+
+    import numpy as np
+
+    from mae.compat.lightning import restore_rng_states, rng_states
+
+    states = rng_states(include_cuda=False)
+    first = (torch.rand(3), np.random.rand(), random.random())
+    restore_rng_states(states)
+    again = (torch.rand(3), np.random.rand(), random.random())
+    assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
+
+
+def test_lightning__is_logging_step_follows_log_every_n_steps(tmp_path):
+    import lightning.pytorch as pl
+
+    from mae.compat.lightning import is_logging_step, set_scratch_root
+    from tests.helpers import RandomImages, make_trainer, pretrain_module
+
+    logged = []
+
+    class Record(pl.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            logged.append(is_logging_step(trainer))
+
+    trainer = make_trainer(
+        tmp_path, max_steps=4, limit_val_batches=0, log_every_n_steps=2, callbacks=[Record()]
+    )
+    set_scratch_root(trainer, str(tmp_path / "scratch"))
+    assert trainer.default_root_dir == str(tmp_path / "scratch")
+    trainer.fit(pretrain_module(optim={"warmup_epochs": 0}), datamodule=RandomImages(n=16, batch_size=4))
+    assert logged == [False, True, False, True]  # steps 1 and 3 (0-based) end the 2-step periods

@@ -1,0 +1,36 @@
+"""``mae replay <run>/nonfinite/step_<N>``: run again a training step that went non-finite, from what the run
+kept of it (``mae.training.callbacks.nonfinite``), and name the first module whose output is non-finite."""
+
+from pathlib import Path
+
+from jsonargparse import ArgumentParser, Namespace
+
+from mae.command import command_parser, parse_and_run
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser(
+        "mae replay",
+        "Replay a training step kept when its loss or a gradient went non-finite (the folder the error "
+        "named), with a forward hook on every module; prints the first module whose output is non-finite. "
+        "Runs on the device the step ran on when there is one, else on the CPU.",
+    )
+    parser.add_argument("folder", type=Path, help="the capture folder: <run>/nonfinite/step_<N>")
+    return parser
+
+
+def run(args: Namespace) -> str:
+    """Print and return what the replay found."""
+    from mae.training.callbacks.nonfinite import replay_capture
+
+    finding, record = replay_capture(args.folder)
+    line = (
+        f"{args.folder}: step {record.get('step')} (epoch {record.get('epoch')}), non-finite "
+        f"{record.get('reason', 'loss')}, replayed in {record['precision']}: {finding.describe()}"
+    )
+    print(line, flush=True)
+    return line
+
+
+def main(argv: list[str] | None = None) -> str:
+    return parse_and_run(build_parser(), run, argv)
