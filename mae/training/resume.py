@@ -8,6 +8,7 @@ when there is none yet); a checkpoint inside ``<save_dir>/<name>/version_N/`` co
 checkpointing in ``version_N`` (its ``metrics.csv`` kept and appended to) instead of a new version.
 """
 
+import contextlib
 import csv
 import re
 from pathlib import Path
@@ -58,11 +59,9 @@ def claim_run_folder(root: Path) -> tuple[int, list[Path]]:
     for _ in range(_CLAIM_TRIES):
         made = []
         for path in reversed(missing):
-            try:
+            with contextlib.suppress(FileExistsError):  # made by a run starting beside this one: shared
                 path.mkdir()
                 made.append(path)
-            except FileExistsError:
-                pass
         version = _next_version(root)
         while True:
             try:
