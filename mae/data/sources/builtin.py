@@ -1,6 +1,7 @@
 """Built-in and standard data: scikit-learn's handwritten digits (offline, the default job's) and
 CIFAR-10/100 from their standard python-pickle files."""
 
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -152,6 +153,48 @@ class CIFARDataModule(ImageDataModule):
                 f"folder that holds {folder}/ or set data.download=true where the network allows"
             )
         cls = CIFAR_CLASSES[self.dataset]
-        return cls(str(self.root), train=True, transform=train_tf), cls(
-            str(self.root), train=False, transform=eval_tf
-        )
+        try:
+            sets = (
+                cls(str(self.root), train=True, transform=train_tf),
+                cls(str(self.root), train=False, transform=eval_tf),
+            )
+            if any(len(s.data) != len(s.targets) for s in sets):  # torchvision does not check it
+                raise ValueError("as many labels as images")
+        except UNREADABLE as err:
+            why = _unreadable_cifar(self.root / folder, cls)
+            if why is None:
+                raise
+            raise InputError(why) from err
+        return sets
+
+
+# what unpickling a damaged file, and reading what it holds, raise
+UNREADABLE = (pickle.UnpicklingError, EOFError, KeyError, IndexError, ValueError, TypeError, AttributeError)
+
+
+def _unreadable_cifar(folder: Path, cls: type) -> str | None:
+    """Why the first of ``cls``'s files in ``folder`` is not what torchvision reads (a python pickle of a
+    dict with ``data``: uint8 rows of 3072 values, one per label; ``batches.meta`` / ``meta``: the class
+    names), as the message to raise; None when every file reads."""
+    label_key = "labels" if cls.base_folder == "cifar-10-batches-py" else "fine_labels"
+    for name, _ in cls.train_list + cls.test_list + [[cls.meta["filename"], None]]:
+        try:
+            with open(folder / name, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            if name == cls.meta["filename"]:
+                if cls.meta["key"] not in entry:
+                    raise KeyError(cls.meta["key"])
+                continue
+            rows = np.asarray(entry["data"])
+            if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != 3072:
+                raise ValueError(f"data is {rows.dtype} of shape {rows.shape}, not uint8 rows of 3072 values")
+            labels = entry["labels" if "labels" in entry else label_key]  # torchvision's choice
+            if len(labels) != len(rows):
+                raise ValueError(f"{len(labels)} labels for {len(rows)} images")
+        except (*UNREADABLE, OSError) as err:
+            why = f"no {err} entry" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+            return (
+                f"{folder / name} is not a readable CIFAR python-pickle file ({why}); replace it with the "
+                f"file of that name from the official {cls.filename}, or point data.root at a complete copy"
+            )
+    return None
