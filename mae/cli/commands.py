@@ -80,6 +80,7 @@ COMMANDS = (
         "embed", "mae.cli.embed", "embed images with an encoder into an index (Parquet, or .npy + CSV)", USE
     ),
     Command("search", "mae.cli.search", "the nearest images of an index to query images, as a figure", USE),
+    Command("map", "mae.cli.map", "a 2-D t-SNE map of an index, coloured by label, as a figure", USE),
     Command("reconstruct", "mae.cli.reconstruct", "mask and reconstruct your images: a figure", USE),
     Command("anomaly", "mae.cli.anomaly", "anomaly scores and heat maps from the reconstruction error", USE),
     Command("demo", "mae.cli.demo", "a local page that reconstructs your images (needs the demo extra)", USE),

@@ -1,12 +1,15 @@
 """``mae embed --checkpoint CKPT ROOT_OR_FILES... --out FILE``: an embedding of every image."""
 
 import sys
+from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.apps.embeddings.embed_run import PartsFolder, embed_images, listed_images
 from mae.apps.embeddings.embedder import load_embedder
 from mae.apps.embeddings.embedding_index import IndexMeta, index_outputs
+from mae.apps.embeddings.embedding_map import MIN_POINTS, check_map_path, is_map, require_plotting
+from mae.cli.map import draw_map
 from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_int
 from mae.convert.sources import FORMATS
@@ -14,7 +17,7 @@ from mae.data import DEFAULT_MAX_PIXELS
 from mae.errors import UsageError
 from mae.eval.features import POOLS
 from mae.inference.normalization import Normalization
-from mae.io.outputs import check_outputs
+from mae.io.outputs import Output, check_outputs
 
 COMMAND = "mae.embed"
 
@@ -64,6 +67,12 @@ def build_parser() -> ArgumentParser:
         default=DEFAULT_MAX_PIXELS,
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--map",
+        type=Path,
+        default=None,
+        help="also draw the index's 2-D t-SNE map to this PNG, as mae map INDEX --out MAP draws it",
+    )
     return parser
 
 
@@ -84,8 +93,14 @@ def run(args: Namespace) -> IndexMeta:
             raise UsageError(f"{flag} must be at least {low}, got {value}")
     if (args.mean is None) != (args.std is None):
         raise UsageError("give --mean and --std together")
-    check_outputs(COMMAND, [*index_outputs(args.out), PartsFolder(args.out).output()], args.images)
+    maps = []
+    if args.map is not None:
+        maps = [Output(check_map_path(args.map, "--map"), "--map", ours=is_map)]
+        require_plotting()
+    check_outputs(COMMAND, [*index_outputs(args.out), PartsFolder(args.out).output(), *maps], args.images)
     items = listed_images(args.images)  # before loading the model: a mistyped folder fails at once
+    if args.map is not None and len(items) < MIN_POINTS:
+        raise UsageError(f"--map needs at least {MIN_POINTS} images to map, got {len(items)}")
     norm = None
     if args.mean is not None:
         if len(args.mean) != len(args.std):
@@ -116,6 +131,8 @@ def run(args: Namespace) -> IndexMeta:
         f"wrote {args.out}: {meta.count} vectors of length {meta.dim} ({meta.pool} pooling, input "
         f"{meta.img_size[1]}x{meta.img_size[0]}){skipped}"
     )
+    if args.map is not None:
+        draw_map(args.out, args.map, COMMAND)
     return meta
 
 

@@ -468,3 +468,22 @@ def test_embed__a_file_name_that_is_not_utf8_is_kept_with_escapes(checkpoint, tm
             (str(tmp_path / "root" / "cl\\xe4ss" / "caf\\xe9.png"), "cl\\xe4ss"),
             (str(tmp_path / "root" / "cl\\xe4ss" / "plain.png"), "cl\\xe4ss"),
         ]
+
+
+@pytest.mark.slow  # an index embedded and mapped
+def test_embed__map_of_the_index_it_wrote_checked_before_embedding(checkpoint, folder, tmp_path):
+    from mae.apps.embeddings.embedding_map import map_record
+
+    out, figure = tmp_path / "index.npy", tmp_path / "map.png"
+    args = ["--checkpoint", str(checkpoint), str(folder), "--out", str(out), "--workers", "0"]
+    figure.write_bytes(b"someone else's picture")
+    refused = run_mae("embed", *args, "--map", str(figure), check=False)
+    assert refused.returncode == 2 and f"error: --map {figure} holds a file that no run of mae embed" in (
+        refused.stderr
+    )
+    assert not out.exists() and figure.read_bytes() == b"someone else's picture"  # refused before embedding
+    figure.unlink()
+    result = run_mae("embed", *args, "--map", str(figure), timeout=120)
+    assert f"wrote {figure}: t-SNE of all 5 cls-pooled vectors" in result.stdout
+    record = map_record(figure)
+    assert record["panels"][0]["index"] == str(out) and record["colours"] == {"a": "#1f77b4", "b": "#ff7f0e"}

@@ -98,7 +98,7 @@ def test_one_spelling__every_command_spells_every_shared_option_the_same(command
     assert {n: len(c) for n, c in users.items()} == {
         "checkpoint": 8,
         "checkpoint_format": 8,
-        "out": 6,
+        "out": 7,
         "img_size": 4,
         "batch_size": 2,
         "workers": 2,
