@@ -1,48 +1,55 @@
 """``mae anomaly --checkpoint C --normal ROOT --test ROOT --out DIR``: anomaly scores and heat maps
 from an MAE's reconstruction error, and AUROC / AUPRO when the test folder is labelled (MVTec AD layout).
 ``--method pixel-knn`` scores the same way by the difference to the nearest normal image instead (the
-baseline, no checkpoint), with the same outputs, so any folder can be compared with it."""
+baseline, no checkpoint), with the same outputs, so any folder can be compared with it. ``--method features``
+scores each patch token's distance to a memory bank of the normal images' (PatchCore). ``--save-scorer`` /
+``--scorer`` keep any method's fitted scorer and apply it later without ``--normal``.
 
-import csv
-import io
+This module holds the command line: the flags, the run's order and what it prints. The flags' checks are
+``mae.cli.anomaly_checks``, the methods ``mae.apps.anomaly.methods``, the decision's data
+``mae.apps.anomaly.decision``, the files ``mae.apps.anomaly.outputs``."""
+
 import json
 from argparse import Namespace
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from jsonargparse import ArgumentParser
 
-from mae.apps.anomaly.baseline import knn_errors
-from mae.apps.anomaly.evaluation import (
-    AnomalyResult,
-    file_errors,
-    load_images,
-    mae_errors,
-    relative_name,
-    score_test_set,
+from mae.apps.anomaly.decision import (
+    DEFAULT_HOLDOUT,
+    MIN_HOLDOUT,
+    choose_decision,
+    split_normal,
+    validation_set,
 )
-from mae.apps.anomaly.figures import color_range, heat_map_figure
-from mae.apps.anomaly.layout import GOOD, TestSet, normal_images, read_test_set
-from mae.apps.anomaly.masks import complementary_masks
-from mae.apps.anomaly.scoring import NormalStatistics
+from mae.apps.anomaly.evaluation import AnomalyResult
+from mae.apps.anomaly.features import DEFAULT_FRACTION, DEFAULT_NEIGHBOURHOOD, MAX_BLOCKS
+from mae.apps.anomaly.layout import GOOD, read_test_set
+from mae.apps.anomaly.methods import (
+    FEATURES,
+    KNN_PATCH_SIZE,
+    MAE,
+    PIXEL_KNN,
+    Method,
+    Reading,
+    features_method,
+    mae_method,
+    pixel_knn_method,
+)
+from mae.apps.anomaly.outputs import scores_csv, write_figures
+from mae.apps.anomaly.saved_scorer import SavedScorer, save_scorer, scorer_output
+from mae.apps.anomaly.threshold import DEFAULT_QUANTILE, Decision, decision_metrics
+from mae.cli.anomaly_checks import DEFAULTS, FIXED, check_args, resolve_method
 from mae.command import command_parser, parse_and_run
 from mae.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
-from mae.errors import ConfigError, UsageError
-from mae.inference.images import display_range
-from mae.inference.normalization import Normalization
-from mae.inference.reconstruction import load_reconstructor
 from mae.io.atomic import atomic_write
 from mae.io.outputs import Output, check_outputs, claim_folder
 
 COMMAND = "mae.anomaly"
 FIGURES = ("all", "overview", "none")
-MAE, PIXEL_KNN = "mae", "pixel-knn"
-KNN_PATCH_SIZE = 16  # pixel-knn's default patch: a ViT-B/16's
-OVERVIEW_PER_KIND = 4  # images of each class folder in overview.png
 
 
 def build_parser() -> ArgumentParser:
@@ -56,10 +63,12 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--method",
-        choices=(MAE, PIXEL_KNN),
-        default=MAE,
-        help="mae: the MAE's reconstruction error; pixel-knn: the squared difference to the nearest "
-        "--normal image, per patch (no model; needs --img-size)",
+        choices=(MAE, PIXEL_KNN, FEATURES),
+        default=None,
+        help="mae (the default): the MAE's reconstruction error; pixel-knn: the squared difference to the "
+        "nearest --normal image, per patch (no model; needs --img-size); features: each patch token's "
+        "distance to the nearest of a memory bank of the --normal images' (PatchCore; any encoder "
+        "checkpoint); with --scorer: the scorer's",
     )
     add_option(
         parser,
@@ -91,15 +100,30 @@ def build_parser() -> ArgumentParser:
     )
     add_option(parser, "out", "output folder", required=True)
     parser.add_argument(
-        "--mask-ratio", type=argparse_float, default=0.75, help="fraction hidden by each mask"
+        "--mask-ratio",
+        type=argparse_float,
+        default=None,
+        help=f"fraction hidden by each mask (default {DEFAULTS['mask_ratio']})",
     )
     parser.add_argument(
-        "--repeats", type=argparse_int, default=1, help="sets of complementary masks averaged"
+        "--repeats",
+        type=argparse_int,
+        default=None,
+        help=f"sets of complementary masks averaged (default {DEFAULTS['repeats']})",
     )
     parser.add_argument(
-        "--top-k", type=argparse_int, default=4, help="image score: mean of the k highest patches"
+        "--top-k",
+        type=argparse_int,
+        default=None,
+        help="image score: mean of the k highest patches (default 4; features: 1, the highest, as PatchCore)",
     )
-    parser.add_argument("--seed", type=argparse_int, default=0, help="seed of the masks")
+    parser.add_argument(
+        "--seed",
+        type=argparse_int,
+        default=None,
+        help=f"draws everything random (default {DEFAULTS['seed']}; with --scorer, the scorer's): mae's "
+        "masks, the --holdout images and, for features, the coreset's random projection and its first pick",
+    )
     parser.add_argument(
         "--raw-errors",
         action="store_true",
@@ -128,35 +152,101 @@ def build_parser() -> ArgumentParser:
         "larger images are refused as decompression bombs",
         default=DEFAULT_MAX_PIXELS,
     )
+    _add_decision_arguments(parser)
+    _add_feature_arguments(parser)
     return parser
 
 
-@dataclass
-class Method:
-    """How the test images are scored: ``errors`` (N, C, H, W) -> (N, L) per-patch errors of images read at
-    ``size`` with ``norm``; the (H/p, W/p) ``grid_size``; ``normal``: the statistics that standardise them
-    (None: raw errors); ``settings``: what metrics.json records of it."""
+def _add_decision_arguments(parser: ArgumentParser) -> None:
+    """The flags of the decision (``mae.apps.anomaly.decision``): where its thresholds come from."""
+    parser.add_argument(
+        "--holdout",
+        type=argparse_float,
+        default=DEFAULT_HOLDOUT,
+        help=f"fraction of the --normal images held out from fitting (at least {MIN_HOLDOUT}, chosen by "
+        "--seed) and scored like test images: their --threshold-quantile is the threshold; 0: none held "
+        "out (no decision without --validation)",
+    )
+    parser.add_argument(
+        "--threshold-quantile",
+        type=argparse_float,
+        default=DEFAULT_QUANTILE,
+        help="the quantile of the held-out normal images' scores (and of their heat maps' pixels) taken "
+        "as the image (pixel) threshold: 1 = their maximum",
+    )
+    parser.add_argument(
+        "--validation",
+        type=Path,
+        default=None,
+        help="a labelled validation folder in the --test layout (good/ and a folder per defect; masks "
+        "from <validation>/../ground_truth if there): the thresholds that maximise F1 on it; nothing is "
+        "held out",
+    )
 
-    errors: Callable[[torch.Tensor], torch.Tensor]
-    size: tuple[int, int]
-    grid_size: tuple[int, int]
-    norm: Normalization
-    normal: NormalStatistics | None
-    settings: dict
+
+def _add_feature_arguments(parser: ArgumentParser) -> None:
+    """The flags of ``--method features`` (``mae.apps.anomaly.features``) and of saved scorers."""
+    parser.add_argument(
+        "--feature-blocks",
+        type=argparse_int,
+        nargs="+",
+        default=None,
+        help=f"features: the encoder blocks whose patch tokens are concatenated, 1 to {MAX_BLOCKS} (0 the "
+        "first, -1 the last; default: the last)",
+    )
+    parser.add_argument(
+        "--neighbourhood",
+        type=argparse_int,
+        default=None,
+        help=f"features: each patch's vector averaged over this many patches per side, odd (default "
+        f"{DEFAULT_NEIGHBOURHOOD}, as PatchCore; 1: none)",
+    )
+    parser.add_argument(
+        "--coreset-fraction",
+        type=argparse_float,
+        default=None,
+        help=f"features: the fraction of the normal patch vectors kept in the bank by a greedy coreset, in "
+        f"(0, 1] (default {DEFAULT_FRACTION}; 1: all); --seed draws its projection and start",
+    )
+    parser.add_argument(
+        "--save-scorer",
+        type=Path,
+        default=None,
+        help="write the fitted scorer to this folder, as safetensors + JSON, to apply later with --scorer: "
+        "the feature bank (features), the normal error statistics (mae) or the normal images (pixel-knn), "
+        "the settings, preprocessing, model identity and threshold",
+    )
+    parser.add_argument(
+        "--scorer",
+        type=Path,
+        default=None,
+        help="a folder --save-scorer wrote: score --test with it, no --normal (mae, features: the model is "
+        "its recorded checkpoint, or --checkpoint with the same weights)",
+    )
 
 
 def run(args: Namespace) -> AnomalyResult:
-    """Score the test images and write ``scores.csv``, the figures and (labelled tests) ``metrics.json``.
+    """Score the test images and write ``scores.csv``, the figures and (labelled tests) ``metrics.json``;
+    decide which are anomalous at a threshold chosen on held-out normal images or on --validation.
 
     Raises:
         UsageError: a bad number (ratio outside (0, 1), repeats, top-k, batch size or size below 1),
             --mean without --std, statistics of another channel count than the model's, or a flag the
-            method needs missing (mae: --checkpoint; pixel-knn: --normal, --img-size).
-        ValueError: the normal images identical (no spread to standardise by), naming --normal.
+            method needs missing (mae: --checkpoint; pixel-knn: --normal, --img-size; features:
+            --checkpoint and --normal; or --scorer); --scorer with a flag that would refit or change it,
+            or with another size or normalisation than its own.
+        ConfigError: the normal images identical (no spread to standardise by), naming --normal; too few
+            to hold some out and fit on the rest; a model with other weights than --scorer's.
+        InputError: a --validation folder without good and defective images.
     """
-    _check(args)
+    saved = resolve_method(args)  # --scorer: read first, it fixes the method and its settings
+    check_args(args)
     inputs = [args.test, args.test.parent / "ground_truth", args.checkpoint, args.normal, args.ground_truth]
-    check_outputs(COMMAND, [Output(args.out, "--out", kind="folder")], [p for p in inputs if p is not None])
+    inputs += [args.validation, args.validation.parent / "ground_truth"] if args.validation else []
+    outputs = [Output(args.out, "--out", kind="folder")]
+    outputs += [scorer_output(args.save_scorer)] if args.save_scorer else []
+    inputs += [args.scorer] if args.scorer else []
+    check_outputs(COMMAND, outputs, [p for p in inputs if p is not None])
     test_set = read_test_set(args.test, args.ground_truth)  # the folders first: no model loaded in vain
     if test_set.unused_masks:
         count = len(test_set.unused_masks)
@@ -165,17 +255,36 @@ def run(args: Namespace) -> AnomalyResult:
             f"{'is' if count == 1 else 'are'} not used: {', '.join(map(str, test_set.unused_masks))} (the "
             "mask of <test>/<defect>/<name>.png is <ground truth>/<defect>/<name>_mask.png)"
         )
-    method = _mae(args) if args.method == MAE else _pixel_knn(args)
-    paths = [i.path for i in test_set.images]
-    test_errors = file_errors(
-        method.errors, paths, method.size, method.norm, args.batch_size, args.max_image_pixels
-    )
-    result = score_test_set(test_errors, test_set, method.grid_size, method.size, args.top_k, method.normal)
+    validation = validation_set(args.validation) if args.validation is not None else None
+    # before fitting: the held-out images are no part of the fit
+    fit, held_out = split_normal(args.normal, args.holdout if validation is None else 0, args.seed)
+    reading = Reading(args.device, args.batch_size, args.max_image_pixels, args.checkpoint_format)
+    method = _method(args, fit, saved, reading)
+    for message in method.messages:
+        print(message)
+    result = method.score(test_set, args.top_k, reading)
+    if saved is not None and validation is None:  # the scorer's own decision
+        decision = Decision.from_json(saved.record["decision"]) if saved.record["decision"] else None
+    else:
+        decision = choose_decision(
+            method, args.top_k, reading, args.threshold_quantile, held_out, args.normal, validation
+        )
+        _print_decision(decision)
+    if decision is not None and result.metrics is not None:
+        labels = torch.tensor([i.label for i in test_set.images])
+        result.metrics.update(decision_metrics(decision, result.scores, labels, result.maps, result.truth))
 
     claim_folder(args.out, COMMAND)
     if args.figures != "none":
-        _write_figures(args, test_set, result, method.size, method.norm)
-    atomic_write(args.out / "scores.csv", lambda tmp: tmp.write_text(_scores_csv(test_set, result)))
+        every = args.figures == "all"
+        write_figures(
+            args.out, every, test_set, result, method.size, method.norm, decision, args.max_image_pixels
+        )
+    text = scores_csv(test_set, result, decision)
+    atomic_write(args.out / "scores.csv", lambda tmp: tmp.write_text(text))
+    if decision is not None:
+        flagged = int(decision.anomalous(result.scores).sum())
+        print(f"anomalous: {flagged} of {len(test_set.images)} test images (scores.csv: is_anomalous)")
     if result.metrics is not None:
         normal = None if args.method == MAE and args.raw_errors else str(args.normal)
         settings = {
@@ -191,178 +300,38 @@ def run(args: Namespace) -> AnomalyResult:
             args.out / "metrics.json", lambda tmp: tmp.write_text(json.dumps(record, indent=2) + "\n")
         )
         _print_metrics(result.metrics)
+    if args.save_scorer:
+        method.scorer.record["decision"] = decision.to_json() if decision is not None else None
+        save_scorer(args.save_scorer, method.scorer.tensors, method.scorer.record)
+        print(f"wrote the scorer to {args.save_scorer} (apply it with --scorer {args.save_scorer})")
     print(f"wrote {args.out}")
     return result
 
 
-def _mae(args: Namespace) -> Method:
-    """The MAE's reconstruction errors under complementary masks, standardised by --normal's unless
-    --raw-errors."""
-    normal = [] if args.raw_errors else normal_images(args.normal)
-    if len(normal) == 1:
-        raise ConfigError(
-            f"{args.normal} holds 1 image: per-patch statistics need at least 2 normal images (or "
-            f"pass --raw-errors)"
-        )
-    model, norm = load_reconstructor(
-        args.checkpoint, args.checkpoint_format, args.img_size, args.mean, args.std
-    )
-    in_chans = model.config["in_chans"]
-    if len(norm.mean) != in_chans or len(norm.std) != in_chans:
-        raise UsageError(f"--mean and --std need {in_chans} values, one per channel of the model")
-    model.to(args.device)
-    size = tuple(model.config["img_size"])
-    masks = complementary_masks(
-        model.grid_size, args.mask_ratio, args.repeats, torch.Generator().manual_seed(args.seed)
-    )
-    errors = mae_errors(model, masks, args.device)
-    times = "time" if masks.hidden_count == 1 else "times"
-    print(
-        f"{len(masks.noise)} complementary masks at ratio {args.mask_ratio}: every patch hidden "
-        f"{masks.hidden_count} {times}"
-    )
-    statistics = None
-    if not args.raw_errors:
-        normal_errors = file_errors(errors, normal, size, norm, args.batch_size, args.max_image_pixels)
-        try:
-            statistics = NormalStatistics.of(normal_errors)
-        except ValueError as err:
-            raise ConfigError(
-                f"--normal {args.normal}: {err}; add varied defect-free images, or pass --raw-errors "
-                f"to score the errors as they are"
-            ) from err
-        print(f"normal images: {len(normal)} ({args.normal})")
-        if statistics.floored:
-            print(
-                f"note: at {statistics.floored} of {statistics.scale.numel()} patch positions the normal "
-                f"images' errors vary less than {NormalStatistics.FLOOR} x their mean standard deviation "
-                "over positions; their standard deviation is floored there"
-            )
-    settings = {
-        "checkpoint": str(args.checkpoint),
-        "mask_ratio": args.mask_ratio,
-        "masks": len(masks.noise),
-        "hidden_per_patch": masks.hidden_count,
-        "seed": args.seed,
-        "standardised": not args.raw_errors,
-        "floored_positions": statistics.floored if statistics else None,
-        "error_space": "per-patch normalised pixels (norm_pix_loss)"
-        if model.norm_pix_loss
-        else "normalised pixels",
-    }
-    return Method(errors, size, model.grid_size, norm, statistics, settings)
-
-
-def _pixel_knn(args: Namespace) -> Method:
-    """The baseline: each patch's squared difference to the nearest --normal image, raw, at --img-size."""
-    if args.mean:
-        norm = Normalization(len(args.mean), tuple(args.mean), tuple(args.std))
-    else:
-        norm = Normalization.of(None, 3, "--method pixel-knn")  # RGB, ImageNet's statistics
-    size, patch = (args.img_size, args.img_size), args.patch_size or KNN_PATCH_SIZE
-    normal = normal_images(args.normal)
-    reference = load_images(normal, size, norm, args.max_image_pixels).to(args.device)
-    print(f"normal images: {len(normal)} ({args.normal}): each test image compared with the nearest")
-    settings = {"patch_size": patch, "standardised": False, "error_space": "normalised pixels"}
-    grid = (args.img_size // patch, args.img_size // patch)
-    return Method(knn_errors(reference, patch), size, grid, norm, None, settings)
-
-
-def _check(args: Namespace) -> None:
-    if not 0 < args.mask_ratio < 1:  # NaN fails this too
-        raise UsageError(
-            f"--mask-ratio must be in (0, 1), the fraction of patches each mask hides; got {args.mask_ratio}"
-        )
-    for flag in ("repeats", "top_k", "batch_size"):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    for flag in ("img_size", "patch_size"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise UsageError(
-                f"--{flag.replace('_', '-')} must be a positive number of pixels, got {getattr(args, flag)}"
-            )
-    if (args.mean is None) != (args.std is None):
-        raise UsageError("give --mean and --std together")
+def _method(args: Namespace, fit: list[Path], saved: SavedScorer | None, reading: Reading) -> Method:
+    """--method's ``Method``, fitted on the ``fit`` normal images or read from the ``saved`` scorer."""
+    common = {"fit": fit, "normal": args.normal, "reading": reading, "img_size": args.img_size}
+    common.update(mean=args.mean, std=args.std, saved=saved, scorer=args.scorer)
+    settings = {flag: getattr(args, flag) for flag in FIXED[args.method]}
+    if args.method == MAE:
+        return mae_method(args.checkpoint, settings=settings, **common)
     if args.method == PIXEL_KNN:
-        _check_pixel_knn(args)
+        return pixel_knn_method(settings=settings, **common)
+    return features_method(args.checkpoint, settings=settings, **common)
+
+
+def _print_decision(decision: Decision | None) -> None:
+    if decision is None:
+        print(
+            "note: no decision (is_anomalous left empty): give --normal with --holdout above 0, or "
+            "--validation, to choose a threshold"
+        )
         return
-    if args.checkpoint is None:
-        raise UsageError(
-            f"--method {MAE} needs --checkpoint, an MAE with its decoder (or --method {PIXEL_KNN}, "
-            f"the baseline that needs none)"
-        )
-    if args.patch_size is not None:
-        raise UsageError(f"--patch-size is for --method {PIXEL_KNN}; the MAE's patches are its checkpoint's")
-    if args.normal is None and not args.raw_errors:
-        raise UsageError(
-            "give --normal, a folder of defect-free images whose errors standardise the test errors, "
-            "or --raw-errors to score the errors as they are"
-        )
-
-
-def _check_pixel_knn(args: Namespace) -> None:
-    if args.checkpoint is not None:
-        raise UsageError(
-            f"--method {PIXEL_KNN} uses no checkpoint: leave out --checkpoint (give --img-size, and "
-            f"--mean / --std for other statistics than ImageNet's)"
-        )
-    if args.normal is None:
-        raise UsageError(
-            f"--method {PIXEL_KNN} needs --normal: the defect-free images each test image is compared with"
-        )
-    if args.img_size is None:
-        raise UsageError(
-            f"--method {PIXEL_KNN} needs --img-size: the size the images are compared at (there is no "
-            f"checkpoint to give it)"
-        )
-    if args.mean is not None and len(args.mean) != len(args.std):
-        raise UsageError(
-            f"--mean and --std need one value per channel each; got {len(args.mean)} and {len(args.std)}"
-        )
-    patch = args.patch_size or KNN_PATCH_SIZE
-    if args.img_size % patch:
-        raise UsageError(
-            f"--img-size {args.img_size} is not a multiple of the patch size {patch}: choose "
-            f"--patch-size to divide it"
-        )
-
-
-def _write_figures(
-    args: Namespace, test_set: TestSet, result: AnomalyResult, size: tuple[int, int], norm
-) -> None:
-    colors = color_range(result.maps)
-    paths = [i.path for i in test_set.images]
-    value_range = display_range(paths)
-
-    def figure(picks: list[int]):
-        imgs = load_images([paths[i] for i in picks], size, norm, args.max_image_pixels)
-        truth = result.truth[picks] if result.truth is not None else None
-        names = [relative_name(paths[i], test_set.root) for i in picks]
-        return heat_map_figure(
-            imgs, result.maps[picks], names, result.scores[picks].tolist(), norm, colors, truth, value_range
-        )
-
-    if args.figures == "all":
-        for i, path in enumerate(paths):
-            name = relative_name(path, test_set.root)
-            target = args.out / "heatmaps" / (name if path.suffix.lower() == ".png" else f"{name}.png")
-            image = figure([i])
-            atomic_write(target, lambda tmp, image=image: image.save(tmp, format="PNG"))
-    picks = []
-    for kind in test_set.kinds if test_set.labelled else [None]:
-        picks += [j for j, image in enumerate(test_set.images) if image.kind == kind][:OVERVIEW_PER_KIND]
-    overview = figure(picks)
-    atomic_write(args.out / "overview.png", lambda tmp: overview.save(tmp, format="PNG"))
-
-
-def _scores_csv(test_set: TestSet, result: AnomalyResult) -> str:
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["path", "kind", "label", "score"])
-    for image, score in zip(test_set.images, result.scores.tolist(), strict=True):
-        label = "" if image.label is None else image.label
-        writer.writerow([relative_name(image.path, test_set.root), image.kind or "", label, f"{score:.6g}"])
-    return text.getvalue()
+    print(
+        f"threshold ({decision.chosen_by}, {decision.images} images of {decision.source}): image score "
+        f">= {decision.image_threshold:.6g} is anomalous, heat-map value >= {decision.pixel_threshold:.6g} "
+        "a defect pixel"
+    )
 
 
 def _print_metrics(metrics: dict) -> None:
@@ -373,6 +342,12 @@ def _print_metrics(metrics: dict) -> None:
             print(f"{name}: {metrics[name]:.4f}")
     for kind, value in metrics.get("image_auroc_per_kind", {}).items():
         print(f"image_auroc {GOOD} vs {kind}: {value:.4f}")
+    for level in ("image", "pixel"):
+        if f"{level}_f1" in metrics:
+            scores = ", ".join(
+                f"{name} {metrics[f'{level}_{name}']:.4f}" for name in ("f1", "precision", "recall")
+            )
+            print(f"{level} level at the threshold: {scores}")
     reasons: dict[str, list[str]] = {}  # the metrics that share a reason, on one line
     for name, reason in metrics.get("not_computed", {}).items():
         reasons.setdefault(reason, []).append(name)

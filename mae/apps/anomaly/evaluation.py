@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from mae.apps.anomaly.features import smooth_maps
 from mae.apps.anomaly.layout import TestSet, mask_view, read_mask
 from mae.apps.anomaly.masks import ComplementaryMasks
 from mae.apps.anomaly.metrics import aupro, image_auroc, pixel_auroc
@@ -99,10 +100,12 @@ def score_test_set(
     size: tuple[int, int],
     top_k: int,
     normal: NormalStatistics | None = None,
+    sigma: float = 0.0,
 ) -> AnomalyResult:
     """Image scores, heat maps and metrics from (N, L) ``test_errors``: standardised per patch position by
     the ``normal`` images' statistics when given, the image score the mean of the ``top_k`` highest patch
-    scores, the maps the patch scores upsampled to ``size``.
+    scores, the maps the patch scores upsampled to ``size`` and, when ``sigma`` > 0, smoothed by a Gaussian
+    of ``sigma`` pixels (``features.smooth_maps``, as PatchCore's maps).
 
     Raises:
         ValueError: a patch score that is not a finite number, naming its images (an AUROC would rank a NaN
@@ -122,6 +125,8 @@ def score_test_set(
         )
     scores = image_scores(patch_scores, top_k)
     maps = heat_maps(patch_scores, grid_size, size)
+    if sigma > 0:
+        maps = smooth_maps(maps, sigma)
     truth = ground_truth(test_set, size) if test_set.has_masks else None
     metrics = anomaly_metrics(scores, maps, test_set, truth) if test_set.labelled else None
     return AnomalyResult(patch_scores, scores, maps, truth, metrics)

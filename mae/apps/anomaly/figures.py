@@ -1,5 +1,6 @@
-"""Heat-map figures: one row per test image, image | heat map | heat map over the image | ground truth,
-the image's name and score beside it; one colour scale for every image, so that colours compare."""
+"""Heat-map figures: one row per test image, image | heat map | heat map over the image | ground truth |
+predicted defect mask, the image's name, score and decision beside it; one colour scale for every image, so
+that colours compare."""
 
 import numpy as np
 import torch
@@ -9,7 +10,7 @@ from torchvision.utils import make_grid
 from mae.inference.normalization import Normalization
 from mae.inference.reconstruction import denormalize, to_display
 
-HEADERS = ("image", "heat map", "overlay", "ground truth")
+HEADERS = ("image", "heat map", "overlay")
 OVERLAY_OPACITY = 0.6  # of the hottest colour over the image
 
 
@@ -35,6 +36,8 @@ def heat_map_figure(
     truth: torch.Tensor | None = None,
     value_range: tuple[float, float] | None = (0.0, 1.0),
     min_panel: int = 96,
+    predicted: torch.Tensor | None = None,
+    anomalous: list[bool] | None = None,
 ) -> Image.Image:
     """The figure of N test images.
 
@@ -47,6 +50,8 @@ def heat_map_figure(
         truth: (N, H, W) bool ground truth: a fourth panel when given.
         value_range: image values drawn black and white (``mae.inference.images.display_range``).
         min_panel: panels are enlarged (nearest neighbour) to at least this many pixels.
+        predicted: (N, H, W) bool predicted defect masks: a last panel when given.
+        anomalous: each image's decision, written under its score ("ANOMALOUS" / "normal") when given.
     """
     shown = to_display(
         denormalize(imgs.float().cpu(), norm.mean, norm.std),
@@ -57,8 +62,11 @@ def heat_map_figure(
     colour = hot(heat).permute(0, 3, 1, 2)  # (N, 3, H, W)
     opacity = OVERLAY_OPACITY * heat[:, None]
     panels = [shown, colour, shown * (1 - opacity) + colour * opacity]
-    if truth is not None:
-        panels.append(truth[:, None].float().cpu().expand(-1, 3, -1, -1))
+    headers = list(HEADERS)
+    for header, masks in (("ground truth", truth), ("predicted", predicted)):
+        if masks is not None:
+            panels.append(masks[:, None].float().cpu().expand(-1, 3, -1, -1))
+            headers.append(header)
     rows = torch.stack(panels, dim=1).flatten(0, 1)
     grid = make_grid(rows, nrow=len(panels), padding=2, pad_value=1.0)
     height, width = imgs.shape[-2:]
@@ -72,12 +80,15 @@ def heat_map_figure(
     canvas.paste(picture, (label_width, line))
     draw = ImageDraw.Draw(canvas)
     panel = picture.width / len(panels)
-    for i, header in enumerate(HEADERS[: len(panels)]):
+    for i, header in enumerate(headers):
         draw.text((label_width + i * panel + 4, 2), header, fill="black")
     row = picture.height / len(imgs)
     for i, (name, score) in enumerate(zip(names, scores, strict=True)):
         draw.text((4, line + i * row + row / 2 - line), name[-32:], fill="black")
         draw.text((4, line + i * row + row / 2), f"score {score:.4g}", fill="black")
+        if anomalous is not None:
+            mark, colour_name = ("ANOMALOUS", "red") if anomalous[i] else ("normal", "black")
+            draw.text((4, line + i * row + row / 2 + line), mark, fill=colour_name)
     draw.text((4, line + picture.height + 4), caption, fill="black")
     return canvas
 

@@ -19,12 +19,13 @@ from mae.inference.images import load_image
 from mae.inference.normalization import Normalization
 
 
-def weights_fingerprint(ckpt: MAECheckpoint) -> str:
-    """SHA-256 (hex) of the encoder's weights: every tensor's name, dtype, shape and bytes, in name order.
+def weights_fingerprint(ckpt: MAECheckpoint, decoder: bool = False) -> str:
+    """SHA-256 (hex) of the encoder's weights (``decoder``: the whole MAE's, decoder and mask token
+    included): every tensor's name, dtype, shape and bytes, in name order.
     The same weights give the same fingerprint in every format the readers map to the official names (our
     checkpoint, its export, an official or Hugging Face file); a retrained ``last.ckpt`` gives another."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(ckpt.encoder_state_dict().items()):
+    for name, tensor in sorted((ckpt.state_dict if decoder else ckpt.encoder_state_dict()).items()):
         tensor = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())

@@ -308,6 +308,8 @@ def test_anomaly_command__scores_maps_and_metrics_on_an_mvtec_tree(smooth_checkp
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["image_auroc"] == pytest.approx(roc_auc_score(labels, scores), abs=1e-6) == 1.0
     assert metrics["images"] == {"good": 3, "checker": 3} and metrics["settings"]["hidden_per_patch"] == 3
+    assert metrics["decision"]["chosen_by"] == "normal-quantile" and "image_f1" in metrics  # the decision
+    assert {r["is_anomalous"] for r in rows} <= {"0", "1"}
     truth = np.zeros((6, SIZE, SIZE), bool)
     truth[3:, DEFECT[0], DEFECT[1]] = True
     assert metrics["pixel_auroc"] == pytest.approx(
@@ -377,7 +379,7 @@ def test_anomaly_command__unlabelled_folder_raw_errors_no_figures(smooth_checkpo
     )
     assert result.metrics is None and not (out / "metrics.json").exists() and not (out / "heatmaps").exists()
     rows = (out / "scores.csv").read_text().splitlines()
-    assert rows[0] == "path,kind,label,score" and [r.split(",")[0] for r in rows[1:]] == [
+    assert rows[0] == "path,kind,label,score,is_anomalous" and [r.split(",")[0] for r in rows[1:]] == [
         "0.png",
         "1.png",
         "2.png",
@@ -392,6 +394,8 @@ def test_anomaly_command__unlabelled_folder_raw_errors_no_figures(smooth_checkpo
                 str(smooth_checkpoint),
                 "--normal",
                 str(tmp_path / "normal"),
+                "--holdout",
+                "0",
                 "--test",
                 str(folder),
                 "--out",
@@ -404,12 +408,15 @@ def test_anomaly_command__unlabelled_folder_raw_errors_no_figures(smooth_checkpo
 
 
 @pytest.mark.slow
-def test_anomaly_command__bad_input_named_with_the_fix(smooth_checkpoint, tmp_path):
+@pytest.mark.parametrize("method", ["mae", "features"])
+def test_anomaly_command__bad_input_named_with_the_fix(smooth_checkpoint, tmp_path, method):
     tree = write_tree(tmp_path / "part")
     out = str(tmp_path / "out")
 
     def command(normal=tree / "train" / "good", test=tree / "test", *extra):
         return [
+            "--method",
+            method,
             "--checkpoint",
             str(smooth_checkpoint),
             "--normal",
@@ -509,6 +516,8 @@ def test_anomaly_command__identical_normal_images_refused_and_non_finite_scores_
         str(tiny_checkpoint),
         "--normal",
         str(copies),
+        "--holdout",
+        "0",
         "--test",
         str(tree / "test"),
         "--out",
@@ -546,6 +555,8 @@ def test_anomaly_command__pixel_knn_method_needs_no_checkpoint(tmp_path):
         "4",
         "--top-k",
         "2",
+        "--holdout",
+        "0",  # every normal image a reference, as computed below
     )
     with open(out / "scores.csv") as f:
         rows = list(csv.DictReader(f))
@@ -621,8 +632,10 @@ def test_anomaly_benchmark__tiny_run_writes_the_table_and_figures(smooth_checkpo
     spec = importlib.util.spec_from_file_location("anomaly_benchmark", REPO / "benchmarks" / "anomaly.py")
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
-    table = benchmark.main(
+    tables = benchmark.main(
         [
+            "--tasks-to-run",
+            "digits",
             "--checkpoint",
             str(smooth_checkpoint),
             "--seeds",
@@ -640,8 +653,19 @@ def test_anomaly_benchmark__tiny_run_writes_the_table_and_figures(smooth_checkpo
             str(tmp_path / "out"),
         ]
     )
-    assert "| MAE reconstruction error, standardised |" in table and "| pixel kNN (baseline) |" in table
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert len(results["MAE reconstruction error, standardised"]) == 2
+    header, _, *rows = tables["digits"].splitlines()
+    assert "F1 at the threshold" in header and "CPU s per seed" in header
+    assert [row.split(" | ")[0] for row in rows] == [f"| {name}" for name in benchmark.SCORERS]
+    out = tmp_path / "out" / "anomaly_digits"
+    record = json.loads((out / "results.json").read_text())
+    for runs in record["results"].values():
+        assert len(runs) == 2 and all(0 <= run["image_f1"] <= 1 and run["cpu_seconds"] > 0 for run in runs)
+    # the random encoder: another network than the pretrained one, drawn anew with each seed
+    fingerprints = {
+        json.loads((out / seed / tag / "metrics.json").read_text())["settings"]["fingerprint"]
+        for seed in ("seed0", "seed1")
+        for tag in ("features", "random")
+    }
+    assert len(fingerprints) == 3
     for name in ("table.md", "auroc.png", "heatmaps_seed0.png"):
-        assert (tmp_path / "out" / name).stat().st_size > 0
+        assert (out / name).stat().st_size > 0

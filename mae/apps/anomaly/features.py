@@ -1,0 +1,180 @@
+"""Anomaly scores from a memory of normal patch features, as PatchCore (Roth et al., 2022) scores them: the
+encoder's patch tokens of the normal images, subsampled by a greedy coreset, and each test patch's
+Euclidean distance to its nearest one. ``mae anomaly --method features`` runs it on image files.
+
+- Features: the encoder run on every patch (no masking, evaluation mode), the patch tokens (no cls token)
+  of the last block, or of 2-3 chosen blocks concatenated (``feature_blocks``), without the final norm,
+  each averaged over its ``neighbourhood`` x ``neighbourhood`` patches (3: PatchCore's local
+  aggregation; the average of the neighbours inside the image at the border).
+- Memory bank: the greedy k-center coreset (``coreset``) of the normal images' patch vectors, chosen on a
+  seeded Gaussian random projection to ``PROJECTION_DIM`` dimensions, as PatchCore's sampler does.
+- Scores: each test patch's distance to its nearest bank vector (``nearest_distances``: ``torch.cdist`` in
+  blocks of ``QUERY_BLOCK`` test rows x ``BANK_BLOCK`` bank rows, so the distances held at once never
+  exceed one block's, 64 MiB at float32, whatever the bank's size). The image score is the highest patch
+  score (PatchCore's); the map is the patch scores upsampled bilinearly to the input size, then smoothed
+  by a Gaussian of ``SIGMA`` pixels (``smooth_maps``).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from scipy import ndimage
+from timm.models.vision_transformer import VisionTransformer
+from torch.nn import functional as F
+
+from mae.errors import ConfigError
+
+DEFAULT_FRACTION = 0.1  # of the normal patch vectors kept in the bank (PatchCore: 1-10 %)
+DEFAULT_NEIGHBOURHOOD = 3  # patches averaged around each, per side (PatchCore's 3 x 3)
+PROJECTION_DIM = 128  # the coreset's distances are measured on a random projection to this many dimensions
+QUERY_BLOCK = 1024  # test patch vectors per distance block
+BANK_BLOCK = 16384  # bank vectors per distance block: 1024 x 16384 float32 distances = 64 MiB
+SIGMA = 4.0  # the maps' Gaussian smoothing, pixels (PatchCore's)
+MAX_BLOCKS = 3  # blocks whose outputs may be concatenated
+
+
+def feature_blocks(blocks: Sequence[int] | None, depth: int) -> list[int]:
+    """The encoder blocks whose outputs are the features, as indices in [0, depth), ascending: ``blocks``
+    given as indices from the first block (0) or from the end (-1 the last); None: the last block.
+
+    Raises:
+        ConfigError: more than ``MAX_BLOCKS`` blocks, a block outside the encoder's depth or one named
+            twice, naming the value and the depth.
+    """
+    if blocks is None:
+        return [depth - 1]
+    if not 1 <= len(blocks) <= MAX_BLOCKS:
+        raise ConfigError(
+            f"--feature-blocks takes 1 to {MAX_BLOCKS} blocks, got {len(blocks)}: {list(blocks)}"
+        )
+    chosen = []
+    for block in blocks:
+        if not -depth <= block < depth:
+            raise ConfigError(
+                f"--feature-blocks {block} is not a block of this encoder of depth {depth}: give 0 to "
+                f"{depth - 1}, or -1 (the last) to -{depth}"
+            )
+        chosen.append(block % depth)
+    if len(set(chosen)) != len(chosen):
+        raise ConfigError(f"--feature-blocks {list(blocks)} names a block twice (depth {depth})")
+    return sorted(chosen)
+
+
+@torch.no_grad()
+def patch_features(
+    encoder: VisionTransformer,
+    imgs: torch.Tensor,
+    blocks: Sequence[int],
+    neighbourhood: int = DEFAULT_NEIGHBOURHOOD,
+) -> torch.Tensor:
+    """(N, C, H, W) normalised input -> (N, L, D * len(blocks)) float32 patch vectors, row-major over the
+    (H/p, W/p) grid: the outputs of ``blocks`` (indices in [0, depth)) concatenated, each patch's the mean
+    over its ``neighbourhood`` x ``neighbourhood`` patches (odd; 1: none; at the border, those inside)."""
+    outputs = encoder.forward_intermediates(
+        imgs, indices=list(blocks), norm=False, output_fmt="NCHW", intermediates_only=True
+    )
+    grid = torch.cat(outputs, dim=1).float()  # (N, D * len(blocks), H/p, W/p)
+    if neighbourhood > 1:
+        grid = F.avg_pool2d(
+            grid, neighbourhood, stride=1, padding=neighbourhood // 2, count_include_pad=False
+        )
+    return grid.flatten(2).transpose(1, 2)
+
+
+def greedy_k_center(points: torch.Tensor, k: int, start: int = 0) -> torch.Tensor:
+    """Greedy k-center selection: from ``start``, each next pick the point farthest (Euclidean) from every
+    point picked so far.
+
+    Args:
+        points: (M, D) float.
+        k: picks, 1 to M.
+        start: the first pick's index.
+
+    Returns:
+        (k,) long indices into ``points``, in pick order, on its device. Time O(k M D); memory two (M, D)
+        tensors.
+    """
+    picks = torch.empty(k, dtype=torch.long, device=points.device)
+    pick = torch.tensor([start], device=points.device)
+    nearest = torch.full((len(points),), float("inf"), device=points.device)
+    for i in range(k):
+        picks[i] = pick[0]
+        center = points.index_select(0, pick)  # no host sync: the loop runs ahead on a GPU
+        nearest = torch.minimum(nearest, torch.linalg.vector_norm(points - center, dim=1))
+        pick = nearest.argmax().view(1)
+    return picks
+
+
+def coreset(features: torch.Tensor, fraction: float, seed: int = 0) -> torch.Tensor:
+    """The indices (ascending: the bank keeps the features' order) of ``round(fraction * M)`` (at least 1)
+    of (M, D) ``features``, chosen by ``greedy_k_center`` on their projection to ``PROJECTION_DIM``
+    dimensions by a Gaussian matrix drawn from ``seed`` (none when D is not larger), starting from an index
+    drawn from the same generator; ``fraction`` 1 keeps them all."""
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"--coreset-fraction must be in (0, 1], got {fraction}")
+    count = len(features)
+    if fraction == 1:
+        return torch.arange(count, device=features.device)
+    generator = torch.Generator().manual_seed(seed)
+    points = features.float()
+    if points.shape[1] > PROJECTION_DIM:
+        projection = torch.randn(points.shape[1], PROJECTION_DIM, generator=generator)
+        points = points @ projection.to(points.device)
+    start = int(torch.randint(count, (1,), generator=generator))
+    return greedy_k_center(points, max(1, round(fraction * count)), start).sort().values
+
+
+@torch.no_grad()
+def nearest_distances(
+    queries: torch.Tensor,
+    bank: torch.Tensor,
+    query_block: int = QUERY_BLOCK,
+    bank_block: int = BANK_BLOCK,
+) -> torch.Tensor:
+    """(N,) each of (N, D) ``queries``' Euclidean distance to its nearest row of (M, D) ``bank``.
+
+    ``torch.cdist`` on ``query_block`` x ``bank_block`` blocks with a running minimum: memory beyond the
+    inputs is one block's (query_block x bank_block) float32 distances and cdist's working copy of it,
+    about 2 x 64 MiB at the defaults, for any M. The nearest row is found on cdist's matrix-product
+    distances; the distance returned is recomputed directly to it, so an exact match scores 0.
+    """
+    best = torch.full((len(queries),), float("inf"), device=queries.device)
+    index = torch.zeros(len(queries), dtype=torch.long, device=queries.device)
+    for q in range(0, len(queries), query_block):
+        rows, row_best, row_index = (t[q : q + query_block] for t in (queries.float(), best, index))
+        for b in range(0, len(bank), bank_block):
+            nearest = torch.cdist(rows, bank[b : b + bank_block].float()).min(dim=1)
+            closer = nearest.values < row_best  # the views write through to best and index
+            row_best[closer] = nearest.values[closer]
+            row_index[closer] = nearest.indices[closer] + b
+    return torch.linalg.vector_norm(queries.float() - bank[index].float(), dim=1)
+
+
+def smooth_maps(maps: torch.Tensor, sigma: float = SIGMA) -> torch.Tensor:
+    """(N, H, W) maps each smoothed by a Gaussian of ``sigma`` pixels (``scipy.ndimage.gaussian_filter``,
+    as PatchCore: truncated at 4 sigma, mirrored at the border), float32."""
+    smoothed = ndimage.gaussian_filter(maps.double().cpu().numpy(), sigma=(0, sigma, sigma))
+    return torch.from_numpy(smoothed).float()
+
+
+@dataclass
+class FeatureMemory:
+    """A feature scorer: ``encoder`` (eval mode), the feature ``blocks`` and ``neighbourhood`` of
+    ``patch_features``, and the (K, D) ``bank`` of normal patch vectors on the encoder's device (None until
+    it is fitted: ``features`` makes the vectors it is chosen from)."""
+
+    encoder: VisionTransformer
+    blocks: list[int]
+    neighbourhood: int
+    bank: torch.Tensor | None = None
+
+    def features(self, imgs: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) -> (N, L, D') patch vectors (``patch_features``), on the encoder's device."""
+        device = next(self.encoder.parameters()).device
+        return patch_features(self.encoder, imgs.to(device), self.blocks, self.neighbourhood)
+
+    def errors(self, imgs: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) -> (N, L): each patch's distance to its nearest bank vector (feature units)."""
+        vectors = self.features(imgs)
+        return nearest_distances(vectors.flatten(0, 1), self.bank).view(vectors.shape[:2])

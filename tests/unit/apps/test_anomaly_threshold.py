@@ -1,0 +1,287 @@
+"""The anomaly decision (``mae.apps.anomaly.threshold``): the F1-maximising and the quantile thresholds
+against brute-force numpy, precision / recall / F1 against scikit-learn with its zero divisions, and the
+decision through ``mae anomaly`` (``--holdout``, ``--threshold-quantile``, ``--validation``): scores.csv's
+``is_anomalous``, metrics.json's F1 recomputed from scores.csv, the predicted masks and the refusals."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from sklearn.metrics import precision_recall_fscore_support
+
+from mae.apps.anomaly.digits import write_digit_anomalies
+from mae.apps.anomaly.threshold import (
+    Decision,
+    decision_scores,
+    f1_max_threshold,
+    quantile_threshold,
+)
+from mae.errors import ConfigError
+from tests.helpers import run_mae
+
+
+def brute_force_f1_max(scores: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """(threshold, F1): every distinct score tried as ``scores >= t``, the highest t of the best F1."""
+    best = (-1.0, 0.0)
+    for t in np.unique(scores):
+        predicted = scores >= t
+        tp = np.sum(predicted & labels)
+        f1 = 2 * tp / (predicted.sum() + labels.sum())
+        if f1 > best[0] + 1e-12 or (abs(f1 - best[0]) <= 1e-12 and t > best[1]):
+            best = (f1, float(t))
+    return best[1], best[0]
+
+
+def f1_at(scores: np.ndarray, labels: np.ndarray, t: float) -> float:
+    predicted = scores >= t
+    return 2 * np.sum(predicted & labels) / (predicted.sum() + labels.sum())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_f1_max_threshold__equals_brute_force_over_every_distinct_score(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 40))
+    scores = rng.integers(0, 6, n).astype(float) if seed % 2 else rng.normal(size=n)  # odd seeds: many ties
+    labels = rng.random(n) < 0.4
+    labels[0] = True  # at least one anomalous
+    threshold = f1_max_threshold(torch.from_numpy(scores), torch.from_numpy(labels))
+    expected, best = brute_force_f1_max(scores, labels)
+    assert threshold == expected and f1_at(scores, labels, threshold) == pytest.approx(best)
+
+
+def test_f1_max_threshold__all_defective_one_defect_ties_and_all_normal():
+    scores = torch.tensor([0.3, 0.1, 0.7, 0.5], dtype=torch.float64)
+    # every image defective: flag them all, the lowest score
+    assert f1_max_threshold(scores, torch.ones(4, dtype=torch.bool)) == 0.1
+    # one defect with the highest score: exactly it
+    assert f1_max_threshold(scores, torch.tensor([0, 0, 1, 0])) == 0.7
+    # a good and a defective image tied at the top: flagging both (F1 2/3) beats flagging none
+    tied = torch.tensor([0.9, 0.9, 0.2, 0.1], dtype=torch.float64)
+    assert f1_max_threshold(tied, torch.tensor([1, 0, 0, 0])) == 0.9
+    # pixels: any shape
+    maps, truth = torch.rand(2, 4, 4), torch.zeros(2, 4, 4, dtype=torch.bool)
+    truth[1, :2] = True
+    maps[truth] += 1
+    assert f1_max_threshold(maps, truth) == maps[truth].min().item()
+    with pytest.raises(ConfigError, match="needs anomalous examples"):
+        f1_max_threshold(scores, torch.zeros(4))
+
+
+def test_quantile_threshold__numpy_linear_quantile_and_its_bounds():
+    values = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0))
+    for q in (0.0, 0.5, 0.9, 0.99, 1.0):
+        assert quantile_threshold(values, q) == pytest.approx(float(np.quantile(values.numpy().ravel(), q)))
+    assert quantile_threshold(values, 1.0) == values.max().item()
+    assert quantile_threshold(values, 0.0) == values.min().item()
+    for q in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match="must be in \\[0, 1\\]"):
+            quantile_threshold(values, q)
+
+
+@pytest.mark.parametrize(
+    ("predicted", "truth"),
+    [
+        ([1, 0, 1, 1, 0], [1, 0, 0, 1, 1]),
+        ([0, 0, 0, 0], [1, 0, 1, 0]),  # nothing predicted anomalous: precision 0
+        ([1, 1, 0, 0], [0, 0, 0, 0]),  # nothing anomalous: recall 0
+        ([0, 0], [0, 0]),  # neither: all 0
+    ],
+)
+def test_decision_scores__equal_scikit_learn_with_zero_division_0(predicted, truth):
+    got = decision_scores(torch.tensor(predicted), torch.tensor(truth))
+    precision, recall, f1, _ = precision_recall_fscore_support(
+        truth, predicted, average="binary", zero_division=0
+    )
+    assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((precision, recall, f1))
+    assert sum(got["confusion"].values()) == len(truth)
+    assert got["confusion"]["true_positive"] == sum(p and t for p, t in zip(predicted, truth, strict=True))
+
+
+def test_decision__json_round_trip_and_a_bad_record_refused():
+    decision = Decision(0.5, 1.25, "normal-quantile", 0.99, 12, "train/good")
+    assert Decision.from_json(json.loads(json.dumps(decision.to_json()))) == decision
+    assert decision.anomalous(torch.tensor([0.4, 0.5, 0.6])).tolist() == [False, True, True]
+    assert decision.masks(torch.tensor([[1.0, 1.25]])).tolist() == [[False, True]]
+    with pytest.raises(ConfigError, match="expected"):
+        Decision.from_json({"image_threshold": 0.5})
+    with pytest.raises(ConfigError, match="not finite"):
+        Decision.from_json({**decision.to_json(), "image_threshold": float("nan")})
+
+
+# ---------------------------------------------------------------- through the command line
+
+KNN = ("anomaly", "--method", "pixel-knn", "--img-size", "32", "--patch-size", "8")
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Path:
+    """Two small digit tasks (12 normal, 8 test digits each): ``task`` and ``val`` (another seed)."""
+    root = tmp_path_factory.mktemp("digits")
+    write_digit_anomalies(root / "task", seed=0, num_normal=12, num_test=8)
+    write_digit_anomalies(root / "val", seed=1, num_normal=4, num_test=8)
+    return root
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def printed_threshold(stdout: str) -> float:
+    return float(stdout.split("image score >= ")[1].split()[0])
+
+
+@pytest.mark.slow
+def test_anomaly_command__holdout_threshold_flags_images_and_writes_predicted_masks(digits, tmp_path):
+    task, out = digits / "task", tmp_path / "out"
+    normal = ("--normal", str(task / "train" / "good"))
+    result = run_mae(
+        *KNN, *normal, "--test", str(task / "test"), "--out", str(out), "--threshold-quantile", "0.5"
+    )
+    assert "normal images: 9 " in result.stdout  # 3 of 12 (--holdout 0.2, rounded up) held out of the fit
+    metrics = json.loads((out / "metrics.json").read_text())
+    decision = metrics["decision"]
+    assert (
+        decision["chosen_by"] == "normal-quantile" and decision["quantile"] == 0.5 and decision["images"] == 3
+    )
+    rows = read_rows(out / "scores.csv")
+    flags = np.array([int(r["is_anomalous"]) for r in rows])
+    scores, labels = np.array([float(r["score"]) for r in rows]), np.array([int(r["label"]) for r in rows])
+    assert 0 < flags.sum() < len(rows)  # at the median of the held-out scores, some are flagged, not all
+    clear = np.abs(scores - decision["image_threshold"]) > 1e-5 * abs(decision["image_threshold"])
+    assert (flags == (scores >= decision["image_threshold"]))[clear].all()
+    precision, recall, f1, _ = precision_recall_fscore_support(
+        labels, flags, average="binary", zero_division=0
+    )
+    assert (metrics["image_precision"], metrics["image_recall"], metrics["image_f1"]) == pytest.approx(
+        (precision, recall, f1)
+    )
+    # the predicted masks, 0 / 255 at the heat map's size, against the ground truth (written at 32 px)
+    predicted, truth = [], []
+    for r in rows:
+        mask = np.asarray(Image.open(out / "predicted_masks" / r["path"]))
+        assert mask.shape == (32, 32) and set(np.unique(mask)) <= {0, 255}
+        predicted.append(mask > 0)
+        gt = task / "ground_truth" / r["path"].replace(".png", "_mask.png")
+        truth.append(np.asarray(Image.open(gt)) > 0 if r["kind"] != "good" else np.zeros((32, 32), bool))
+    predicted, truth = np.stack(predicted), np.stack(truth)
+    assert predicted.any()
+    assert metrics["pixel_confusion"] == {
+        "true_positive": int((predicted & truth).sum()),
+        "false_positive": int((predicted & ~truth).sum()),
+        "false_negative": int((~predicted & truth).sum()),
+        "true_negative": int((~predicted & ~truth).sum()),
+    }
+    assert "image level at the threshold: f1" in result.stdout
+    # the normal images themselves as an unlabelled test folder: the 9 fitted score 0 (each is its own
+    # nearest), the 3 held out were not fitted and score above; at quantile 1 the threshold is their maximum
+    result = run_mae(
+        *KNN,
+        *normal,
+        "--test",
+        str(task / "train" / "good"),
+        "--out",
+        str(tmp_path / "again"),
+        "--threshold-quantile",
+        "1",
+        "--figures",
+        "none",
+    )
+    rows = read_rows(tmp_path / "again" / "scores.csv")
+    scores = np.array([float(r["score"]) for r in rows])
+    assert (scores == 0).sum() == 9 and printed_threshold(result.stdout) == pytest.approx(scores.max(), 1e-5)
+    assert all(r["is_anomalous"] == "0" for r in rows if float(r["score"]) == 0)
+
+
+@pytest.mark.slow
+def test_anomaly_command__predicted_masks_in_a_tree_of_their_own_whatever_the_names(digits, tmp_path):
+    task, test, out = digits / "task", tmp_path / "test", tmp_path / "out"
+    test.mkdir()
+    normal_image = sorted((task / "train" / "good").iterdir())[0]
+    (test / "a.png").write_bytes(normal_image.read_bytes())  # a fitted normal image: scores 0 everywhere
+    defective = sorted((task / "test" / "blob").iterdir())[0]
+    (test / "a_predicted_mask.png").write_bytes(defective.read_bytes())  # once the name of a.png's mask
+    validation = ("--validation", str(digits / "val" / "test"))  # nothing held out: every image fitted
+    run_mae(
+        *KNN, "--normal", str(task / "train" / "good"), *validation, "--test", str(test), "--out", str(out)
+    )
+    names = ["a.png", "a_predicted_mask.png"]
+    assert sorted(p.name for p in (out / "heatmaps").iterdir()) == names
+    assert sorted(p.name for p in (out / "predicted_masks").iterdir()) == names
+    for name in names:
+        assert Image.open(out / "heatmaps" / name).mode == "RGB"  # the figure
+        mask = np.asarray(Image.open(out / "predicted_masks" / name))
+        assert mask.shape == (32, 32) and set(np.unique(mask)) <= {0, 255}
+    assert not np.asarray(Image.open(out / "predicted_masks" / "a.png")).any()
+
+
+@pytest.mark.slow
+def test_anomaly_command__validation_threshold_maximises_f1_on_it(digits, tmp_path):
+    task, val = digits / "task", digits / "val" / "test"
+    normal = ("--normal", str(task / "train" / "good"))
+    result = run_mae(
+        *KNN,
+        *normal,
+        "--test",
+        str(task / "test"),
+        "--out",
+        str(tmp_path / "out"),
+        "--validation",
+        str(val),
+        "--figures",
+        "none",
+    )
+    assert "normal images: 12 " in result.stdout  # with a validation set nothing is held out
+    decision = json.loads((tmp_path / "out" / "metrics.json").read_text())["decision"]
+    assert decision["chosen_by"] == "validation-f1" and decision["images"] == 8
+    assert decision["source"] == str(val) and decision["quantile"] is None  # its masks chose the pixels'
+    # the validation images scored as a test set by the same fit: the brute-force F1-maximising score
+    run_mae(
+        *KNN,
+        *normal,
+        "--test",
+        str(val),
+        "--out",
+        str(tmp_path / "val"),
+        "--holdout",
+        "0",
+        "--figures",
+        "none",
+    )
+    rows = read_rows(tmp_path / "val" / "scores.csv")
+    assert all(r["is_anomalous"] == "" for r in rows)  # --holdout 0, no validation: no decision
+    scores, labels = np.array([float(r["score"]) for r in rows]), np.array([r["label"] == "1" for r in rows])
+    assert decision["image_threshold"] == pytest.approx(brute_force_f1_max(scores, labels)[0], 1e-5)
+
+
+@pytest.mark.slow
+def test_anomaly_command__decision_settings_and_folders_refused_at_start(digits, tmp_path):
+    task, out = digits / "task", tmp_path / "out"
+    few = tmp_path / "few"
+    few.mkdir()
+    for path in sorted((task / "train" / "good").iterdir())[:3]:
+        (few / path.name).write_bytes(path.read_bytes())
+    only_good = tmp_path / "only_good"
+    (only_good / "good").mkdir(parents=True)
+    (only_good / "good" / "0.png").write_bytes(next((task / "test" / "good").iterdir()).read_bytes())
+    common = ("--normal", str(task / "train" / "good"), "--test", str(task / "test"), "--out", str(out))
+    for args, message in (
+        (
+            ("--normal", str(few), "--test", str(task / "test"), "--out", str(out)),
+            f"--normal {few} holds 3 images: --holdout 0.2 holds out 2 (at least 2) for the threshold and "
+            "leaves 1 to fit on",
+        ),
+        ((*common, "--threshold-quantile", "1.5"), "--threshold-quantile must be in [0, 1]"),
+        ((*common, "--holdout", "1"), "--holdout must be in [0, 1)"),
+        ((*common, "--validation", str(only_good)), f"--validation {only_good} needs good and defective"),
+        ((*common, "--validation", str(few)), "it has images without class folders"),
+    ):
+        result = run_mae(*KNN, *args, check=False)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, (
+            result.stderr
+        )
+        assert not out.exists()
