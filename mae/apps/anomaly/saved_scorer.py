@@ -2,7 +2,9 @@
 ``scorer.safetensors`` (its tensors: a feature bank, normal error statistics or normal images) and
 ``scorer.json`` (what it is: method, settings, preprocessing, the model's path and weights fingerprint, the
 decision threshold). No pickle. ``scorer.json`` is written last and records the SHA-256 of the tensors
-file, so a folder whose writing was cut off, or whose tensors were replaced, is refused rather than read.
+file, so a folder whose writing was cut off, or whose tensors were replaced, is refused rather than read;
+the tensors file's metadata holds the SHA-256 of the record it was saved with, so a record edited by hand
+(another image size, another threshold) or taken from another scorer is refused too.
 A scorer is applied only with its own preprocessing (``check_saved_preprocessing``) and model weights
 (``saved_checkpoint``).
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from mae.apps.embeddings.embedder import weights_fingerprint
@@ -28,6 +30,7 @@ COMMAND = "mae.anomaly"
 FORMAT = "mae-anomaly-scorer"
 VERSION = 1
 TENSORS, RECORD = "scorer.safetensors", "scorer.json"
+RECORD_HASH = "mae_scorer_record_sha256"  # the tensors file's metadata key: the record it belongs to
 
 
 class SavedScorer(NamedTuple):
@@ -55,8 +58,10 @@ def save_scorer(folder: str | Path, tensors: dict[str, torch.Tensor], record: di
     check_outputs(COMMAND, [scorer_output(folder)])
     claim_folder(folder, COMMAND)
     contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    atomic_write(folder / TENSORS, lambda tmp: save_file(contiguous, str(tmp), metadata={"format": "pt"}))
-    full = {"format": FORMAT, "version": VERSION, **record, "sha256": _sha256(folder / TENSORS)}
+    described = json.loads(json.dumps({"format": FORMAT, "version": VERSION, **record}))  # as read back
+    metadata = {"format": "pt", RECORD_HASH: _record_sha256(described)}
+    atomic_write(folder / TENSORS, lambda tmp: save_file(contiguous, str(tmp), metadata=metadata))
+    full = {**described, "sha256": _sha256(folder / TENSORS)}
     atomic_write(folder / RECORD, lambda tmp: tmp.write_text(json.dumps(full, indent=2) + "\n"))
     return folder
 
@@ -101,8 +106,16 @@ def load_scorer(folder: str | Path) -> SavedScorer:
         )
     try:
         tensors = load_file(folder / TENSORS)
+        with safe_open(folder / TENSORS, framework="pt") as f:
+            saved_with = (f.metadata() or {}).get(RECORD_HASH)
     except (SafetensorError, OSError) as err:
         raise InputError(f"cannot read {folder / TENSORS} ({err}): save the scorer again") from None
+    described = {key: value for key, value in record.items() if key != "sha256"}
+    if saved_with != _record_sha256(described):
+        raise InputError(
+            f"{folder / RECORD} is not the record {TENSORS} was saved with (edited, or taken from another "
+            "scorer): a scorer is applied only as it was fitted; save the scorer again"
+        )
     return SavedScorer(tensors, record)
 
 
@@ -170,3 +183,8 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _record_sha256(record: dict) -> str:
+    """SHA-256 of ``record`` as canonical JSON (sorted keys): what the tensors file's metadata binds."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()

@@ -138,6 +138,11 @@ def test_saved_scorer__round_trip_and_refusals(tmp_path):
     torch.testing.assert_close(saved.tensors["bank"], tensors["bank"], rtol=0, atol=0)
     assert saved.record["settings"] == {"top_k": 1} and saved.record["format"] == "mae-anomaly-scorer"
     save_scorer(folder, tensors, record)  # its own folder: replaced
+    edited = json.loads((folder / RECORD).read_text())
+    (folder / RECORD).write_text(json.dumps({**edited, "settings": {"top_k": 3}}))  # a lying record
+    with pytest.raises(ValueError, match="scorer.json is not the record scorer.safetensors was saved with"):
+        load_scorer(folder)
+    save_scorer(folder, tensors, record)
     with pytest.raises(FileNotFoundError, match="--scorer .*nowhere is not a folder"):
         load_scorer(tmp_path / "nowhere")
     (folder / TENSORS).write_bytes((folder / TENSORS).read_bytes()[:-4])  # cut off
