@@ -79,6 +79,28 @@ def _applied(saved: SavedScorer, scorer: Path) -> dict:
     return {"scorer": str(scorer), "normal": saved.record["normal"]}
 
 
+def _fitted_record(
+    method: str,
+    settings: dict,
+    fit: list[Path],
+    normal: Path | None,
+    preprocessed: tuple[tuple[int, int], Normalization],
+    encoder: dict | None,
+) -> dict:
+    """The record a fitted scorer of ``method`` is saved with (``save_scorer``): its ``settings``, the
+    ``fit`` images of the folder ``normal`` it was fitted on, its (size, normalisation) and its model's
+    ``encoder`` identity (checkpoint and fingerprint; None without a model); the decision is set later."""
+    return {
+        "method": method,
+        "settings": settings,
+        "normal": None if normal is None else str(normal),
+        "normal_images": len(fit),
+        "preprocessing": preprocessing(*preprocessed),
+        "encoder": encoder,
+        "decision": None,
+    }
+
+
 def mae_method(
     checkpoint: Path | None,
     fit: list[Path],
@@ -180,19 +202,15 @@ def mae_method(
     if saved is None:
         tensors = {"mean": statistics.mean, "scale": statistics.scale} if statistics else {}
         keep = ("mask_ratio", "repeats", "seed", "raw_errors", "top_k")
-        saved = SavedScorer(
-            tensors,
-            {
-                "method": MAE,
-                "settings": {k: settings[k] for k in keep},
-                "floored_positions": recorded["floored_positions"],
-                "normal": None if settings["raw_errors"] else str(normal),
-                "normal_images": 0 if settings["raw_errors"] else len(fit),
-                "preprocessing": preprocessing(size, norm),
-                "encoder": {"checkpoint": str(Path(checkpoint).resolve()), "fingerprint": fingerprint},
-                "decision": None,
-            },
+        record = _fitted_record(
+            MAE,
+            {k: settings[k] for k in keep},
+            [] if settings["raw_errors"] else fit,
+            None if settings["raw_errors"] else normal,
+            (size, norm),
+            {"checkpoint": str(Path(checkpoint).resolve()), "fingerprint": fingerprint},
         )
+        saved = SavedScorer(tensors, {**record, "floored_positions": recorded["floored_positions"]})
     return Method(errors, size, model.grid_size, norm, statistics, recorded, saved, messages=messages)
 
 
@@ -231,15 +249,8 @@ def pixel_knn_method(
     patch = settings["patch_size"]
     recorded = {"patch_size": patch, "standardised": False, "error_space": "normalised pixels"}
     if saved is None:
-        record = {
-            "method": PIXEL_KNN,
-            "settings": {k: settings[k] for k in ("patch_size", "seed", "top_k")},
-            "normal": str(normal),
-            "normal_images": len(fit),
-            "preprocessing": preprocessing(size, norm),
-            "encoder": None,
-            "decision": None,
-        }
+        settings_kept = {k: settings[k] for k in ("patch_size", "seed", "top_k")}
+        record = _fitted_record(PIXEL_KNN, settings_kept, fit, normal, (size, norm), None)
         saved = SavedScorer({"reference": reference}, record)
     else:
         recorded.update(_applied(saved, scorer))
@@ -311,15 +322,14 @@ def features_method(
             f"{vectors.shape[1]}, {len(memory.bank)} kept in the bank (greedy coreset, fraction "
             f"{settings['coreset_fraction']})"
         )
-        record = {
-            "method": FEATURES,
-            "settings": {**settings, "bank_size": len(memory.bank), "normal_patches": len(vectors)},
-            "normal": str(normal),
-            "normal_images": len(fit),
-            "preprocessing": preprocessing(embedder.img_size, embedder.norm),
-            "encoder": {"checkpoint": embedder.checkpoint, "fingerprint": embedder.fingerprint},
-            "decision": None,
-        }
+        record = _fitted_record(
+            FEATURES,
+            {**settings, "bank_size": len(memory.bank), "normal_patches": len(vectors)},
+            fit,
+            normal,
+            (embedder.img_size, embedder.norm),
+            {"checkpoint": embedder.checkpoint, "fingerprint": embedder.fingerprint},
+        )
         saved = SavedScorer({"bank": memory.bank.cpu()}, record)
     else:
         memory.bank = saved.tensors["bank"].to(embedder.device)
