@@ -8,6 +8,11 @@
   hook for it: litdata's ``StreamingDataLoader.__iter__`` is a generator, which starts them later.
 - ``torch.onnx._constants.ONNX_MAX_OPSET`` and ``torch.onnx._internal.exporter._constants.TORCHLIB_OPSET``:
   the opsets the exporter writes; ``torch.onnx`` exports no name for them.
+- ``torch.distributed.checkpoint.default_planner._EmptyStateDictLoadPlanner`` and
+  ``torch.distributed.checkpoint.state_dict_loader._load_state_dict``: the planner that builds a state dict
+  from a distributed checkpoint's own index, and the load that fills the dict it is given (the public
+  ``load`` fills a copy); torch's ``dcp_to_torch_save`` reads with both. A sharded checkpoint is read by
+  one process with them, without writing a consolidated copy first.
 - The module names that wrappers insert into parameter names (FSDP, activation checkpointing,
   ``torch.compile``): torch defines them in private modules.
 """
@@ -16,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
@@ -23,6 +30,14 @@ from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 # (torch.distributed.algorithms._checkpoint.checkpoint_wrapper._CHECKPOINT_WRAPPED_MODULE) and
 # torch.compile (OptimizedModule._orig_mod).
 WRAPPER_MODULE_NAMES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+
+# Builds the state dict it loads from the checkpoint's index; ``keys``: only these top-level entries.
+EmptyStateDictLoadPlanner = _EmptyStateDictLoadPlanner
+
+
+def load_distributed_checkpoint(state_dict: dict, storage_reader: Any, planner: Any) -> None:
+    """Fill ``state_dict`` from a distributed checkpoint in this process alone (no process group)."""
+    _load_state_dict(state_dict, storage_reader=storage_reader, planner=planner, no_dist=True)
 
 
 def collate_with(batch: list, collate_fn_map: dict[type, Callable]) -> Any:

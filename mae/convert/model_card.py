@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from mae.convert.safe_load import safe_torch_load
+from mae.convert.sharded_checkpoint import is_sharded_checkpoint, read_training_checkpoint
 from mae.convert.sources import MAECheckpoint
 
 # The marker a card ``mae export`` wrote carries (an HTML comment: not shown on the hub).
@@ -98,9 +98,9 @@ def read_run(ckpt: MAECheckpoint) -> RunFacts:
     ``<run>/checkpoints/``, the run folder's ``config.yaml`` and ``metrics.csv``."""
     facts = RunFacts(ckpt.source, ckpt.format, dict(ckpt.config), ckpt.data)
     path = Path(ckpt.source)
-    if ckpt.format != "lightning" or not path.is_file():
+    if ckpt.format != "lightning" or not (path.is_file() or is_sharded_checkpoint(path)):
         return facts
-    obj = safe_torch_load(path)
+    obj = read_training_checkpoint(path, model_only=True)
     facts.hparams = dict(obj.get("hyper_parameters") or {})
     facts.steps = obj.get("global_step")
     progress = obj.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})

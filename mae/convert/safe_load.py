@@ -64,7 +64,8 @@ def check_checkpoint_file(path: Path) -> None:
 
 def safe_torch_load(path: str | Path) -> Any:
     """``torch.load`` with ``weights_only=True`` on the CPU, allowing ``argparse.Namespace`` too
-    (safetensors files are read as their tensors).
+    (safetensors files are read as their tensors; ``mae.convert.sharded_checkpoint.read_checkpoint``
+    reads a sharded checkpoint folder too).
 
     Raises:
         FileNotFoundError: no such file.

@@ -26,6 +26,7 @@ from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, encoder_config
 from mae.convert.huggingface import from_hf_state_dict
 from mae.convert.report import block_count
 from mae.convert.safe_load import read_safetensors, safe_torch_load
+from mae.convert.sharded_checkpoint import is_sharded_checkpoint, read_sharded_checkpoint
 from mae.errors import InputError, MissingFileError
 from mae.models.factory import MODEL_REGISTRY, create_model
 from mae.models.mae import MaskedAutoencoderViT
@@ -96,6 +97,8 @@ def read_checkpoint(source: str | Path, format: str = "auto") -> MAECheckpoint:
     if format not in FORMATS:
         raise InputError(f"checkpoint format {format!r} is unknown; expected one of {FORMATS}")
     path = Path(source)
+    if is_sharded_checkpoint(path):  # a sharded training run's checkpoint: its weights, consolidated
+        return _read_lightning(path, read_sharded_checkpoint(path, model_only=True))
     if path.is_dir():
         timm_config = timm_folder_config(path)
         if timm_config is not None:

@@ -126,6 +126,20 @@ class MAETrainingModule(pl.LightningModule, ABC):
         )
         set_attention_kernel(self.network, self.settings.attention)
 
+    def configure_model(self) -> None:
+        # Under FSDP2 (mae.training.sharding): each transformer block sharded, then the whole network.
+        from mae.training.sharding import FSDP2Strategy, transformer_blocks
+
+        try:
+            strategy = self.trainer.strategy
+        except (
+            RuntimeError
+        ):  # not attached to a trainer: Lightning's load_from_checkpoint calls this hook too
+            return
+        if isinstance(strategy, FSDP2Strategy) and not getattr(self, "_sharded", False):
+            strategy.shard(self.network, transformer_blocks(self.network), self.trainer.precision)
+            self._sharded = True
+
     def on_fit_start(self) -> None:
         if self.settings.compile:
             self.network.compile()  # in place: checkpoints keep the plain parameter names

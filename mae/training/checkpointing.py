@@ -1,16 +1,22 @@
 """Checkpoints of a training run: atomic writes, and a resume checkpoint validated before any work."""
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from torch.distributed.tensor import DTensor
 
 from mae.convert.architecture import ARCHITECTURE_KEY, MAE_CLASS
 from mae.convert.report import state_dict_mismatch
-from mae.convert.safe_load import safe_torch_load
+from mae.convert.sharded_checkpoint import (
+    is_sharded_checkpoint,
+    read_sharded_checkpoint,
+    read_training_checkpoint,
+)
 from mae.errors import ConfigError, MissingFileError
 from mae.io.atomic import atomic_write
 from mae.models.decoder_switches import switch_differences
@@ -25,13 +31,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> None:
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp), size=tensor_bytes(checkpoint))
 
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict:
+        """A ``.ckpt`` file as Lightning reads it, or a sharded checkpoint folder (a run under FSDP2)
+        consolidated in this process (``mae.convert.sharded_checkpoint``)."""
+        if is_sharded_checkpoint(Path(path)):
+            return read_sharded_checkpoint(path)
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
 
 def tensor_bytes(tree: Any) -> int:
     """Bytes of the tensor storages in a nested dict / list / tuple, each storage once (what
-    ``torch.save`` of it mostly writes)."""
+    ``torch.save`` of it mostly writes); of a sharded tensor, this process's shard."""
     storages: dict[tuple[str, int], int] = {}
 
     def visit(node: Any) -> None:
+        if isinstance(node, DTensor):
+            node = node.to_local()  # this process's shard
         if isinstance(node, torch.Tensor) and node.device.type != "meta":
             storage = node.untyped_storage()
             storages[(str(node.device), storage.data_ptr())] = storage.nbytes()
@@ -55,11 +72,12 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
             architecture: the differing keys and shapes).
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() and not is_sharded_checkpoint(path):
         raise MissingFileError(
-            f"--ckpt_path {path} does not exist (expected a .ckpt file written by this tool)"
+            f"--ckpt_path {path} does not exist (expected a .ckpt file or a sharded checkpoint folder "
+            "written by this tool)"
         )
-    ckpt = safe_torch_load(path)
+    ckpt = read_training_checkpoint(path)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "optimizer_states" not in ckpt:
         raise ConfigError(
             f"--ckpt_path {path} is not a Lightning training checkpoint (no state_dict / optimizer_states); "
@@ -96,13 +114,16 @@ def check_same_decoder_switches(path: Path, saved: dict | None, module: pl.Light
 
 
 def remove_orphan_temporaries(folder: str | Path) -> list[Path]:
-    """Delete the temporary files that a process killed during a save left in ``folder``
-    (``.<name>.tmp-<pid>`` of a process no longer running); returns them."""
+    """Delete the temporary files (and sharded checkpoint folders) that a process killed during a save
+    left in ``folder`` (``.<name>.tmp-<pid>`` of a process no longer running); returns them."""
     removed = []
     for tmp in Path(folder).glob(".*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _running(int(pid)):
-            tmp.unlink(missing_ok=True)
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
 

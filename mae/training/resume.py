@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from mae.compat.lightning import keeps_versions, set_version, version_chosen
+from mae.convert.sharded_checkpoint import is_sharded_checkpoint
 from mae.training.checkpointing import check_resume_checkpoint
 
 RESUME_LAST = "last"
@@ -122,9 +123,10 @@ def start_run_folder(trainer: pl.Trainer) -> tuple[Path, list[Path]] | None:
 
 
 def find_last_checkpoint(trainer: pl.Trainer) -> Path | None:
-    """The newest ``last.ckpt`` of this run, where Lightning's checkpoint callback writes it:
-    ``checkpoint.dirpath`` when set; else ``<save_dir>/<name>/<any version>/checkpoints`` of the
-    first logger; else ``<default_root_dir>/checkpoints``. None when there is none."""
+    """The newest ``last.ckpt`` (a file, or a sharded checkpoint folder) of this run, where Lightning's
+    checkpoint callback writes it: ``checkpoint.dirpath`` when set; else
+    ``<save_dir>/<name>/<any version>/checkpoints`` of the first logger; else
+    ``<default_root_dir>/checkpoints``. None when there is none."""
     callback = trainer.checkpoint_callback
     if callback is not None and getattr(callback, "dirpath", None):
         candidates = [Path(callback.dirpath) / "last.ckpt"]
@@ -134,7 +136,7 @@ def find_last_checkpoint(trainer: pl.Trainer) -> Path | None:
         candidates = list(root.glob("*/checkpoints/last.ckpt"))
     else:
         candidates = [Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"]
-    existing = [path for path in candidates if path.is_file()]
+    existing = [path for path in candidates if path.is_file() or is_sharded_checkpoint(path)]
     return max(existing, key=lambda path: path.stat().st_mtime) if existing else None
 
 

@@ -24,7 +24,7 @@ from timm.models import VisionTransformer
 
 from mae.convert.architecture import DATA_KEY
 from mae.convert.backbone import build_vit, load_backbone, pooling_of
-from mae.convert.safe_load import safe_torch_load
+from mae.convert.sharded_checkpoint import read_training_checkpoint
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.errors import ConfigError, MissingFileError
 from mae.models import create_model
@@ -192,7 +192,7 @@ def restore_kwargs_v0_2(path: str | Path) -> dict[str, Any]:
     keys (``base_lr``, ``checkpoint``, ...: ``mae.training.settings.settings_kwargs_v0_2`` moves them into
     their groups), and version 0.2 kept a transfer's encoder architecture (and a dense module's input
     normalisation) beside its hyperparameters. Empty for a checkpoint of 0.3.0 or later."""
-    saved = safe_torch_load(path)
+    saved = read_training_checkpoint(path, model_only=True)
     settings = saved.get("hyper_parameters", {})
     restore = settings_kwargs_v0_2(settings)
     if "encoder_config" in settings or ENCODER_KEY_V0_2 not in saved:

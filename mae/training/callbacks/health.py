@@ -6,7 +6,8 @@ from collections import deque
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import grad_norm, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.distributed.tensor import DTensor
 
 from mae.compat.lightning import is_logging_step
 from mae.errors import ConfigError
@@ -15,14 +16,21 @@ from mae.errors import ConfigError
 MIN_HISTORY = 10
 
 
+def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of ``tensors`` taken together; of sharded tensors (FSDP2), over every process's shards
+    (a collective: call it on every process)."""
+    norm = torch.nn.utils.get_total_norm(tensors)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
 class RunHealth(pl.Callback):
     """On every logging step (``trainer.log_every_n_steps``) log, through ``self.log`` (the CSV metrics
     and the tracker):
 
     - ``train/grad_norm``: the total 2-norm of the gradients before clipping (``trainer.gradient_clip_val``
-      clips after this hook), by Lightning's ``grad_norm``; under fp16 unscaled (a fused optimizer unscales
-      inside its step, so its gradients are divided by the scale here); inf or NaN for a step the loss
-      scaler skips;
+      clips after this hook), over every process's shards under FSDP2; under fp16 unscaled (a fused
+      optimizer unscales inside its step, so its gradients are divided by the scale here); inf or NaN for a
+      step the loss scaler skips;
     - ``train/update_ratio``: ||w_after - w_before|| / ||w_before|| over the trainable parameters, the
       relative size of the optimizer's update (0 for a skipped step); it keeps a copy of the weights on
       those steps only, from before the step to after it;
@@ -57,8 +65,8 @@ class RunHealth(pl.Callback):
             return
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         metrics = {}
-        norms = grad_norm(pl_module, 2)
-        total = norms.get("grad_2.0_norm_total")
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        total = total_norm(grads) if grads else None
         if scaler is not None:
             scale = scaler.get_scale()
             metrics["train/loss_scale"] = float(scale)
@@ -72,7 +80,7 @@ class RunHealth(pl.Callback):
             pl_module.log_dict(metrics, on_step=True, on_epoch=False)
         params = [p.detach() for p in pl_module.parameters() if p.requires_grad]
         self._before = [p.clone() for p in params]
-        self._weight_norm = torch.nn.utils.get_total_norm(params)
+        self._weight_norm = total_norm(params)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int
@@ -82,7 +90,7 @@ class RunHealth(pl.Callback):
         params = [p.detach() for p in pl_module.parameters() if p.requires_grad]
         for before, after in zip(self._before, params, strict=True):
             before.sub_(after)  # in place: the update, without another copy of the weights
-        update = torch.nn.utils.get_total_norm(self._before)
+        update = total_norm(self._before)
         ratio = update / self._weight_norm if self._weight_norm > 0 else torch.zeros_like(update)
         self._before = self._weight_norm = None
         pl_module.log("train/update_ratio", float(ratio), on_step=True, on_epoch=False)

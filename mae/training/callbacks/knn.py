@@ -7,6 +7,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from mae.eval.knn import knn_evaluate
 from mae.training.base import MAETrainingModule
 from mae.training.callbacks.monitor import PeriodicMonitor, check_bounds, evaluating, evaluation_data
+from mae.training.sharding import is_sharded
 
 
 class KNNCallback(PeriodicMonitor):
@@ -46,7 +47,9 @@ class KNNCallback(PeriodicMonitor):
 
     def monitor(self, trainer: pl.Trainer, pl_module: MAETrainingModule, epoch: int) -> None:
         data = evaluation_data(trainer)
-        if not trainer.is_global_zero or data is None:
+        # Under FSDP2 every process takes part in each forward (gathering the shards): all evaluate, rank 0
+        # logs.
+        if data is None or not (trainer.is_global_zero or is_sharded(trainer)):
             return
 
         def announce(train_images: int, val_images: int) -> None:

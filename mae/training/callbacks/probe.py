@@ -9,6 +9,7 @@ from mae.errors import ConfigError
 from mae.eval.probe import Pool, ProbeSettings, evaluate
 from mae.training.base import MAETrainingModule
 from mae.training.callbacks.monitor import PeriodicMonitor, check_bounds, evaluating, evaluation_data
+from mae.training.sharding import is_sharded
 
 
 class ProbeCallback(PeriodicMonitor):
@@ -65,7 +66,9 @@ class ProbeCallback(PeriodicMonitor):
 
     def monitor(self, trainer: pl.Trainer, pl_module: MAETrainingModule, epoch: int) -> None:
         data = evaluation_data(trainer)
-        if not trainer.is_global_zero or data is None:
+        # Under FSDP2 every process takes part in each forward (gathering the shards): all evaluate, rank 0
+        # logs.
+        if data is None or not (trainer.is_global_zero or is_sharded(trainer)):
             return
 
         def announce(train_images: int, val_images: int) -> None:

@@ -11,6 +11,7 @@ from mae.errors import ConfigError
 from mae.inference.reconstruction import reconstruct, reconstruction_grid
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
 from mae.training.pretrain import MAEPretrainModule
+from mae.training.sharding import is_sharded
 from mae.training.trackers import log_figure
 
 
@@ -70,6 +71,8 @@ class ReconstructionCallback(PeriodicMonitor):
         out_dir = self._out_dir(trainer)  # on every process: finding the log folder is a collective
         if trainer.is_global_zero:
             self.last_path = self.render(trainer, pl_module, epoch, out_dir)
+        elif is_sharded(trainer):  # every process takes part in the forward that gathers the shards
+            self.reconstruction_grid(trainer, pl_module)
 
     @staticmethod
     def _out_dir(trainer: pl.Trainer) -> Path:
@@ -77,6 +80,15 @@ class ReconstructionCallback(PeriodicMonitor):
 
     def render(self, trainer: pl.Trainer, pl_module: MAEPretrainModule, epoch: int, out_dir: Path) -> Path:
         """Write the figure for ``epoch`` into ``out_dir`` and return its path (call on one process)."""
+        grid = self.reconstruction_grid(trainer, pl_module)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"epoch_{epoch:04d}.png"
+        save_image(grid, path)
+        log_figure(trainer, "reconstructions", grid)
+        return path
+
+    def reconstruction_grid(self, trainer: pl.Trainer, pl_module: MAEPretrainModule) -> torch.Tensor:
+        """The figure's image grid: the fixed images, masked, reconstructed and pasted, one band each."""
         model = pl_module.network
         with evaluating(pl_module, model):  # drawing the images may run random transforms: the RNG is forked
             if self.images is None:
@@ -85,10 +97,4 @@ class ReconstructionCallback(PeriodicMonitor):
             generator = torch.Generator().manual_seed(self.seed)
             noise = model.sample_noise(imgs.shape[0], pl_module.mask_ratio, "cpu", generator).to(imgs.device)
             views = reconstruct(model, imgs, pl_module.mask_ratio, noise)
-            grid = reconstruction_grid(views, bands=self.bands, **self._display(trainer))
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"epoch_{epoch:04d}.png"
-        save_image(grid, path)
-        log_figure(trainer, "reconstructions", grid)
-        return path
+            return reconstruction_grid(views, bands=self.bands, **self._display(trainer))

@@ -1,0 +1,160 @@
+"""Fully sharded training (FSDP2, torch's ``fully_shard``) through Lightning's ``ModelParallelStrategy``.
+
+``FSDP2Strategy`` shards each transformer block, then the whole network, over every process (ZeRO-3:
+parameters, gradients and optimizer state each held once across the processes); the stackable recipe
+``strategy/fsdp`` selects it. On GPUs under ``trainer.precision: bf16-mixed`` the sharded parameters stay
+fp32 and each block computes with bf16 copies, its gradients reduced in fp32; on CPU (gloo) everything
+is fp32. Checkpoints are a folder of shards (torch distributed checkpoint, read back on any number of
+processes, or by one with ``mae.convert.sharded_checkpoint``) or one full file, as ``checkpoint`` says.
+"""
+
+import os
+import shutil
+from collections.abc import Iterable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+
+from mae.convert.sharded_checkpoint import META_FILE, is_sharded_checkpoint
+from mae.errors import ConfigError
+from mae.io.atomic import NoSpaceError
+from mae.training.checkpointing import tensor_bytes
+
+CheckpointFormat = Literal["sharded", "full"]
+
+# Methods the monitors and the reconstruction figures call on a network besides ``forward``: each must
+# gather the sharded parameters of the whole network as ``forward`` does.
+FORWARD_METHODS = ("forward_features", "forward_encoder", "forward_decoder")
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` as pure data parallelism: every process holds one shard
+    of each block (the data-parallel mesh spans the world; no tensor parallelism).
+
+    Args:
+        checkpoint: "sharded": each process writes its shards into a checkpoint folder (fast, no
+            gathering; resumable on another number of processes); "full": the whole state is gathered
+            on rank 0 and written as one ``.ckpt`` file, as without sharding.
+        reshard_after_forward: free each block's gathered parameters after its forward (ZeRO-3; gathered
+            again for the backward) rather than keeping them until the backward (less communication,
+            more memory).
+        process_group_backend: None: gloo on CPU, NCCL on GPUs.
+        timeout: of the collectives.
+    """
+
+    def __init__(
+        self,
+        checkpoint: CheckpointFormat = "sharded",
+        reshard_after_forward: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        if checkpoint not in ("sharded", "full"):
+            raise ConfigError(
+                f"trainer.strategy.init_args.checkpoint must be 'sharded' or 'full', got {checkpoint!r}"
+            )
+        super().__init__(
+            save_distributed_checkpoint=checkpoint == "sharded",
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.checkpoint_format = checkpoint
+        self.reshard_after_forward = reshard_after_forward
+
+    def setup_environment(self) -> None:
+        # The world size is known once the processes are: one data-parallel dimension over all of them.
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    def shard(self, network: nn.Module, blocks: Iterable[nn.Module], precision: str) -> None:
+        """``fully_shard`` each of ``blocks``, then ``network`` (what is left: embeddings, norms, head),
+        over the data-parallel mesh; ``network``'s ``FORWARD_METHODS`` gather like its ``forward``."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+        policy = MixedPrecisionPolicy()
+        if precision == "bf16-mixed":
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        mesh = self.device_mesh["data_parallel"]
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
+        fully_shard(network, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
+        for name in FORWARD_METHODS:
+            if hasattr(network, name):
+                register_fsdp_forward_method(network, name)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None
+    ) -> None:
+        """A sharded checkpoint is written into a temporary folder beside ``filepath`` and renamed into
+        place when every process has written its shards, so that a kill during the save leaves the
+        previous checkpoint intact; a full one goes through the checkpoint IO (an atomic file)."""
+        if self.checkpoint_format == "full":
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        path = Path(self.broadcast(str(filepath)))
+        tmp = path.with_name(f".{path.name}.tmp-{self.broadcast(os.getpid())}")
+        local = torch.tensor(float(tensor_bytes(checkpoint)))
+        check_free_space(path, int(self.reduce(local, reduce_op="sum").item()))  # the same on every process
+        try:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+        except BaseException:
+            if self.is_global_zero:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.barrier()
+        if self.is_global_zero:
+            replace_folder(tmp, path)
+        self.barrier()
+
+    def remove_checkpoint(self, filepath: str | Path) -> None:
+        if self.is_global_zero and is_sharded_checkpoint(Path(filepath)):
+            shutil.rmtree(filepath)
+            return
+        super().remove_checkpoint(filepath)
+
+
+def check_free_space(path: Path, needed: int) -> None:
+    """Refuse a sharded save of ``needed`` bytes (every process's shards) that the free space of
+    ``path``'s folder cannot hold, before anything is written.
+
+    Raises:
+        NoSpaceError: naming ``path``, the bytes needed and the bytes free.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path.parent).free
+    if needed > free:
+        kept = " (the previous checkpoint there is intact)" if path.exists() else ""
+        raise NoSpaceError(path, needed, free, kept)
+
+
+def replace_folder(new: Path, path: Path) -> None:
+    """Put the finished checkpoint folder ``new`` at ``path``, replacing the checkpoint there (a folder of
+    shards or a file) only once ``new`` is complete."""
+    if not (new / META_FILE).is_file():
+        raise RuntimeError(f"the sharded checkpoint {new} is incomplete: no {META_FILE}")
+    old = path.with_name(f".{path.name}.old.tmp-{os.getpid()}")
+    if path.is_dir():
+        path.rename(old)
+    elif path.exists():
+        path.unlink()
+    new.rename(path)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def transformer_blocks(network: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP2 shards one by one: the elements of ``network.blocks`` and, for an MAE,
+    ``network.decoder_blocks``."""
+    return [block for name in ("blocks", "decoder_blocks") for block in getattr(network, name, [])]
+
+
+def is_sharded(trainer: pl.Trainer | None) -> bool:
+    """Whether ``trainer`` trains with FSDP2 (every process must then take part in each forward)."""
+    return trainer is not None and isinstance(trainer.strategy, FSDP2Strategy)
