@@ -3,6 +3,7 @@ and trainer key from YAML or flags): stacked configs, the linked model keys, tra
 ``--ckpt_path`` resume, and what a finished run prints."""
 
 import inspect
+import os
 import re
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from jsonargparse.typing import PositiveInt
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -370,6 +372,26 @@ def _cli_arguments(cli_class: type[_MAECLI], run_name: str) -> dict[str, Any]:
     }
 
 
+def check_torchrun_processes(trainer: pl.Trainer) -> None:
+    """Refuse a run that ``torchrun`` started as more or fewer processes than ``trainer.num_nodes`` x
+    ``trainer.devices``: with one device on one node Lightning would train each process alone, all of them
+    writing the same run folder; with more it would fail at launch.
+
+    Raises:
+        ConfigError: torchrun's ``WORLD_SIZE`` (``--nnodes`` x ``--nproc-per-node``) is not
+            ``trainer.num_nodes`` x ``trainer.devices``.
+    """
+    if not TorchElasticEnvironment.detect():
+        return
+    world, per_node = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    if world != trainer.num_nodes * trainer.num_devices:
+        raise ConfigError(
+            f"torchrun started {world} processes ({world // per_node} node(s) x {per_node}) but "
+            f"trainer.num_nodes x trainer.devices is {trainer.num_nodes} x {trainer.num_devices}: set "
+            f"--trainer.num_nodes {world // per_node} --trainer.devices {per_node}"
+        )
+
+
 def build(
     cli_class: type[_MAECLI],
     module: type,
@@ -388,6 +410,7 @@ def build(
         if refusal is None:
             raise
         raise refusal from err
+    check_torchrun_processes(cli.trainer)
     harden_trainer(cli.trainer)
     quiet_trainer(cli.trainer)
     fitting = not cli.config.get("validate_only", False)

@@ -9,12 +9,14 @@ format's own classes allowed, and every entry with ``torch.load(weights_only=Tru
 
 import io
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from mae.compat.torch import EmptyStateDictLoadPlanner, load_distributed_checkpoint
@@ -103,22 +105,23 @@ class _SafeReader(FileSystemReader):
 
 
 class _SafePlanner(EmptyStateDictLoadPlanner):
-    """Builds the state dict from the index, reading non-tensor entries as tensors and plain data only."""
+    """Builds the state dict from the index, reading non-tensor entries as tensors and plain data only;
+    ``refused``: the error of an entry that would run code (torch wraps what a planner raises)."""
+
+    refused: InputError | None = None
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        value.seek(0)
-        super().load_bytes(read_item, io.BytesIO(_plain_bytes(value)))
-
-
-def _plain_bytes(value: io.BytesIO) -> bytes:
-    """``value``'s bytes after checking they load as tensors and plain data (torch's planner then loads
-    them again, without that check)."""
-    data = value.read()
-    try:
-        torch.load(io.BytesIO(data), weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise InputError(f"a sharded checkpoint entry would run code when loaded ({err})") from None
-    return data
+        data = value.read()
+        try:
+            torch.load(io.BytesIO(data), weights_only=True)  # checked, then loaded by torch's planner
+        except pickle.UnpicklingError as err:
+            named = re.findall(r"GLOBAL ([\w.]+)", str(err))
+            what = f"it names {named[0]}" if named else "it holds objects that are not tensors or plain data"
+            self.refused = InputError(
+                f"the entry {read_item.dest_index.fqn} would run code when loaded: {what}"
+            )
+            raise self.refused from None
+        super().load_bytes(read_item, io.BytesIO(data))
 
 
 def read_training_checkpoint(path: str | Path, model_only: bool = False) -> Any:
@@ -155,13 +158,16 @@ def read_sharded_checkpoint(path: str | Path, model_only: bool = False) -> dict[
         raise InputError(f"{path} holds no model weights ({MODEL_KEY}): an incomplete sharded checkpoint")
     keys = {MODEL_KEY} if model_only else {MODEL_KEY, *optimizers}
     state: dict[str, Any] = {}
+    planner = _SafePlanner(keys=keys)
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            load_distributed_checkpoint(state, _SafeReader(path), _SafePlanner(keys=keys))
-    except InputError:
-        raise
-    except Exception as err:  # torch reports a missing or short shard file in its own wrapper
+            load_distributed_checkpoint(state, _SafeReader(path), planner)
+    except (Exception, CheckpointException) as err:
+        if planner.refused is not None:
+            raise InputError(
+                f"{path}: {planner.refused}"
+            ) from None  # a missing or short shard, in torch's own wrapper
         raise InputError(
             f"could not read the sharded checkpoint {path}: a shard is missing, truncated or corrupt "
             f"({type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''})"

@@ -23,19 +23,34 @@ def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
     """Stop the run before a non-finite loss reaches the weights (or any checkpoint); with a
     ``NonFiniteCapture`` callback (on in the ``mae`` commands), keep the step in the run folder first.
 
+    Under several processes the decision is taken together (a collective): every process stops at a step
+    where any process's loss is non-finite.
+
     Raises:
         NonFiniteError: (``mae.training.callbacks.nonfinite``, with the capture) naming the step, the first
             module whose output is non-finite, the capture folder and the command that replays it.
         FloatingPointError: (without it) naming the step, the epoch and the last checkpoint left intact.
     """
-    if torch.isfinite(loss).item():
+    finite = bool(torch.isfinite(loss).item())
+    trainer = module.trainer
+    if trainer.world_size > 1:
+        # Every process stops at the same step: one stopping alone would leave the others waiting in the
+        # next collective.
+        nonfinite = torch.tensor(0.0 if finite else 1.0, device=loss.device)
+        if trainer.strategy.reduce(nonfinite, reduce_op="sum").item() == 0:
+            return
+    elif finite:
         return
     from mae.training.callbacks.nonfinite import NonFiniteCapture  # the callbacks import this module
 
-    trainer = module.trainer
     capture = next((c for c in trainer.callbacks if isinstance(c, NonFiniteCapture) and c.enabled), None)
     if capture is not None:
         raise capture.capture(trainer, module, loss)
+    if finite:
+        raise FloatingPointError(
+            f"the training loss of another process is non-finite at step {trainer.global_step}: stopped with "
+            "it before the update (its error names the process)"
+        )
     callback = trainer.checkpoint_callback
     last = getattr(callback, "last_model_path", "") or "none written yet"
     raise FloatingPointError(

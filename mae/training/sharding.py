@@ -18,10 +18,12 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+from torch.optim import Optimizer
 
-from mae.convert.sharded_checkpoint import META_FILE, is_sharded_checkpoint
+from mae.convert.sharded_checkpoint import META_FILE, indexed_optimizer_state, is_sharded_checkpoint
 from mae.errors import ConfigError
 from mae.io.atomic import NoSpaceError
 from mae.training.checkpointing import tensor_bytes
@@ -153,6 +155,25 @@ def transformer_blocks(network: nn.Module) -> list[nn.Module]:
     """The blocks FSDP2 shards one by one: the elements of ``network.blocks`` and, for an MAE,
     ``network.decoder_blocks``."""
     return [block for name in ("blocks", "decoder_blocks") for block in getattr(network, name, [])]
+
+
+def full_training_state(module: nn.Module, optimizers: list[Optimizer]) -> tuple[dict, list[dict]]:
+    """The whole state dicts of the sharded ``module`` and of its ``optimizers`` (keyed by parameter index,
+    as ``Optimizer.state_dict``), gathered from every process's shards onto each process, on the CPU: a
+    collective, so every process calls it."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True)
+    state = get_model_state_dict(module, options=options)
+    optimizer_states = [
+        indexed_optimizer_state(get_optimizer_state_dict(module, optimizer, options=options))
+        for optimizer in optimizers
+    ]
+    return move_data_to_device(state, "cpu"), move_data_to_device(optimizer_states, "cpu")
 
 
 def is_sharded(trainer: pl.Trainer | None) -> bool:

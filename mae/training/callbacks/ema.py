@@ -5,7 +5,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from timm.utils import ModelEmaV3
 from torchmetrics.classification import MulticlassAccuracy
@@ -48,7 +48,7 @@ class EMA(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if not self.enabled:
             return
-        if isinstance(trainer.strategy, FSDPStrategy):
+        if isinstance(trainer.strategy, FSDPStrategy | ModelParallelStrategy):
             raise ConfigError(
                 "ema.decay: the EMA keeps whole weights on every process and FSDP shards them; use "
                 "trainer.strategy: ddp, or leave ema.decay unset"

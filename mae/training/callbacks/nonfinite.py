@@ -17,6 +17,7 @@ every module. Under fp16 (a ``GradScaler``), non-finite gradients are the scaler
 step and lowers the scale): only a non-finite loss is captured then.
 """
 
+import contextlib
 import json
 import shutil
 import warnings
@@ -35,6 +36,7 @@ from torch import nn
 
 from mae.compat.lightning import restore_rng_states, rng_states
 from mae.errors import InputError, MissingFileError, UserError
+from mae.training.sharding import full_training_state, is_sharded
 
 CAPTURE_FOLDER = "nonfinite"
 FILES = ("batch.pt", "rng.pt", "state.ckpt", "step.json")
@@ -56,8 +58,14 @@ class Finding:
     kind: str | None = None
     loss: bool = False
     parameters: tuple[str, ...] = ()
+    located: bool = True  # False: not replayed where it was captured (a sharded run)
 
     def describe(self) -> str:
+        if not self.located:
+            return (
+                "not located where it happened: under FSDP2 no process holds the whole model to replay the "
+                "step (mae replay of the capture folder names the first non-finite module)"
+            )
         if self.module is not None:
             return f"the first module whose output is non-finite is {self.module} ({self.kind})"
         if self.parameters:
@@ -76,6 +84,7 @@ class Finding:
             "kind": self.kind,
             "loss": self.loss,
             "parameters": list(self.parameters),
+            "located": self.located,
         }
 
 
@@ -213,26 +222,48 @@ class NonFiniteCapture(pl.Callback):
     ) -> NonFiniteError:
         """Write the step's capture folder, replay the step's forward to find the first non-finite module,
         and return the error to stop the run with: of a non-finite ``loss``, or (None) of a non-finite
-        gradient."""
-        finding = replay_step(
-            module, self._batch, self._batch_idx, self._rng, trainer.precision_plugin, backward=False
-        )
-        if loss is None and finding.module is None:
-            finding = Finding(parameters=nonfinite_gradients(module))
-        folder = self._write(trainer, module, "gradient" if loss is None else "loss", finding)
+        gradient. Under several processes every process calls it at the same step; one whose own loss is
+        finite writes nothing. Under FSDP2 no process holds the whole model to replay the step: the whole
+        state is gathered (a collective) into the folder, and ``mae replay`` locates the module."""
+        here = loss is None or not torch.isfinite(loss).item()  # this process's own step is non-finite
+        full_state = None
+        if is_sharded(trainer):
+            with _built_size(module):
+                full_state = full_training_state(module, trainer.optimizers)
+            finding = Finding(located=False, loss=loss is not None)
+        elif here:
+            finding = replay_step(
+                module, self._batch, self._batch_idx, self._rng, trainer.precision_plugin, backward=False
+            )
+            if loss is None and finding.module is None:
+                finding = Finding(parameters=nonfinite_gradients(module))
+        step, epoch = trainer.global_step, trainer.current_epoch
+        if not here:
+            return NonFiniteError(
+                f"the training loss of another process is non-finite at step {step} (epoch {epoch}): stopped "
+                "with it before the update (its error names the step's capture folder)"
+            )
+        folder = self._write(trainer, module, "gradient" if loss is None else "loss", finding, full_state)
         last = getattr(trainer.checkpoint_callback, "last_model_path", "") or "none written yet"
-        step, epoch, found = trainer.global_step, trainer.current_epoch, finding.describe()
         what = "non-finite gradient" if loss is None else f"non-finite training loss ({loss.item()})"
         return NonFiniteError(
-            f"{what} at step {step} (epoch {epoch}): {found}; stopped before the update, so no checkpoint "
-            f"holds it (last good: {last}). The step is kept in {folder}; replay it with: mae replay "
-            f"{folder}. Resume from the last good checkpoint with a lower lr, bf16-mixed instead of "
+            f"{what} at step {step} (epoch {epoch}): {finding.describe()}; stopped before the update, so no "
+            f"checkpoint holds it (last good: {last}). The step is kept in {folder}; replay it with: mae "
+            f"replay {folder}. Resume from the last good checkpoint with a lower lr, bf16-mixed instead of "
             "16-mixed, or check the input data."
         )
 
-    def _write(self, trainer: pl.Trainer, module: pl.LightningModule, reason: str, finding: Finding) -> Path:
+    def _write(
+        self,
+        trainer: pl.Trainer,
+        module: pl.LightningModule,
+        reason: str,
+        finding: Finding,
+        full_state: tuple[dict, list[dict]] | None = None,
+    ) -> Path:
         """The capture folder, written whole under a temporary name first; a folder of an earlier capture
-        of the same step (a resumed run) is kept, this one gets the next free name."""
+        of the same step (a resumed run) is kept, this one gets the next free name. ``full_state``: the
+        module's and optimizers' states gathered from the shards (FSDP2), else the module's own."""
         base = (self._run_folder or Path(trainer.default_root_dir)) / CAPTURE_FOLDER
         name = f"step_{trainer.global_step}"
         if trainer.world_size > 1:
@@ -245,11 +276,14 @@ class NonFiniteCapture(pl.Callback):
         partial.mkdir(parents=True)
         torch.save(move_data_to_device(self._batch, "cpu"), partial / "batch.pt")
         torch.save(self._rng, partial / "rng.pt")
+        with _built_size(module):
+            state_dict = full_state[0] if full_state else module.state_dict()
+        optimizer_states = full_state[1] if full_state else [o.state_dict() for o in trainer.optimizers]
         torch.save(
             {
-                "state_dict": module.state_dict(),
+                "state_dict": state_dict,
                 "hyper_parameters": dict(module.hparams),
-                "optimizer_states": [optimizer.state_dict() for optimizer in trainer.optimizers],
+                "optimizer_states": optimizer_states,
                 "global_step": trainer.global_step,
                 "epoch": trainer.current_epoch,
                 "pytorch-lightning_version": pl.__version__,
@@ -269,12 +303,22 @@ class NonFiniteCapture(pl.Callback):
             "precision": str(trainer.precision),
             "device": trainer.strategy.root_device.type,
             "attention": getattr(settings, "attention", None),
+            # the input size (H, W) of the step: a phase of model.resolution_schedule
+            "img_size": list(module.img_size) if hasattr(module, "at_img_size") else None,
             "found": finding.as_dict(),
             "torch": torch.__version__,
         }
         (partial / "step.json").write_text(json.dumps(record, indent=2) + "\n")
         partial.rename(folder)
         return folder
+
+
+@contextmanager
+def _built_size(module: pl.LightningModule) -> Iterator[None]:
+    """Inside the block a pretraining module under progressive resolution holds the position embeddings
+    of the size it was built at (what its checkpoints and ``load_from_checkpoint`` hold)."""
+    with module.at_img_size() if hasattr(module, "at_img_size") else contextlib.nullcontext():
+        yield
 
 
 def _precision(name: str, device: str) -> Precision:
@@ -337,6 +381,8 @@ def replay_capture(folder: Path) -> tuple[Finding, dict[str, Any]]:
         module = module_class.load_from_checkpoint(
             folder / "state.ckpt", map_location=device, weights_only=False
         )
+    if record.get("img_size") and hasattr(module, "at_img_size"):
+        module.model.set_img_size(tuple(record["img_size"]))  # the phase the step ran in
     if record.get("attention"):
         from mae.training.runtime import set_attention_kernel
 

@@ -1,0 +1,144 @@
+"""Sharded checkpoint folders (what ``--config strategy/fsdp`` writes) read by one process: the same dict as
+the run's ``.ckpt`` file, in every loader, and never code from the files."""
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from mae.convert.backbone import load_backbone
+from mae.convert.sharded_checkpoint import (
+    META_FILE,
+    SHARDS_METADATA,
+    is_sharded_checkpoint,
+    read_sharded_checkpoint,
+    read_training_checkpoint,
+)
+from mae.errors import InputError
+from mae.training.checkpointing import AtomicCheckpointIO, remove_orphan_temporaries
+from tests.helpers import tiny_pretraining_checkpoint
+
+
+def _by_name(optimizer_state: dict) -> dict:
+    """An index-keyed optimizer state keyed by (made-up) parameter names, as a sharded save keys it."""
+    name = lambda index: f"model.param_{index:03d}"  # noqa: E731
+    return {
+        "state": {name(i): value for i, value in optimizer_state["state"].items()},
+        "param_groups": [
+            {**g, "params": [name(i) for i in g["params"]]} for g in optimizer_state["param_groups"]
+        ],
+    }
+
+
+def write_sharded(file: Path, folder: Path) -> dict:
+    """The training checkpoint ``file`` as the sharded folder one process saves; returns the file's dict."""
+    checkpoint = torch.load(file, weights_only=True)
+    shards = {
+        "state_dict": checkpoint["state_dict"],
+        "optimizer_0": _by_name(checkpoint["optimizer_states"][0]),
+    }
+    dcp.save(shards, checkpoint_id=folder, no_dist=True)
+    rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+    torch.save(rest, folder / META_FILE)
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sharded")
+    file = tiny_pretraining_checkpoint(tmp)
+    folder = tmp / "sharded" / "last.ckpt"
+    return file, folder, write_sharded(file, folder)
+
+
+def test_sharded_folder__reads_as_the_runs_checkpoint_file_in_every_loader(sharded):
+    file, folder, expected = sharded
+    assert is_sharded_checkpoint(folder) and not is_sharded_checkpoint(file)
+    for read in (
+        read_sharded_checkpoint(folder),
+        read_training_checkpoint(folder),
+        AtomicCheckpointIO().load_checkpoint(folder),
+    ):
+        assert sorted(read) == sorted(expected)
+        assert read["global_step"] == expected["global_step"]
+        for key, value in expected["state_dict"].items():
+            assert torch.equal(read["state_dict"][key], value), key
+        got, want = read["optimizer_states"][0], expected["optimizer_states"][0]
+        assert [g["params"] for g in got["param_groups"]] == [g["params"] for g in want["param_groups"]]
+        for index, moments in want["state"].items():
+            for name, value in moments.items():
+                assert torch.equal(got["state"][index][name], value), (index, name)
+    weights = read_sharded_checkpoint(folder, model_only=True)
+    assert "optimizer_states" not in weights and sorted(weights["state_dict"]) == sorted(
+        expected["state_dict"]
+    )
+    from_folder, from_file = load_backbone(folder), load_backbone(file)
+    assert from_folder.load_report.format == "lightning"
+    for key, value in from_file.state_dict().items():
+        assert torch.equal(from_folder.state_dict()[key], value), key
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch ran_code",))
+
+
+def test_sharded_folder__an_index_that_would_run_code_is_refused_before_it_runs(
+    sharded, tmp_path, monkeypatch
+):
+    _, folder, _ = sharded
+    hostile = tmp_path / "hostile.ckpt"
+    hostile.mkdir()
+    for path in folder.iterdir():
+        (hostile / path.name).write_bytes(path.read_bytes())
+    (hostile / SHARDS_METADATA).write_bytes(pickle.dumps(_RunsCode()))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        InputError, match=rf"{SHARDS_METADATA} would run code when loaded \(GLOBAL posix\.system\)"
+    ):
+        read_sharded_checkpoint(hostile)
+    with pytest.raises(InputError, match="would run code"):
+        load_backbone(hostile)
+    assert not (tmp_path / "ran_code").exists()
+
+
+def test_sharded_folder__an_entry_that_would_run_code_is_refused_before_it_runs(tmp_path, monkeypatch):
+    folder = tmp_path / "hostile.ckpt"
+    groups = [{"params": ["model.w"], "lr": _RunsCode()}]
+    dcp.save(
+        {"state_dict": {"model.w": torch.zeros(2)}, "optimizer_0": {"state": {}, "param_groups": groups}},
+        checkpoint_id=folder,
+        no_dist=True,
+    )
+    torch.save({"global_step": 1}, folder / META_FILE)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        InputError, match=r"hostile\.ckpt: the entry optimizer_0\.param_groups\.0\.lr would run code when "
+    ):
+        read_sharded_checkpoint(folder)
+    assert not (tmp_path / "ran_code").exists()
+
+
+def test_sharded_folder__a_truncated_shard_is_named(sharded, tmp_path):
+    _, folder, _ = sharded
+    damaged = tmp_path / "damaged.ckpt"
+    damaged.mkdir()
+    for path in folder.iterdir():
+        data = path.read_bytes()
+        (damaged / path.name).write_bytes(data[: len(data) // 2] if path.suffix == ".distcp" else data)
+    with pytest.raises(
+        InputError, match=rf"could not read the sharded checkpoint {damaged}: a shard is missing"
+    ):
+        read_sharded_checkpoint(damaged)
+
+
+def test_orphan_temporaries__a_killed_sharded_save_leaves_no_folder_behind(tmp_path):
+    orphan = tmp_path / ".last.ckpt.tmp-999999999"  # no such process
+    (orphan / "sub").mkdir(parents=True)
+    (orphan / "__0_0.distcp").write_bytes(b"x")
+    (tmp_path / "last.ckpt").mkdir()
+    assert remove_orphan_temporaries(tmp_path) == [orphan]
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
