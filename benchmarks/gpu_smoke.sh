@@ -3,7 +3,8 @@
 # path run once, briefly, as the pytest tests of tests/gpu (one module per part, each under its own time
 # limit: tests/gpu/parts.py). Parts: throughput (ViT-B/16 bf16 step, ours vs Hugging Face's best),
 # train_shards (300 steps of mae pretrain from litdata shards, data.decode_on: gpu), decoders (every decoder
-# switch, 50 steps each), fsdp (save / load / resume under trainer.strategy: fsdp), detect (mae detect with
+# switch, 50 steps each), fsdp (FSDP2, --config strategy/fsdp, bf16: sharded save, resume, mae export of the
+# sharded checkpoint; the dry run runs FSDP2 on the CPU), detect (mae detect with
 # the COCO ViTDet recipe's model, bf16, 30 steps), onnx (a GPU-trained encoder exported and checked with
 # onnxruntime), sigterm (SIGTERM mid-step of mae pretrain, then --ckpt_path last), checkpointing (ViT-L/16 bf16
 # pretraining step, peak memory and step time without and with model.grad_checkpointing), fp16 (mae pretrain

@@ -4,7 +4,11 @@ missing extra fails here, naming the page, the line and the command.
 Read: the fenced ``bash`` / ``sh`` / ``shell`` / ``console`` blocks of README.md and docs/**/*.md (a block
 without a language whose first line is a command fails, so it cannot escape the check). Lines continued
 with ``\\`` are joined, comments dropped, ``&&`` / ``||`` / ``;`` / ``|`` chains split, ``$`` prompts,
-``VAR=value`` prefixes and ``sudo`` / ``srun`` / ``torchrun`` wrappers taken off. Each command is then parsed
+``VAR=value`` prefixes and ``sudo`` / ``srun`` / ``torchrun`` wrappers taken off (torchrun's own options
+parsed by torch's parser; the processes torchrun or srun start checked against the command's
+``trainer.devices`` x ``trainer.num_nodes`` by Lightning's ``validate_settings``). A block with ``#SBATCH``
+lines is an sbatch script, checked whole: ``bash -n``, its directives (before its first command, known
+options, values) and its commands, srun's with the directives' nodes and tasks. Each command is then parsed
 as it would be, from the repository's root:
 
 - ``mae pretrain|finetune|detect|segment`` (also ``python train.py`` ..., ``python -m mae ...``): the
@@ -29,13 +33,17 @@ import argparse
 import contextlib
 import importlib.util
 import io
+import os
 import re
 import shlex
+import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -83,6 +91,47 @@ ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
 LOOKS_LIKE_A_COMMAND = re.compile(r"^\s*(\$ |mae |python3? |pip |torchrun |srun )")
 NOT_CHECKED = re.compile(r"<!--\s*commands not checked:\s*(?P<reason>\S.*?)\s*-->")  # the line above a block
+# An sbatch script's directives (man sbatch), read up to its first command; the long options this test knows
+# (a script using another gets it added here), those that take no value, and the variables SLURM sets from
+# those Lightning checks.
+SBATCH_DIRECTIVE = re.compile(r"#SBATCH\b(?P<options>.*)")
+SBATCH_OPTIONS = frozenset(
+    {
+        "account",
+        "array",
+        "constraint",
+        "cpus-per-task",
+        "error",
+        "exclusive",
+        "gpus",
+        "gpus-per-node",
+        "gres",
+        "job-name",
+        "mail-type",
+        "mail-user",
+        "mem",
+        "mem-per-cpu",
+        "nodes",
+        "no-requeue",
+        "ntasks-per-node",
+        "open-mode",
+        "output",
+        "partition",
+        "qos",
+        "requeue",
+        "signal",
+        "time",
+    }
+)
+SBATCH_FLAGS = frozenset({"exclusive", "no-requeue", "requeue"})
+# The shell's own words and SLURM's commands a script may use around its srun lines: not checked.
+SCRIPT_WORDS = frozenset({"if", "then", "else", "elif", "fi", "exit", "[", "test", "echo", "scontrol"})
+SLURM_VARIABLES = {
+    "--nodes": "SLURM_NNODES",
+    "-N": "SLURM_NNODES",
+    "--ntasks-per-node": "SLURM_NTASKS_PER_NODE",
+}
+SIGNAL_SPEC = re.compile(r"(?:[RB]+:)?(?P<signal>[A-Za-z0-9]+)(?:@\d+)?")  # [{R|B}:]<sig_num>[@sig_time]
 
 
 @dataclass(frozen=True)
@@ -205,8 +254,8 @@ def doc_commands(root: Path) -> list[DocCommand]:
             if language == "" and lines and LOOKS_LIKE_A_COMMAND.match(lines[0]):
                 problem = "a command in a block without a language: mark the block ```bash so it is checked"
                 found.append(DocCommand(f"{relative}:{first_number}", (), lines[0].strip(), problem))
-            if language not in SHELL_LANGUAGES:
-                continue
+            if language not in SHELL_LANGUAGES or any(SBATCH_DIRECTIVE.match(line) for line in lines):
+                continue  # an sbatch script is checked whole: ``sbatch_problems``
             for number, text in logical_lines(lines, first_number, console=language == "console"):
                 where = f"{relative}:{number}"
                 try:
@@ -273,6 +322,8 @@ def project_extras() -> frozenset[str]:
 def problem_with(words: list[str]) -> str | None:
     """Why the command ``words`` would not parse, or None."""
     program, args = words[0], list(words[1:])
+    if program == "srun":
+        return srun_problem(args, {})
     if program in WRAPPERS:  # the first word after their own options that names a program known here
         known = {"mae", "torchrun", "pip", *PYTHONS, *OTHER_TOOLS}
         inner = next((i for i, word in enumerate(args) if word in known), None)
@@ -293,11 +344,93 @@ def problem_with(words: list[str]) -> str | None:
 
 
 def torchrun_problem(args: list[str]) -> str | None:
-    """``torchrun [its options] -m module ...`` or ``torchrun [its options] script.py ...``."""
-    for i, word in enumerate(args):
-        if word == "-m" or word.endswith(".py"):
-            return python_problem(args[i:])
-    return "torchrun runs neither -m MODULE nor a script"
+    """``torchrun [its options] -m module ...`` or ``torchrun [its options] script.py ...``: torchrun's
+    options by torch's own parser, the command it runs, and its processes (``--nnodes`` x
+    ``--nproc-per-node``) against the command's ``trainer.num_nodes`` x ``trainer.devices``, as Lightning
+    checks them at start-up."""
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+    from torch.distributed.run import get_args_parser
+
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages):
+            options = get_args_parser().parse_args(args)
+    except SystemExit:
+        return f"torchrun: {messages.getvalue().strip().splitlines()[-1].split('error: ', 1)[-1]}"
+    command = ["-m"] * options.module + [options.training_script, *options.training_script_args]
+    problem = python_problem(command)
+    if problem is None and str(options.nnodes).isdigit() and str(options.nproc_per_node).isdigit():
+        world = {"WORLD_SIZE": str(int(options.nnodes) * int(options.nproc_per_node))}
+        return processes_problem(["python", *command], world, TorchElasticEnvironment)
+    return problem
+
+
+def srun_problem(args: list[str], slurm: dict[str, str]) -> str | None:
+    """``srun [its options] command ...``: the command, and its tasks (``--nodes``, ``--ntasks-per-node``:
+    srun's own, else those of the script's ``#SBATCH`` lines, ``slurm``) against the command's
+    ``trainer.num_nodes`` and ``trainer.devices``, as Lightning's ``SLURMEnvironment`` checks them."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    known = {"mae", "torchrun", "pip", *PYTHONS, *OTHER_TOOLS}
+    inner = next((i for i, word in enumerate(args) if word in known), None)
+    if inner is None:
+        return "srun runs no command this test knows"
+    slurm = {**slurm, **slurm_settings(args[:inner])}
+    problem = problem_with(args[inner:])
+    if problem is None and "SLURM_NNODES" in slurm and "SLURM_NTASKS_PER_NODE" in slurm:
+        return processes_problem(args[inner:], slurm, SLURMEnvironment)
+    return problem
+
+
+def slurm_settings(options: list[str]) -> dict[str, str]:
+    """The variables SLURM sets from the sbatch / srun ``options`` (``--nodes 2``, ``-N=2``,
+    ``--ntasks-per-node=8``) that Lightning checks."""
+    settings, i = {}, 0
+    while i < len(options):
+        name, _, value = options[i].partition("=")
+        if not value and i + 1 < len(options) and not options[i + 1].startswith("-"):
+            value, i = options[i + 1], i + 1
+        if name in SLURM_VARIABLES:
+            settings[SLURM_VARIABLES[name]] = value
+        i += 1
+    return settings
+
+
+def processes_problem(words: list[str], environment: dict[str, str], cluster: type) -> str | None:
+    """Whether the processes a launcher starts (``environment``: the variables it sets) agree with the
+    training command ``words``' ``trainer.devices`` and ``trainer.num_nodes``, by the ``validate_settings``
+    of Lightning's ``cluster`` environment; None for other commands and devices given otherwise than as
+    a number."""
+    command = training_command(words)
+    if command is None:
+        return None
+    trainer = training_config(*command).trainer
+    devices, nodes = str(trainer.devices), str(trainer.num_nodes)
+    if not (devices.isdigit() and nodes.isdigit()):
+        return None
+    with mock.patch.dict(os.environ, environment):
+        try:
+            cluster().validate_settings(int(devices), int(nodes))
+        except ValueError as err:
+            return f"the launcher's processes and the command disagree: {err}"
+    return None
+
+
+def training_command(words: list[str]) -> tuple[str, list[str]] | None:
+    """(command, arguments) of ``mae pretrain|finetune|detect|segment ...`` (also ``python -m mae ...``,
+    ``python train.py ...``), else None."""
+    if words[:1] and words[0] in PYTHONS:
+        rest = words[1:]
+        while rest and rest[0].startswith("-") and rest[0] != "-m":
+            rest = rest[1:]  # the interpreter's own flags
+        if rest[:1] and rest[0] in LAUNCHERS:
+            words = ["mae", LAUNCHERS[rest[0]], *rest[1:]]
+        elif rest[:2] == ["-m", "mae"]:
+            words = rest[1:]
+    words = [w for w in words if w != "--debug"]
+    if words[:1] == ["mae"] and len(words) > 1 and words[1] in training_cli_classes():
+        return words[1], words[2:]
+    return None
 
 
 def python_problem(args: list[str]) -> str | None:
@@ -362,14 +495,24 @@ def command_problem(name: str, argv: list[str]) -> str | None:
 
 def training_problem(name: str, argv: list[str]) -> str | None:
     """``mae pretrain|finetune|detect|segment``: the parse of ``--print_config`` (the print left out)."""
-    argv = [a for a in argv if a.split("=", 1)[0] != "--print_config"]
-    cli = object.__new__(training_cli_classes()[name])  # only its parse_arguments runs: no model, no trainer
-    cli.model_class = command_parser(name).groups["model"].group_class  # what it refuses renamed keys for
     try:
-        cli.parse_arguments(command_parser(name), argv)
+        training_config(name, argv)
     except argparse.ArgumentError as err:
         return str(err)
     return None
+
+
+def training_config(name: str, argv: list[str]) -> Any:
+    """The configuration ``mae <name> *argv`` parses to (``--print_config``'s, without the print).
+
+    Raises:
+        argparse.ArgumentError: why it does not parse.
+    """
+    argv = [a for a in argv if a.split("=", 1)[0] != "--print_config"]
+    cli = object.__new__(training_cli_classes()[name])  # only its parse_arguments runs: no model, no trainer
+    cli.model_class = command_parser(name).groups["model"].group_class  # what it refuses renamed keys for
+    cli.parse_arguments(command_parser(name), argv)
+    return cli.config
 
 
 def options_problem(name: str, argv: list[str]) -> str | None:
@@ -446,6 +589,75 @@ def problems_in(root: Path) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class SbatchScript:
+    """A fenced shell block holding ``#SBATCH`` lines: ``where`` it starts ("docs/pretraining.md:42") and
+    its ``lines``."""
+
+    where: str
+    lines: tuple[str, ...]
+
+
+def sbatch_scripts(root: Path) -> list[SbatchScript]:
+    """Every sbatch script of the pages under ``root``, in page order."""
+    return [
+        SbatchScript(f"{page.relative_to(root).as_posix()}:{first_number}", tuple(lines))
+        for page in doc_pages(root)
+        for language, first_number, lines, above in fenced_blocks(page.read_text(encoding="utf-8"))
+        if language in SHELL_LANGUAGES and any(SBATCH_DIRECTIVE.match(line) for line in lines)
+    ]
+
+
+def sbatch_problems(script: SbatchScript) -> list[str]:
+    """Why ``script`` would not run as shown: bash's syntax check (``bash -n``), its ``#SBATCH`` lines
+    (only those before the first command are read by sbatch; options this test knows, a value where one is
+    needed, a ``--signal`` that names a signal), its ``srun`` commands with the nodes and tasks the
+    directives ask for, and its other commands as on any page (``SCRIPT_WORDS`` aside)."""
+    page, first = script.where.rsplit(":", 1)
+    syntax = subprocess.run(
+        ["bash", "-n"], input="\n".join(script.lines) + "\n", capture_output=True, text=True, timeout=30
+    )
+    problems = [f"{script.where}: bash -n: {syntax.stderr.strip()}"] if syntax.returncode else []
+    options: list[str] = []
+    commands_started = False
+    for number, line in enumerate(script.lines, int(first)):
+        directive = SBATCH_DIRECTIVE.match(line)
+        if directive and commands_started:
+            problems.append(f"{page}:{number}: #SBATCH after the first command: sbatch ignores it")
+        elif directive:
+            words = shlex.split(directive["options"])
+            options += words
+            problems += [f"{page}:{number}: {p}" for p in map(sbatch_option_problem, words) if p]
+        commands_started = commands_started or bool(without_comment(line).strip())
+    for number, text in logical_lines(list(script.lines), int(first), console=False):
+        for words in split_chain(text):
+            while words and ENV_ASSIGNMENT.match(words[0]):
+                words = words[1:]
+            if not words or words[0] in SCRIPT_WORDS:
+                continue
+            if words[0] == "srun":
+                problem = srun_problem(words[1:], slurm_settings(options))
+            else:
+                problem = problem_with(words)
+            problems += [f"{page}:{number}: {shlex.join(words)}: {problem}"] if problem else []
+    return problems
+
+
+def sbatch_option_problem(word: str) -> str | None:
+    """Why the directive's option ``word`` (``--nodes=2``, ``--requeue``) is wrong, or None."""
+    name, equals, value = word.removeprefix("--").partition("=")
+    if not word.startswith("--") or name not in SBATCH_OPTIONS:
+        return f"{word}: not an sbatch long option this test knows (SBATCH_OPTIONS)"
+    if (name in SBATCH_FLAGS) == bool(equals):
+        return f"{word}: --{name} {'takes no value' if equals else 'needs a value: --' + name + '=VALUE'}"
+    if name == "signal":
+        spec = SIGNAL_SPEC.fullmatch(value)
+        signal_name = spec and spec["signal"].upper().removeprefix("SIG")
+        if not (signal_name and (signal_name.isdigit() or f"SIG{signal_name}" in signal.Signals.__members__)):
+            return f"{word}: not [{{R|B}}:]SIGNAL[@SECONDS]"
+    return None
+
+
 # ------------------------------------------------------------------------------------------------- tests
 
 DOC_COMMANDS = doc_commands(REPO)
@@ -464,6 +676,62 @@ def test_doc_command__parses(command: DocCommand, at_the_repository_root: None) 
     problem = command.problem or problem_with(list(command.words))
     if problem is not None:
         pytest.fail(f"{command.where}: {command.text}: {problem}", pytrace=False)
+
+
+SBATCH_SCRIPTS = sbatch_scripts(REPO)
+
+
+@pytest.mark.parametrize("script", SBATCH_SCRIPTS, ids=[script.where for script in SBATCH_SCRIPTS])
+def test_sbatch_script__runs_as_shown(script: SbatchScript, at_the_repository_root: None) -> None:
+    problems = sbatch_problems(script)
+    assert not problems, "\n".join(problems)
+
+
+def test_sbatch_scripts__found_and_a_script_s_mistakes_are_named(tmp_path, at_the_repository_root) -> None:
+    assert SBATCH_SCRIPTS, "no sbatch script on the pages"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(
+        "```bash\n"
+        "#!/bin/bash\n"
+        "#SBATCH --nodes=2 --ntasks-per-node=1\n"
+        "#SBATCH --requeu\n"
+        "#SBATCH --signal=B:USR3@90 --time\n"
+        "if true; then\n"
+        "srun python -m mae pretrain --config default --trainer.accelerator cpu --trainer.devices 1\n"
+        "#SBATCH --requeue\n"
+        "```\n"
+    )
+    [script] = sbatch_scripts(tmp_path)
+    problems = sbatch_problems(script)
+    expected = [
+        "docs/page.md:2: bash -n: ",
+        "docs/page.md:4: --requeu: not an sbatch long option",
+        "docs/page.md:5: --signal=B:USR3@90: not [{R|B}:]SIGNAL[@SECONDS]",
+        "docs/page.md:5: --time: --time needs a value",
+        "docs/page.md:8: #SBATCH after the first command",
+        "docs/page.md:7: srun python -m mae pretrain --config default --trainer.accelerator cpu "
+        "--trainer.devices 1: the launcher's processes and the command disagree: You set `num_nodes=1` in "
+        "Lightning, but the number of nodes configured in SLURM `--nodes=2` does not match",
+    ]
+    assert len(problems) == len(expected), "\n".join(problems)
+    for problem, start in zip(problems, expected, strict=True):
+        assert problem.startswith(start), problem
+
+
+def test_torchrun_options_and_processes_are_checked(at_the_repository_root) -> None:
+    """torchrun's own options by torch's parser, its processes against the command's devices and nodes."""
+    command = "-m mae pretrain --config default --trainer.accelerator cpu --trainer.devices 2"
+    assert problem_with(shlex.split(f"torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 {command}")) == (
+        "the launcher's processes and the command disagree: You set `devices=2` and `num_nodes=1` in "
+        "Lightning, but the product (2 * 1) does not match the world size (4)."
+    )
+    assert problem_with(shlex.split(f"torchrun --nnodes 2 --nproc-per-node 2 --node-rnk 1 {command}")) == (
+        "torchrun: unrecognized arguments: --node-rnk"
+    )
+    assert (
+        problem_with(shlex.split(f"torchrun --nnodes 2 --nproc-per-node 2 {command} --trainer.num_nodes 2"))
+        is None
+    )
 
 
 def test_doc_commands__found_on_the_pages():

@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torch.distributed.tensor import DTensor
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -58,8 +59,8 @@ def differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
 
 class RunRecord(pl.Callback):
     """Appends JSON lines to ``path``: the step, device, strategy and (with ``digest``) the weights' digests
-    at the start and end of training (the weights as the strategy saves them: FSDP's full state dict), every
-    checkpoint save's step, and the exception that ended a run."""
+    at the start and end of training (the weights as the strategy saves them, FSDP2's shards gathered
+    whole), every checkpoint save's step, and the exception that ended a run."""
 
     def __init__(self, path: str, digest: bool = False) -> None:
         self.path, self.digest, self.batches = path, digest, 0
@@ -70,6 +71,8 @@ class RunRecord(pl.Callback):
             if self.digest and event.startswith("train")
             else None
         )
+        if state is not None:  # FSDP2's sharded state: whole tensors (a collective: on every process)
+            state = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
         if not trainer.is_global_zero:
             return
         record = {

@@ -57,7 +57,7 @@ RESULT_KEYS = {
     "throughput": {"ours_default", "hf_best", "ours_vs_hf_best", "rows"},
     "train_shards": {"images_per_s", "decode_share", "data_wait_share", "decode_on", "steps", "standalone"},
     "decoders": {"img_s", "timed_steps_per_variant", "rows"},
-    "fsdp": {"strategy", "saved_step", "resumed_from_step", "final_step", "weights_equal_after_reload"},
+    "fsdp": {"strategy", "saved_step", "final_step", "weights_equal_after_reload", "export_equals_trained"},
     "detect": {"steps", "first_loss", "last_loss", "val_map", "window_size", "global_blocks"},
     "onnx": {"trained_on", "export_check_vs_torch_cpu", "vs_encoder_on_device", "opset"},
     "sigterm": {"signalled_at_step", "exit_status", "saved_step", "resumed_from_step", "final_step"},
