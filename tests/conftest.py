@@ -6,10 +6,10 @@ runs, signals); ``docs/`` checks the pages, README and CHANGELOG against the cod
 check; ``suite/`` tests this machinery.
 
 Tiers (markers registered in pyproject.toml) follow the folder: everything under ``integration/`` is
-``slow``, and so is a test marked ``ddp``, ``gpu``, ``browser`` or ``s3`` (the ``browser`` and ``s3``
-fixtures mark the tests that use them). The fast tier, ``-m "not slow"``, is ``unit/``, ``docs/`` and
-``suite/`` less what is marked slow by hand; a fast-tier test that starts a fresh Python interpreter
-anyway fails, naming the fix.
+``slow``, and so is a test marked ``ddp``, ``two_nodes``, ``gpu``, ``browser`` or ``s3`` (the ``browser``
+and ``s3`` fixtures mark the tests that use them). The fast tier, ``-m "not slow"``, is ``unit/``,
+``docs/`` and ``suite/`` less what is marked slow by hand; a fast-tier test that starts a fresh Python
+interpreter anyway fails, naming the fix.
 """
 
 import os
@@ -32,7 +32,7 @@ SLOW_FOLDERS = ("integration",)
 # A fixture of this name marks the tests that use it.
 FIXTURE_MARKERS = {"browser": "browser", "s3": "s3"}
 # These markers leave a test out of the fast tier too.
-SLOW_MARKERS = ("ddp", "browser", "s3", "gpu")
+SLOW_MARKERS = ("ddp", "two_nodes", "browser", "s3", "gpu")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

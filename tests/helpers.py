@@ -351,6 +351,16 @@ class RecordIds(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+class PrintIds(pl.Callback):
+    """Prints ``IDS rank <global rank> epoch <epoch>: <id> <id> ...`` before every training batch of id
+    images (``write_id_images``), on every process: a test reads which images each process of a
+    distributed run trained on from that process's output (a file would be one more write to check)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        ids = " ".join(str(i) for i in image_ids(batch[0].cpu()))
+        print(f"IDS rank {trainer.global_rank} epoch {trainer.current_epoch}: {ids}", flush=True)
+
+
 class PauseAt(pl.Callback):
     """Prints ``PAUSE <moment>`` once (rank 0) and sleeps ``seconds``, so that a test can signal the
     process right there: ``step`` (before training step ``step``), ``validation`` (inside the first

@@ -30,10 +30,6 @@ from mae.training.checkpointing import tensor_bytes
 
 CheckpointFormat = Literal["sharded", "full"]
 
-# Methods the monitors and the reconstruction figures call on a network besides ``forward``: each must
-# gather the sharded parameters of the whole network as ``forward`` does.
-FORWARD_METHODS = ("forward_features", "forward_encoder", "forward_decoder")
-
 
 class FSDP2Strategy(ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` as pure data parallelism: every process holds one shard
@@ -77,8 +73,9 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def shard(self, network: nn.Module, blocks: Iterable[nn.Module], precision: str) -> None:
         """``fully_shard`` each of ``blocks``, then ``network`` (what is left: embeddings, norms, head),
-        over the data-parallel mesh; ``network``'s ``FORWARD_METHODS`` gather like its ``forward``."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+        over the data-parallel mesh. A caller of another method than ``forward`` gathers ``network``'s own
+        parameters first (``network.unshard()``: the monitors' ``evaluating``)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy()
         if precision == "bf16-mixed":
@@ -87,9 +84,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
         fully_shard(network, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
-        for name in FORWARD_METHODS:
-            if hasattr(network, name):
-                register_fsdp_forward_method(network, name)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None

@@ -10,6 +10,7 @@ from typing import Any, get_type_hints
 import lightning.pytorch as pl
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from mae.command_options import ALLOWED
 from mae.data import ImageDataModule
@@ -81,9 +82,14 @@ def evaluation_data(trainer: pl.Trainer) -> ImageDataModule | None:
 def evaluating(pl_module: pl.LightningModule, network: nn.Module) -> Iterator[nn.Module]:
     """``network`` in evaluation mode (its mode restored after), with the RNG of the CPU and of the
     module's CUDA device forked: loaders and transforms draw from it, and monitoring must never change
-    the training run; a module with phases of input size evaluates at its final size."""
+    the training run; a module with phases of input size evaluates at its final size. A network sharded
+    by FSDP2 has its own parameters (embeddings, norms, head) gathered for the block, so that any of its
+    methods runs (each block gathers its own in its forward); every process must evaluate then."""
     was_training = network.training
     network.eval()
+    sharded = isinstance(network, FSDPModule)
+    if sharded:
+        network.unshard()
     devices = [pl_module.device] if pl_module.device.type == "cuda" else []
     # a progressive-resolution run (model.resolution_schedule) is monitored at its final size
     final_size = getattr(pl_module, "at_img_size", contextlib.nullcontext)
@@ -91,4 +97,6 @@ def evaluating(pl_module: pl.LightningModule, network: nn.Module) -> Iterator[nn
         with torch.random.fork_rng(devices=devices), final_size():
             yield network
     finally:
+        if sharded:
+            network.reshard()
         network.train(was_training)

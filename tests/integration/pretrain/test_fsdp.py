@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from mae.convert.backbone import load_backbone
-from mae.convert.sharded_checkpoint import is_sharded_checkpoint
+from mae.convert.sharded_checkpoint import is_sharded_checkpoint, read_training_checkpoint
 from mae.training.callbacks import PREEMPTED_EXIT_CODE
 from tests.helpers import (
     TINY_MODEL,
@@ -221,3 +221,37 @@ def test_fsdp2__a_nan_on_one_process_stops_both_and_its_whole_state_replays(tmp_
     assert state["optimizer_states"][0]["state"]
     replay = run_mae("replay", str(folder))
     assert "the first module whose output is non-finite is model.patch_embed" in replay.stdout, replay.stdout
+
+
+def test_fsdp2__finetuning_with_layer_decay_updates_as_one_unsharded_process(runs):
+    """Weight decay and layer-wise lr decay are chosen by parameter name, before FSDP2 shards (and renames
+    nothing of) the network: one sharded process makes the same update as one plain process."""
+    tmp = runs[0]
+    base = _yaml(_config(tmp, "ft_base", 1, None))
+    config = {
+        "seed_everything": 0,
+        "model": {
+            "encoder": {"checkpoint": str(_run(tmp, "ddp") / "checkpoints" / "last.ckpt")},
+            "optim": {"warmup_epochs": 0},
+            "layer_decay": 0.5,
+            "mixup": 0,
+            "cutmix": 0,
+            "drop_path_rate": 0.0,
+        },
+        "data": base["data"],
+        "trainer": {**base["trainer"], "max_epochs": 1},
+        "checkpoint": {"save_top_k": 0},
+    }
+    states = {}
+    for name, extra in (("ft_plain", ()), ("ft_fsdp", ("--config", "strategy/fsdp"))):
+        trainer = {**config["trainer"], "logger": csv_logger(tmp, name)}
+        path = write_config(tmp, {**config, "trainer": trainer}, name)
+        run_mae("finetune", "--config", str(path), *extra, timeout=400)
+        states[name] = read_training_checkpoint(_run(tmp, name) / "checkpoints" / "last.ckpt")
+    assert is_sharded_checkpoint(_run(tmp, "ft_fsdp") / "checkpoints" / "last.ckpt")
+    plain, sharded = states["ft_plain"], states["ft_fsdp"]
+    assert [g["lr"] for g in sharded["optimizer_states"][0]["param_groups"]] == [
+        g["lr"] for g in plain["optimizer_states"][0]["param_groups"]
+    ]
+    for key, value in plain["state_dict"].items():
+        torch.testing.assert_close(sharded["state_dict"][key], value, rtol=RTOL, atol=ATOL)
