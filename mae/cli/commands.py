@@ -44,14 +44,14 @@ COMMANDS = (
         "mae.cli.train",
         "MAE pretraining (mae pretrain --config default)",
         TRAIN,
-        ("pretrain", "loggers"),
+        ("pretrain", "loggers", "strategy"),
     ),
     Command(
         "finetune",
         "mae.cli.finetune",
         "fine-tuning or linear probing of a pretrained encoder",
         TRAIN,
-        ("finetune", "linprobe", "loggers"),
+        ("finetune", "linprobe", "loggers", "strategy"),
     ),
     Command(
         "detect",

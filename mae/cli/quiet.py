@@ -24,13 +24,16 @@ class _DropAdvertisements(logging.Filter):
 
 def quiet_libraries() -> None:
     """Drop Lightning's advertisements and the ``LeafSpec`` deprecation warning its pytree helper raises
-    under torch 2.10+ (Lightning's code, nothing a user can change)."""
+    under torch 2.10+ (Lightning's code, nothing a user can change), and FSDP2's warning, every step, that
+    the sharded network returned a view (a warning about in-place ops on the outputs, which the training
+    steps never do)."""
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropAdvertisements) for f in rank_zero.filters):
         rank_zero.addFilter(_DropAdvertisements())
     warnings.filterwarnings(
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
     )
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(\w+\) returned a view tensor")
 
 
 class ModelSummaryWithoutUncountedFlops(ModelSummary):
