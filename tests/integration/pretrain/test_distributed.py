@@ -1,7 +1,10 @@
 """Two-process DDP (gloo, CPU) through the real entry points, against one process
-with the same global batch."""
+with the same global batch. The two processes are the tasks of a one-node SLURM job, forked
+(``tests.helpers.run_slurm_tasks``); Lightning's own launcher, which starts rank 1 as a new interpreter, is
+run by ``test_preemption.py`` and the dense and streaming DDP tests."""
 
 import csv
+import os
 import re
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from tests.helpers import (
     TINY_MODEL,
     csv_logger,
     run_mae,
-    run_mae_process,
+    run_slurm_tasks,
     tensorboard_events,
     tensorboard_tracker,
     write_config,
@@ -38,9 +41,10 @@ def _run(command: str, config: dict, tmp: Path, name: str, devices: int, *extra:
         "save_top_k": -1,
         "monitor": None,
     }
-    # only DDP needs a fresh interpreter (its launcher re-runs it)
-    run = run_mae_process if devices > 1 else run_mae
-    result = run(command, "--config", str(write_config(tmp, config, name)), *extra, timeout=400)
+    args = ("--config", str(write_config(tmp, config, name)), *extra)
+    if devices > 1:  # the tasks of a one-node SLURM job, forked (Lightning's launcher: test_preemption.py)
+        return run_slurm_tasks(command, *args, tasks=devices, env={**os.environ, "OMP_NUM_THREADS": "1"})[1]
+    result = run_mae(command, *args, timeout=400)
     return result.stdout + result.stderr
 
 

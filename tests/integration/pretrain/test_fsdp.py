@@ -1,8 +1,13 @@
 """FSDP2 (``--config strategy/fsdp``) with two CPU processes (gloo) through the real ``mae pretrain``, against
-two-process DDP with the same global batch: the same per-step losses (fp32, rtol 1e-5), a group SIGTERM
-mid-run then the same command line continuing step-exact, a sharded checkpoint resumed by one process and read
-by ``mae export``, ``load_backbone`` and ``mae finetune`` as it is."""
+two-process DDP with the same global batch: the same per-step losses (fp32, rtol 1e-5), a SIGTERM to both
+processes' groups mid-run then the same command line continuing step-exact, a sharded checkpoint resumed by
+one process and read by ``mae export``, ``load_backbone`` and ``mae finetune`` as it is.
 
+The two processes are the tasks of a one-node SLURM job (``tests.helpers.start_slurm_tasks``: forked, no
+fresh interpreter), the strategies the same as under Lightning's own launcher (which
+``tests/integration/pretrain/test_distributed.py`` and ``test_preemption.py`` run)."""
+
+import contextlib
 import csv
 import os
 import signal
@@ -20,8 +25,8 @@ from tests.helpers import (
     TINY_MODEL,
     csv_logger,
     run_mae,
-    run_mae_process,
-    start_mae,
+    run_slurm_tasks,
+    start_slurm_tasks,
     write_config,
     write_image_folder,
 )
@@ -88,6 +93,18 @@ def _losses(run: Path) -> dict[int, float]:
     return {int(r["step"]): float(r["train/loss_step"]) for r in rows}
 
 
+def _preempted(*args: str, stop_at: str) -> tuple[list[int], str]:
+    """``mae pretrain ARGS`` as 2 SLURM tasks, both process groups SIGTERM-ed once rank 0 prints
+    ``stop_at``. Returns the exit statuses and both outputs."""
+    with contextlib.ExitStack() as stack:
+        tasks = [stack.enter_context(t) for t in start_slurm_tasks("pretrain", *args, env=ENV)]
+        tasks[0].wait_for_output(stop_at, timeout=300)
+        for task in tasks:
+            os.killpg(task.pid, signal.SIGTERM)
+        outputs = ["".join(task.communicate(timeout=300)) for task in tasks]
+    return [task.returncode for task in tasks], "\n".join(outputs)
+
+
 def _knn(run: Path) -> float:
     with open(run / "metrics.csv") as f:
         return [float(r["val/knn_acc1"]) for r in csv.DictReader(f) if r.get("val/knn_acc1")][-1]
@@ -98,20 +115,16 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
     write_image_folder(tmp / "data" / "train", ["a", "b"], per_class=4, size=(20, 20))
     write_image_folder(tmp / "data" / "val", ["a", "b"], per_class=2, size=(20, 20), seed=1)
-    ddp = _config(tmp, "ddp", 2, "ddp")
-    run_mae_process("pretrain", "--config", str(ddp), timeout=400, env=ENV)
+    run_slurm_tasks("pretrain", "--config", str(_config(tmp, "ddp", 2, "ddp")), env=ENV)
 
     # FSDP2, SIGTERM to the whole process group before step 2 (both processes), then the same command line
     pause = {"class_path": "tests.helpers.PauseAt", "init_args": {"moment": "step", "step": 2}}
     fsdp = _config(tmp, "fsdp", 2, None, [pause])
-    command = ("pretrain", "--config", str(fsdp), "--config", "strategy/fsdp", "--ckpt_path", "last")
-    with start_mae(*command, env=ENV, new_session=True) as proc:
-        proc.wait_for_output("PAUSE step", timeout=300)
-        os.killpg(proc.pid, signal.SIGTERM)
-        first = "".join(proc.communicate(timeout=300))
+    command = ("--config", str(fsdp), "--config", "strategy/fsdp", "--ckpt_path", "last")
+    codes, first = _preempted(*command, stop_at="PAUSE step")
     stopped = torch.load(_run(tmp, "fsdp") / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
-    resumed = run_mae_process(*command, timeout=400, env=ENV)
-    return tmp, proc.returncode, first, stopped["global_step"], resumed.stdout + resumed.stderr
+    _, resumed = run_slurm_tasks("pretrain", *command, env=ENV)
+    return tmp, codes, first, stopped["global_step"], resumed
 
 
 def _yaml(path: Path) -> dict:
@@ -122,13 +135,14 @@ def _yaml(path: Path) -> dict:
 
 def test_fsdp2__same_losses_as_ddp_and_a_group_sigterm_resumes_step_exact(runs):
     tmp, code, first, stopped_at, resumed = runs
-    assert code == PREEMPTED_EXIT_CODE and "SIGTERM: saved" in first, first[-3000:]
+    assert code == [PREEMPTED_EXIT_CODE] * 2 and "SIGTERM: saved" in first, first[-3000:]
     assert 2 <= stopped_at <= 3
     assert "resuming in the run folder" in resumed, resumed[-3000:]
     ddp, fsdp = _losses(_run(tmp, "ddp")), _losses(_run(tmp, "fsdp"))
     assert sorted(ddp) == sorted(fsdp) == list(range(STEPS))  # before and after the SIGTERM
     for step, loss in ddp.items():
         assert fsdp[step] == pytest.approx(loss, rel=RTOL), step
+    assert "returned a view tensor" not in first + resumed  # FSDP2's per-step note, quieted
     assert "resolution phases run: 16x16 px" in resumed  # 8 px before the stop: the same losses as DDP
     # the monitors ran on every process, rank 0 logged and drew them
     assert _knn(_run(tmp, "fsdp")) == pytest.approx(_knn(_run(tmp, "ddp")))
@@ -204,11 +218,10 @@ def test_fsdp2__a_nan_on_one_process_stops_both_and_its_whole_state_replays(tmp_
     write_image_folder(tmp_path / "data" / "val", ["a", "b"], per_class=2, size=(20, 20), seed=1)
     poison = {"class_path": f"{__name__}.PoisonBatch", "init_args": {"step": 1, "rank": 1}}
     config = _config(tmp_path, "nan", 2, None, [poison])
-    result = run_mae_process(
-        "pretrain", "--config", str(config), "--config", "strategy/fsdp", check=False, timeout=400, env=ENV
+    codes, out = run_slurm_tasks(
+        "pretrain", "--config", str(config), "--config", "strategy/fsdp", check=False
     )
-    out = result.stdout + result.stderr
-    assert result.returncode == 2, out[-3000:]  # both processes stopped at the step: nothing hangs
+    assert codes == [2, 2], out[-3000:]  # both processes stopped at the step: nothing hangs
     folder = _run(tmp_path, "nan") / "nonfinite" / "step_1_rank1"
     assert f"The step is kept in {folder}; replay it with: mae replay {folder}." in out, out[-3000:]
     assert "under FSDP2 no process holds the whole model to replay the step" in out
