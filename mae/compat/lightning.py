@@ -33,6 +33,10 @@
 - ``Trainer._default_root_dir``: the folder Lightning's tuner writes its temporary checkpoint into, set
   to a scratch folder by ``mae pretrain --find_batch_size`` (``set_scratch_root``); no setting after
   construction.
+- ``ModelParallelStrategy._data_parallel_size`` and ``_tensor_parallel_size``: the device mesh's sizes,
+  which its constructor takes as numbers or "auto" (data parallel over the nodes, tensor parallel within
+  one); FSDP2 over every process needs the world size, known only when the processes are
+  (``set_data_parallel_only``).
 - ``MLFlowLogger._initialized`` and ``WandbLogger._experiment``: whether the logger has started its
   run; the public ``experiment`` (and what reads it: ``run_id``) starts one when asked.
 """
@@ -195,3 +199,10 @@ def set_scratch_root(trainer: pl.Trainer, folder: str) -> None:
     """Make ``folder`` the trainer's ``default_root_dir`` (where Lightning's tuner writes its temporary
     checkpoint)."""
     trainer._default_root_dir = folder
+
+
+def set_data_parallel_only(strategy: Any, world_size: int) -> None:
+    """Make a ``ModelParallelStrategy``'s device mesh one data-parallel dimension of ``world_size``
+    processes (no tensor parallelism); call before its ``setup_environment`` builds the mesh."""
+    strategy._data_parallel_size = world_size
+    strategy._tensor_parallel_size = 1

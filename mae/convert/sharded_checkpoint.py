@@ -92,6 +92,13 @@ def read_metadata(path: Path) -> Metadata:
         raise InputError(
             f"{file} is not a distributed checkpoint's index (it holds a {type(metadata).__name__})"
         )
+    for info in (metadata.storage_data or {}).values():
+        shard = Path(str(getattr(info, "relative_path", "")))
+        if shard.is_absolute() or ".." in shard.parts:
+            raise InputError(
+                f"{file} names a shard outside its folder ({shard}): a sharded checkpoint reads only the "
+                "files beside its index"
+            )
     return metadata
 
 

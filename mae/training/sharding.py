@@ -23,6 +23,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.optim import Optimizer
 
+from mae.compat.lightning import set_data_parallel_only
 from mae.convert.sharded_checkpoint import META_FILE, indexed_optimizer_state, is_sharded_checkpoint
 from mae.errors import ConfigError
 from mae.io.atomic import NoSpaceError
@@ -67,8 +68,7 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         # The world size is known once the processes are: one data-parallel dimension over all of them.
-        self._data_parallel_size = self.num_nodes * self.num_processes
-        self._tensor_parallel_size = 1
+        set_data_parallel_only(self, self.num_nodes * self.num_processes)
         super().setup_environment()
 
     def shard(self, network: nn.Module, blocks: Iterable[nn.Module], precision: str) -> None:

@@ -1,6 +1,7 @@
 """``mae detect`` and ``mae segment`` end to end on tiny digit scenes, the dense modules' parameter groups and
 settings, and the paper recipes (COCO Mask R-CNN, ADE20K UperNet) parsed and built on a tiny input."""
 
+import os
 import re
 from pathlib import Path
 
@@ -17,13 +18,15 @@ from tests.helpers import (
     csv_logger,
     read_metrics,
     run_mae,
-    run_mae_process,
+    run_slurm_tasks,
     tensorboard_events,
     tensorboard_tracker,
     tiny_pretraining_checkpoint,
     with_defaults,
+    write_config,
 )
 
+_ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on two cores
 SCENES = dict(num_train=8, num_val=4, canvas=64, seed=0)
 TINY_HEADS = {"out_channels": 16, "scales": [2, 1, 0.5, 0.25], "optim": {"warmup_epochs": 0, "base_lr": 1e-2}}
 
@@ -334,7 +337,9 @@ def test_ddp__two_processes_train_and_score_every_validation_image_once(setup, c
         metric = "val/miou"
     config["data"]["init_args"].update(root=str(tmp / "scenes_ddp"), **scenes, batch_size=2)
     config["trainer"] = {**_trainer(tmp, name, epochs=1), "devices": 2, "strategy": "ddp"}
-    run_mae_process(command, config=config, tmp=tmp, timeout=400)
+    # the tasks of a one-node SLURM job, forked (Lightning's own launcher: tests/integration/pretrain/
+    # test_preemption.py)
+    run_slurm_tasks(command, "--config", str(write_config(tmp, config, name)), env=_ONE_THREAD)
     logged = [float(r[metric]) for r in read_metrics(tmp / "runs" / name / "version_0") if r.get(metric)][-1]
     single = {**config, "trainer": _trainer(tmp, f"{name}_single", epochs=1)}
     last = str(tmp / name / "ckpts" / "last.ckpt")

@@ -14,6 +14,7 @@ from mae.convert.sharded_checkpoint import (
     META_FILE,
     SHARDS_METADATA,
     is_sharded_checkpoint,
+    read_metadata,
     read_sharded_checkpoint,
     read_training_checkpoint,
 )
@@ -142,3 +143,17 @@ def test_orphan_temporaries__a_killed_sharded_save_leaves_no_folder_behind(tmp_p
     (tmp_path / "last.ckpt").mkdir()
     assert remove_orphan_temporaries(tmp_path) == [orphan]
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_sharded_folder__an_index_naming_a_shard_outside_its_folder_is_refused(sharded, tmp_path):
+    _, folder, _ = sharded
+    hostile = tmp_path / "escape.ckpt"
+    hostile.mkdir()
+    for path in folder.iterdir():
+        (hostile / path.name).write_bytes(path.read_bytes())
+    metadata = read_metadata(hostile)
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../outside.distcp"
+    (hostile / SHARDS_METADATA).write_bytes(pickle.dumps(metadata))
+    with pytest.raises(InputError, match=r"names a shard outside its folder \(\.\./\.\./outside\.distcp\)"):
+        read_sharded_checkpoint(hostile)
