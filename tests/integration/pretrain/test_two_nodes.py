@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -23,8 +22,10 @@ from tests.helpers import (
     REPO,
     TINY_MODEL,
     csv_logger,
+    free_port,
     read_metrics,
     run_mae,
+    slurm_task_env,
     tensorboard_tracker,
     write_config,
     write_id_images,
@@ -39,12 +40,6 @@ STEPS = EPOCHS * IMAGES // 8
 # from which a folder of images resumes exactly (Lightning restarts a map-style loader's epoch).
 PAUSE_STEP = 3
 ENV = {"OMP_NUM_THREADS": "1"}  # two processes on this machine's cores
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -134,20 +129,7 @@ def _start(tmp: Path, node: int, module: str, args: list[str], env: dict[str, st
 
 def _slurm_node(tmp: Path, node: int, port: int, args: list[str]) -> ForkedProcess:
     """Task ``node`` of a 2-node job of one task per node, with the environment ``srun`` gives it."""
-    env = {
-        **os.environ,
-        **ENV,
-        "SLURM_JOB_ID": "4242",
-        "SLURM_JOB_NAME": "mae",
-        "SLURM_NNODES": "2",
-        "SLURM_NTASKS": "2",
-        "SLURM_NTASKS_PER_NODE": "1",
-        "SLURM_NODELIST": "127.0.0.1",
-        "SLURM_NODEID": str(node),
-        "SLURM_PROCID": str(node),
-        "SLURM_LOCALID": "0",
-        "MASTER_PORT": str(port),  # else 15000 + the job id's last 4 digits
-    }
+    env = {**os.environ, **ENV, **slurm_task_env(node, tasks=2, nodes=2, port=port)}
     return _start(tmp, node, "mae", ["pretrain", *args], env)
 
 
@@ -167,7 +149,7 @@ def _run_nodes(
 ) -> tuple[list[int], list[str]]:
     """Start both nodes (``--trainer.num_nodes 2 --trainer.devices 1``); with ``preempt``, SIGTERM both
     process groups once node 0 pauses before ``PAUSE_STEP``. Returns each node's exit status and output."""
-    port = _free_port()
+    port = free_port()
     args = ["--config", str(config), "--trainer.num_nodes", "2", "--trainer.devices", "1", *extra]
     with contextlib.ExitStack() as stack:
         nodes = [stack.enter_context(STARTERS[launcher](config.parent, n, port, args)) for n in (0, 1)]
@@ -248,7 +230,7 @@ def test_torchrun_without_num_nodes__refused_at_start_up_naming_the_settings(dat
     ``--trainer.num_nodes 2``: one device on one node would train alone, as would node 1, both writing the
     same run folder."""
     torchrun = {"RANK": "0", "GROUP_RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2"}
-    torchrun |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "TORCHELASTIC_RUN_ID": "none"}
+    torchrun |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TORCHELASTIC_RUN_ID": "none"}
     config = _config(tmp_path, data, "alone")
     result = run_mae("pretrain", "--config", str(config), env={**os.environ, **ENV, **torchrun}, check=False)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
