@@ -21,6 +21,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from mae.compat.lightning import set_data_parallel_only
@@ -149,6 +150,13 @@ def transformer_blocks(network: nn.Module) -> list[nn.Module]:
     """The blocks FSDP2 shards one by one: the elements of ``network.blocks`` and, for an MAE,
     ``network.decoder_blocks``."""
     return [block for name in ("blocks", "decoder_blocks") for block in getattr(network, name, [])]
+
+
+def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of ``tensors`` taken together; of sharded tensors (FSDP2), over every process's shards
+    (a collective: call it on every process), so that every process takes the same decision on it."""
+    norm = torch.nn.utils.get_total_norm(tensors)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def full_training_state(module: nn.Module, optimizers: list[Optimizer]) -> tuple[dict, list[dict]]:

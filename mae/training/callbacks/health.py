@@ -7,20 +7,13 @@ from collections import deque
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.distributed.tensor import DTensor
 
 from mae.compat.lightning import is_logging_step
 from mae.errors import ConfigError
+from mae.training.sharding import total_norm
 
 # Logged values the median needs before a jump is judged against it.
 MIN_HISTORY = 10
-
-
-def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of ``tensors`` taken together; of sharded tensors (FSDP2), over every process's shards
-    (a collective: call it on every process)."""
-    norm = torch.nn.utils.get_total_norm(tensors)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 class RunHealth(pl.Callback):

@@ -36,7 +36,7 @@ from torch import nn
 
 from mae.compat.lightning import restore_rng_states, rng_states
 from mae.errors import InputError, MissingFileError, UserError
-from mae.training.sharding import full_training_state, is_sharded
+from mae.training.sharding import full_training_state, is_sharded, total_norm
 
 CAPTURE_FOLDER = "nonfinite"
 FILES = ("batch.pt", "rng.pt", "state.ckpt", "step.json")
@@ -213,7 +213,7 @@ class NonFiniteCapture(pl.Callback):
         if not self.enabled or getattr(trainer.precision_plugin, "scaler", None) is not None:
             return  # a GradScaler skips steps with non-finite gradients itself
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        if not grads or torch.isfinite(torch.nn.utils.get_total_norm(grads)).item():
+        if not grads or torch.isfinite(total_norm(grads)).item():  # over every shard: all decide alike
             return
         raise self.capture(trainer, pl_module)
 
