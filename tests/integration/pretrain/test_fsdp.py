@@ -10,6 +10,7 @@ fresh interpreter), the strategies the same as under Lightning's own launcher (w
 import contextlib
 import csv
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
     write_image_folder(tmp / "data" / "train", ["a", "b"], per_class=4, size=(20, 20))
     write_image_folder(tmp / "data" / "val", ["a", "b"], per_class=2, size=(20, 20), seed=1)
-    run_slurm_tasks("pretrain", "--config", str(_config(tmp, "ddp", 2, "ddp")), env=ENV)
+    _, ddp = run_slurm_tasks("pretrain", "--config", str(_config(tmp, "ddp", 2, "ddp")), env=ENV)
 
     # FSDP2, SIGTERM to the whole process group before step 2 (both processes), then the same command line
     pause = {"class_path": "tests.helpers.PauseAt", "init_args": {"moment": "step", "step": 2}}
@@ -124,7 +125,7 @@ def runs(tmp_path_factory):
     codes, first = _preempted(*command, stop_at="PAUSE step")
     stopped = torch.load(_run(tmp, "fsdp") / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
     _, resumed = run_slurm_tasks("pretrain", *command, env=ENV)
-    return tmp, codes, first, stopped["global_step"], resumed
+    return tmp, codes, first, stopped["global_step"], resumed, ddp
 
 
 def _yaml(path: Path) -> dict:
@@ -134,13 +135,18 @@ def _yaml(path: Path) -> dict:
 
 
 def test_fsdp2__same_losses_as_ddp_and_a_group_sigterm_resumes_step_exact(runs):
-    tmp, code, first, stopped_at, resumed = runs
+    tmp, code, first, stopped_at, resumed, ddp = runs
     assert code == [PREEMPTED_EXIT_CODE] * 2 and "SIGTERM: saved" in first, first[-3000:]
     assert 2 <= stopped_at <= 3
+    # the lr rule counts every process: the effective batch and lr DDP's run printed
+    schedule = re.compile(
+        r"effective batch 8 = 4 per device x 2 device\(s\) x 1 node\(s\) .*?; lr ([\d.e-]+)"
+    )
+    assert schedule.search(first).group(1) == schedule.search(ddp).group(1), first[-3000:]
     assert "resuming in the run folder" in resumed, resumed[-3000:]
-    ddp, fsdp = _losses(_run(tmp, "ddp")), _losses(_run(tmp, "fsdp"))
-    assert sorted(ddp) == sorted(fsdp) == list(range(STEPS))  # before and after the SIGTERM
-    for step, loss in ddp.items():
+    reference, fsdp = _losses(_run(tmp, "ddp")), _losses(_run(tmp, "fsdp"))
+    assert sorted(reference) == sorted(fsdp) == list(range(STEPS))  # before and after the SIGTERM
+    for step, loss in reference.items():
         assert fsdp[step] == pytest.approx(loss, rel=RTOL), step
     assert "returned a view tensor" not in first + resumed  # FSDP2's per-step note, quieted
     assert "resolution phases run: 16x16 px" in resumed  # 8 px before the stop: the same losses as DDP
