@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, data_record
 from mae.errors import ConfigError
@@ -151,9 +152,8 @@ class MAETrainingModule(pl.LightningModule, ABC):
             RuntimeError
         ):  # not attached to a trainer: Lightning's load_from_checkpoint calls this hook too
             return
-        if isinstance(strategy, FSDP2Strategy) and not getattr(self, "_sharded", False):
+        if isinstance(strategy, FSDP2Strategy) and not isinstance(self.network, FSDPModule):  # once
             strategy.shard(self.network, transformer_blocks(self.network), self.trainer.precision)
-            self._sharded = True
 
     def on_fit_start(self) -> None:
         if self.settings.compile:

@@ -72,6 +72,11 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
             architecture: the differing keys and shapes).
     """
     path = Path(path)
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        raise ConfigError(
+            f"--ckpt_path {path} is a folder but not a sharded checkpoint (one holds meta.pt, .metadata and "
+            "a .distcp file per process); give the .ckpt file or checkpoint folder a run wrote"
+        )
     if not path.is_file() and not is_sharded_checkpoint(path):
         raise MissingFileError(
             f"--ckpt_path {path} does not exist (expected a .ckpt file or a sharded checkpoint folder "

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from mae.compat.lightning import set_data_parallel_only
-from mae.convert.sharded_checkpoint import META_FILE, indexed_optimizer_state, is_sharded_checkpoint
+from mae.convert.sharded_checkpoint import META_FILE, indexed_optimizer_state
 from mae.errors import ConfigError
 from mae.io.atomic import NoSpaceError
 from mae.training.checkpointing import tensor_bytes
@@ -97,7 +97,7 @@ class FSDP2Strategy(ModelParallelStrategy):
             return
         path = Path(self.broadcast(str(filepath)))
         tmp = path.with_name(f".{path.name}.tmp-{self.broadcast(os.getpid())}")
-        local = torch.tensor(float(tensor_bytes(checkpoint)))
+        local = torch.tensor(float(tensor_bytes(checkpoint)), device=self.root_device)  # NCCL: on the GPU
         check_free_space(path, int(self.reduce(local, reduce_op="sum").item()))  # the same on every process
         try:
             super().save_checkpoint(checkpoint, tmp, storage_options)
@@ -109,12 +109,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self.is_global_zero:
             replace_folder(tmp, path)
         self.barrier()
-
-    def remove_checkpoint(self, filepath: str | Path) -> None:
-        if self.is_global_zero and is_sharded_checkpoint(Path(filepath)):
-            shutil.rmtree(filepath)
-            return
-        super().remove_checkpoint(filepath)
 
 
 def check_free_space(path: Path, needed: int) -> None:

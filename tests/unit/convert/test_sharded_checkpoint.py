@@ -157,3 +157,19 @@ def test_sharded_folder__an_index_naming_a_shard_outside_its_folder_is_refused(s
     (hostile / SHARDS_METADATA).write_bytes(pickle.dumps(metadata))
     with pytest.raises(InputError, match=r"names a shard outside its folder \(\.\./\.\./outside\.distcp\)"):
         read_sharded_checkpoint(hostile)
+
+
+@pytest.mark.slow  # a forked mae pretrain
+def test_resume__a_folder_that_is_not_a_sharded_checkpoint_is_named(tmp_path):
+    from tests.helpers import run_mae
+
+    (tmp_path / "last.ckpt").mkdir()  # e.g. shards copied without their index
+    result = run_mae(
+        "pretrain", "--config", "default", "--ckpt_path", str(tmp_path / "last.ckpt"), check=False
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --ckpt_path {tmp_path / 'last.ckpt'} is a folder but not a sharded checkpoint (one holds "
+        "meta.pt, .metadata and a .distcp file per process); give the .ckpt file or checkpoint folder a run "
+        "wrote"
+    )
