@@ -14,6 +14,7 @@ hash seed. A test about the process itself (signals to the group, DDP launchers 
 
 import atexit
 import contextlib
+import faulthandler
 import io
 import multiprocessing
 import os
@@ -39,6 +40,19 @@ PRELOAD = [
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
+
+# The signal on which a child writes every thread's stack to its stderr (``faulthandler``): sent to a child
+# that is still running when a test's timeout ends, so that the failure shows where it hung.
+_DUMP_STACKS = signal.SIGUSR2
+
+
+class ChildTimeout(subprocess.TimeoutExpired):
+    """``subprocess.TimeoutExpired`` whose message ends with the tail of the child's output, its stacks at
+    the timeout included."""
+
+    def __str__(self) -> str:
+        tail = ((self.stdout or "") + (self.stderr or ""))[-6000:]
+        return f"{super().__str__()}; its output, ending with its stacks at the timeout:\n{tail}"
 
 
 class ForkedProcess:
@@ -77,7 +91,10 @@ class ForkedProcess:
         ``timeout``."""
         self._child.join(timeout)
         if self._child.exitcode is None:
-            raise subprocess.TimeoutExpired(self.args, timeout, self.stdout(), self.stderr())
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, _DUMP_STACKS)
+            self._child.join(1.0)  # the stacks written
+            raise ChildTimeout(self.args, timeout, self.stdout(), self.stderr())
         return self._child.exitcode
 
     def send_signal(self, signum: int) -> None:
@@ -167,6 +184,7 @@ def _child_main(
     multiprocessing.set_start_method(None, force=True)
     _redirect(1, out)
     _redirect(2, err)
+    faulthandler.register(_DUMP_STACKS, file=2, all_threads=True)
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))  # as the interpreter reads its environment at start-up
     sys.stdout = _text_stream(1, unbuffered, line_buffering=False)
     sys.stderr = _text_stream(

@@ -436,7 +436,12 @@ class PauseAt(pl.Callback):
         self.done = True
         if trainer.is_global_zero:
             print(f"PAUSE {moment} step {trainer.global_step}", flush=True)
-        time.sleep(self.seconds)
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline:
+            # Short sleeps, as a running step is Python code between short C calls: CPython runs a signal's
+            # handler between bytecodes, so a signal that comes as an earlier handler returns would wait
+            # for the end of one long C-level sleep.
+            time.sleep(0.05)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.step:
