@@ -2,8 +2,6 @@
 
 - ``torch.utils.data._utils.collate``: ``collate`` with a ``collate_fn_map`` is how torch's own docs
   show a ``default_collate`` with one type collated differently; only ``default_collate`` is public.
-- ``torch.utils.data._utils.signal_handling._set_worker_signal_handlers``: the SIGTERM / SIGSEGV /
-  SIGBUS handlers of a loader worker; no public function installs them again.
 - ``DataLoader._get_iterator``: the one method that starts a loader's workers. ``__iter__`` is no
   hook for it: litdata's ``StreamingDataLoader.__iter__`` is a generator, which starts them later.
 - ``torch.onnx._constants.ONNX_MAX_OPSET`` and ``torch.onnx._internal.exporter._constants.TORCHLIB_OPSET``:
@@ -24,7 +22,6 @@ import torch
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.utils.data._utils import collate as _collate
-from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
 # FSDP (torch.distributed.fsdp._common_utils.FSDP_WRAPPED_MODULE), activation checkpointing
 # (torch.distributed.algorithms._checkpoint.checkpoint_wrapper._CHECKPOINT_WRAPPED_MODULE) and
@@ -49,11 +46,6 @@ def collate_with(batch: list, collate_fn_map: dict[type, Callable]) -> Any:
 def stack_tensors(batch: list[torch.Tensor], **kwargs: Any) -> torch.Tensor:
     """How ``default_collate`` stacks tensors (into shared memory in a loader worker)."""
     return _collate.collate_tensor_fn(batch, **kwargs)
-
-
-def restore_worker_signal_handlers() -> None:
-    """Install PyTorch's own signal handlers of a loader worker again."""
-    _set_worker_signal_handlers()
 
 
 class IteratorStartHook:

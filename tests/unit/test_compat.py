@@ -3,7 +3,6 @@ that moves or changes one fails the test named after it, not a user's run."""
 
 import inspect
 import logging
-import os
 import signal
 
 import pytest
@@ -25,24 +24,6 @@ def test_torch__collate_with_replaces_the_function_of_one_type():
 
     images, labels = collate_with([(torch.zeros(2, 3), 0), (torch.ones(2, 3), 1)], {torch.Tensor: tensors})
     assert seen == [2] and images.shape == (2, 2, 3) and labels.tolist() == [0, 1]
-
-
-def test_torch__restore_worker_signal_handlers_lets_a_parents_sigterm_end_the_worker_cleanly():
-    from mae.compat.torch import restore_worker_signal_handlers
-
-    ready, go = os.pipe()
-    child = os.fork()
-    if child == 0:  # a loader worker's handler exits quietly on its parent's SIGTERM
-        try:
-            restore_worker_signal_handlers()
-            os.write(go, b"x")
-            signal.pause()
-        finally:
-            os._exit(3)
-    os.read(ready, 1)
-    os.kill(child, signal.SIGTERM)
-    _, status = os.waitpid(child, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
 def test_torch__iterator_start_hook_runs_around_every_start_of_a_loader():

@@ -1,18 +1,19 @@
 """Data loaders: the loader settings every data module shares and one rule for a split's loader
-(``SplitLoaders``, ``split_loader``), and workers that leave a scheduler's SIGTERM to the main process.
+(``SplitLoaders``, ``split_loader``), and workers that leave a scheduler's SIGTERM and a user's Ctrl-C to the
+main process.
 
 A cluster scheduler (SLURM on preemption, ``scancel``, a time limit) sends SIGTERM to every process
 of the job, loader workers included. PyTorch's workers die on a SIGTERM that does not come from
 their parent, and the main process then fails its running step with "DataLoader worker ... is
-killed by signal: Terminated" instead of writing its preemption checkpoint. Every loader of this
-project is a ``SigtermSafeLoader`` whose workers start with ``worker_init``, so the main process
-alone decides when they stop.
+killed by signal: Terminated" instead of writing its preemption checkpoint. A terminal's Ctrl-C (SIGINT)
+reaches every process of its group too. Every loader of this project is a ``SigtermSafeLoader`` whose
+workers start with ``worker_init``, so the main process alone decides when they stop.
 """
 
 import os
 import signal
+import threading
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import torch
@@ -21,40 +22,49 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from mae.compat.torch import IteratorStartHook, restore_worker_signal_handlers
+from mae.compat.torch import IteratorStartHook
 from mae.errors import ConfigError
 
 # The signals a worker leaves to its main process: a scheduler's SIGTERM, a terminal's Ctrl-C (SIGINT).
 _MAIN_DECIDES = {signal.SIGTERM, signal.SIGINT}
 
 
-def _leave_first_sigterm_to_main(signum: int, frame: FrameType | None) -> None:
-    """The first SIGTERM is the job-wide signal: the main process saves and then shuts this worker
-    down itself. Any later SIGTERM (the loader's own ``terminate()`` of a worker that did not stop)
-    gets PyTorch's worker handler again: from the parent it exits, from anyone else it kills."""
-    restore_worker_signal_handlers()
+def _exit_on_the_parents_sigterm() -> None:
+    """A worker's thread that takes every SIGTERM (blocked in the worker's other threads) and reads who sent
+    it: from the main process (the loader stopping a worker, or the main process's exit) the worker exits at
+    once, as PyTorch's own worker handler does; from anyone else (a scheduler's job-wide signal) nothing
+    happens: the main process saves, then stops its workers itself."""
+    while True:
+        sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
+        if sender == os.getppid():
+            os._exit(0)
 
 
 def worker_init(worker_id: int) -> None:
     """``worker_init_fn`` of every loader: Lightning's worker seeding when the run seeds workers
     (``seed_everything(workers=True)``, which LightningCLI does; Lightning adds its seeding only to
-    loaders without a ``worker_init_fn``), then the SIGTERM handling above; a Ctrl-C (SIGINT) is ignored
-    where the main process has a handler of its own for it."""
+    loaders without a ``worker_init_fn``), then the signals left to the main process: a Ctrl-C (SIGINT) is
+    ignored (the main process stops its workers, at once or after the checkpoint of a training run's first
+    Ctrl-C), a SIGTERM ends the worker only when the main process sends it.
+
+    Without ``signal.sigwaitinfo`` (macOS) PyTorch's SIGTERM handling is kept: a job-wide SIGTERM ends the
+    workers there."""
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id)
-    signal.signal(signal.SIGTERM, _leave_first_sigterm_to_main)
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        # A terminal's Ctrl-C reaches the workers too; where the main process handles it (a training run
-        # saves first: mae.training.callbacks.preemption), it stops them itself.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _MAIN_DECIDES)  # blocked by SigtermSafeLoader at the fork
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "sigwaitinfo"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the thread below alone takes it
+        threading.Thread(target=_exit_on_the_parents_sigterm, name="sigterm-from-main", daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by SigtermSafeLoader
+    else:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _MAIN_DECIDES)
 
 
 class SigtermSafeLoader(IteratorStartHook):
     """A ``DataLoader`` mixin: workers are forked with SIGTERM and SIGINT blocked, so a job-wide SIGTERM
     (or a terminal's Ctrl-C) that arrives while they start waits until ``worker_init`` has taken it over
-    (PyTorch's own worker handler would end them). The main process's signal waits those milliseconds
-    too."""
+    (PyTorch's own worker handler would end them, a Ctrl-C would raise KeyboardInterrupt in them). The main
+    process's signal waits those milliseconds too."""
 
     def start_iterator(self, start: Callable):
         if self.num_workers == 0:
