@@ -7,13 +7,16 @@ of the job, loader workers included. PyTorch's workers die on a SIGTERM that doe
 their parent, and the main process then fails its running step with "DataLoader worker ... is
 killed by signal: Terminated" instead of writing its preemption checkpoint. A terminal's Ctrl-C (SIGINT)
 reaches every process of its group too. Every loader of this project is a ``SigtermSafeLoader`` whose
-workers start with ``worker_init``, so the main process alone decides when they stop.
+workers start with ``worker_init`` (``main_process_worker_init()``), so the main process alone decides when
+they stop.
 """
 
+import functools
 import os
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -29,35 +32,58 @@ from mae.errors import ConfigError
 _MAIN_DECIDES = {signal.SIGTERM, signal.SIGINT}
 
 
-def _exit_on_the_parents_sigterm() -> None:
+def _exit_on_the_main_processs_sigterm(main_process: int) -> None:
     """A worker's thread that takes every SIGTERM (blocked in the worker's other threads) and reads who sent
     it: from the main process (the loader stopping a worker, or the main process's exit) the worker exits at
     once, as PyTorch's own worker handler does; from anyone else (a scheduler's job-wide signal) nothing
     happens: the main process saves, then stops its workers itself."""
     while True:
-        sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
-        if sender == os.getppid():
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == main_process:
             os._exit(0)
 
 
-def worker_init(worker_id: int) -> None:
-    """``worker_init_fn`` of every loader: Lightning's worker seeding when the run seeds workers
-    (``seed_everything(workers=True)``, which LightningCLI does; Lightning adds its seeding only to
-    loaders without a ``worker_init_fn``), then the signals left to the main process: a Ctrl-C (SIGINT) is
-    ignored (the main process stops its workers, at once or after the checkpoint of a training run's first
-    Ctrl-C), a SIGTERM ends the worker only when the main process sends it.
+def _leave_sigterm_to_the_main_process(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM whose sender is not known: the main process decides."""
+
+
+def worker_init(worker_id: int, main_process: int | None = None) -> None:
+    """``worker_init_fn`` of every loader (``main_process_worker_init()`` binds ``main_process``):
+    Lightning's worker seeding when the run seeds workers (``seed_everything(workers=True)``, which
+    LightningCLI does; Lightning adds its seeding only to loaders without a ``worker_init_fn``), then the
+    signals left to the main process: a Ctrl-C (SIGINT) is ignored (the main process stops its workers, at
+    once or after the checkpoint of a training run's first Ctrl-C), a SIGTERM ends the worker only when the
+    main process sends it.
 
     Without ``signal.sigwaitinfo`` (macOS) PyTorch's SIGTERM handling is kept: a job-wide SIGTERM ends the
-    workers there."""
+    workers there. With the forkserver and spawn start methods, a thread that the worker started before this
+    function may take the main process's SIGTERM too, which is then left to the main process as a job-wide
+    one (the loader's own shutdown still ends the worker).
+
+    Args:
+        worker_id: the worker's index in its loader.
+        main_process: the id of the process whose loader started the worker; None: the worker's parent (with
+            the fork and spawn start methods it is; with forkserver the parent is the server).
+    """
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "sigwaitinfo"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the thread below alone takes it
-        threading.Thread(target=_exit_on_the_parents_sigterm, name="sigterm-from-main", daemon=True).start()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by SigtermSafeLoader
-    else:
+    if not hasattr(signal, "sigwaitinfo"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _MAIN_DECIDES)
+        return
+    # Where a thread that does not block SIGTERM takes one (with the forkserver and spawn start methods, the
+    # threads a worker started before this function), it is left to the main process too.
+    signal.signal(signal.SIGTERM, _leave_sigterm_to_the_main_process)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the thread below takes it
+    main_process = os.getppid() if main_process is None else main_process
+    waiter = threading.Thread(target=_exit_on_the_main_processs_sigterm, args=(main_process,), daemon=True)
+    waiter.start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by SigtermSafeLoader
+
+
+def main_process_worker_init() -> Callable[[int], None]:
+    """The ``worker_init_fn`` of a loader made in this process: ``worker_init`` with this process as its
+    workers' main process."""
+    return functools.partial(worker_init, main_process=os.getpid())
 
 
 class SigtermSafeLoader(IteratorStartHook):
@@ -79,8 +105,8 @@ class SigtermSafeLoader(IteratorStartHook):
 class Loader(SigtermSafeLoader, DataLoader):
     """``torch.utils.data.DataLoader`` with workers that leave SIGTERM to the main process."""
 
-    def __init__(self, *args, worker_init_fn=worker_init, **kwargs) -> None:
-        super().__init__(*args, worker_init_fn=worker_init_fn, **kwargs)
+    def __init__(self, *args, worker_init_fn: Callable[[int], None] | None = None, **kwargs) -> None:
+        super().__init__(*args, worker_init_fn=worker_init_fn or main_process_worker_init(), **kwargs)
 
 
 def split_loader(

@@ -23,7 +23,7 @@ from mae.data.decoding.route import reads_as_rgb
 from mae.data.decoding.units import check_channels
 from mae.data.sources.base import SplitDataModule, collate_images
 from mae.data.sources.layout import missing_train_split
-from mae.data.sources.loader_workers import SigtermSafeLoader, worker_init
+from mae.data.sources.loader_workers import SigtermSafeLoader, main_process_worker_init
 from mae.data.sources.shard_format import read_metadata
 from mae.data.views.gpu import (
     DecodeOn,
@@ -392,7 +392,7 @@ class StreamingDataModule(SplitDataModule):
             drop_last=True,
             collate_fn=collate_encoded if encoded else collate_images,
             num_workers=self.num_workers,
-            worker_init_fn=worker_init,
+            worker_init_fn=main_process_worker_init(),
             pin_memory=self.pin_memory and torch.cuda.is_available() and not encoded,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
         )

@@ -43,14 +43,20 @@ def python_ctrl_c():
     signal.signal(signal.SIGINT, previous)
 
 
-def test_worker_signals__only_the_main_processs_sigterm_ends_a_worker(python_ctrl_c):
-    batches = iter(Loader(WorkerIds(), batch_size=1, num_workers=1, persistent_workers=True))
+# forkserver (Python 3.14's default on Linux): the workers are the server's children, and start threads of
+# their own before worker_init
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_worker_signals__only_the_main_processs_sigterm_ends_a_worker(python_ctrl_c, start_method):
+    loader = Loader(WorkerIds(), num_workers=1, persistent_workers=True, multiprocessing_context=start_method)
+    batches = iter(loader)
     pid = int(next(batches))
     assert pid != os.getpid()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM, signal.SIGINT):  # a job-wide signal, twice
         _signal_from_another_process(pid, signum)
     time.sleep(0.2)
     assert [int(next(batches)) for _ in range(3)] == [pid] * 3  # the worker loads on
+    if start_method != "fork":
+        return  # threads the worker started before worker_init may take the main process's SIGTERM too
     worker = _worker(pid)
     os.kill(pid, signal.SIGTERM)  # the main process's first SIGTERM
     worker.join(timeout=10)
