@@ -66,6 +66,7 @@ def knn_evaluate(
     max_val: int | None = None,
     progress: bool = True,
     announce: Callable[[int, int], None] | None = None,
+    notes: bool = True,
 ) -> tuple[float, float, int]:
     """(top-1 %, top-5 %, number of queries) of kNN on ``model``'s cls token (L2-normalised, float):
     ``data``'s training split (evaluation transform; a fixed subset of ``max_train`` images when
@@ -74,7 +75,7 @@ def knn_evaluate(
 
     ``progress``: show the feature extraction's progress on stderr (``mae.io.progress``);
     ``announce``: called with (memory-bank images, queries) once they are known, before any feature
-    is extracted.
+    is extracted; ``notes``: print the note on a lowered ``k`` (one process of several: False).
 
     Raises:
         ConfigError: the data module has no validation split.
@@ -88,7 +89,7 @@ def knn_evaluate(
         val_set = fixed_subset(val_set, max_val)
     if announce is not None:
         announce(len(train_set), len(val_set))
-    if k > len(train_set):
+    if k > len(train_set) and notes:
         print(
             f"note: k={k} neighbours, but the memory bank holds {len(train_set)} training images: all "
             f"{len(train_set)} vote",

@@ -67,7 +67,8 @@ class KNNCallback(PeriodicMonitor):
                 pl_module.device,
                 self.max_train,
                 self.max_val,
-                progress=trainer.progress_bar_callback is not None,
+                progress=trainer.is_global_zero and trainer.progress_bar_callback is not None,
                 announce=announce,
+                notes=trainer.is_global_zero,
             )
         pl_module.log_dict({"val/knn_acc1": acc1, "val/knn_acc5": acc5}, rank_zero_only=True)

@@ -86,7 +86,7 @@ class ProbeCallback(PeriodicMonitor):
                 pl_module.device,
                 max_train=self.max_train,
                 max_val=self.max_val,
-                progress=trainer.progress_bar_callback is not None,
+                progress=trainer.is_global_zero and trainer.progress_bar_callback is not None,
                 announce=announce,
             )
         pl_module.log_dict(

@@ -152,6 +152,7 @@ def test_fsdp2__same_losses_as_ddp_and_a_group_sigterm_resumes_step_exact(runs):
     assert "resolution phases run: 16x16 px" in resumed  # 8 px before the stop: the same losses as DDP
     # the monitors ran on every process, rank 0 logged and drew them
     assert _knn(_run(tmp, "fsdp")) == pytest.approx(_knn(_run(tmp, "ddp")))
+    assert resumed.count("note: k=20 neighbours") == 1, resumed[-3000:]  # rank 0's, not each process's
     figures = sorted(p.name for p in (_run(tmp, "fsdp") / "reconstructions").iterdir())
     assert figures == ["epoch_0004.png"]
     assert sorted(p.name for p in (tmp / "runs" / "fsdp").iterdir()) == ["version_0"]
