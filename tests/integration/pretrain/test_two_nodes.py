@@ -25,6 +25,7 @@ from tests.helpers import (
     free_port,
     read_metrics,
     run_mae,
+    run_slurm_tasks,
     slurm_task_env,
     tensorboard_tracker,
     write_config,
@@ -96,10 +97,11 @@ def _losses(tmp: Path, name: str, version: int) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def reference(data) -> dict[int, float]:
-    """Per-step losses of the uninterrupted run: one node, two DDP processes (rank 1 started by Lightning)."""
+    """Per-step losses of the uninterrupted run: one node, two DDP processes (the tasks of a one-node SLURM
+    job, forked)."""
     tmp = data.parent
     config = _config(tmp, data, "reference", devices=2, strategy="ddp")
-    run_mae("pretrain", "--config", str(config), env={**os.environ, **ENV}, timeout=300)
+    run_slurm_tasks("pretrain", "--config", str(config), env={**os.environ, **ENV})
     losses = _losses(tmp, "reference", 0)
     assert sorted(losses) == list(range(STEPS)), losses
     return losses

@@ -209,8 +209,9 @@ def test_demo__help_offers_the_page_limits(capsys):
 
 
 @pytest.mark.slow  # starts a process of its own
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path, stop):
+def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path):
+    """Ctrl-C (kill -INT) ends ``mae demo`` and removes its examples' folder; a SIGTERM takes the same handler
+    (``test_serve__an_interrupt_that_comes_while_launching_still_closes_the_server``)."""
     _import_or_skip("gradio", GRADIO_MISSING)
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
@@ -228,10 +229,10 @@ def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).close()
                 break
             except OSError:
-                time.sleep(1)
+                time.sleep(0.2)
         assert process.poll() is None, process.stderr.read()[-3000:]
         assert list(tmpdir.glob("mae-demo-*")), "the page serves built-in examples from a temporary folder"
-        process.send_signal(stop)
+        process.send_signal(signal.SIGINT)
         process.communicate(timeout=60)
     finally:
         if process.poll() is None:
@@ -240,16 +241,19 @@ def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path
     assert not list(tmpdir.glob("mae-demo-*"))
 
 
-def test_serve__an_interrupt_that_comes_while_launching_still_closes_the_server():
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve__an_interrupt_that_comes_while_launching_still_closes_the_server(stop):
     """Gradio's own wait closes the server only on an interrupt inside it; one during launch() (the page
-    already answering, launch not yet returned) would leave the server thread and the process running."""
+    already answering, launch not yet returned) would leave the server thread and the process running.
+    A SIGTERM stops the page as a Ctrl-C does (the page's own process: the ``ctrl-c`` case of
+    ``test_demo__stopping_the_page_removes_its_example_folder``)."""
 
     class Page:
         closed, options = False, None
 
         def launch(self, **options):
             self.options = options
-            raise KeyboardInterrupt
+            signal.getsignal(stop)(stop, None)  # what Python runs when the signal comes
 
         def close(self):
             self.closed = True

@@ -203,7 +203,7 @@ def mlflow_server(tmp_path):
                 time.sleep(0.2)
         yield uri
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        os.killpg(server.pid, signal.SIGKILL)  # its graceful stop takes seconds; nothing of it is kept
         server.wait(timeout=30)
         log.close()
 
