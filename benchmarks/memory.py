@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from mae.convert.backbone import build_vit
+from mae.io.atomic import atomic_write
 from mae.models import create_model
 from mae.training.runtime import default_precision, set_attention_kernel, training_settings
 
@@ -234,10 +235,8 @@ def main(argv: list[str] | None = None) -> dict:
             "rows": rows,
             "summary": summarise(rows),
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        partial = args.out.with_name(args.out.name + ".partial")
-        partial.write_text(json.dumps(results, indent=1) + "\n")
-        partial.replace(args.out)
+        text = json.dumps(results, indent=1) + "\n"
+        atomic_write(args.out, lambda tmp, text=text: tmp.write_text(text))
     for line in results["summary"]:
         print(
             f"{line['task']} {line['model']} {line['img_size']} px batch {line['batch_size']}: activation "

@@ -46,6 +46,8 @@ from memory import machine
 from PIL import Image
 from torch.distributed.tensor import DTensor
 
+from mae.io.atomic import atomic_write
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "memory_sharded_cpu.json"
 PROCESSES = 2
@@ -296,10 +298,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "fsdp2_of_ddp": compare(configs),
                 }
                 # rewritten whole after each run: an interrupted benchmark keeps the runs done
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                partial = args.out.with_name(args.out.name + ".partial")
-                partial.write_text(json.dumps(results, indent=1) + "\n")
-                partial.replace(args.out)
+                text = json.dumps(results, indent=1) + "\n"
+                atomic_write(args.out, lambda tmp, text=text: tmp.write_text(text))
     for line in results["fsdp2_of_ddp"]:
         print(
             f"FSDP2 / DDP{' with checkpointing' if line['grad_checkpointing'] else ''}: parameters, "

@@ -3,7 +3,6 @@ with the same global batch. The two processes are the tasks of a one-node SLURM 
 (``tests.helpers.run_slurm_tasks``); Lightning's own launcher, which starts rank 1 as a new interpreter, is
 run by ``test_preemption.py`` and the dense and streaming DDP tests."""
 
-import csv
 import os
 import re
 from pathlib import Path
@@ -16,6 +15,7 @@ from mae.convert.backbone import load_backbone
 from tests.helpers import (
     TINY_MODEL,
     csv_logger,
+    read_metrics,
     run_mae,
     run_slurm_tasks,
     tensorboard_events,
@@ -59,8 +59,8 @@ def _state(tmp: Path, name: str) -> dict[str, torch.Tensor]:
 
 
 def _val_loss(tmp: Path, name: str) -> float:
-    with open(tmp / "runs" / name / "version_0" / "metrics.csv") as f:
-        return [float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")][-1]
+    rows = read_metrics(tmp / "runs" / name / "version_0")
+    return [float(r["val/loss"]) for r in rows if r.get("val/loss")][-1]
 
 
 @pytest.fixture(scope="module")

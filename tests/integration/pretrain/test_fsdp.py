@@ -8,7 +8,6 @@ fresh interpreter), the strategies the same as under Lightning's own launcher (w
 ``tests/integration/pretrain/test_distributed.py`` and ``test_preemption.py`` run)."""
 
 import contextlib
-import csv
 import os
 import re
 import signal
@@ -25,6 +24,7 @@ from mae.training.callbacks import PREEMPTED_EXIT_CODE
 from tests.helpers import (
     TINY_MODEL,
     csv_logger,
+    read_metrics,
     run_mae,
     run_slurm_tasks,
     start_slurm_tasks,
@@ -87,8 +87,7 @@ def _run(tmp: Path, name: str) -> Path:
 
 
 def _losses(run: Path) -> dict[int, float]:
-    with open(run / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("train/loss_step")]
+    rows = [r for r in read_metrics(run) if r.get("train/loss_step")]
     steps = [int(r["step"]) for r in rows]
     assert len(steps) == len(set(steps)), steps  # each step once, the interrupted run's rows kept
     return {int(r["step"]): float(r["train/loss_step"]) for r in rows}
@@ -107,8 +106,7 @@ def _preempted(*args: str, stop_at: str) -> tuple[list[int], str]:
 
 
 def _knn(run: Path) -> float:
-    with open(run / "metrics.csv") as f:
-        return [float(r["val/knn_acc1"]) for r in csv.DictReader(f) if r.get("val/knn_acc1")][-1]
+    return [float(r["val/knn_acc1"]) for r in read_metrics(run) if r.get("val/knn_acc1")][-1]
 
 
 @pytest.fixture(scope="module")
