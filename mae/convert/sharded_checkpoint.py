@@ -170,11 +170,10 @@ def read_sharded_checkpoint(path: str | Path, model_only: bool = False) -> dict[
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             load_distributed_checkpoint(state, _SafeReader(path), planner)
-    except (Exception, CheckpointException) as err:
-        if planner.refused is not None:
-            raise InputError(
-                f"{path}: {planner.refused}"
-            ) from None  # a missing or short shard, in torch's own wrapper
+    except (Exception, CheckpointException) as err:  # torch wraps what a planner or a reader raises
+        if planner.refused is not None:  # an entry that would run code
+            raise InputError(f"{path}: {planner.refused}") from None
+        # a missing or short shard
         raise InputError(
             f"could not read the sharded checkpoint {path}: a shard is missing, truncated or corrupt "
             f"({type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''})"
