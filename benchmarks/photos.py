@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from mae.cli.main import invoke
-from mae.command import run_command
+from mae.cli.command import run_command
 from mae.errors import OutputExistsError
 from mae.io.atomic import atomic_write
 

@@ -1,4 +1,4 @@
-"""The errors a user can fix, by type: what ``mae.command.run_command`` shows as one ``error:`` line
+"""The errors a user can fix, by type: what ``mae.cli.command.run_command`` shows as one ``error:`` line
 (exit status 2) instead of a traceback. Anything else a command raises is a bug or a library's failure
 and keeps its traceback (exit status 1).
 
@@ -6,6 +6,19 @@ Each message names the file, key or value and what would be right. The families 
 error a caller would expect (``ConfigError`` is a ``ValueError``, ``MissingFileError`` a
 ``FileNotFoundError``, ...), so ``except ValueError`` around a project call keeps working.
 """
+
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
+
+USAGE_ERROR_EXIT_CODE = 2  # a user's mistake, as argparse exits on a bad argument
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: a command ended by Ctrl-C, as the shell reports it
+
+# The ranges of jsonargparse's restricted number types, in the words of an error.
+ALLOWED = {
+    PositiveInt: "at least 1",
+    NonNegativeInt: "at least 0",
+    PositiveFloat: "above 0",
+    OpenUnitInterval: "strictly between 0 and 1",
+}
 
 
 class UserError(Exception):

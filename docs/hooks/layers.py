@@ -13,14 +13,14 @@ DRAWING = Path(__file__).resolve().parents[1] / "layers.svg"
 # (modules, what the layer holds), lowest first; a module belongs to the longest prefix it matches.
 LAYERS = [
     (
-        ("mae.compat", "mae.errors", "mae.io", "mae.command", "mae.command_options"),
-        "private names of libraries, user errors, atomic writes and storage, how a command parses and ends",
+        ("mae.compat", "mae.errors", "mae.io"),
+        "private names of libraries, user errors and exit codes, atomic writes and storage",
     ),
     (("mae.models",), "the MAE as the paper reads: masking, encoder, decoder, loss; no Lightning"),
     (("mae.data.decoding",), "what a file is and how it is read"),
     (("mae.data.views",), "crops, recipes, normalisation, GPU decoding"),
     (("mae.data.sources", "mae.data"), "the Lightning data modules and their loaders"),
-    (("mae.data.tools",), "mae shard, mae stats"),
+    (("mae.data.tools",), "the shard converter and the data statistics"),
     (("mae.convert",), "checkpoints in and out, load_backbone, export"),
     (("mae.inference",), "what every use of a trained model on images shares"),
     (("mae.eval",), "only what measures: features, kNN, linear probe"),

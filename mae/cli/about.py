@@ -10,7 +10,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.commands import BY_NAME, COMMANDS
 from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config, shown_recipe
-from mae.command import command_parser, parse_and_run
+from mae.cli.command import command_parser, parse_and_run
 from mae.errors import ConfigError, UsageError
 
 DISTRIBUTION = "mae-lightning"  # the name pip knows the package by (pyproject.toml)

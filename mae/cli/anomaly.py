@@ -41,8 +41,8 @@ from mae.apps.anomaly.outputs import scores_csv, write_figures
 from mae.apps.anomaly.saved_scorer import SavedScorer, save_scorer, scorer_output
 from mae.apps.anomaly.threshold import DEFAULT_QUANTILE, Decision, decision_metrics
 from mae.cli.anomaly_checks import DEFAULTS, FIXED, check_args, resolve_method
-from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_float, argparse_int
+from mae.cli.command import command_parser, parse_and_run
+from mae.cli.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.io.atomic import atomic_write

@@ -84,9 +84,9 @@ COMMANDS = (
     Command("reconstruct", "mae.cli.reconstruct", "mask and reconstruct your images: a figure", USE),
     Command("anomaly", "mae.cli.anomaly", "anomaly scores and heat maps from the reconstruction error", USE),
     Command("demo", "mae.cli.demo", "a local page that reconstructs your images (needs the demo extra)", USE),
-    Command("shard", "mae.data.tools.shard", "an image folder as streaming shards, local or on S3", DATA),
+    Command("shard", "mae.cli.shard", "an image folder as streaming shards, local or on S3", DATA),
     Command(
-        "stats", "mae.data.tools.stats", "per-channel mean and std of an image folder, as config lines", DATA
+        "stats", "mae.cli.stats", "per-channel mean and std of an image folder, as config lines", DATA
     ),
     Command(
         "recipes",

@@ -10,8 +10,8 @@ from mae.apps.embeddings.embedder import load_embedder
 from mae.apps.embeddings.embedding_index import IndexMeta, index_outputs
 from mae.apps.embeddings.embedding_map import MIN_POINTS, check_map_path, is_map, require_plotting
 from mae.cli.map import draw_map
-from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_int
+from mae.cli.command import command_parser, parse_and_run
+from mae.cli.command_options import add_option, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.errors import UsageError

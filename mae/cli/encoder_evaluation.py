@@ -5,8 +5,8 @@ from pathlib import Path
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from mae.command import command_parser
-from mae.command_options import add_option
+from mae.cli.command import command_parser
+from mae.cli.command_options import add_option
 from mae.convert.sources import FORMATS
 from mae.data import ImageDataModule
 

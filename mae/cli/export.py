@@ -11,8 +11,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_float, argparse_int
+from mae.cli.command import command_parser, parse_and_run
+from mae.cli.command_options import add_option, argparse_float, argparse_int
 from mae.convert.export import export_encoder, is_exported_encoder
 from mae.convert.folders import TARGETS, export_folder, is_export_folder
 from mae.convert.sources import FORMATS, read_checkpoint

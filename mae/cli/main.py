@@ -1,7 +1,7 @@
 """The ``mae`` command: ``mae <command> [options]``, one subcommand per entry point (``mae.cli.commands``).
 
 ``mae --help`` is printed from the table alone, so it imports neither torch nor any command; the chosen
-command's module is imported, then run as ``mae.command.run_command`` runs every command (a project
+command's module is imported, then run as ``mae.cli.command.run_command`` runs every command (a project
 error: ``error: ...`` and exit status 2). ``--debug`` (anywhere) keeps the traceback of every error.
 """
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> object:
     if argv[:1] and argv[0] in HELP_FLAGS:  # before any import: mae --help reads the table alone
         print(usage())
         return None
-    from mae.command import DEBUG_FLAG, DEBUG_VARIABLE, USAGE_ERROR_EXIT_CODE, run_command
+    from mae.cli.command import DEBUG_FLAG, DEBUG_VARIABLE, USAGE_ERROR_EXIT_CODE, run_command
 
     if DEBUG_FLAG in argv:
         argv = [a for a in argv if a != DEBUG_FLAG]

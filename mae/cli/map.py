@@ -17,8 +17,8 @@ from mae.apps.embeddings.embedding_map import (
     map_points,
     require_plotting,
 )
-from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_int, positive_float
+from mae.cli.command import command_parser, parse_and_run
+from mae.cli.command_options import add_option, argparse_int, positive_float
 from mae.errors import UsageError
 from mae.io.outputs import Output, check_outputs
 

@@ -8,8 +8,8 @@ from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
 from mae.apps.reconstruction_figure import Figure, reconstruction_figure
-from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_float, argparse_int
+from mae.cli.command import command_parser, parse_and_run
+from mae.cli.command_options import add_option, argparse_float, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.errors import ConfigError, UsageError

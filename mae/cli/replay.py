@@ -5,7 +5,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command import command_parser, parse_and_run
+from mae.cli.command import command_parser, parse_and_run
 
 
 def build_parser() -> ArgumentParser:

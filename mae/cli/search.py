@@ -9,8 +9,8 @@ from mae.apps.embeddings.embed_run import listed_images
 from mae.apps.embeddings.embedding_index import EmbeddingIndex
 from mae.apps.embeddings.image_search import CHUNK_ROWS, Match, index_embedder, search_images
 from mae.apps.embeddings.neighbours_figure import neighbours_figure
-from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_int
+from mae.cli.command import command_parser, parse_and_run
+from mae.cli.command_options import add_option, argparse_int
 from mae.convert.sources import FORMATS
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.errors import ConfigError, UsageError

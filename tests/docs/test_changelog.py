@@ -1,5 +1,5 @@
 """CHANGELOG.md against the code: its newest release is the package's version; every spelling the code
-refuses as removed (``REMOVED``, ``mae/command_options.py``) is listed with the spelling to use under that
+refuses as removed (``REMOVED``, ``mae/cli/command_options.py``) is listed with the spelling to use under that
 release's Removed section, and each listed pair is refused by the commands that have the new spelling,
 with a message naming it; every config key renamed (``RENAMED_KEYS``, ``mae/training/settings.py``) is
 listed with its new key under that release's Changed section; the old module paths 0.2.0 listed no
@@ -20,7 +20,7 @@ import pytest
 
 import mae
 from mae.cli.commands import COMMANDS, TRAIN
-from mae.command_options import REMOVED, refuse_removed
+from mae.cli.command_options import REMOVED, refuse_removed
 from mae.training.settings import RENAMED_IN, RENAMED_KEYS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -517,7 +517,7 @@ def training_config(name: str, argv: list[str]) -> Any:
 
 def options_problem(name: str, argv: list[str]) -> str | None:
     """Every other command: its parser, and no spelling removed in 0.3.0 (``refuse_removed``)."""
-    from mae.command_options import refuse_removed
+    from mae.cli.command_options import refuse_removed
 
     parser = command_parser(name)
     try:

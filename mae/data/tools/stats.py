@@ -17,8 +17,6 @@ from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 from tqdm import tqdm
 
-from mae.command import command_parser, parse_and_run
-from mae.command_options import add_option, argparse_int
 from mae.data.decoding.formats import dataset_extensions
 from mae.data.decoding.image import read_pixels
 from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
@@ -97,40 +95,3 @@ def channel_stats(
     mean = total / count
     std = np.sqrt(np.maximum(total_sq / count - mean**2, 0.0))
     return ChannelStats(mean.tolist(), std.tolist(), images, count, skipped)
-
-
-def build_parser() -> ArgumentParser:
-    parser = command_parser(
-        "mae stats",
-        "Per-channel mean and std of an image folder (ROOT/train if it exists), printed as the "
-        "data.mean / data.std lines of a config.",
-    )
-    parser.add_argument("root", help="dataset folder (ImageFolder layout) or any folder of images")
-    parser.add_argument(
-        "--in-chans", type=argparse_int, default=None, help="channels (default: the first image's)"
-    )
-    parser.add_argument(
-        "--max-images", type=argparse_int, default=None, help="use this many images, spread evenly"
-    )
-    add_option(
-        parser,
-        "max_image_pixels",
-        "larger images are skipped as decompression bombs",
-        default=DEFAULT_MAX_PIXELS,
-    )
-    return parser
-
-
-def run(args: Namespace) -> ChannelStats:
-    """Print the skipped files (first 10, on stderr) and the config lines."""
-    stats = channel_stats(args.root, args.in_chans, args.max_images, max_pixels=args.max_image_pixels)
-    for line in stats.skipped[:10]:
-        print(f"skipped {line}", file=sys.stderr)
-    print(f"# {stats.images:,} images, {stats.pixels:,} pixels per channel")
-    print(stats.yaml(), end="")
-    return stats
-
-
-def main(argv: list[str] | None = None) -> ChannelStats:
-    """``mae stats ROOT``: per-channel mean and std to paste into a config."""
-    return parse_and_run(build_parser(), run, argv)

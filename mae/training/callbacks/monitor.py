@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from mae.command_options import ALLOWED
+from mae.errors import ALLOWED
 from mae.data import ImageDataModule
 from mae.errors import ConfigError
 from mae.training.base import MAETrainingModule

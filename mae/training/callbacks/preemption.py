@@ -26,7 +26,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from mae.command import INTERRUPTED_EXIT_CODE
+from mae.errors import INTERRUPTED_EXIT_CODE
 from mae.compat.lightning import SignalConnector, install_signal_connector, signal_connector
 from mae.training.checkpointing import AtomicCheckpointIO, remove_orphan_temporaries
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 from mae.cli.lightning import PretrainCLI
 from mae.cli.main import invoke
-from mae.command import USAGE_ERROR_EXIT_CODE, run_command
+from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
 from mae.convert.architecture import ARCHITECTURE_KEY
 from mae.data import ImageDataModule
 from mae.training.pretrain import MAEPretrainModule

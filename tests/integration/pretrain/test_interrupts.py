@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mae.command import INTERRUPTED_EXIT_CODE
+from mae.cli.command import INTERRUPTED_EXIT_CODE
 from mae.data import DigitsDataModule
 from tests.forked_commands import ForkedProcess
 from tests.helpers import (

@@ -548,7 +548,7 @@ def test_demo__without_gradio_an_error_line_naming_the_extra(checkpoint, capsys,
     from functools import partial
 
     from mae.cli.main import invoke
-    from mae.command import USAGE_ERROR_EXIT_CODE, run_command
+    from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
 
     monkeypatch.setitem(sys.modules, "gradio", None)  # as if the demo extra were not installed
     monkeypatch.delenv("MAE_DEBUG", raising=False)

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from mae.cli.main import invoke
-from mae.command import USAGE_ERROR_EXIT_CODE, run_command
+from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
 from mae.convert.architecture import ARCHITECTURE_KEY
 from mae.convert.backbone import load_backbone, load_mae
 from tests.helpers import tiny_pretraining_checkpoint, write_image_folder
@@ -138,7 +138,7 @@ def test_probe__one_training_image_per_class_leaves_nothing_to_choose_the_head_o
 
 
 def test_probe__zero_epochs_is_refused_before_any_feature_is_extracted(checkpoint, tmp_path, capsys):
-    with pytest.raises(SystemExit):  # by the parser (mae.command_options.positive_int)
+    with pytest.raises(SystemExit):  # by the parser (mae.cli.command_options.positive_int)
         _probe(checkpoint, tmp_path / "never_read", "--max-epochs", "0")
     assert "error: argument --max-epochs: must be at least 1, got 0" in capsys.readouterr().err
 

@@ -17,8 +17,8 @@ from mae.cli.commands import BY_NAME, COMMANDS, TRAIN
 from mae.cli.lightning import expand_stacked_configs, resolve_recipes
 from mae.cli.main import main, usage
 from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config
-from mae.command import parse_and_run
-from mae.command_options import (
+from mae.cli.command import parse_and_run
+from mae.cli.command_options import (
     DEVICE_DEFAULT,
     REMOVED,
     SHARED_MARK,

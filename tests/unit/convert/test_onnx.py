@@ -228,7 +228,7 @@ def test_onnx_export__without_the_onnx_extra_an_error_line_naming_it(
 ):
     from functools import partial
 
-    from mae.command import USAGE_ERROR_EXIT_CODE, run_command
+    from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
 
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if the extra were not installed
     monkeypatch.delenv("MAE_DEBUG", raising=False)

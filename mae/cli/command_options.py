@@ -15,21 +15,12 @@ from typing import Any
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 
-from mae.errors import ConfigError
+from mae.errors import ALLOWED, ConfigError
 
 # Attribute set on every action ``add_option`` creates (its help is complete: see ``CommandHelpFormatter``);
 # tests check that no command makes a shared option by hand.
 SHARED_MARK = "mae_shared_option"
 DEVICE_DEFAULT = "cuda when available, else cpu"
-
-
-# The ranges of jsonargparse's restricted number types, in the words of an error.
-ALLOWED = {
-    PositiveInt: "at least 1",
-    NonNegativeInt: "at least 0",
-    PositiveFloat: "above 0",
-    OpenUnitInterval: "strictly between 0 and 1",
-}
 
 
 class OutOfRange(argparse.ArgumentTypeError, ValueError):

@@ -20,11 +20,9 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.command_options import CommandHelpFormatter, finish_shared, refuse_removed
-from mae.errors import UsageError, UserError
+from mae.cli.command_options import CommandHelpFormatter, finish_shared, refuse_removed
+from mae.errors import INTERRUPTED_EXIT_CODE, USAGE_ERROR_EXIT_CODE, UsageError, UserError
 
-USAGE_ERROR_EXIT_CODE = 2  # as argparse exits on a bad argument
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: a command ended by Ctrl-C, as the shell reports it
 DEBUG_FLAG = "--debug"
 DEBUG_VARIABLE = "MAE_DEBUG"
 # Packages whose errors wrap the project's (a data module's check raised while jsonargparse builds it).
