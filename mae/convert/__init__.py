@@ -1,4 +1,5 @@
-"""Checkpoints in and out: reading every supported format (ours, official MAE, timm, Hugging Face;
-``sources``, ``safe_load``), their architecture records, loading an MAE or an encoder (``backbone``),
-exporting a plain timm encoder (``export``) or an ONNX file (``onnx``), Hugging Face layout
-(``huggingface``) and load reports (``report``)."""
+"""Checkpoints in and out: every supported format read into one layout (``sources.read_checkpoint`` over
+the table of ``formats/``, one module a format; ``safe_load``), their architecture records
+(``architecture``), loading an MAE or an encoder (``backbone``), the export targets (``exports/``, one
+module a target: safetensors via ``export``, ONNX via ``onnx_encoder`` and ``onnx``, timm and Hugging Face
+folders via ``folders``), the Hugging Face weight names (``huggingface``) and load reports (``report``)."""

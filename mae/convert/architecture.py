@@ -18,13 +18,21 @@ images exactly as training did.
 
 ``MaskedAutoencoderViT`` args are its ``config``; ``VisionTransformer`` args are timm's (a linear-probe
 classifier's head is a BatchNorm + linear, recorded as ``"head": "batchnorm_linear"``). Readers
-rebuild the model from this record alone; checkpoints written before the contract (version 0.1)
-are read through ``mae.convert.sources``' older path.
+rebuild the model from this record alone, once ``check_record`` has checked it against the tensors;
+checkpoints written before the contract (version 0.1) are read through ``mae.convert.formats.lightning``'s
+older path.
 """
 
+import inspect
+import math
+from pathlib import Path
 from typing import Any
 
-from mae.errors import ConfigError
+import torch
+
+from mae.convert.shapes import infer_config
+from mae.errors import ConfigError, InputError
+from mae.models.mae import MaskedAutoencoderViT
 
 ARCHITECTURE_KEY = "mae_architecture"
 DATA_KEY = "mae_data"
@@ -91,3 +99,99 @@ def data_record(datamodule: Any) -> dict[str, Any] | None:
         "mean": list(datamodule.mean),
         "std": list(datamodule.std),
     }
+
+
+# The record's arguments that the tensors fix, and how to read them off the tensors (``infer_config``).
+_SHAPE_ARGS = ("patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio")
+_DECODER_SHAPE_ARGS = ("decoder_embed_dim", "decoder_depth")
+
+
+def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """A checkpoint's architecture record against its own tensors, before any model is built from it
+    (a damaged or edited record would otherwise build, say, a 2**20-wide model: terabytes).
+
+    Raises:
+        ValueError: naming ``path``: an argument ``MaskedAutoencoderViT`` does not take, a value of the
+            wrong type, or an argument that disagrees with the tensors' shapes (both values given).
+    """
+    _check_record_types(config, path)
+    measured, _ = infer_config(
+        state, {"img_size": config.get("img_size"), "num_heads": 1, "decoder_num_heads": 1}, path
+    )
+    _check_record_shapes(config, measured, state, path)
+    _check_record_grid(config.get("img_size"), measured["patch_size"], state["pos_embed"].shape[1] - 1, path)
+    for heads, width_key in (("num_heads", "embed_dim"), ("decoder_num_heads", "decoder_embed_dim")):
+        if heads in config and width_key in config and config[width_key] % config[heads]:
+            raise InputError(
+                f"{path}: its {ARCHITECTURE_KEY} record has {heads}={config[heads]}, which does not divide "
+                f"{width_key}={config[width_key]}"
+            )
+
+
+def _image_sizes(size: Any) -> list:
+    """A record's ``img_size`` as a list of one (H) or two (H, W) entries, unchecked."""
+    return list(size) if isinstance(size, list | tuple) else [size]
+
+
+def _check_record_types(config: dict[str, Any], path: str | Path) -> None:
+    """Every argument one ``MaskedAutoencoderViT`` takes; sizes and counts positive integers."""
+    known = set(inspect.signature(MaskedAutoencoderViT.__init__).parameters) - {"self"}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record has arguments MaskedAutoencoderViT does not take: "
+            f"{unknown} (it takes {sorted(known)}); the record is damaged or from another program"
+        )
+    for key in (
+        "patch_size",
+        "in_chans",
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "decoder_embed_dim",
+        "decoder_depth",
+        "decoder_num_heads",
+    ):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InputError(
+                f"{path}: its {ARCHITECTURE_KEY} record has {key}={value!r}; expected a positive integer"
+            )
+    size = config.get("img_size")
+    sizes = _image_sizes(size)
+    if len(sizes) not in (1, 2) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes
+    ):
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record has img_size={size!r}; expected H or [H, W] pixels"
+        )
+
+
+def _check_record_shapes(
+    config: dict[str, Any], measured: dict[str, Any], state: dict[str, torch.Tensor], path: str | Path
+) -> None:
+    """The record's widths, depths and decoder kind against those ``measured`` on the tensors."""
+    keys = _SHAPE_ARGS + (_DECODER_SHAPE_ARGS if "decoder_embed.weight" in state else ())
+    for key in keys:
+        if key in config and not math.isclose(float(config[key]), float(measured[key])):
+            raise InputError(
+                f"{path}: its {ARCHITECTURE_KEY} record says {key}={config[key]!r}, but its tensors have "
+                f"{key}={measured[key]!r}; the record is damaged or was edited"
+            )
+    if "decoder_embed.weight" in state and config.get("decoder_type", "self") != measured["decoder_type"]:
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record says "
+            f"decoder_type={config.get('decoder_type', 'self')!r}, but its tensors are a "
+            f"{measured['decoder_type']!r} decoder's; the record is damaged or was edited"
+        )
+
+
+def _check_record_grid(size: Any, patch: int, positions: int, path: str | Path) -> None:
+    """The record's ``img_size`` cut into ``patch`` px patches gives the ``positions`` of ``pos_embed``."""
+    sizes = _image_sizes(size)
+    height, width = sizes * 2 if len(sizes) == 1 else sizes
+    if height % patch or width % patch or (height // patch) * (width // patch) != positions:
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record says img_size={size!r}, but pos_embed holds {positions} "
+            f"patch positions of {patch}x{patch} pixels; the record is damaged or was edited"
+        )

@@ -11,8 +11,10 @@ from timm.models import adapt_input_conv
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from mae.convert.checkpoint import MAECheckpoint, check_finite
 from mae.convert.report import LoadReport, load_checked
-from mae.convert.sources import MAECheckpoint, check_finite, read_checkpoint
+from mae.convert.sources import read_checkpoint
+from mae.convert.timm_args import vit_args
 from mae.errors import ConfigError
 from mae.models.decoder_switches import switch_differences
 from mae.models.factory import build_mae
@@ -24,21 +26,6 @@ log = logging.getLogger(__name__)
 # The decoder switches that change what the decoder's weights compute (not ``decoder_keep_ratio``,
 # which only chooses how many patches a training step reconstructs).
 _DECODER_ARCHITECTURE = ("decoder_type", "decoder_encoder_layers")
-
-
-def vit_args(config: dict[str, Any]) -> dict[str, Any]:
-    """timm ``VisionTransformer`` arguments of the encoder described by an MAE ``config``."""
-    return dict(
-        img_size=tuple(config["img_size"]),
-        patch_size=config["patch_size"],
-        in_chans=config["in_chans"],
-        embed_dim=config["embed_dim"],
-        depth=config["depth"],
-        num_heads=config["num_heads"],
-        mlp_ratio=config["mlp_ratio"],
-        qkv_bias=True,
-        class_token=True,
-    )
 
 
 def build_vit(
@@ -143,14 +130,7 @@ def load_backbone(
         per-block feature maps. The load report is logged and kept as ``model.load_report``.
     """
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
-    if global_pool == "token" and pooling_of(ckpt) == "avg":
-        raise ConfigError(
-            f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final "
-            "norm), so its cls token has no trained norm to pass through: load it with global_pool='avg' "
-            "(the mean of the patch tokens through its fc_norm; --model.global_pool avg for mae finetune). "
-            "Embedding, kNN / probe features and the ONNX export read the final norm: give them the "
-            "pretraining checkpoint it came from"
-        )
+    _check_pooling(ckpt, global_pool)
     config = dict(ckpt.config)
     if num_heads is not None:
         config["num_heads"] = num_heads
@@ -167,20 +147,33 @@ def load_backbone(
 
     if new_grid != old_grid:
         report.notes.append(f"position embeddings resampled from {old_grid} to {new_grid} patches (bicubic)")
-    allowed_missing, allowed_ignored = ["head.*"], ["head.*"]
-    if global_pool == "avg":
-        allowed_missing.append("fc_norm.*")  # a new norm after pooling, as in MAE fine-tuning
-        allowed_ignored.append("norm.*")  # the pretrained final norm has no place after pooling
-    else:
-        allowed_ignored.append("fc_norm.*")
     if "head.weight" in state and num_classes != state["head.weight"].shape[0]:
         state = {k: v for k, v in state.items() if not k.startswith("head.")}
         report.notes.append("the source's classification head has another number of classes: not loaded")
-    load_checked(model, state, report, allowed_missing, allowed_ignored)
+    load_checked(model, state, report, *_allowed_differences(global_pool))
     report.ignored += sorted(set(ckpt.state_dict) - set(ckpt.encoder_state_dict())) + ckpt.ignored  # decoder
     log.info("%s", report)
     model.load_report = report
     return model
+
+
+def _check_pooling(ckpt: MAECheckpoint, global_pool: str) -> None:
+    """Refuse token pooling of an encoder fine-tuned with average pooling (it has no final norm)."""
+    if global_pool == "token" and pooling_of(ckpt) == "avg":
+        raise ConfigError(
+            f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final "
+            "norm), so its cls token has no trained norm to pass through: load it with global_pool='avg' "
+            "(the mean of the patch tokens through its fc_norm; --model.global_pool avg for mae finetune). "
+            "Embedding, kNN / probe features and the ONNX export read the final norm: give them the "
+            "pretraining checkpoint it came from"
+        )
+
+
+def _allowed_differences(global_pool: str) -> tuple[list[str], list[str]]:
+    """(model tensors that may stay new, checkpoint tensors that may go unused) for ``global_pool``."""
+    if global_pool == "avg":  # a new norm after pooling, as in MAE fine-tuning; no place for the final norm
+        return ["head.*", "fc_norm.*"], ["head.*", "norm.*"]
+    return ["head.*"], ["head.*", "fc_norm.*"]
 
 
 def load_mae(

@@ -12,11 +12,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from mae.convert.checkpoint import MAECheckpoint, check_finite
+from mae.convert.formats import huggingface, timm_folder
+from mae.convert.huggingface import hf_config_of
 from mae.convert.model_card import CARD_MARK, card_license, model_card, read_run
-from mae.convert.sources import MAECheckpoint, check_finite, read_checkpoint
-from mae.convert.timm_folder import check_timm_representable, write_timm_folder
+from mae.convert.sources import read_checkpoint
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
 from mae.errors import ConfigError
+from mae.io.outputs import Output
 
 TARGETS = ("timm", "huggingface")
 # Every file an export folder holds (timm: config.json, model.safetensors; transformers: the same and
@@ -59,7 +62,7 @@ def check_target(ckpt: MAECheckpoint, target: str, encoder_only: bool) -> bool:
     if target not in TARGETS:
         raise ConfigError(f"--to must be one of {', '.join(TARGETS)}, got {target!r}")
     if target == "timm":
-        check_timm_representable(ckpt)
+        timm_folder.check(ckpt)
         return False
     try:
         import transformers  # noqa: F401
@@ -68,8 +71,6 @@ def check_target(ckpt: MAECheckpoint, target: str, encoder_only: bool) -> bool:
             "a Hugging Face folder needs transformers for its image processor: "
             'pip install "transformers>=5.25"'
         ) from None
-    from mae.convert.huggingface import hf_config_of
-
     decoder = ckpt.has_decoder and not encoder_only
     hf_config_of(ckpt.config, decoder)
     return decoder
@@ -111,18 +112,34 @@ def export_folder(
                 "crop_pct": _crop_pct(facts.run_config),
                 "crop_mode": "center",
             }
-            write_timm_folder(ckpt, tmp, data_config, card_license(facts))
+            timm_folder.write(ckpt, tmp, data_config, card_license(facts))
         else:
-            from mae.convert.huggingface import write_hf_folder
-
             mask_ratio = facts.hparams.get("mask_ratio", 0.75)
-            write_hf_folder(state, ckpt.config, tmp, decoder, mask_ratio, mean, std)
+            huggingface.write(state, ckpt.config, tmp, decoder, mask_ratio, mean, std)
         card = model_card(facts, target, out.name, decoder)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         _put_in_place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return FolderExport(out, target, decoder, list(ckpt.notes))
+
+
+def folder_outputs(out: Path) -> list[Output]:
+    """The folder an export writes, for ``check_outputs``: its own (``is_export_folder``) or refused."""
+    return [Output(out, "--out", "folder", is_export_folder)]
+
+
+def folder_lines(export: FolderExport, load: str) -> list[str]:
+    """Lines for the user: the checkpoint's notes, what the folder holds, ``load`` (how to load it), how
+    to upload it."""
+    files = ", ".join(sorted(p.name for p in export.folder.iterdir()))
+    what = "encoder and decoder" if export.has_decoder else "encoder"
+    return [
+        *(f"note: {note}" for note in export.notes),
+        f"wrote the {what} to {export.folder}/ ({files})",
+        load,
+        f"upload: hf upload USER/REPO {export.folder} .",
+    ]
 
 
 def _crop_pct(run_config: dict | None) -> float:

@@ -181,37 +181,3 @@ def save_hf_pretrained(model: MaskedAutoencoderViT, out_dir: str | Path, mask_ra
     save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return out_dir
-
-
-def write_hf_folder(
-    state_dict: dict[str, torch.Tensor],
-    config: dict[str, Any],
-    folder: Path,
-    decoder: bool,
-    mask_ratio: float,
-    mean: list[float],
-    std: list[float],
-) -> None:
-    """Write ``config.json``, ``model.safetensors`` and ``preprocessor_config.json`` into ``folder`` (an
-    empty, new folder): ``ViTMAEForPreTraining`` with ``decoder`` (``state_dict`` then holds one), else
-    ``ViTMAEModel``; a ``ViTImageProcessor`` resizing to the input size (bicubic), scaling 8-bit values
-    by 1/255 and normalising with ``mean`` / ``std``."""
-    from transformers import ViTImageProcessor
-
-    hf = hf_config_of(config, decoder, mask_ratio)  # first: it refuses what ViTMAE cannot hold
-    height, width = (hf["image_size"],) * 2 if isinstance(hf["image_size"], int) else hf["image_size"]
-    tensors = to_hf_state_dict(state_dict) if decoder else hf_encoder_state_dict(state_dict)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    processor = ViTImageProcessor(
-        do_resize=True,
-        size={"height": height, "width": width},
-        resample=3,  # PIL's bicubic, as our evaluation view
-        do_rescale=True,
-        rescale_factor=1 / 255,
-        do_normalize=True,
-        image_mean=list(mean),
-        image_std=list(std),
-    )
-    processor.save_pretrained(str(folder))

@@ -7,7 +7,7 @@ timm's Python-number shape arithmetic, where a batch size can be baked in silent
 exporter records the batch dimension as a symbol and fails when the model would specialise it. The
 file is then run by onnxruntime on seeded random inputs beside the module (``check_with_onnxruntime``)
 and renamed into place only when the two agree. What the file holds for the encoder:
-``mae.apps.onnx_encoder``.
+``mae.convert.onnx_encoder``.
 """
 
 from collections.abc import Callable
@@ -83,28 +83,9 @@ def write_onnx(
             written at ``out``.
     """
     out = Path(out)
-    if out.suffix != ".onnx":
-        raise ConfigError(f"ONNX export target {out} must end in .onnx")
-    check_opset(opset)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    if weight_bytes > MAX_ONNX_BYTES:
-        raise ConfigError(
-            f"the weights take {weight_bytes / 2**30:.1f} GiB, over the 2 GiB one ONNX file holds; this "
-            "command writes single files (a ViT-L encoder and smaller fit)"
-        )
+    _check_exportable(model, out, opset)
     model = model.eval()
-    with torch.no_grad():
-        program = torch.onnx.export(
-            model,
-            (example,),
-            input_names=[input_name],
-            output_names=[output_name],
-            opset_version=opset,
-            dynamic_shapes=({0: torch.export.Dim("batch")},) if dynamic_batch else None,
-            dynamo=True,
-            external_data=False,
-            verbose=False,
-        )
+    program = _export_program(model, example, input_name, output_name, dynamic_batch, opset)
     written_opset = program.model.opset_imports[""]
     if opset is not None and written_opset != opset:
         raise ConfigError(f"the exporter wrote opset {written_opset}, not the --opset {opset} asked for")
@@ -120,6 +101,44 @@ def write_onnx(
 
     atomic_write(out, write_and_check)
     return OnnxFile(out, written_opset, differences)
+
+
+def _check_exportable(model: nn.Module, out: Path, opset: int | None) -> None:
+    """Refuse, before the export, a path that is not ``.onnx``, an opset the exporter lacks, or weights
+    over the 2 GiB one ONNX file holds."""
+    if out.suffix != ".onnx":
+        raise ConfigError(f"ONNX export target {out} must end in .onnx")
+    check_opset(opset)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if weight_bytes > MAX_ONNX_BYTES:
+        raise ConfigError(
+            f"the weights take {weight_bytes / 2**30:.1f} GiB, over the 2 GiB one ONNX file holds; this "
+            "command writes single files (a ViT-L encoder and smaller fit)"
+        )
+
+
+def _export_program(
+    model: nn.Module,
+    example: torch.Tensor,
+    input_name: str,
+    output_name: str,
+    dynamic_batch: bool,
+    opset: int | None,
+) -> "torch.onnx.ONNXProgram":
+    """torch's dynamo export of ``model`` on ``example``, the batch dimension a symbol with
+    ``dynamic_batch``."""
+    with torch.no_grad():
+        return torch.onnx.export(
+            model,
+            (example,),
+            input_names=[input_name],
+            output_names=[output_name],
+            opset_version=opset,
+            dynamic_shapes=({0: torch.export.Dim("batch")},) if dynamic_batch else None,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
 
 
 def check_with_onnxruntime(

@@ -1,6 +1,6 @@
-"""onnx: an encoder trained on the GPU, exported to ONNX (``mae.apps.onnx_encoder.export_onnx``, which checks
-it with onnxruntime against torch on the CPU) and compared with the encoder run on the GPU (dry run: the
-tiny model trained 3 steps on the CPU in fp32)."""
+"""onnx: an encoder trained on the GPU, exported to ONNX (``mae.convert.onnx_encoder.export_onnx``, which
+checks it with onnxruntime against torch on the CPU) and compared with the encoder run on the GPU (dry run:
+the tiny model trained 3 steps on the CPU in fp32)."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,8 +66,8 @@ def _compare_with_onnxruntime(smoke: SmokePart) -> dict[str, float]:
     """The ONNX file's largest difference from the encoder on the device, by onnxruntime provider."""
     import onnxruntime
 
-    from mae.apps.onnx_encoder import INPUT_NAME, export_onnx
     from mae.convert.backbone import load_backbone
+    from mae.convert.onnx_encoder import INPUT_NAME, export_onnx
 
     ckpt, onnx_path, img_size = (
         smoke.work / "trained.ckpt",

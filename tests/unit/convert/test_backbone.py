@@ -254,24 +254,3 @@ def test_errors__shape_mismatch_names_key_shapes_and_cause(mae_model, tmp_path):
         load_mae(ckpt, patch_size=8)
     with pytest.raises(ValueError, match="2 blocks but the model 3"):
         load_mae(ckpt, depth=3)
-
-
-@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
-def test_timm__plain_vit_state_dict(tmp_path, suffix):
-    import timm
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    vit = timm.create_model(
-        "vit_small_patch16_224", pretrained=False, num_classes=0, depth=2, img_size=64
-    ).eval()
-    path = tmp_path / f"vit_small_patch16_224.mae{suffix}"
-    if suffix == ".pth":
-        torch.save(vit.state_dict(), path)
-    else:
-        save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, str(path))
-    model = load_backbone(path).eval()
-    assert model.load_report.format == "timm" and model.blocks[0].attn.num_heads == 6
-    imgs = torch.randn(1, 3, 64, 64)
-    with torch.no_grad():
-        torch.testing.assert_close(model.forward_features(imgs), vit.forward_features(imgs))

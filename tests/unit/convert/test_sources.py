@@ -1,186 +1,39 @@
-"""The checkpoint contract (``mae.convert.architecture``): every checkpoint we write records its
-architecture and the readers use that record; checkpoints written before the record keep loading."""
-
-from pathlib import Path
+"""``read_checkpoint`` (``mae.convert.sources``): it walks the one table of formats in order, ``format=``
+keeps the rows of that name, and a path no row recognises is refused naming every format tried and what each
+looked for."""
 
 import pytest
 import torch
-from timm.models.vision_transformer import VisionTransformer
 
-from mae import load_backbone, load_mae
-from mae.convert.architecture import ARCHITECTURE_KEY
-from mae.convert.sources import read_checkpoint
-from mae.data import DigitsDataModule
-from mae.training.checkpointing import check_resume_checkpoint
-from tests.helpers import LabelledImages, RandomImages, finetune_module, make_trainer, pretrain_module
-
-DATA = Path(__file__).resolve().parents[2] / "data"
-# Written by train.py / finetune.py at version 0.1 (commit 2a6ada0): 1 epoch on the digits at 8x8,
-# a 16-d 1-block encoder and decoder; the fine-tuned one starts from the pretrained one.
-LEGACY_PRETRAIN = DATA / "legacy_pretrain_v0.1.ckpt"
-LEGACY_FINETUNE = DATA / "legacy_finetune_v0.1.ckpt"
-LEGACY_KWARGS = dict(
-    embed_dim=16, depth=1, num_heads=2, decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2
-)
+from mae.convert.sources import CHECKPOINT_FORMATS, FORMATS, read_checkpoint
+from mae.errors import InputError
 
 
-def _saved(tmp_path, module, datamodule) -> dict:
-    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
-    trainer.fit(module, datamodule=datamodule)
-    trainer.save_checkpoint(tmp_path / "c.ckpt")
-    return torch.load(tmp_path / "c.ckpt", map_location="cpu", weights_only=True)
+def test_formats__the_names_come_from_the_table_in_the_order_users_know():
+    assert FORMATS == ("auto", "lightning", "official", "timm", "huggingface")
+    assert {row.format for row in CHECKPOINT_FORMATS} == set(FORMATS) - {"auto"}
 
 
-def test_pretraining_checkpoint__records_the_model_config_and_the_reader_needs_nothing_else(tmp_path):
-    module = pretrain_module(mask_strategy="grid", optim=dict(warmup_epochs=0))
-    ckpt = _saved(tmp_path, module, RandomImages())
-    record = ckpt[ARCHITECTURE_KEY]
-    assert record["class"] == "MaskedAutoencoderViT" and record["state_dict_prefix"] == "model."
-    assert {**record["args"], "img_size": tuple(record["args"]["img_size"])} == module.model.config
-    # Without the module's hyperparameters the architecture still comes back exactly.
-    del ckpt["hyper_parameters"]
-    torch.save(ckpt, tmp_path / "bare.ckpt")
-    assert read_checkpoint(tmp_path / "bare.ckpt").config == module.model.config
-    model, report = load_mae(tmp_path / "bare.ckpt")
-    assert report.notes == [] and model.mask_strategy == "grid"
-    for key, value in module.model.state_dict().items():
-        torch.testing.assert_close(model.state_dict()[key], value)
-
-
-@pytest.mark.parametrize("mode", ["finetune", "linprobe"])
-def test_finetuning_checkpoint__records_timm_arguments_that_rebuild_the_classifier(tmp_path, mode):
-    extra = dict(mixup=0, cutmix=0, drop_path_rate=0) if mode == "linprobe" else {}
-    module = finetune_module(mode=mode, **extra)
-    ckpt = _saved(tmp_path, module, LabelledImages())
-    record = ckpt[ARCHITECTURE_KEY]
-    assert record["class"] == "VisionTransformer" and record["state_dict_prefix"] == "vit."
-    args = dict(record["args"])
-    assert args.pop("head") == ("batchnorm_linear" if mode == "linprobe" else "linear")
-    assert args["num_classes"] == 3 and args["global_pool"] == "avg" and record["layer_norm_eps"] == 1e-6
-    if mode == "finetune":  # timm alone rebuilds it from the record, strictly
-        vit = VisionTransformer(**args)
-        vit.load_state_dict({k[4:]: v for k, v in ckpt["state_dict"].items() if k.startswith("vit.")})
-    backbone = load_backbone(
-        tmp_path / "c.ckpt", global_pool="avg", num_classes=3 if mode == "finetune" else 0
+def test_refusal__names_every_format_tried_and_what_it_looked_for(tmp_path):
+    torch.save({"weights": [1, 2], "note": "mine"}, tmp_path / "odd.pth")
+    with pytest.raises(InputError) as refused:
+        read_checkpoint(tmp_path / "odd.pth")
+    message = str(refused.value)
+    assert message.startswith(
+        f"no checkpoint format recognises {tmp_path / 'odd.pth'}, which holds a dict of "
     )
-    torch.testing.assert_close(backbone.blocks[0].attn.qkv.weight, module.vit.blocks[0].attn.qkv.weight)
+    assert "top-level keys ['note', 'weights']" in message
+    for row in CHECKPOINT_FORMATS:
+        assert f"{row.name}: {row.looks_for}" in message
+    with pytest.raises(InputError, match="which holds a folder of"):
+        read_checkpoint(tmp_path)
 
 
-def test_pretraining_checkpoint_written_before_the_record__loads_with_its_tensors():
-    saved = torch.load(LEGACY_PRETRAIN, map_location="cpu", weights_only=True)
-    assert ARCHITECTURE_KEY not in saved
-    model, _ = load_mae(LEGACY_PRETRAIN)
-    assert model.config["embed_dim"] == 16 and model.config["img_size"] == (8, 8) and model.norm_pix_loss
-    for key, value in model.state_dict().items():
-        torch.testing.assert_close(value, saved["state_dict"][f"model.{key}"])
-    backbone = load_backbone(LEGACY_PRETRAIN)
-    torch.testing.assert_close(backbone.cls_token, saved["state_dict"]["model.cls_token"])
-
-
-def test_finetuning_checkpoint_written_before_the_record__loads_with_its_head():
-    saved = torch.load(LEGACY_FINETUNE, map_location="cpu", weights_only=True)["state_dict"]
-    vit = load_backbone(LEGACY_FINETUNE, global_pool="avg", num_classes=10)
-    assert vit.load_report.missing == []
-    torch.testing.assert_close(vit.head.weight, saved["vit.head.weight"])
-    torch.testing.assert_close(vit.fc_norm.weight, saved["vit.fc_norm.weight"])
-
-
-def test_pretraining_checkpoint_written_before_the_record__resumes(tmp_path):
-    module = pretrain_module(img_size=8, model_kwargs=LEGACY_KWARGS, optim=dict(warmup_epochs=0))
-    check_resume_checkpoint(LEGACY_PRETRAIN, module)
-    trainer = make_trainer(tmp_path, max_epochs=2, limit_val_batches=0, precision="32-true")
-    trainer.fit(module, datamodule=DigitsDataModule(img_size=8, batch_size=256), ckpt_path=LEGACY_PRETRAIN)
-    assert trainer.global_step == 10  # 5 steps per epoch, the first epoch from the file
-
-
-def _write_as_version_0_2(module, path: Path) -> None:
-    """``module``'s checkpoint as version 0.2 wrote it: the encoder's architecture beside the
-    hyperparameters, and the input normalisation a dense module resolved in ``mae_data`` only."""
-    import lightning
-
-    settings = dict(module.hparams)
-    record = settings.pop("encoder_config")
-    data = {"in_chans": 3, "img_size": [16, 16], "mean": [0.5] * 3, "std": [0.25] * 3}  # a data module's
-    if (
-        "mean" in settings
-    ):  # a dense module's hyperparameters kept what it was given, mae_data what it resolved
-        data.update(mean=settings["mean"], std=settings["std"])
-        settings["mean"] = settings["std"] = None
-    saved = {
-        "state_dict": module.state_dict(),
-        "hyper_parameters": settings,
-        "mae_encoder_config": record,
-        "mae_data": data,
-        "pytorch-lightning_version": lightning.__version__,
-    }
-    torch.save(saved, path)
-
-
-@pytest.mark.parametrize("kind", ["finetune", "segmentation"])
-def test_trained_checkpoint_of_version_0_2__loads_without_its_pretraining_file_given_restore_kwargs(
-    tmp_path, kind
-):
-    """0.2 kept the encoder's architecture beside the hyperparameters: Lightning's load_from_checkpoint then
-    needs the pretraining file, or ``restore_kwargs_v0_2``, which reads that record (and a dense module's
-    input normalisation) back; a newer checkpoint needs none."""
-    import shutil
-
-    from mae.dense.tasks.segmentation import MAESegmentationModule
-    from mae.training.finetune import MAEFinetuneModule
-    from mae.training.transfer import restore_kwargs_v0_2
-    from tests.helpers import tiny_pretraining_checkpoint
-
-    start = tiny_pretraining_checkpoint(tmp_path / "pre")
-    pretrained = torch.load(start, map_location="cpu", weights_only=True)
-    pretrained["mae_data"] = {
-        "in_chans": 3,
-        "img_size": [16, 16],
-        "mean": [0.2, 0.3, 0.4],
-        "std": [0.5, 0.6, 0.7],
-    }
-    torch.save(pretrained, start)
-    module_class = MAEFinetuneModule if kind == "finetune" else MAESegmentationModule
-    extra = {"out_channels": 16} if kind == "segmentation" else {}
-    module = module_class(encoder=dict(checkpoint=str(start)), img_size=16, num_classes=3, **extra).eval()
-    _write_as_version_0_2(module, tmp_path / "v0_2.ckpt")
-    shutil.rmtree(tmp_path / "pre")
-    with pytest.raises(FileNotFoundError, match="model.encoder.checkpoint"):
-        module_class.load_from_checkpoint(tmp_path / "v0_2.ckpt")
-    restore = restore_kwargs_v0_2(tmp_path / "v0_2.ckpt")
-    assert sorted(restore) == (
-        ["encoder_config"] if kind == "finetune" else ["encoder_config", "mean", "std"]
-    )
-    loaded = module_class.load_from_checkpoint(tmp_path / "v0_2.ckpt", **restore).eval()
-    ours, theirs = module.state_dict(), loaded.state_dict()
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    images = torch.rand(2, 3, 16, 16)
-    with torch.no_grad():
-        assert torch.equal(module(images), loaded(images))
-    if kind == "segmentation":
-        assert list(loaded.mean) == [0.2, 0.3, 0.4] and list(loaded.std) == [0.5, 0.6, 0.7]
-    newer = {
-        **torch.load(tmp_path / "v0_2.ckpt", weights_only=True),
-        "hyper_parameters": dict(loaded.hparams),
-    }
-    torch.save(newer, tmp_path / "new.ckpt")
-    assert restore_kwargs_v0_2(tmp_path / "new.ckpt") == {}
-
-
-def test_pretraining_checkpoint_of_a_run_started_from_weights__loads_with_init_from_none(tmp_path):
-    """model.init_from is read when the module is built: without the file, Lightning's load_from_checkpoint
-    of the run's checkpoint says to pass init_from=None (the checkpoint holds every weight)."""
-    import shutil
-
-    from mae.training.pretrain import MAEPretrainModule
-    from tests.helpers import tiny_pretraining_checkpoint
-
-    module = pretrain_module(
-        init_from=str(tiny_pretraining_checkpoint(tmp_path / "init")), optim=dict(warmup_epochs=0)
-    )
-    _saved(tmp_path, module, RandomImages())
-    shutil.rmtree(tmp_path / "init")
-    with pytest.raises(FileNotFoundError, match="pass init_from=None"):
-        MAEPretrainModule.load_from_checkpoint(tmp_path / "c.ckpt")
-    loaded = MAEPretrainModule.load_from_checkpoint(tmp_path / "c.ckpt", init_from=None)
-    ours, theirs = module.state_dict(), loaded.state_dict()
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+def test_format__keeps_only_the_rows_of_that_name(tmp_path):
+    torch.save({"model": {"cls_token": torch.zeros(1, 1, 4)}}, tmp_path / "official.pth")
+    with pytest.raises(InputError) as refused:
+        read_checkpoint(tmp_path / "official.pth", format="lightning")
+    tried = [row.name for row in CHECKPOINT_FORMATS if row.name in str(refused.value)]
+    assert tried == [row.name for row in CHECKPOINT_FORMATS if row.format == "lightning"]
+    with pytest.raises(InputError, match="format 'onnx' is unknown"):
+        read_checkpoint(tmp_path / "official.pth", format="onnx")

@@ -4,7 +4,7 @@
 The file computes the encoder's ``forward_features`` on every patch (no masking): ``pixels``
 (N, C, H, W) float32 -> ``tokens`` (N, 1 + L, D), the cls token then the patch tokens in raster
 order, after the final LayerNorm; or, with ``pool``, ``embedding`` (N, D) (2D for "both"), pooled
-as ``mae.eval.features.pooled`` pools for kNN and the linear probe. How to prepare ``pixels`` (the
+as ``mae.convert.pooling.pooled`` pools for kNN and the linear probe. How to prepare ``pixels`` (the
 scaling, resize and crop, and the mean / std of the model's training data) is written into the
 file's ``metadata_props`` (keys ``mae.*``) and ``doc_string``, so a runtime without Python knows how
 to feed it.
@@ -18,18 +18,19 @@ import torch
 from torch import nn
 
 from mae.convert.backbone import load_backbone
+from mae.convert.checkpoint import MAECheckpoint
 from mae.convert.onnx import DEFAULT_ATOL, check_opset, write_onnx
+from mae.convert.pooling import POOLS, Pool, pooled
 from mae.convert.sources import read_checkpoint
+from mae.data.views.normalize import check_statistics, normalization
 from mae.errors import ConfigError
-from mae.eval.features import POOLS, Pool, pooled
-from mae.inference.normalization import Normalization
 
 INPUT_NAME = "pixels"
 
 
 class OnnxEncoder(nn.Module):
     """What the ONNX file computes: (N, C, H, W) normalised pixels -> (N, 1 + L, D) tokens, or the
-    (N, D) embedding of ``pool`` (``mae.eval.features.pooled``)."""
+    (N, D) embedding of ``pool`` (``mae.convert.pooling.pooled``)."""
 
     def __init__(self, backbone: nn.Module, pool: Pool | None = None) -> None:
         super().__init__()
@@ -43,6 +44,20 @@ class OnnxEncoder(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self._encode(pixels)
+
+
+@dataclass(frozen=True)
+class InputStatistics:
+    """The per-channel ``mean`` / ``std`` the file's input is normalised with, and where they come from
+    (``how``: recorded in the checkpoint, ImageNet's, given at export)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    how: str
+
+    @property
+    def in_chans(self) -> int:
+        return len(self.mean)
 
 
 @dataclass
@@ -66,27 +81,54 @@ def is_onnx_encoder(path: Path) -> bool:
     return any(prop.key == "mae.input" for prop in model.metadata_props)
 
 
-def input_metadata(norm: Normalization, size: tuple[int, int], how: str, batch: str = "N") -> dict[str, str]:
+def input_statistics(
+    ckpt: MAECheckpoint, in_chans: int, mean: list[float] | None, std: list[float] | None
+) -> InputStatistics:
+    """The statistics to record: ``mean`` / ``std`` when given, else the checkpoint's ``mae_data`` record,
+    else ImageNet's for a 3-channel model.
+
+    Raises:
+        ConfigError: not one value per channel, a std that is not positive, or a model of another channel
+            count whose checkpoint records none.
+    """
+    if mean:
+        given = InputStatistics(tuple(mean), tuple(std), "given at export")
+    elif ckpt.data is not None:
+        given = InputStatistics(
+            tuple(ckpt.data["mean"]), tuple(ckpt.data["std"]), "recorded in the checkpoint"
+        )
+    elif in_chans != 3:
+        raise ConfigError(f"{ckpt.source} does not record its data's mean and std: pass --mean and --std")
+    else:
+        given = InputStatistics(*normalization(3, None, None), "ImageNet's: the checkpoint records none")
+    if len(given.mean) != in_chans or len(given.std) != in_chans:
+        raise ConfigError(
+            f"--mean and --std need {in_chans} values, one per input channel; got {len(given.mean)}"
+        )
+    check_statistics(given.mean, given.std, "the normalisation's mean / std")
+    return given
+
+
+def input_metadata(stats: InputStatistics, size: tuple[int, int], batch: str = "N") -> dict[str, str]:
     """The file's ``metadata_props`` on its input: what ``pixels`` must hold, in words and as JSON
-    values. ``how``: where the mean / std come from (recorded in the checkpoint, ImageNet's, given);
-    ``batch``: "N" for a file of any batch size, "1" for one that takes a single image."""
+    values. ``batch``: "N" for a file of any batch size, "1" for one that takes a single image."""
     height, width = size
-    mean = ", ".join(f"{v:g}" for v in norm.mean)
-    std = ", ".join(f"{v:g}" for v in norm.std)
+    mean = ", ".join(f"{v:g}" for v in stats.mean)
+    std = ", ".join(f"{v:g}" for v in stats.std)
     text = (
-        f"{INPUT_NAME}: float32 ({batch}, {norm.in_chans}, {height}, {width}). From an image: take "
-        f"{norm.in_chans} channel(s) (8-bit RGB for a 3-channel model); scale 8-bit values by 1/255 and "
+        f"{INPUT_NAME}: float32 ({batch}, {stats.in_chans}, {height}, {width}). From an image: take "
+        f"{stats.in_chans} channel(s) (8-bit RGB for a 3-channel model); scale 8-bit values by 1/255 and "
         "16-bit values by 1/65535 (float data stays in its own units); resize so the short side is "
         f"{max(size)} pixels (bicubic, antialiased) and centre-crop {height}x{width}; then per channel c: (x "
-        f"- mean[c]) / std[c] with mean = [{mean}], std = [{std}] ({how})."
+        f"- mean[c]) / std[c] with mean = [{mean}], std = [{std}] ({stats.how})."
     )
     return {
         "mae.input": text,
-        "mae.in_chans": str(norm.in_chans),
+        "mae.in_chans": str(stats.in_chans),
         "mae.img_size": json.dumps([height, width]),
-        "mae.mean": json.dumps(list(norm.mean)),
-        "mae.std": json.dumps(list(norm.std)),
-        "mae.normalization_source": how,
+        "mae.mean": json.dumps(list(stats.mean)),
+        "mae.std": json.dumps(list(stats.std)),
+        "mae.normalization_source": stats.how,
     }
 
 
@@ -129,10 +171,10 @@ def export_onnx(
         opset: ONNX opset (``mae.convert.onnx.supported_opsets``); None: the exporter's default.
         atol: the largest max abs difference to torch accepted (fp32).
         mean, std: the input statistics to record; default: the checkpoint's record
-            (``Normalization.of``: ImageNet's for 3-channel files without one).
+            (``input_statistics``: ImageNet's for 3-channel files without one).
 
     Raises:
-        ValueError: a bad suffix, pool or opset, missing statistics, or a file that onnxruntime cannot
+        ConfigError: a bad suffix, pool or opset, missing statistics, or a file that onnxruntime cannot
             load or that differs from torch by more than ``atol`` (``mae.convert.onnx.write_onnx``);
             nothing is then written at ``out``.
     """
@@ -143,25 +185,17 @@ def export_onnx(
     check_opset(opset)  # before the checkpoint is read
     ckpt = read_checkpoint(source, format)
     backbone = load_backbone(ckpt, img_size=img_size, num_heads=num_heads).eval()
-    in_chans, size = backbone.patch_embed.proj.in_channels, tuple(backbone.patch_embed.img_size)
-    if mean:
-        norm, how = Normalization(in_chans, tuple(mean), tuple(std)), "given at export"
-    else:
-        norm = Normalization.of(ckpt.data, in_chans, str(source))
-        how = "recorded in the checkpoint" if ckpt.data else "ImageNet's: the checkpoint records none"
-    if len(norm.mean) != in_chans or len(norm.std) != in_chans:
-        raise ConfigError(
-            f"--mean and --std need {in_chans} values, one per input channel; got {len(norm.mean)}"
-        )
+    stats = input_statistics(ckpt, backbone.patch_embed.proj.in_channels, mean, std)
     model = OnnxEncoder(backbone, pool).eval()
+    size = tuple(backbone.patch_embed.img_size)
     example = torch.randn(
-        2 if dynamic_batch else 1, in_chans, *size, generator=torch.Generator().manual_seed(0)
+        2 if dynamic_batch else 1, stats.in_chans, *size, generator=torch.Generator().manual_seed(0)
     )
     with torch.no_grad():
         dims = model(example[:1]).shape[1:]
     batch = "N" if dynamic_batch else "1"  # a file exported for batch 1 takes nothing else
     metadata = {
-        **input_metadata(norm, size, how, batch),
+        **input_metadata(stats, size, batch),
         "mae.output": output_text(model, dims, backbone.patch_embed.grid_size, batch),
         "mae.pool": pool or "none",
         "mae.source": Path(source).name,
@@ -172,9 +206,8 @@ def export_onnx(
         model, out, example, INPUT_NAME, model.output_name, metadata, doc, dynamic_batch, opset, atol
     )
     batch = "batch" if dynamic_batch else 1
-    return OnnxExport(
-        written.path, written.opset, [batch, in_chans, *size], [batch, *dims], written.differences, metadata
-    )
+    shapes = [batch, stats.in_chans, *size], [batch, *dims]
+    return OnnxExport(written.path, written.opset, *shapes, written.differences, metadata)
 
 
 def describe(export: OnnxExport) -> list[str]:
@@ -189,6 +222,3 @@ def describe(export: OnnxExport) -> list[str]:
     lines += [f"input: {export.metadata['mae.input']}", f"output: {export.metadata['mae.output']}"]
     lines.append("(both are in the file's metadata_props, keys mae.*)")
     return lines
-
-
-__all__ = ["OnnxEncoder", "OnnxExport", "describe", "export_onnx", "input_metadata"]

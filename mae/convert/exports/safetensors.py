@@ -1,0 +1,56 @@
+"""The ``safetensors`` target: the encoder as a plain timm ViT, ``OUT.safetensors`` and its ``OUT.json``
+(``mae.convert.export.export_encoder``; the format: ``mae.convert.formats.exported_encoder``)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mae.convert.export import encoder_checkpoint
+from mae.convert.exports.base import ExportRequest, ExportTarget
+from mae.convert.formats import exported_encoder
+from mae.convert.timm_args import timm_architecture
+from mae.io.outputs import Output
+
+
+@dataclass(frozen=True)
+class EncoderExport:
+    weights: Path
+    sidecar: Path
+    architecture: str  # the timm model name the sidecar records
+    notes: list[str]  # the checkpoint's load notes
+
+
+def outputs(out: Path) -> list[Output]:
+    ours = exported_encoder.is_exported_encoder
+    return [
+        Output(out, "--out", ours=ours),
+        Output(out.with_suffix(".json"), "the JSON beside --out", ours=ours),
+    ]
+
+
+def export(request: ExportRequest) -> EncoderExport:
+    ckpt = encoder_checkpoint(
+        request.checkpoint, request.checkpoint_format, request.num_heads, request.options.get("ema", False)
+    )
+    weights, sidecar = exported_encoder.write(ckpt, request.out)
+    return EncoderExport(weights, sidecar, timm_architecture(ckpt.config), list(ckpt.notes))
+
+
+def describe(export: EncoderExport) -> list[str]:
+    return [
+        *(f"note: {note}" for note in export.notes),
+        f"wrote {export.weights} and {export.sidecar}",
+        f'load with timm alone: timm.create_model("{export.architecture}", pretrained=True, '
+        f'pretrained_cfg_overlay=dict(file="{export.weights}"), **json.load(open("{export.sidecar}"))'
+        '["model_args"])',
+    ]
+
+
+TARGET = ExportTarget(
+    name="safetensors",
+    suffix=".safetensors",
+    options={"ema": False},
+    applies="--out OUT.safetensors only",
+    outputs=outputs,
+    export=export,
+    describe=describe,
+)

@@ -1,0 +1,104 @@
+"""timm's hub folder: ``config.json`` (``architecture``, ``num_classes``, ``model_args``,
+``pretrained_cfg``) and ``model.safetensors``, as timm's ``save_for_hf`` writes it, and so as
+``mae export --to timm`` writes it (with a ``README.md`` card: ``mae.convert.folders``).
+
+``write`` uses timm's own ``save_for_hf``, so that ``timm.create_model("local-dir:FOLDER", pretrained=True)``
+(or ``hf-hub:USER/REPO`` once uploaded) builds the encoder, and ``timm.data.resolve_data_config`` +
+``create_transform`` prepare images as our evaluation view does (resize the short side to
+``size / crop_pct``, bicubic, centre crop, normalise). ``read`` takes the weights' architecture from
+``model_args`` and the normalisation from ``pretrained_cfg`` (as ``mae_data``, so that every command
+prepares images as the export recorded).
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import timm
+from timm.models import save_for_hf
+
+from mae.convert.checkpoint import MAECheckpoint, check_finite
+from mae.convert.formats.base import CheckpointFormat, CheckpointPath
+from mae.convert.formats.huggingface import folder_weights
+from mae.convert.shapes import infer_config
+from mae.convert.timm_args import timm_architecture, timm_model_args
+from mae.errors import ConfigError
+
+
+def folder_config(folder: Path) -> dict | None:
+    """The ``config.json`` of a timm hub folder (``architecture`` and ``pretrained_cfg``), or None for any
+    other folder."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    is_timm = isinstance(config, dict) and "architecture" in config and "pretrained_cfg" in config
+    return config if is_timm else None
+
+
+def detect(checkpoint: CheckpointPath) -> bool:
+    return checkpoint.path.is_dir() and folder_config(checkpoint.path) is not None
+
+
+def read(checkpoint: CheckpointPath) -> MAECheckpoint:
+    folder = checkpoint.path
+    config = folder_config(folder)
+    args = config.get("model_args") or {}
+    hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
+    state = folder_weights(folder)
+    ckpt_config, notes = infer_config(state, hints, folder)
+    return MAECheckpoint(str(folder), "timm", state, ckpt_config, notes, data=_data_record(config))
+
+
+def _data_record(config: dict) -> dict | None:
+    """``pretrained_cfg``'s input size, mean and std as a ``mae_data`` record; None without them."""
+    pretrained = config["pretrained_cfg"] if isinstance(config["pretrained_cfg"], dict) else {}
+    if not {"mean", "std", "input_size"} <= pretrained.keys():
+        return None
+    channels, *size = pretrained["input_size"]
+    return {
+        "in_chans": channels,
+        "img_size": list(size),
+        "mean": list(pretrained["mean"]),
+        "std": list(pretrained["std"]),
+    }
+
+
+def check(ckpt: MAECheckpoint) -> None:
+    """Refuse an encoder a timm ``VisionTransformer`` would compute differently.
+
+    Raises:
+        ConfigError: a LayerNorm eps other than timm's 1e-6, naming the value.
+    """
+    eps = ckpt.config["layer_norm_eps"]
+    if eps != 1e-6:
+        raise ConfigError(
+            f"{ckpt.source} uses LayerNorm eps {eps:g}; a timm ViT uses 1e-6, so its features would "
+            "differ: export it with --to huggingface (which records eps), or use mae.load_backbone"
+        )
+
+
+def write(ckpt: MAECheckpoint, folder: Path, data_config: dict[str, Any], license: str | None) -> None:
+    """Write the encoder of ``ckpt`` into ``folder`` (an empty, new folder) in timm's hub layout.
+
+    ``data_config``: timm's preprocessing keys (``input_size`` (C, H, W), ``mean``, ``std``,
+    ``interpolation``, ``crop_pct``, ``crop_mode``), stored in ``pretrained_cfg`` with the ``license``
+    (in place of those of the timm model whose name builds it).
+    """
+    check(ckpt)
+    args = timm_model_args(ckpt.config)
+    model = timm.create_model(timm_architecture(ckpt.config), pretrained=False, **args)
+    state = ckpt.encoder_state_dict()
+    check_finite(state, ckpt.source)
+    model.load_state_dict(state, strict=True)
+    own = {"pretrained_cfg": {"tag": "mae", "license": license}}
+    save_for_hf(model, str(folder), own, args, safe_serialization=True, data_config=data_config)
+
+
+FORMAT = CheckpointFormat(
+    name="timm folder (mae export --to timm, timm's save_for_hf)",
+    format="timm",
+    looks_for="a folder whose config.json has 'architecture' and 'pretrained_cfg'",
+    detect=detect,
+    read=read,
+)

@@ -1,0 +1,22 @@
+"""Sharded checkpoint folders as a format (``mae.convert.formats.sharded``): recognised by their index and
+``meta.pt``, read as the run's Lightning checkpoint (its model weights only)."""
+
+import torch
+
+from mae.convert.formats import sharded
+from mae.convert.formats.base import CheckpointPath
+from mae.convert.sources import read_checkpoint
+from tests.helpers import tiny_pretraining_checkpoint
+from tests.unit.convert.test_sharded_checkpoint import write_sharded
+
+
+def test_sharded_folder__detected_and_read_as_the_runs_checkpoint(tmp_path):
+    file = tiny_pretraining_checkpoint(tmp_path)
+    folder = tmp_path / "sharded" / "last.ckpt"
+    write_sharded(file, folder)
+    assert sharded.detect(CheckpointPath(folder))
+    assert not sharded.detect(CheckpointPath(file)) and not sharded.detect(CheckpointPath(tmp_path))
+    ckpt, expected = sharded.read(CheckpointPath(folder)), read_checkpoint(file)
+    assert ckpt.format == "lightning" and ckpt.config == expected.config and ckpt.data == expected.data
+    assert ckpt.state_dict.keys() == expected.state_dict.keys()
+    assert all(torch.equal(ckpt.state_dict[k], v) for k, v in expected.state_dict.items())
