@@ -2,11 +2,9 @@
 (k = 1, Euclidean distance between the normalised images), and each patch's error the mean squared
 difference to that neighbour's patch at the same place: "the defect is where the image differs from the
 closest normal image". No learning; it scores and maps exactly like the MAE's errors (``scoring``):
-``mae anomaly --method pixel-knn`` runs it on image files (``knn_errors``), and so does the
+``mae anomaly --method pixel-knn`` runs it on image files (``scorers.pixel_knn``), and so does the
 benchmark.
 """
-
-from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F
@@ -35,9 +33,3 @@ def nearest_normal_errors(
         difference = (batch - normal[nearest].float()) ** 2  # (n, C, H, W)
         errors.append(F.avg_pool2d(difference, patch_size).mean(dim=1).flatten(1))  # mean over p x p x C
     return torch.cat(errors)
-
-
-def knn_errors(normal: torch.Tensor, patch_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """(N, C, H, W) -> (N, L): ``nearest_normal_errors`` against (M, C, H, W) ``normal``, on its device (the
-    counterpart of ``evaluation.mae_errors``)."""
-    return lambda imgs: nearest_normal_errors(imgs.to(normal.device), normal, patch_size)

@@ -1,6 +1,7 @@
 """Where ``mae anomaly``'s decision comes from (the thresholds themselves: ``threshold``): the normal images
-held out of the fit (``split_normal``), a labelled validation folder (``validation_set``), and the
-thresholds chosen on either (``choose_decision``)."""
+held out of the fit (``split_normal``), a labelled validation folder (``validation_set``), the
+thresholds chosen on either (``choose_decision``), and the checks of the flags that choose them
+(``check_decision_options``)."""
 
 import math
 from pathlib import Path
@@ -8,19 +9,62 @@ from pathlib import Path
 import torch
 
 from mae.apps.anomaly.layout import GOOD, TestImage, TestSet, normal_images, read_test_set
-from mae.apps.anomaly.methods import Method, Reading
+from mae.apps.anomaly.scorers.base import Option, Reading, Scorer
 from mae.apps.anomaly.threshold import (
+    DEFAULT_QUANTILE,
     NORMAL_QUANTILE,
     VALIDATION_F1,
     Decision,
     f1_max_threshold,
     quantile_threshold,
 )
-from mae.errors import ConfigError, InputError
+from mae.errors import ConfigError, InputError, UsageError
 
 DEFAULT_HOLDOUT = 0.2
 MIN_HOLDOUT = 2  # normal images held out for a quantile threshold, at least
 MIN_FIT = 2  # normal images left to fit on, at least (the MAE's statistics need 2)
+OPTIONS = [  # the command's flags that choose where the thresholds come from
+    Option(
+        "holdout",
+        float,
+        f"fraction of the --normal images held out from fitting (at least {MIN_HOLDOUT}, chosen by --seed) "
+        "and scored like test images: their --threshold-quantile is the threshold; 0: none held out (no "
+        "decision without --validation)",
+        default=DEFAULT_HOLDOUT,
+    ),
+    Option(
+        "threshold_quantile",
+        float,
+        "the quantile of the held-out normal images' scores (and of their heat maps' pixels) taken as the "
+        "image (pixel) threshold: 1 = their maximum",
+        default=DEFAULT_QUANTILE,
+    ),
+    Option(
+        "validation",
+        Path,
+        "a labelled validation folder in the --test layout (good/ and a folder per defect; masks from "
+        "<validation>/../ground_truth if there): the thresholds that maximise F1 on it; nothing is held out",
+    ),
+]
+
+
+def check_decision_options(holdout: float, quantile: float) -> None:
+    """Refuse a ``holdout`` fraction (--holdout) outside [0, 1) or a threshold ``quantile``
+    (--threshold-quantile) outside [0, 1], before any work.
+
+    Raises:
+        UsageError: naming the flag, its range and the value.
+    """
+    if not 0 <= holdout < 1:  # NaN fails this too
+        raise UsageError(
+            f"--holdout must be in [0, 1), the fraction of the --normal images held out for the threshold "
+            f"(0: none); got {holdout}"
+        )
+    if not 0 <= quantile <= 1:
+        raise UsageError(
+            f"--threshold-quantile must be in [0, 1], the quantile of the held-out normal images' scores "
+            f"taken as the threshold (1: their maximum); got {quantile}"
+        )
 
 
 def split_normal(normal: Path | None, holdout: float, seed: int) -> tuple[list[Path], list[Path]]:
@@ -65,8 +109,7 @@ def validation_set(root: Path) -> TestSet:
 
 
 def choose_decision(
-    method: Method,
-    top_k: int,
+    scorer: Scorer,
     reading: Reading,
     quantile: float,
     held_out: list[Path],
@@ -75,10 +118,10 @@ def choose_decision(
 ) -> Decision | None:
     """The thresholds: F1-maximising on ``validation`` when given (without defect pixels there, the
     ``quantile`` of its good images' map values for the pixels), else the ``quantile`` of the ``held_out``
-    images' (of the folder ``normal``) scores and map values, each set scored by ``method`` as test images
+    images' (of the folder ``normal``) scores and map values, each set scored by ``scorer`` as test images
     are; None when there is neither."""
     if validation is not None:
-        scored = method.score(validation, top_k, reading)
+        scored = scorer.score(validation, reading)
         labels = torch.tensor([i.label for i in validation.images])
         if scored.truth is not None and scored.truth.any():
             pixel, pixel_quantile = f1_max_threshold(scored.maps, scored.truth), None
@@ -90,7 +133,7 @@ def choose_decision(
         )
     if held_out:
         held = TestSet(normal, [TestImage(path) for path in held_out], has_masks=False)
-        scored = method.score(held, top_k, reading)
+        scored = scorer.score(held, reading)
         image, pixel = quantile_threshold(scored.scores, quantile), quantile_threshold(scored.maps, quantile)
         return Decision(image, pixel, NORMAL_QUANTILE, quantile, len(held_out), str(normal))
     return None

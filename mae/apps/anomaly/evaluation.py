@@ -14,14 +14,12 @@ from PIL import Image
 
 from mae.apps.anomaly.features import smooth_maps
 from mae.apps.anomaly.layout import TestSet, mask_view, read_mask
-from mae.apps.anomaly.masks import ComplementaryMasks
 from mae.apps.anomaly.metrics import aupro, image_auroc, pixel_auroc
-from mae.apps.anomaly.scoring import NormalStatistics, heat_maps, image_scores, reconstruction_errors
+from mae.apps.anomaly.scoring import NormalStatistics, heat_maps, image_scores
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.errors import ConfigError
 from mae.inference.images import load_image
 from mae.inference.normalization import Normalization
-from mae.models.mae import MaskedAutoencoderViT
 
 
 def load_images(
@@ -62,13 +60,6 @@ def file_errors(
             for start in range(0, len(paths), batch_size)
         ]
     )
-
-
-def mae_errors(
-    model: MaskedAutoencoderViT, masks: ComplementaryMasks, device: torch.device | str = "cpu"
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """(N, C, H, W) -> (N, L): the MAE's per-patch reconstruction errors under ``masks`` (``scoring``)."""
-    return lambda imgs: reconstruction_errors(model, imgs.to(device), masks)
 
 
 def ground_truth(test_set: TestSet, size: tuple[int, int]) -> torch.Tensor:

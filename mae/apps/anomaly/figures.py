@@ -2,11 +2,11 @@
 predicted defect mask, the image's name, score and decision beside it; one colour scale for every image, so
 that colours compare."""
 
-import numpy as np
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 from torchvision.utils import make_grid
 
+from mae.apps.figure_canvas import enlarged, headed_canvas
 from mae.inference.normalization import Normalization
 from mae.inference.reconstruction import denormalize, to_display
 
@@ -67,21 +67,10 @@ def heat_map_figure(
         if masks is not None:
             panels.append(masks[:, None].float().cpu().expand(-1, 3, -1, -1))
             headers.append(header)
-    rows = torch.stack(panels, dim=1).flatten(0, 1)
-    grid = make_grid(rows, nrow=len(panels), padding=2, pad_value=1.0)
-    height, width = imgs.shape[-2:]
-    scale = max(1, -(-min_panel // min(height, width)))
-    picture = Image.fromarray((grid.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
-    picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
-
+    grid = make_grid(torch.stack(panels, dim=1).flatten(0, 1), nrow=len(panels), padding=2, pad_value=1.0)
+    picture = enlarged(grid, tuple(imgs.shape[-2:]), min_panel)
     label_width, line = 200, 16
-    caption = f"colour scale: {low:.3g} (black) to {high:.3g} (white), the same for every row"
-    canvas = Image.new("RGB", (label_width + picture.width, 2 * line + picture.height + line), "white")
-    canvas.paste(picture, (label_width, line))
-    draw = ImageDraw.Draw(canvas)
-    panel = picture.width / len(panels)
-    for i, header in enumerate(headers):
-        draw.text((label_width + i * panel + 4, 2), header, fill="black")
+    canvas, draw = headed_canvas(picture, headers, label_width, line, below=2 * line, margin=4)
     row = picture.height / len(imgs)
     for i, (name, score) in enumerate(zip(names, scores, strict=True)):
         draw.text((4, line + i * row + row / 2 - line), name[-32:], fill="black")
@@ -89,6 +78,7 @@ def heat_map_figure(
         if anomalous is not None:
             mark, colour_name = ("ANOMALOUS", "red") if anomalous[i] else ("normal", "black")
             draw.text((4, line + i * row + row / 2 + line), mark, fill=colour_name)
+    caption = f"colour scale: {low:.3g} (black) to {high:.3g} (white), the same for every row"
     draw.text((4, line + picture.height + 4), caption, fill="black")
     return canvas
 

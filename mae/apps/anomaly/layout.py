@@ -109,6 +109,18 @@ def read_test_set(root: str | os.PathLike, ground_truth: str | os.PathLike | Non
         if not images:
             raise InputError(f"test folder {root} holds no image file and no class folder")
         return TestSet(root, images, has_masks=False)
+    _check_class_folders(root, folders)
+    gt_root = _ground_truth_root(root, ground_truth)
+    images = [image for folder in folders for image in _class_images(folder, gt_root)]
+    images.sort(key=lambda i: (i.kind != GOOD, i.kind, i.path))
+    has_masks = gt_root is not None and any(i.label for i in images)
+    used = {i.mask for i in images}
+    unused = [p for p in image_paths([gt_root]) if p not in used] if gt_root is not None else []
+    return TestSet(root, images, has_masks, gt_root, unused)
+
+
+def _check_class_folders(root: Path, folders: list[Path]) -> None:
+    """Refuse class folders without ``good``, and images beside class folders."""
     names = [f.name for f in folders]
     if GOOD not in names:
         hint = f" (did you mean {root / 'test'}?)" if (root / "test").is_dir() else ""
@@ -123,29 +135,25 @@ def read_test_set(root: str | os.PathLike, ground_truth: str | os.PathLike | Non
             f"test folder {root} has images beside its class folders ({loose[:3]}): move them into "
             f"{root / GOOD} or a defect's folder"
         )
-    gt_root = _ground_truth_root(root, ground_truth)
+
+
+def _class_images(folder: Path, gt_root: Path | None) -> list[TestImage]:
+    """The images of one class folder, each defect image with its mask from ``gt_root`` (when there)."""
+    paths = image_paths([folder])
+    if not paths:
+        raise InputError(f"class folder {folder} holds no image file: add its images or remove the folder")
     images = []
-    for folder in folders:
-        paths = image_paths([folder])
-        if not paths:
-            raise InputError(
-                f"class folder {folder} holds no image file: add its images or remove the folder"
-            )
-        for path in paths:
-            mask = None
-            if gt_root is not None and folder.name != GOOD:
-                mask = gt_root / folder.name / path.relative_to(folder).with_name(path.stem + MASK_SUFFIX)
-                if not mask.is_file():
-                    raise InputError(
-                        f"{path} has no ground-truth mask: expected {mask} (non-zero = defect, the image's "
-                        "size); add it, or point --ground-truth at the right folder"
-                    )
-            images.append(TestImage(path, folder.name, mask))
-    images.sort(key=lambda i: (i.kind != GOOD, i.kind, i.path))
-    has_masks = gt_root is not None and any(i.label for i in images)
-    used = {i.mask for i in images}
-    unused = [p for p in image_paths([gt_root]) if p not in used] if gt_root is not None else []
-    return TestSet(root, images, has_masks, gt_root, unused)
+    for path in paths:
+        mask = None
+        if gt_root is not None and folder.name != GOOD:
+            mask = gt_root / folder.name / path.relative_to(folder).with_name(path.stem + MASK_SUFFIX)
+            if not mask.is_file():
+                raise InputError(
+                    f"{path} has no ground-truth mask: expected {mask} (non-zero = defect, the image's "
+                    "size); add it, or point --ground-truth at the right folder"
+                )
+        images.append(TestImage(path, folder.name, mask))
+    return images
 
 
 def _ground_truth_root(root: Path, ground_truth: str | os.PathLike | None) -> Path | None:

@@ -191,7 +191,7 @@ def test_embed__empty_folder_bad_output_and_bad_sizes_are_clear_errors(checkpoin
                 "--img-size=0",
             ],
         )
-    assert "--img-size must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --img-size: must be at least 1, got 0" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # nothing written
 
 

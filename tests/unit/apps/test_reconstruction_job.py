@@ -1,0 +1,34 @@
+"""``mae reconstruct``'s job (``mae.apps.reconstruction_job``): the figure of the readable images written,
+each unreadable one named and skipped, and the checks that come before the model is loaded."""
+
+import pytest
+
+from mae.apps.reconstruction_job import ReconstructionSettings, reconstruct_files
+from mae.errors import ConfigError, UsageError
+from mae.io.outputs import png_is_from
+from tests.helpers import tiny_pretraining_checkpoint, write_image_folder
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_pretraining_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+def test_reconstruct_files__draws_the_readable_images_and_names_the_others(checkpoint, tmp_path, capsys):
+    root = write_image_folder(tmp_path / "root", ["a"], per_class=2, size=(20, 16))
+    (root / "a" / "broken.png").write_bytes(b"not a png")
+    out = tmp_path / "figure.png"
+    figure = reconstruct_files(ReconstructionSettings([str(root)], checkpoint, out, mask_ratio=0.5, seed=3))
+    assert len(figure.losses) == 2 and png_is_from("mae.reconstruct")(out)
+    captured = capsys.readouterr()
+    assert "skipped" in captured.err and "broken.png" in captured.err
+    assert captured.out.count("masked-patch loss") == 2 and captured.out.endswith(f"wrote {out}\n")
+
+
+def test_reconstruct_files__a_mask_ratio_of_0_and_no_readable_image_are_refused(checkpoint, tmp_path):
+    with pytest.raises(UsageError, match=r"0 hides nothing"):
+        reconstruct_files(ReconstructionSettings(["x.png"], "no-such.ckpt", mask_ratio=0.0))
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(ConfigError, match="no readable image among"):
+        reconstruct_files(ReconstructionSettings([str(tmp_path / "bad.png")], checkpoint, tmp_path / "f.png"))
+    assert not (tmp_path / "f.png").exists()
