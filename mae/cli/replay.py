@@ -1,5 +1,5 @@
 """``mae replay <run>/nonfinite/step_<N>``: run again a training step that went non-finite, from what the run
-kept of it (``mae.training.callbacks.nonfinite``), and name the first module whose output is non-finite."""
+kept of it (``mae.training.replay``), and name the first module whose output is non-finite."""
 
 from pathlib import Path
 
@@ -21,7 +21,7 @@ def build_parser() -> ArgumentParser:
 
 def run(args: Namespace) -> str:
     """Print and return what the replay found."""
-    from mae.training.callbacks.nonfinite import replay_capture
+    from mae.training.replay import replay_capture
 
     finding, record = replay_capture(args.folder)
     line = (

@@ -11,6 +11,10 @@
   from a distributed checkpoint's own index, and the load that fills the dict it is given (the public
   ``load`` fills a copy); torch's ``dcp_to_torch_save`` reads with both. A sharded checkpoint is read by
   one process with them, without writing a consolidated copy first.
+- ``Optimizer._step_supports_amp_scaling``: how torch marks an optimizer that unscales the gradients
+  inside its own step (the fused Adam and AdamW), the flag ``GradScaler.step`` reads; the optimizer's
+  ``defaults["fused"]`` says it only for the optimizers that take ``fused``, not for one that declares it
+  otherwise.
 - The module names that wrappers insert into parameter names (FSDP, activation checkpointing,
   ``torch.compile``): torch defines them in private modules.
 """
@@ -35,6 +39,12 @@ EmptyStateDictLoadPlanner = _EmptyStateDictLoadPlanner
 def load_distributed_checkpoint(state_dict: dict, storage_reader: Any, planner: Any) -> None:
     """Fill ``state_dict`` from a distributed checkpoint in this process alone (no process group)."""
     _load_state_dict(state_dict, storage_reader=storage_reader, planner=planner, no_dist=True)
+
+
+def unscales_in_step(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` unscales the gradients inside its own step (a fused AdamW under a
+    ``GradScaler``): before that step its gradients are still multiplied by the loss scale."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def collate_with(batch: list, collate_fn_map: dict[type, Callable]) -> Any:

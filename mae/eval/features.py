@@ -3,35 +3,15 @@ model's or a timm ViT's tokens on all patches, pooled, computed once per image (
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, get_args
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from mae.convert.backbone import load_backbone
-from mae.data import ImageDataModule, Loader
-from mae.errors import ConfigError
+from mae.convert.pooling import POOLS, Pool, pooled  # noqa: F401 (defined with the encoder: ONNX files pool so)
+from mae.data import ImageDataModule, Loader, fixed_subset
 from mae.io.progress import Progress
-
-Pool = Literal["cls", "avg", "both"]
-POOLS: tuple[str, ...] = get_args(Pool)
-
-
-def pooled(model: torch.nn.Module, pool: Pool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """(N, C, H, W) -> (N, D) float (or (N, 2D) for "both"): the normed cls token, the mean of the
-    normed patch tokens, or both side by side; for an MAE model or a timm ViT, on all patches."""
-    if pool not in POOLS:
-        raise ConfigError(f"probe.pool must be 'cls', 'avg' or 'both', got {pool!r}")
-
-    def encode(imgs: torch.Tensor) -> torch.Tensor:
-        tokens = model.forward_features(imgs)
-        if pool == "cls":
-            return tokens[:, 0].float()
-        patches = tokens[:, 1:].mean(1)
-        return (patches if pool == "avg" else torch.cat([tokens[:, 0], patches], dim=1)).float()
-
-    return encode
 
 
 def l2_normalised(encode: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -51,6 +31,25 @@ def load_encoder(
         checkpoint, img_size=data.img_size, format=checkpoint_format, in_chans=data.in_chans
     )
     return backbone.to(device).eval()
+
+
+def evaluation_subsets(
+    train_set: Dataset,
+    val_set: Dataset,
+    max_train: int | None,
+    max_val: int | None,
+    announce: Callable[[int, int], None] | None = None,
+) -> tuple[Dataset, Dataset]:
+    """``train_set`` and ``val_set`` as an evaluation reads them: each a fixed random subset
+    (``mae.data.fixed_subset``) of ``max_train`` / ``max_val`` images when larger (None: whole);
+    ``announce``, when given, is called with their sizes before any feature is extracted."""
+    if max_train is not None:
+        train_set = fixed_subset(train_set, max_train)
+    if max_val is not None:
+        val_set = fixed_subset(val_set, max_val)
+    if announce is not None:
+        announce(len(train_set), len(val_set))
+    return train_set, val_set
 
 
 class FeatureStore:

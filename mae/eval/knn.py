@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch
 
-from mae.data import ImageDataModule, fixed_subset
+from mae.data import ImageDataModule
 from mae.errors import ConfigError
-from mae.eval.features import FeatureStore, l2_normalised, pooled
+from mae.eval.features import FeatureStore, evaluation_subsets, l2_normalised, pooled
 
 
 def knn_classify(
@@ -83,12 +83,7 @@ def knn_evaluate(
     train_set, val_set = data.feature_datasets()
     if val_set is None:
         raise ConfigError(f"kNN evaluation needs a validation split; {type(data).__name__} has none")
-    if max_train is not None:
-        train_set = fixed_subset(train_set, max_train)
-    if max_val is not None:
-        val_set = fixed_subset(val_set, max_val)
-    if announce is not None:
-        announce(len(train_set), len(val_set))
+    train_set, val_set = evaluation_subsets(train_set, val_set, max_train, max_val, announce)
     if k > len(train_set) and notes:
         print(
             f"note: k={k} neighbours, but the memory bank holds {len(train_set)} training images: all "

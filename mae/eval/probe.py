@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from mae.data import ImageDataModule, fixed_subset
+from mae.data import ImageDataModule
 from mae.errors import ConfigError
-from mae.eval.features import FeatureStore, Pool, pooled
+from mae.eval.features import FeatureStore, Pool, evaluation_subsets, pooled
 from mae.io.progress import Progress
 
 DEFAULT_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
@@ -132,12 +132,7 @@ def evaluate(
     train_set = (
         data.build_datasets(data.train_transform(), data.eval_transform())[0] if augmented else feature_train
     )
-    if max_train is not None:
-        train_set = fixed_subset(train_set, max_train)
-    if max_val is not None:
-        val_set = fixed_subset(val_set, max_val)
-    if announce is not None:
-        announce(len(train_set), len(val_set))
+    train_set, val_set = evaluation_subsets(train_set, val_set, max_train, max_val, announce)
     torch.manual_seed(settings.seed)
     prefix = lambda split: None if cache is None else f"{cache}.{split}"  # noqa: E731
     shown = lambda split: f"linear probe: features of the {split} split" if progress else None  # noqa: E731
@@ -211,30 +206,11 @@ def _train_heads(
 ) -> ProbeResult:
     """``train_probe`` on settings checked already; ``progress``: show the epochs' progress on stderr."""
     generator = np.random.default_rng(seed)
-    # Held out by image: the other augmented views of a held-out image must not be trained on.
-    images = len(train) // train.views
-    fit_images, held_images = _stratified_split(np.asarray(train.labels[:images]), holdout, generator)
-    if len(held_images) == 0 or len(fit_images) == 0:
-        raise ConfigError(
-            f"the probe chooses its head on held-out training images, and {images} training images "
-            f"({images / max(1, num_classes):.1f} per class) leave none to hold out at "
-            f"probe.holdout={holdout}: a class needs 2 or more images (use more labelled images, or the kNN "
-            "evaluation, mae knn)"
-        )
-    fit_rows = (fit_images[None] + images * np.arange(train.views)[:, None]).ravel()
-    held_rows = held_images  # their first view: the evaluation view when the views are augmented
+    fit_rows, held_rows = _holdout_rows(train, holdout, num_classes, generator)
     mean, std = _moments(train, fit_rows, chunk)
-    settings = [(lr, wd) for lr in lrs for wd in weight_decays]
-    heads = len(settings)
-    lr = torch.tensor([s[0] for s in settings]).view(-1, 1, 1)
-    wd = torch.tensor([s[1] for s in settings]).view(-1, 1, 1)
     torch.manual_seed(seed)
-    weight = torch.zeros(heads, mean.numel() + 1, num_classes)  # the last row is the bias
-    velocity = torch.zeros_like(weight)
-    best_acc = torch.full((heads,), -1.0)  # each head's best held-out accuracy,
-    best_loss = torch.full((heads,), math.inf)  # its held-out loss then (the tie-break)
-    lowest_loss = torch.full((heads,), math.inf)  # and its lowest held-out loss (the stopping signal)
-    best_weight = weight.clone()
+    heads = _Heads([(lr, wd) for lr in lrs for wd in weight_decays], mean.numel() + 1, num_classes)
+    lowest_loss = torch.full((len(heads.grid),), math.inf)  # each head's lowest held-out loss: the stop
     best_epoch, stale = 0, 0
     with Progress(max_epochs, "linear probe: training the heads", "epochs", progress) as shown:
         for epoch in range(1, max_epochs + 1):
@@ -242,23 +218,9 @@ def _train_heads(
             for feats, labels in train.chunks(order, chunk):  # a chunk is read once, in random order
                 for start in range(0, len(labels), batch_size):
                     x = _standardised(feats[start : start + batch_size], mean, std)
-                    y = labels[start : start + batch_size]
-                    weight.requires_grad_(True)
-                    logits = torch.einsum("nd,hdk->hnk", x, weight)
-                    loss = F.cross_entropy(
-                        logits.reshape(-1, num_classes), y.repeat(heads), reduction="sum"
-                    ) / len(y)
-                    (grad,) = torch.autograd.grad(loss, weight)
-                    weight = weight.detach()
-                    grad[:, :-1] += wd * weight[:, :-1]  # no decay on the bias
-                    velocity.mul_(0.9).add_(grad)
-                    weight -= lr * (grad + 0.9 * velocity)
-            held, _, held_loss = _evaluate(train, held_rows, weight, mean, std, chunk)
-            improved = (held > best_acc) | ((held == best_acc) & (held_loss < best_loss))
-            best_weight[improved] = weight[improved]  # each head keeps its best held-out epoch
-            best_acc = torch.where(improved, held, best_acc)
-            best_loss = torch.where(improved, held_loss, best_loss)
-            if improved[_choose(best_acc, best_loss)]:
+                    heads.step(x, labels[start : start + batch_size])
+            held, _, held_loss = _evaluate(train, held_rows, heads.weight, mean, std, chunk)
+            if heads.keep_best(held, held_loss):
                 best_epoch = epoch
             shown.update(1)
             # converged when no head's held-out loss has improved (by 0.1 %) for ``patience`` epochs
@@ -269,22 +231,81 @@ def _train_heads(
                 if stale >= patience:
                     break
             lowest_loss = torch.minimum(lowest_loss, held_loss)
-    choice = _choose(best_acc, best_loss)
-    val_rows = np.arange(len(val))
-    top1, top5, _ = _evaluate(val, val_rows, best_weight[choice : choice + 1], mean, std, chunk)
-    grid = [
-        {"lr": s[0], "weight_decay": s[1], "holdout_acc1": float(a)}
-        for s, a in zip(settings, best_acc, strict=True)
-    ]
-    return ProbeResult(
-        settings[choice][0],
-        settings[choice][1],
-        best_epoch,
-        float(best_acc[choice]),
-        float(top1[0]),
-        float(top5[0]),
-        grid,
-    )
+    return heads.result(val, mean, std, chunk, best_epoch)
+
+
+def _holdout_rows(
+    train: FeatureStore, holdout: float, num_classes: int, generator: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows trained on, rows held out) of ``train``: a class-stratified ``holdout`` fraction of its images
+    held out, by image (the other augmented views of a held-out image must not be trained on); a held-out
+    image's row is its first view, the evaluation view when the views are augmented.
+
+    Raises:
+        ConfigError: no image can be held out (or none trained on), naming ``probe.holdout``.
+    """
+    images = len(train) // train.views
+    fit_images, held_images = _stratified_split(np.asarray(train.labels[:images]), holdout, generator)
+    if len(held_images) == 0 or len(fit_images) == 0:
+        raise ConfigError(
+            f"the probe chooses its head on held-out training images, and {images} training images "
+            f"({images / max(1, num_classes):.1f} per class) leave none to hold out at "
+            f"probe.holdout={holdout}: a class needs 2 or more images (use more labelled images, or the kNN "
+            "evaluation, mae knn)"
+        )
+    return (fit_images[None] + images * np.arange(train.views)[:, None]).ravel(), held_images
+
+
+class _Heads:
+    """The softmax-regression heads of a grid of (lr, weight decay), trained together: ``weight`` (H, D + 1,
+    K), the last row the bias, by SGD with Nesterov momentum 0.9; each keeps its weights of its best
+    held-out accuracy (ties: lower held-out loss)."""
+
+    def __init__(self, grid: list[tuple[float, float]], width: int, num_classes: int) -> None:
+        self.grid = grid
+        self.lr = torch.tensor([lr for lr, _ in grid]).view(-1, 1, 1)
+        self.wd = torch.tensor([wd for _, wd in grid]).view(-1, 1, 1)
+        self.weight = torch.zeros(len(grid), width, num_classes)
+        self.velocity = torch.zeros_like(self.weight)
+        self.best_acc = torch.full((len(grid),), -1.0)  # each head's best held-out accuracy,
+        self.best_loss = torch.full((len(grid),), math.inf)  # its held-out loss then (the tie-break)
+        self.best_weight = self.weight.clone()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One step of every head on standardised features ``x`` (n, D + 1) with labels ``y`` (n,)."""
+        heads, num_classes = self.weight.shape[0], self.weight.shape[-1]
+        weight = self.weight.requires_grad_(True)
+        logits = torch.einsum("nd,hdk->hnk", x, weight)
+        loss = F.cross_entropy(logits.reshape(-1, num_classes), y.repeat(heads), reduction="sum") / len(y)
+        (grad,) = torch.autograd.grad(loss, weight)
+        weight = weight.detach()
+        grad[:, :-1] += self.wd * weight[:, :-1]  # no decay on the bias
+        self.velocity.mul_(0.9).add_(grad)
+        weight -= self.lr * (grad + 0.9 * self.velocity)
+        self.weight = weight
+
+    def keep_best(self, held: torch.Tensor, held_loss: torch.Tensor) -> bool:
+        """Keep each head's weights where its held-out accuracy ``held`` (H,) improved; whether the head
+        chosen now (``_choose``) improved."""
+        improved = (held > self.best_acc) | ((held == self.best_acc) & (held_loss < self.best_loss))
+        self.best_weight[improved] = self.weight[improved]
+        self.best_acc = torch.where(improved, held, self.best_acc)
+        self.best_loss = torch.where(improved, held_loss, self.best_loss)
+        return bool(improved[_choose(self.best_acc, self.best_loss)])
+
+    def result(
+        self, val: FeatureStore, mean: torch.Tensor, std: torch.Tensor, chunk: int, epochs: int
+    ) -> ProbeResult:
+        """The chosen head's settings and accuracies, scored on ``val``, after ``epochs`` epochs."""
+        choice = _choose(self.best_acc, self.best_loss)
+        chosen = self.best_weight[choice : choice + 1]
+        top1, top5, _ = _evaluate(val, np.arange(len(val)), chosen, mean, std, chunk)
+        grid = [
+            {"lr": lr, "weight_decay": wd, "holdout_acc1": float(acc)}
+            for (lr, wd), acc in zip(self.grid, self.best_acc, strict=True)
+        ]
+        lr, wd = self.grid[choice]
+        return ProbeResult(lr, wd, epochs, float(self.best_acc[choice]), float(top1[0]), float(top5[0]), grid)
 
 
 def _stratified_split(

@@ -1,4 +1,6 @@
-"""Writing files so that a kill or a full disk never leaves a half-written one at the target path."""
+"""Writing files and folders so that a kill or a full disk never leaves a half-written one at the target
+path: the free space checked before (``check_free_space``), a temporary file or folder beside the target,
+renamed into place once whole (``atomic_write``, ``replace_folder``, ``write_folder_once``)."""
 
 import errno
 import json
@@ -22,6 +24,26 @@ class NoSpaceError(UserError, OSError):
         )
 
 
+def check_free_space(path: Path, needed: int | None) -> None:
+    """Refuse a write of ``needed`` bytes (None: not known, nothing checked) at ``path`` that the free space
+    of its folder cannot hold, before anything is written; the folder is made when missing.
+
+    Raises:
+        NoSpaceError: naming ``path``, the bytes needed and free, and that what ``path`` holds is intact.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path.parent).free
+    if needed is not None and needed > free:
+        raise NoSpaceError(path, needed, free, _kept(path))
+
+
+def _kept(path: Path) -> str:
+    """What an error says of ``path``'s present content, which a failed write leaves as it was."""
+    if path.is_dir():
+        return " (the previous folder there is intact)"
+    return " (the previous file there is intact)" if path.exists() else ""
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None], size: int | None = None) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``.
 
@@ -37,12 +59,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], size: int | No
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    kept = lambda: " (the previous file there is intact)" if path.exists() else ""  # noqa: E731
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(path.parent).free
-        if size is not None and size > free:
-            raise NoSpaceError(path, size, free, kept())
+        check_free_space(path, size)
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -54,10 +72,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], size: int | No
         tmp.unlink(missing_ok=True)
         if _device_full(err, path.parent, written):
             needed = max(size or 0, written) or None
-            raise NoSpaceError(path, needed, shutil.disk_usage(path.parent).free, kept()) from err
+            raise NoSpaceError(path, needed, shutil.disk_usage(path.parent).free, _kept(path)) from err
         if isinstance(err, RuntimeError):
             raise
-        raise OSError(err.errno, f"could not write {path}{kept()}: {err.strerror or err}") from err
+        raise OSError(err.errno, f"could not write {path}{_kept(path)}: {err.strerror or err}") from err
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -73,6 +91,20 @@ def _device_full(err: BaseException, folder: Path, written: int) -> bool:
     except OSError:
         return False
     return free - written < 64 * 1024  # before the partial file was removed
+
+
+def replace_folder(new: Path, path: Path) -> None:
+    """Put the finished folder ``new`` at ``path`` (beside it, on the same device), replacing what ``path``
+    holds (a folder or a file) only once ``new`` is whole: a folder there is moved aside first and removed
+    after the rename, so that a kill leaves either the old content or the new one at ``path``."""
+    old = path.with_name(f".{path.name}.old.tmp-{os.getpid()}")
+    if path.is_dir():
+        path.rename(old)
+    elif path.exists():
+        path.unlink()
+    new.rename(path)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def write_folder_once(

@@ -20,9 +20,26 @@ from mae.training.runtime import TrainingSettings, set_attention_kernel, setting
 from mae.training.settings import KernelChoices, OptimSettings, plain
 
 
+class LossCapture(ABC):
+    """A callback that keeps a step whose training loss went non-finite, before the run stops:
+    ``check_finite_loss`` hands the step to the first enabled one among the trainer's callbacks
+    (``mae.training.callbacks.nonfinite.NonFiniteCapture``). The guard knows this interface, not the
+    callback: the callbacks import this module."""
+
+    enabled: bool
+
+    @abstractmethod
+    def capture(
+        self, trainer: pl.Trainer, module: pl.LightningModule, loss: torch.Tensor | None = None
+    ) -> Exception:
+        """Keep the step (of a non-finite ``loss``; None: of a non-finite gradient) and return the error
+        to stop the run with."""
+
+
 def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
     """Stop the run before a non-finite loss reaches the weights (or any checkpoint); with a
-    ``NonFiniteCapture`` callback (on in the ``mae`` commands), keep the step in the run folder first.
+    ``LossCapture`` callback (``NonFiniteCapture``, on in the ``mae`` commands), keep the step in the run
+    folder first.
 
     Under several processes the decision is taken together (a collective): every process stops at a step
     where any process's loss is non-finite.
@@ -42,9 +59,7 @@ def check_finite_loss(loss: torch.Tensor, module: pl.LightningModule) -> None:
             return
     elif finite:
         return
-    from mae.training.callbacks.nonfinite import NonFiniteCapture  # the callbacks import this module
-
-    capture = next((c for c in trainer.callbacks if isinstance(c, NonFiniteCapture) and c.enabled), None)
+    capture = next((c for c in trainer.callbacks if isinstance(c, LossCapture) and c.enabled), None)
     if capture is not None:
         raise capture.capture(trainer, module, loss)
     if finite:
@@ -72,7 +87,7 @@ class MAETrainingModule(pl.LightningModule, ABC):
     """
 
     network_attribute: str
-    # True while ``mae.training.callbacks.nonfinite.replay_step`` re-runs a captured training step: its loss
+    # True while ``mae.training.replay.replay_step`` re-runs a captured training step: its loss
     # is then neither checked nor logged.
     replaying: bool = False
 

@@ -63,40 +63,16 @@ class MAEFinetuneModule(TransferModule):
                 "linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0"
             )
         self.mode = mode
-
-        num_classes = self.num_classes
-        vit_kwargs = dict(
-            global_pool=global_pool, num_classes=num_classes, drop_path_rate=self.drop_path_rate
-        )
-        self.vit, config, ckpt = self.pretrained_vit(**vit_kwargs)
-        new_head = ckpt is None or "head.weight" in self.vit.load_report.missing
-        # The classifier's timm arguments, recorded in checkpoints so mae.load_backbone rebuilds it exactly.
-        self.vit_args = {
-            **vit_args({**config, "img_size": tuple(self.vit.patch_embed.img_size)}),
-            **vit_kwargs,
-        }
-        self.layer_norm_eps = config["layer_norm_eps"]
-        if new_head:
-            trunc_normal_(self.vit.head.weight, std=head_init_std)
-            nn.init.zeros_(self.vit.head.bias)
-        if mode == "linprobe":
-            for p in self.vit.parameters():
-                p.requires_grad = False
-            width = self.vit.head.in_features
-            self.vit.head = nn.Sequential(nn.BatchNorm1d(width, affine=False, eps=1e-6), self.vit.head)
-            for p in self.vit.head.parameters():
-                p.requires_grad = True
-
+        self.vit = self._classifier(global_pool, head_init_std)
         # Fixed by name now: a strategy (FSDP) may flatten the parameters before the optimizer is built.
         self.param_groups = ParamGroupPlan.from_groups(self.vit, self._param_groups())
-
         self.mixup = None
         if mode == "finetune" and (mixup > 0 or cutmix > 0):
             self.mixup = Mixup(
                 mixup_alpha=mixup,
                 cutmix_alpha=cutmix,
                 label_smoothing=label_smoothing,
-                num_classes=num_classes,
+                num_classes=self.num_classes,
             )
             self.train_criterion: nn.Module = SoftTargetCrossEntropy()
         elif label_smoothing > 0:
@@ -104,8 +80,30 @@ class MAEFinetuneModule(TransferModule):
         else:
             self.train_criterion = nn.CrossEntropyLoss()
         self.val_loss = MeanMetric()  # reduced exactly across processes, like the accuracies
-        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
+        self.val_acc1 = MulticlassAccuracy(self.num_classes, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(self.num_classes, top_k=min(5, self.num_classes), average="micro")
+
+    def _classifier(self, global_pool: str, head_init_std: float) -> nn.Module:
+        """The pretrained encoder as a timm classifier with ``global_pool``; a head the checkpoint does
+        not hold drawn with std ``head_init_std``; for the linear probe, the encoder frozen and a
+        BatchNorm before the head. Records ``vit_args`` and ``layer_norm_eps`` for its checkpoints."""
+        vit_kwargs = dict(
+            global_pool=global_pool, num_classes=self.num_classes, drop_path_rate=self.drop_path_rate
+        )
+        vit, config, ckpt = self.pretrained_vit(**vit_kwargs)
+        # The classifier's timm arguments, recorded in checkpoints so mae.load_backbone rebuilds it exactly.
+        self.vit_args = {**vit_args({**config, "img_size": tuple(vit.patch_embed.img_size)}), **vit_kwargs}
+        self.layer_norm_eps = config["layer_norm_eps"]
+        if ckpt is None or "head.weight" in vit.load_report.missing:  # a new head
+            trunc_normal_(vit.head.weight, std=head_init_std)
+            nn.init.zeros_(vit.head.bias)
+        if self.mode == "linprobe":
+            for p in vit.parameters():
+                p.requires_grad = False
+            vit.head = nn.Sequential(nn.BatchNorm1d(vit.head.in_features, affine=False, eps=1e-6), vit.head)
+            for p in vit.head.parameters():
+                p.requires_grad = True
+        return vit
 
     def architecture_record(self) -> dict[str, Any]:
         record = vit_record(self.vit_args, self.layer_norm_eps, prefix="vit.")

@@ -13,7 +13,7 @@ from torchmetrics import MeanMetric
 from mae.convert.architecture import mae_record
 from mae.convert.backbone import init_mae_from
 from mae.errors import ConfigError, MissingFileError
-from mae.models import create_model
+from mae.models import MaskedAutoencoderViT, create_model
 from mae.models.decoder_switches import DecoderType
 from mae.models.flops import mae_train_flops
 from mae.models.masking import MaskStrategy, sample_noise
@@ -27,16 +27,21 @@ from mae.training.optim import (
 from mae.training.resolution import ResolutionSchedule, resize_batch
 from mae.training.settings import AUTO_KERNELS, PRETRAIN_OPTIM, KernelChoices, PretrainOptimSettings, as_group
 
-# Set through the module's own arguments (or data.img_size), never through model_kwargs.
-_OWN_ARGS = (
-    "img_size",
-    "in_chans",
-    "norm_pix_loss",
-    "mask_strategy",
-    "decoder_type",
-    "decoder_keep_ratio",
-    "decoder_encoder_layers",
-)
+
+def sized_mae(name: str, model_kwargs: dict[str, Any] | None, **own: Any) -> MaskedAutoencoderViT:
+    """The MAE ``name`` with the module's ``own`` arguments (img_size, in_chans, the masking and decoder
+    switches) and the ``model_kwargs`` overrides of the rest of its architecture (depth, ...).
+
+    Raises:
+        ConfigError: ``model_kwargs`` sets one of the module's own arguments, naming the key to set instead.
+    """
+    model_kwargs = dict(model_kwargs or {})
+    clash = [key for key in own if key in model_kwargs]
+    if clash:
+        raise ConfigError(
+            f"model.model_kwargs sets {clash}; set model.{clash[0]} (img_size: data.img_size) instead"
+        )
+    return create_model(name, **own, **model_kwargs)
 
 
 def model_input(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -121,16 +126,11 @@ class MAEPretrainModule(MAETrainingModule):
     ) -> None:
         super().__init__(as_group(optim, PRETRAIN_OPTIM), as_group(kernels, AUTO_KERNELS))
         self.save_settings()
-        model_kwargs = dict(model_kwargs or {})
-        clash = [k for k in _OWN_ARGS if k in model_kwargs]
-        if clash:
-            raise ConfigError(
-                f"model.model_kwargs sets {clash}; set model.{clash[0]} (img_size: data.img_size) instead"
-            )
         if freeze_encoder_epochs < 0:
             raise ConfigError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
-        self.model = create_model(
+        self.model = sized_mae(
             model,
+            model_kwargs,
             img_size=img_size,
             in_chans=in_chans,
             norm_pix_loss=norm_pix_loss,
@@ -138,7 +138,6 @@ class MAEPretrainModule(MAETrainingModule):
             decoder_type=decoder_type,
             decoder_keep_ratio=decoder_keep_ratio,
             decoder_encoder_layers=decoder_encoder_layers,
-            **model_kwargs,
         )
         self.model.set_grad_checkpointing(grad_checkpointing)
         self.model.check_mask_ratio(mask_ratio)  # at start-up, once: training steps pass it unchanged
@@ -154,15 +153,7 @@ class MAEPretrainModule(MAETrainingModule):
         # This run's phases as trained: (size (H, W), first 0-based optimizer step), for the run summary.
         self.resolution_run: list[tuple[tuple[int, int], int]] = []
         self.resolution_last_epoch = 0  # the last epoch this run started
-        self.init_report = None
-        if init_from is not None:
-            if not Path(init_from).exists():
-                raise MissingFileError(
-                    f"model.init_from {init_from} does not exist (to load a trained checkpoint of a run that "
-                    "started from it, pass init_from=None: the checkpoint holds every weight)"
-                )
-            self.init_report = init_mae_from(self.model, init_from, init_format)
-            rank_zero_info(f"model.init_from: {self.init_report}")
+        self.init_report = None if init_from is None else self._start_from(init_from, init_format)
         # Decay on weights only, fixed by name now: a strategy may flatten parameters before the optimizer.
         groups = weight_decay_groups(self.model, self.optim.weight_decay)
         if freeze_encoder_epochs:
@@ -173,6 +164,21 @@ class MAEPretrainModule(MAETrainingModule):
         self.freeze_encoder_epochs = freeze_encoder_epochs
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
         self.val_loss = MeanMetric()
+
+    def _start_from(self, init_from: str, init_format: str) -> Any:
+        """Load the pretrained weights ``init_from`` into ``self.model`` (``init_mae_from``); its report.
+
+        Raises:
+            MissingFileError: naming ``model.init_from`` and how to load a trained checkpoint without it.
+        """
+        if not Path(init_from).exists():
+            raise MissingFileError(
+                f"model.init_from {init_from} does not exist (to load a trained checkpoint of a run that "
+                "started from it, pass init_from=None: the checkpoint holds every weight)"
+            )
+        report = init_mae_from(self.model, init_from, init_format)
+        rank_zero_info(f"model.init_from: {report}")
+        return report
 
     def setup(self, stage: str) -> None:
         if stage == "fit":

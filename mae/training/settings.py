@@ -7,9 +7,11 @@ Each group is a frozen dataclass checked when built; a module's parameter of tha
 instance as default, gives the group that task's defaults. Its hyperparameters record each group as a
 plain dict, which the module takes back (``as_group``) when Lightning rebuilds it.
 
-Until 0.3.0 these settings were flat keys (``model.base_lr``, ...): ``RENAMED_KEYS`` is the one table
-of the renames. An old key is refused naming its new one (``renamed_key_error``), and the hyperparameters
-of a checkpoint written before 0.3.0 are translated (``upgrade_hparams``).
+Until 0.3.0 these settings were flat keys (``model.base_lr``, ...), and until 0.4.0 the dense tasks named
+activation checkpointing ``model.activation_checkpointing``: ``RENAMES`` is the one table of the renamed
+keys, by release. An old key is refused naming its new one (``renamed_key_error``), in a config or a Python
+call (``refuse_renamed_arguments``), and the hyperparameters of a checkpoint written before the rename are
+translated (``upgrade_hparams``).
 """
 
 import inspect
@@ -21,23 +23,28 @@ from mae.errors import ConfigError
 from mae.training.optim import check_schedule_settings
 from mae.training.runtime import TrainingSettings
 
-# Each config key renamed in 0.3.0, old -> new. A module refuses an old key only where it takes the new one.
-RENAMED_KEYS = {
-    "model.base_lr": "model.optim.base_lr",
-    "model.lr": "model.optim.lr",
-    "model.min_lr": "model.optim.min_lr",
-    "model.warmup_epochs": "model.optim.warmup_epochs",
-    "model.weight_decay": "model.optim.weight_decay",
-    "model.betas": "model.optim.betas",
-    "model.attention": "model.kernels.attention",
-    "model.compile": "model.kernels.compile",
-    "model.fused_adamw": "model.kernels.fused_adamw",
-    "model.checkpoint": "model.encoder.checkpoint",
-    "model.checkpoint_format": "model.encoder.checkpoint_format",
-    "model.model": "model.encoder.model",
-    "model.model_kwargs": "model.encoder.model_kwargs",
+# Each config key renamed, old -> new, under the release that renamed it. A module refuses an old key only
+# where it takes the new one.
+RENAMES = {
+    "0.3.0": {
+        "model.base_lr": "model.optim.base_lr",
+        "model.lr": "model.optim.lr",
+        "model.min_lr": "model.optim.min_lr",
+        "model.warmup_epochs": "model.optim.warmup_epochs",
+        "model.weight_decay": "model.optim.weight_decay",
+        "model.betas": "model.optim.betas",
+        "model.attention": "model.kernels.attention",
+        "model.compile": "model.kernels.compile",
+        "model.fused_adamw": "model.kernels.fused_adamw",
+        "model.checkpoint": "model.encoder.checkpoint",
+        "model.checkpoint_format": "model.encoder.checkpoint_format",
+        "model.model": "model.encoder.model",
+        "model.model_kwargs": "model.encoder.model_kwargs",
+    },
+    "0.4.0": {"model.activation_checkpointing": "model.grad_checkpointing"},
 }
-RENAMED_IN = "0.3.0"
+RENAMED_KEYS = {old: new for renames in RENAMES.values() for old, new in renames.items()}  # every release's
+RENAMED_IN = {old: release for release, renames in RENAMES.items() for old in renames}  # old -> its release
 
 
 def check_setting(name: str, value: Any, allowed: tuple) -> None:
@@ -137,9 +144,20 @@ def plain(group: Any) -> dict[str, Any]:
 
 def renamed_key_error(old: str) -> ConfigError:
     """The error for the old key ``old`` (a key of ``RENAMED_KEYS``)."""
-    return ConfigError(
-        f"{old} was moved to {RENAMED_KEYS[old]} in {RENAMED_IN}: set {RENAMED_KEYS[old]} instead"
-    )
+    new = RENAMED_KEYS[old]
+    return ConfigError(f"{old} was moved to {new} in {RENAMED_IN[old]}: set {new} instead")
+
+
+def refuse_renamed_arguments(arguments: dict[str, Any], owner: type) -> None:
+    """Stop a Python call of ``owner`` (a module, or a network that takes a module's key) that passes an
+    argument under an old name: the keyword arguments ``arguments`` it did not take by name.
+
+    Raises:
+        ConfigError: naming the old key and the new one (``renamed_key_error``).
+    """
+    for old in renamed_for(owner):
+        if old.removeprefix("model.") in arguments:
+            raise renamed_key_error(old)
 
 
 def group_fields(module_class: type) -> dict[str, set[str]]:
@@ -161,32 +179,44 @@ def group_fields(module_class: type) -> dict[str, set[str]]:
 
 
 def renamed_for(module_class: type) -> dict[str, str]:
-    """The rows of ``RENAMED_KEYS`` that apply to ``module_class``: those whose new key it takes (pretraining
-    keeps its own ``model.model``, which transfer modules moved to ``model.encoder.model``)."""
+    """The rows of ``RENAMED_KEYS`` that apply to ``module_class``: those whose new key it takes, in a group
+    or by name (pretraining keeps its own ``model.model``, which transfer modules moved to
+    ``model.encoder.model``)."""
     groups = group_fields(module_class)
+    taken = {name for cls in module_class.__mro__ for name in _own_parameters(cls)}
     rows = {}
     for old, new in RENAMED_KEYS.items():
-        _, group, field = new.split(".")
-        if field in groups.get(group, ()):
+        _, *path = new.split(".")
+        if path[-1] in (groups.get(path[0], ()) if len(path) == 2 else taken):
             rows[old] = new
     return rows
 
 
+def _own_parameters(cls: type) -> list[str]:
+    """The names of the parameters ``cls``'s own ``__init__`` takes (none when it defines none)."""
+    init = cls.__dict__.get("__init__")
+    return [] if init is None else list(inspect.signature(init).parameters)
+
+
 def upgrade_hparams(hparams: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
-    """``hparams`` of a checkpoint written before 0.3.0 (flat keys) with each key of ``renamed`` (rows of
-    ``RENAMED_KEYS``) moved into its group; a value the group already holds is kept. Other keys stay."""
+    """``hparams`` of a checkpoint written before a rename (0.3.0's flat keys, 0.4.0's
+    ``activation_checkpointing``) with each key of ``renamed`` (rows of ``RENAMED_KEYS``) moved to its new
+    name, in its group; a value the new key already holds is kept. Other keys stay."""
     upgraded = dict(hparams)
     for old, new in renamed.items():
         key = old.removeprefix("model.")
         if key in upgraded:
-            _, group, field = new.split(".")
+            _, *path = new.split(".")
             value = upgraded.pop(key)
-            upgraded[group] = {field: value, **(upgraded.get(group) or {})}
+            if len(path) == 1:
+                upgraded.setdefault(path[0], value)
+            else:
+                upgraded[path[0]] = {path[1]: value, **(upgraded.get(path[0]) or {})}
     return upgraded
 
 
 def instantiate_upgraded(module_class: type, hparams: dict[str, Any]) -> Any:
-    """``module_class(**hparams)`` with the keys renamed in 0.3.0 moved into their groups: the instantiator
+    """``module_class(**hparams)`` with the renamed keys moved to their new names: the instantiator
     ``settings_kwargs_v0_2`` names for Lightning's ``load_from_checkpoint``."""
     return module_class(**upgrade_hparams(hparams, renamed_for(module_class)))
 
@@ -199,9 +229,10 @@ _SHARED_ROWS = {old: new for old, new in RENAMED_KEYS.items() if new.split(".")[
 
 def settings_kwargs_v0_2(hparams: dict[str, Any]) -> dict[str, Any]:
     """What ``load_from_checkpoint`` needs to rebuild a module from the hyperparameters ``hparams`` of a
-    checkpoint written before 0.3.0, whose settings were flat keys: the optimiser and kernel groups, and
-    an instantiator (``instantiate_upgraded``) that also moves a transfer's encoder keys and leaves out
-    the old keys. Empty when ``hparams`` holds none of the old keys."""
+    checkpoint written before a rename (before 0.3.0 the settings were flat keys; before 0.4.0 a dense
+    module took ``activation_checkpointing``): the optimiser and kernel groups, and an instantiator
+    (``instantiate_upgraded``) that also moves a transfer's encoder keys and the other renamed keys, and
+    leaves out the old keys. Empty when ``hparams`` holds none of the old keys."""
     if not any(f"model.{key}" in RENAMED_KEYS for key in hparams if key not in ("model", "model_kwargs")):
         return {}  # pretraining keeps model and model_kwargs: alone they are not old keys
     moved = upgrade_hparams(hparams, _SHARED_ROWS)

@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 from mae.compat.lightning import set_data_parallel_only
 from mae.convert.sharded_checkpoint import META_FILE, indexed_optimizer_state
 from mae.errors import ConfigError
-from mae.io.atomic import NoSpaceError
+from mae.io.atomic import check_free_space, replace_folder
 from mae.training.checkpointing import tensor_bytes
 
 CheckpointFormat = Literal["sharded", "full"]
@@ -107,37 +107,10 @@ class FSDP2Strategy(ModelParallelStrategy):
             raise
         self.barrier()
         if self.is_global_zero:
+            if not (tmp / META_FILE).is_file():
+                raise RuntimeError(f"the sharded checkpoint {tmp} is incomplete: no {META_FILE}")
             replace_folder(tmp, path)
         self.barrier()
-
-
-def check_free_space(path: Path, needed: int) -> None:
-    """Refuse a sharded save of ``needed`` bytes (every process's shards) that the free space of
-    ``path``'s folder cannot hold, before anything is written.
-
-    Raises:
-        NoSpaceError: naming ``path``, the bytes needed and the bytes free.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(path.parent).free
-    if needed > free:
-        kept = " (the previous checkpoint there is intact)" if path.exists() else ""
-        raise NoSpaceError(path, needed, free, kept)
-
-
-def replace_folder(new: Path, path: Path) -> None:
-    """Put the finished checkpoint folder ``new`` at ``path``, replacing the checkpoint there (a folder of
-    shards or a file) only once ``new`` is complete."""
-    if not (new / META_FILE).is_file():
-        raise RuntimeError(f"the sharded checkpoint {new} is incomplete: no {META_FILE}")
-    old = path.with_name(f".{path.name}.old.tmp-{os.getpid()}")
-    if path.is_dir():
-        path.rename(old)
-    elif path.exists():
-        path.unlink()
-    new.rename(path)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def transformer_blocks(network: nn.Module) -> list[nn.Module]:

@@ -26,7 +26,7 @@ from mae.convert.architecture import DATA_KEY
 from mae.convert.backbone import build_vit, load_backbone, pooling_of
 from mae.convert.sharded_checkpoint import read_training_checkpoint
 from mae.convert.sources import MAECheckpoint, read_checkpoint
-from mae.errors import ConfigError, MissingFileError
+from mae.errors import ConfigError, MissingFileError, check_at_least
 from mae.models import create_model
 from mae.training.base import MAETrainingModule
 from mae.training.settings import (
@@ -162,8 +162,7 @@ class TransferModule(MAETrainingModule):
         )  # with the subclasses' own arguments: Lightning reads every __init__ frame
         if not 0 < layer_decay <= 1:
             raise ConfigError(f"model.layer_decay must be in (0, 1], got {layer_decay}")
-        if num_classes < 2:
-            raise ConfigError(f"model.num_classes must be >= 2 ({self.num_classes_rule}), got {num_classes}")
+        check_at_least("model.num_classes", num_classes, 2, rule=self.num_classes_rule)
         self.encoder_config = encoder_config
         self.img_size = img_size
         self.in_chans = in_chans
@@ -191,7 +190,9 @@ def restore_kwargs_v0_2(path: str | Path) -> dict[str, Any]:
     package; a transfer's without its pretraining file). Such a checkpoint recorded its settings as flat
     keys (``base_lr``, ``checkpoint``, ...: ``mae.training.settings.settings_kwargs_v0_2`` moves them into
     their groups), and version 0.2 kept a transfer's encoder architecture (and a dense module's input
-    normalisation) beside its hyperparameters. Empty for a checkpoint of 0.3.0 or later."""
+    normalisation) beside its hyperparameters. A detection or segmentation checkpoint of 0.3.0 named
+    ``grad_checkpointing`` ``activation_checkpointing``: renamed the same way. Empty for a checkpoint of
+    0.4.0 or later."""
     saved = read_training_checkpoint(path, model_only=True)
     settings = saved.get("hyper_parameters", {})
     restore = settings_kwargs_v0_2(settings)

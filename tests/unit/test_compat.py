@@ -49,6 +49,32 @@ def test_torch__onnx_opset_range():
     assert isinstance(lowest, int) and isinstance(highest, int) and 18 <= lowest <= highest
 
 
+def test_torch__unscales_in_step_is_the_flag_the_grad_scaler_reads():
+    from mae.compat.torch import unscales_in_step
+
+    weights = [nn.Parameter(torch.ones(2))]
+    assert unscales_in_step(torch.optim.AdamW(weights, fused=True))
+    assert not unscales_in_step(torch.optim.AdamW(weights)) and not unscales_in_step(torch.optim.SGD(weights))
+    assert "_step_supports_amp_scaling" in inspect.getsource(torch.amp.GradScaler.step)
+
+
+def test_torch__load_distributed_checkpoint_fills_the_dict_from_the_checkpoints_index(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from mae.compat.torch import EmptyStateDictLoadPlanner, load_distributed_checkpoint
+
+    saved = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "step": torch.tensor(7)}
+    dcp.save(saved, storage_writer=dcp.FileSystemWriter(tmp_path), no_dist=True)
+    state: dict = {}
+    load_distributed_checkpoint(state, dcp.FileSystemReader(tmp_path), EmptyStateDictLoadPlanner())
+    assert torch.equal(state["model"]["w"], saved["model"]["w"]) and state["step"].item() == 7
+    only: dict = {}
+    load_distributed_checkpoint(
+        only, dcp.FileSystemReader(tmp_path), EmptyStateDictLoadPlanner(keys={"step"})
+    )
+    assert set(only) == {"step"}
+
+
 def test_torch__wrapper_module_names_are_the_ones_wrappers_insert():
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp._common_utils import FSDP_WRAPPED_MODULE
@@ -97,6 +123,19 @@ def test_lightning__installed_signal_connector_handles_sigterm():
         connector.teardown()
     assert signal.getsignal(signal.SIGTERM) == previous
     assert connector.signals == [signal.SIGTERM] and trainer.received_sigterm  # Lightning's handler ran too
+
+
+def test_lightning__set_data_parallel_only_sets_the_sizes_the_device_mesh_is_built_from():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from mae.compat.lightning import set_data_parallel_only
+
+    strategy = ModelParallelStrategy()
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == ("auto", "auto")
+    set_data_parallel_only(strategy, 4)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
+    mesh = inspect.getsource(ModelParallelStrategy.setup_environment)
+    assert "self._data_parallel_size, self._tensor_parallel_size" in mesh  # what _setup_device_mesh takes
 
 
 def test_lightning__a_handler_set_like_lightnings_is_restored_by_teardown():

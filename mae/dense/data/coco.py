@@ -317,32 +317,9 @@ def _index(
     degenerate = (
         _check_segmentations(path, [annotations[i] for i in np.flatnonzero(keep)], images) if masks else []
     )
-    rows_of: dict[int, list[int]] = {image_id: [] for image_id in images}
-    for i in np.flatnonzero(keep):
-        rows_of[annotations[i]["image_id"]].append(int(i))
-    _refuse(
-        path,
-        f"images with more annotations than max_annotations_per_image={max_annotations}",
-        [
-            f"image id {i} ({len(rows)} annotations)"
-            for i, rows in rows_of.items()
-            if len(rows) > max_annotations
-        ],
-        "at most that many per image: torchvision's box matching holds (annotations x anchors) arrays, "
-        "2.2 GB per image for 250 annotations at 1024 px; raise data.max_annotations_per_image where "
-        "memory allows",
-    )
+    rows_of = _rows_of_images(path, images, annotations, keep, max_annotations)
     served = [
-        CocoImage(
-            image["id"],
-            image["file_name"],
-            image["width"],
-            image["height"],
-            boxes[rows].astype(np.float32).reshape(-1, 4),
-            np.array([label_of[annotations[i]["category_id"]] for i in rows], np.int64),
-            np.array([annotations[i].get("iscrowd", 0) for i in rows], np.int64),
-            [_usable(annotations[i]["segmentation"]) for i in rows] if masks else [],
-        )
+        _coco_image(image, [annotations[i] for i in rows], boxes[rows], label_of, masks)
         for image in images.values()
         if (rows := rows_of[image["id"]]) or not train
     ]
@@ -362,6 +339,46 @@ def _index(
             f"{path}: no image is left to serve" + (f": left out {'; '.join(report)}" if report else "")
         )
     return served, report
+
+
+def _coco_image(
+    image: dict, annotations: list[dict], boxes: np.ndarray, label_of: dict[int, int], masks: bool
+) -> CocoImage:
+    """``image`` with its kept ``annotations`` and their (K, 4) xyxy ``boxes``; their segmentations when
+    ``masks``."""
+    return CocoImage(
+        image["id"],
+        image["file_name"],
+        image["width"],
+        image["height"],
+        boxes.astype(np.float32).reshape(-1, 4),
+        np.array([label_of[a["category_id"]] for a in annotations], np.int64),
+        np.array([a.get("iscrowd", 0) for a in annotations], np.int64),
+        [_usable(a["segmentation"]) for a in annotations] if masks else [],
+    )
+
+
+def _rows_of_images(
+    path: Path, images: dict[int, dict], annotations: list[dict], keep: np.ndarray, max_annotations: int
+) -> dict[int, list[int]]:
+    """Each image's kept annotations (``keep``, (A,) bool), as indices into ``annotations``; more than
+    ``max_annotations`` on an image are refused naming the images."""
+    rows_of: dict[int, list[int]] = {image_id: [] for image_id in images}
+    for i in np.flatnonzero(keep):
+        rows_of[annotations[i]["image_id"]].append(int(i))
+    _refuse(
+        path,
+        f"images with more annotations than max_annotations_per_image={max_annotations}",
+        [
+            f"image id {i} ({len(rows)} annotations)"
+            for i, rows in rows_of.items()
+            if len(rows) > max_annotations
+        ],
+        "at most that many per image: torchvision's box matching holds (annotations x anchors) arrays, "
+        "2.2 GB per image for 250 annotations at 1024 px; raise data.max_annotations_per_image where "
+        "memory allows",
+    )
+    return rows_of
 
 
 def _checked_images(path: Path, images: list[dict]) -> dict[int, dict]:
@@ -434,90 +451,98 @@ def _boxes(path: Path, annotations: list[dict], images: dict[int, dict]) -> tupl
     return np.clip(xyxy, 0, np.concatenate([sizes, sizes], axis=1)), sizes
 
 
+# What ``_check_segmentations`` refuses, in this order: kind -> (the problem, what is right).
+_SEGMENTATION_REFUSALS = {
+    "missing": (
+        "annotations without a 'segmentation' (masks were asked for)",
+        "every annotation has polygons or an RLE mask, or read the data without masks",
+    ),
+    "malformed": (
+        "malformed segmentations",
+        "a segmentation is a list of polygons [x0, y0, x1, y1, ...] (an even count of numbers) or an RLE "
+        "object {'size': [height, width], 'counts': ...}",
+    ),
+    "crowded": (
+        f"polygons of more than {MAX_POLYGON_POINTS:,} points",
+        f"at most {MAX_POLYGON_POINTS:,} (x, y) points per polygon: pycocotools' memory for drawing one "
+        "grows with its points times the image's size (8 GB for 100,000 points across a 640 px image); "
+        "simplify the polygon, split it into parts, or give the mask as RLE",
+    ),
+    "far": (
+        "polygons with coordinates far outside their image, or not finite",
+        "polygon coordinates are finite, x in [-width, 2 width] and y in [-height, 2 height] (the image "
+        "extended by its size on each side; pycocotools crashes on coordinates far outside)",
+    ),
+    "wrong_size": (
+        "RLE masks whose size is not their image's",
+        "an RLE's 'size' is [height, width] of its image, two integers",
+    ),
+    "uncovered": (
+        "RLE masks that cover not exactly their image",
+        "an RLE's counts are the lengths of its runs of 0s and 1s, column by column from a run of 0s: "
+        "non-negative integers summing to height x width (pycocotools fails on more and leaves the rest "
+        "undefined on fewer); string counts are pycocotools' compressed form of them",
+    ),
+}
+
+
 def _check_segmentations(path: Path, annotations: list[dict], images: dict[int, dict]) -> list[int]:
     """Refuse missing or malformed segmentations, polygons of too many points or far outside their image,
     RLE of another size than the image or whose counts do not cover it exactly (module docstring); the ids
     of annotations with polygon parts of fewer than 3 points (left out of their masks)."""
-    missing, malformed, crowded, far, wrong_size, uncovered, degenerate = [], [], [], [], [], [], []
+    found: dict[str, list] = {kind: [] for kind in (*_SEGMENTATION_REFUSALS, "degenerate")}
     for a in annotations:
-        segmentation = a.get("segmentation")
-        image = images[a["image_id"]]
-        height, width = image["height"], image["width"]
-        if segmentation is None:
-            missing.append(f"annotation id {a['id']}")
-        elif isinstance(segmentation, list):
-            if not all(
-                isinstance(p, list) and len(p) % 2 == 0 and all(type(x) in (int, float) for x in p)
-                for p in segmentation
-            ):
-                malformed.append(f"annotation id {a['id']}")
-            elif (points := max((len(p) // 2 for p in segmentation), default=0)) > MAX_POLYGON_POINTS:
-                crowded.append(
-                    f"annotation id {a['id']} in image id {image['id']} ({image['file_name']}): "
-                    f"{points:,} points"
-                )
-            elif outside := _far_coordinate(segmentation, width, height):
-                far.append(
-                    f"annotation id {a['id']} in image id {image['id']} of {width}x{height} px: {outside}"
-                )
-            elif any(len(p) < 6 for p in segmentation):
-                degenerate.append(a["id"])
-        elif isinstance(segmentation, dict) and isinstance(segmentation.get("counts"), str | list):
-            size = segmentation.get("size")
-            if not (
-                isinstance(size, list) and [type(s) for s in size] == [int, int] and size == [height, width]
-            ):
-                wrong_size.append(
-                    f"annotation id {a['id']} RLE size {size} in image id {image['id']} of {height}x{width} "
-                    "(height x width)"
-                )
-            elif why := _rle_problem(segmentation["counts"], height, width):
-                uncovered.append(f"annotation id {a['id']}: {why}")
-        else:
-            malformed.append(f"annotation id {a['id']}")
-    _refuse(
-        path,
-        "annotations without a 'segmentation' (masks were asked for)",
-        missing,
-        "every annotation has polygons or an RLE mask, or read the data without masks",
-    )
-    _refuse(
-        path,
-        "malformed segmentations",
-        malformed,
-        "a segmentation is a list of polygons [x0, y0, x1, y1, ...] (an even count of numbers) or an RLE "
-        "object {'size': [height, width], 'counts': ...}",
-    )
-    _refuse(
-        path,
-        f"polygons of more than {MAX_POLYGON_POINTS:,} points",
-        crowded,
-        f"at most {MAX_POLYGON_POINTS:,} (x, y) points per polygon: pycocotools' memory for drawing one "
-        "grows with its points times the image's size (8 GB for 100,000 points across a 640 px image); "
-        "simplify the polygon, split it into parts, or give the mask as RLE",
-    )
-    _refuse(
-        path,
-        "polygons with coordinates far outside their image, or not finite",
-        far,
-        "polygon coordinates are finite, x in [-width, 2 width] and y in [-height, 2 height] (the image "
-        "extended by its size on each side; pycocotools crashes on coordinates far outside)",
-    )
-    _refuse(
-        path,
-        "RLE masks whose size is not their image's",
-        wrong_size,
-        "an RLE's 'size' is [height, width] of its image, two integers",
-    )
-    _refuse(
-        path,
-        "RLE masks that cover not exactly their image",
-        uncovered,
-        "an RLE's counts are the lengths of its runs of 0s and 1s, column by column from a run of 0s: "
-        "non-negative integers summing to height x width (pycocotools fails on more and leaves the rest "
-        "undefined on fewer); string counts are pycocotools' compressed form of them",
-    )
-    return degenerate
+        problem = _segmentation_problem(a, images[a["image_id"]])
+        if problem is not None:
+            found[problem[0]].append(problem[1])
+    for kind, (problem, right) in _SEGMENTATION_REFUSALS.items():
+        _refuse(path, problem, found[kind], right)
+    return found["degenerate"]
+
+
+def _segmentation_problem(a: dict, image: dict) -> tuple[str, str | int] | None:
+    """What is wrong with annotation ``a``'s segmentation in ``image``: (a kind of
+    ``_SEGMENTATION_REFUSALS``, the entry naming it), or ("degenerate", its id) for polygon parts of fewer
+    than 3 points; None when nothing is."""
+    segmentation = a.get("segmentation")
+    if segmentation is None:
+        return "missing", f"annotation id {a['id']}"
+    if isinstance(segmentation, list):
+        return _polygon_problem(a, segmentation, image)
+    if isinstance(segmentation, dict) and isinstance(segmentation.get("counts"), str | list):
+        return _rle_problem_of(a, segmentation, image)
+    return "malformed", f"annotation id {a['id']}"
+
+
+def _polygon_problem(a: dict, polygons: list, image: dict) -> tuple[str, str | int] | None:
+    """``_segmentation_problem`` of polygons."""
+    if not all(
+        isinstance(p, list) and len(p) % 2 == 0 and all(type(x) in (int, float) for x in p) for p in polygons
+    ):
+        return "malformed", f"annotation id {a['id']}"
+    if (points := max((len(p) // 2 for p in polygons), default=0)) > MAX_POLYGON_POINTS:
+        return "crowded", (
+            f"annotation id {a['id']} in image id {image['id']} ({image['file_name']}): {points:,} points"
+        )
+    width, height = image["width"], image["height"]
+    if outside := _far_coordinate(polygons, width, height):
+        return "far", f"annotation id {a['id']} in image id {image['id']} of {width}x{height} px: {outside}"
+    if any(len(p) < 6 for p in polygons):
+        return "degenerate", a["id"]
+    return None
+
+
+def _rle_problem_of(a: dict, rle: dict, image: dict) -> tuple[str, str] | None:
+    """``_segmentation_problem`` of an RLE mask."""
+    height, width, size = image["height"], image["width"], rle.get("size")
+    if not (isinstance(size, list) and [type(s) for s in size] == [int, int] and size == [height, width]):
+        return "wrong_size", (
+            f"annotation id {a['id']} RLE size {size} in image id {image['id']} of {height}x{width} "
+            "(height x width)"
+        )
+    if why := _rle_problem(rle["counts"], height, width):
+        return "uncovered", f"annotation id {a['id']}: {why}"
+    return None
 
 
 def _far_coordinate(polygons: list[list], width: int, height: int) -> str | None:

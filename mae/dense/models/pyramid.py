@@ -32,6 +32,7 @@ from mae.convert.backbone import load_backbone, pooling_of
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.dense.models.windows import block_in_windows, default_global_blocks, window_position_bias
 from mae.errors import ConfigError
+from mae.training.settings import refuse_renamed_arguments, renamed_for
 
 # The pyramid's scales relative to the ViT's stride-p map (ViTDet: strides 4, 8, 16, 32 for p = 16), and
 # the scales a map can have (small patches, e.g. p = 4 on 64 px scenes, are better served one octave down).
@@ -146,8 +147,9 @@ class SimpleFeaturePyramid(nn.Module):
             (``mae.dense.models.windows.window_position_bias``, zero at the start; its table is
             ``vit.blocks.<i>.window_position_bias``, so layer decay treats it as its block's). Needs
             ``window_size``; off by default (ViTDet's recipes turn their relative positions on).
-        activation_checkpointing: recompute each block's activations in the backward pass instead of
-            keeping them: far less memory at detection sizes (1024 px), about a third more compute.
+        grad_checkpointing: recompute each block's activations in the backward pass instead of
+            keeping them: far less memory at detection sizes (1024 px), about a third more compute. Its
+            name until 0.4.0, ``activation_checkpointing``, is refused naming it.
         scales: the four maps' scales relative to the stride-p map, finest first (ViTDet: 4, 2, 1, 1/2;
             each of 4, 2, 1, 1/2, 1/4).
         max_tokens: the most patches one input may have (default ``default_max_tokens``). An input past it
@@ -172,11 +174,15 @@ class SimpleFeaturePyramid(nn.Module):
         block: int | Sequence[int] | None = None,
         window_size: int | None = None,
         global_blocks: Sequence[int] | None = None,
-        activation_checkpointing: bool = False,
+        grad_checkpointing: bool = False,
         scales: Sequence[float] = SCALES,
         relative_position: bool = False,
         max_tokens: int | None = None,
+        **renamed: Any,
     ) -> None:
+        refuse_renamed_arguments(renamed, SimpleFeaturePyramid)
+        if renamed:
+            raise TypeError(f"SimpleFeaturePyramid got unexpected keyword arguments: {', '.join(renamed)}")
         super().__init__()
         depth = len(vit.blocks)
         self.max_tokens = max_tokens or default_max_tokens(vit)
@@ -196,7 +202,7 @@ class SimpleFeaturePyramid(nn.Module):
                         window_size, vit_block.attn.num_heads
                     )
         self.vit = vit
-        self.activation_checkpointing = activation_checkpointing
+        self.grad_checkpointing = grad_checkpointing
         self.patch_size = vit.patch_embed.patch_size  # (ph, pw)
         self.out_channels = out_channels
         self.rescale = nn.ModuleList()
@@ -256,7 +262,7 @@ class SimpleFeaturePyramid(nn.Module):
             run = lambda t: block_in_windows(block, t, self.window_size, bias)  # noqa: E731
         else:
             run = lambda t: block(t.reshape(n, h * w, d)).reshape(n, h, w, d)  # noqa: E731
-        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+        if self.grad_checkpointing and self.training and torch.is_grad_enabled():
             return checkpoint(run, tokens, use_reentrant=False)
         return run(tokens)
 
@@ -301,7 +307,9 @@ def feature_pyramid(source: "str | Path | MAECheckpoint", *args: Any, **kwargs: 
     ``args`` and the keyword arguments ``SimpleFeaturePyramid`` takes (``out_channels``, ``block``,
     ``window_size``, ...) go to the pyramid; the other keyword arguments to ``mae.load_backbone``
     (``format``, ``in_chans``, ``drop_path_rate``, ...)."""
-    pyramid_names = set(inspect.signature(SimpleFeaturePyramid).parameters) - {"vit"}
+    pyramid_names = set(inspect.signature(SimpleFeaturePyramid).parameters) - {"vit", "renamed"}
+    # an old name goes to the pyramid, which refuses it naming the new one
+    pyramid_names |= {old.removeprefix("model.") for old in renamed_for(SimpleFeaturePyramid)}
     pyramid = {name: kwargs.pop(name) for name in list(kwargs) if name in pyramid_names}
     ckpt = source
     if not isinstance(ckpt, MAECheckpoint):

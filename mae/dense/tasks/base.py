@@ -13,6 +13,7 @@ from mae.data.views.normalize import normalization
 from mae.dense.models.pyramid import SCALES, SimpleFeaturePyramid, default_max_tokens
 from mae.errors import ConfigError
 from mae.training.optim import ParamGroupPlan
+from mae.training.settings import refuse_renamed_arguments
 from mae.training.transfer import TransferModule
 
 DENSE_CLASS = "SimpleFeaturePyramid"  # the architecture record's class: an encoder under a pyramid and heads
@@ -71,10 +72,8 @@ class DenseTrainingModule(TransferModule):
         out_channels, block, window_size, global_blocks, relative_position, scales: the pyramid's
             (``mae.dense.models.pyramid.SimpleFeaturePyramid``; ViTDet ViT-B: 256, last block, window 14,
             global blocks 2, 5, 8, 11, relative positions on); kept in ``self.pyramid_args``, with its
-            ``activation_checkpointing``: on with ``grad_checkpointing`` (``TransferModule``'s, the name
-            every task shares).
-        activation_checkpointing: the older name of ``grad_checkpointing``, still read (configs and
-            checkpoints of earlier versions): either turns the encoder blocks' checkpointing on.
+            ``grad_checkpointing`` (``TransferModule``'s, the name every task shares). Its name until 0.4.0,
+            ``activation_checkpointing``, is refused naming it (``mae.training.settings.RENAMES``).
         mean, std: input normalisation; None: the pretraining run's (from the checkpoint), else ImageNet's.
             The module's hyperparameters record the values it resolved, so a trained checkpoint needs no
             pretraining file for them either.
@@ -96,12 +95,12 @@ class DenseTrainingModule(TransferModule):
         window_size: int | None = None,
         global_blocks: list[int] | None = None,
         relative_position: bool = False,
-        activation_checkpointing: bool = False,
         scales: list[float] | None = None,
         mean: list[float] | None = None,
         std: list[float] | None = None,
         **kwargs: Any,
     ) -> None:
+        refuse_renamed_arguments(kwargs, type(self))
         super().__init__(**kwargs)
         self.pyramid_args = dict(
             out_channels=out_channels,
@@ -109,7 +108,7 @@ class DenseTrainingModule(TransferModule):
             window_size=window_size,
             global_blocks=global_blocks,
             relative_position=relative_position,
-            activation_checkpointing=activation_checkpointing or self.grad_checkpointing,
+            grad_checkpointing=self.grad_checkpointing,
             scales=tuple(scales or SCALES),
         )
         self.given_mean, self.given_std = mean, std

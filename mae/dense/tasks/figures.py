@@ -83,6 +83,8 @@ class PredictionFigures(PeriodicMonitor):
         score_threshold: detections drawn from this score up.
     """
 
+    folder = "predictions"
+
     def __init__(self, every_n_epochs: int = 5, num_images: int = 4, score_threshold: float = 0.5) -> None:
         if every_n_epochs < 0 or num_images < 1 or not 0 <= score_threshold <= 1:
             raise ConfigError(
@@ -95,10 +97,8 @@ class PredictionFigures(PeriodicMonitor):
         self.last_path: Path | None = None  # known on global rank 0 only
 
     def monitor(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> None:
-        # a collective: every process
-        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "predictions"
         dataset = getattr(trainer.datamodule, "val_set", None)
-        if not trainer.is_global_zero or dataset is None or not len(dataset):
+        if dataset is None or not len(dataset):
             return
         spread = torch.linspace(0, len(dataset) - 1, min(self.num_images, len(dataset))).long().tolist()
         with evaluating(pl_module, pl_module.network):
@@ -106,6 +106,13 @@ class PredictionFigures(PeriodicMonitor):
             images = [image.to(pl_module.device) for image, _ in items]
             with torch.no_grad():
                 rows = pl_module.figure_rows(images, [target for _, target in items], self.score_threshold)
+        if trainer.is_global_zero:  # the figure is written once
+            self.last_path = self.save(trainer, rows, self.out_dir / f"epoch_{epoch:04d}.png")
+
+    @staticmethod
+    def save(trainer: pl.Trainer, rows: list[list[torch.Tensor]], path: Path) -> Path:
+        """Write the figure of ``rows`` (uint8 (3, H, W) panels, one row per image) at ``path``, send it
+        to the run's tracker and return ``path``."""
         panels = [panel for row in rows for panel in row]
         height = max(p.shape[1] for p in panels)
         width = max(p.shape[2] for p in panels)
@@ -114,7 +121,6 @@ class PredictionFigures(PeriodicMonitor):
             factor = -(-SMALL // max(height, width))
             panels = [p.repeat_interleave(factor, 1).repeat_interleave(factor, 2) for p in panels]
         grid = make_grid(torch.stack(panels).float() / 255, nrow=len(rows[0]), padding=2, pad_value=1.0)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"epoch_{epoch:04d}.png"
-        self.last_path = atomic_write(path, lambda tmp: save_image(grid, tmp, format="png"))
+        atomic_write(path, lambda tmp: save_image(grid, tmp, format="png"))
         log_figure(trainer, "predictions", grid)
+        return path

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mae.compat.lightning import is_logging_step
+from mae.compat.torch import unscales_in_step
 from mae.errors import ConfigError
 from mae.training.sharding import total_norm
 
@@ -63,7 +64,7 @@ class RunHealth(pl.Callback):
         if scaler is not None:
             scale = scaler.get_scale()
             metrics["train/loss_scale"] = float(scale)
-            if total is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            if total is not None and unscales_in_step(optimizer):
                 total = total / scale  # still scaled: the fused optimizer unscales inside its step
         if total is not None:
             metrics["train/grad_norm"] = float(total)

@@ -26,8 +26,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from mae.errors import INTERRUPTED_EXIT_CODE
 from mae.compat.lightning import SignalConnector, install_signal_connector, signal_connector
+from mae.errors import INTERRUPTED_EXIT_CODE
 from mae.training.checkpointing import AtomicCheckpointIO, remove_orphan_temporaries
 
 # The exit status after a SIGTERM checkpoint: 128 + SIGTERM, the shell's own code for a process

@@ -11,7 +11,6 @@ from mae.errors import ConfigError
 from mae.inference.reconstruction import reconstruct, reconstruction_grid
 from mae.training.callbacks.monitor import PeriodicMonitor, evaluating
 from mae.training.pretrain import MAEPretrainModule
-from mae.training.sharding import is_sharded
 from mae.training.trackers import log_figure
 
 
@@ -29,6 +28,8 @@ class ReconstructionCallback(PeriodicMonitor):
         bands: three channel indices drawn as RGB, for data with other than 1 or 3 channels (default:
             the first three).
     """
+
+    folder = "reconstructions"
 
     def __init__(
         self, every_n_epochs: int = 1, num_images: int = 8, seed: int = 0, bands: list[int] | None = None
@@ -68,21 +69,14 @@ class ReconstructionCallback(PeriodicMonitor):
         return {"mean": datamodule.mean, "std": datamodule.std, "value_range": None if floats else (0.0, 1.0)}
 
     def monitor(self, trainer: pl.Trainer, pl_module: MAEPretrainModule, epoch: int) -> None:
-        out_dir = self._out_dir(trainer)  # on every process: finding the log folder is a collective
-        if trainer.is_global_zero:
-            self.last_path = self.render(trainer, pl_module, epoch, out_dir)
-        elif is_sharded(trainer):  # every process takes part in the forward that gathers the shards
-            self.reconstruction_grid(trainer, pl_module)
+        grid = self.reconstruction_grid(trainer, pl_module)
+        if trainer.is_global_zero:  # the figure is written once
+            self.last_path = self.save(trainer, grid, self.out_dir / f"epoch_{epoch:04d}.png")
 
     @staticmethod
-    def _out_dir(trainer: pl.Trainer) -> Path:
-        return Path(trainer.log_dir or trainer.default_root_dir) / "reconstructions"
-
-    def render(self, trainer: pl.Trainer, pl_module: MAEPretrainModule, epoch: int, out_dir: Path) -> Path:
-        """Write the figure for ``epoch`` into ``out_dir`` and return its path (call on one process)."""
-        grid = self.reconstruction_grid(trainer, pl_module)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"epoch_{epoch:04d}.png"
+    def save(trainer: pl.Trainer, grid: torch.Tensor, path: Path) -> Path:
+        """Write the figure ``grid`` at ``path``, send it to the run's tracker and return ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_image(grid, path)
         log_figure(trainer, "reconstructions", grid)
         return path

@@ -10,7 +10,9 @@ import yaml
 from mae.cli.main import invoke
 from mae.errors import ConfigError
 from mae.training.settings import (
+    RENAMED_IN,
     RENAMED_KEYS,
+    RENAMES,
     KernelChoices,
     OptimSettings,
     PretrainOptimSettings,
@@ -104,6 +106,40 @@ def test_renamed_keys__pretraining_keeps_its_own_model_keys():
         "encoder": {"checkpoint": "a.ckpt"},
     }
     assert upgrade_hparams(flat, renamed_for(modules["finetune"])) == {**grouped, "mode": "finetune"}
+
+
+def test_renamed_in_0_4_0__activation_checkpointing_is_refused_in_a_python_call_naming_its_new_name():
+    from mae.dense.tasks.segmentation import MAESegmentationModule
+
+    assert RENAMED_IN["model.activation_checkpointing"] == "0.4.0"
+    with pytest.raises(ConfigError, match=r"^model.activation_checkpointing was moved to model.grad_che"):
+        MAESegmentationModule(img_size=16, num_classes=3, activation_checkpointing=True)
+    with pytest.raises(ConfigError, match=r"^model.base_lr was moved to model.optim.base_lr in 0.3.0"):
+        MAESegmentationModule(img_size=16, num_classes=3, base_lr=0.1)
+    renamed = RENAMES["0.4.0"]
+    assert upgrade_hparams({"activation_checkpointing": True}, renamed) == {"grad_checkpointing": True}
+    both = {"activation_checkpointing": True, "grad_checkpointing": False}  # the new name's value is kept
+    assert upgrade_hparams(both, renamed) == {"grad_checkpointing": False}
+
+
+def test_dense_checkpoint_of_version_0_3_0__loads_with_restore_kwargs_its_checkpointing_renamed(tmp_path):
+    """A segmentation checkpoint as 0.3.0 wrote it: ``activation_checkpointing`` among its hyperparameters."""
+    from mae.dense.tasks.segmentation import MAESegmentationModule
+    from mae.training.transfer import restore_kwargs_v0_2
+
+    encoder = {"model": "mae_vit_tiny_patch4", "model_kwargs": LEGACY_KWARGS}
+    module = MAESegmentationModule(encoder=encoder, img_size=16, num_classes=3, out_channels=16).eval()
+    hparams = {k: v for k, v in module.hparams.items() if k != "grad_checkpointing"}
+    hparams.update(activation_checkpointing=True, _instantiator="lightning.pytorch.cli.instantiate_module")
+    path = tmp_path / "v0_3_0.ckpt"
+    saved = {"state_dict": module.state_dict(), "hyper_parameters": hparams}
+    torch.save({**saved, "pytorch-lightning_version": "2.6.6"}, path)
+    loaded = MAESegmentationModule.load_from_checkpoint(path, **restore_kwargs_v0_2(path)).eval()
+    assert loaded.grad_checkpointing and loaded.pyramid.grad_checkpointing
+    assert "activation_checkpointing" not in loaded.hparams
+    images = torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(module(images), loaded(images))
 
 
 def test_checkpoint_of_version_0_1__loads_with_restore_kwargs_its_settings_in_their_groups():

@@ -9,6 +9,7 @@ from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
 
 from mae.convert.backbone import build_vit, load_backbone
 from mae.dense.models.pyramid import FEATURE_NAMES, SimpleFeaturePyramid, feature_pyramid
+from mae.errors import ConfigError
 from mae.models import create_model
 from tests.helpers import (
     TINY_KWARGS,
@@ -61,12 +62,12 @@ def test_pyramid__an_intermediate_block_feeds_it_and_bad_settings_are_named():
         SimpleFeaturePyramid(build_vit(config, img_size=16))
 
 
-def test_pyramid__activation_checkpointing_gives_the_same_maps_and_gradients():
+def test_pyramid__grad_checkpointing_gives_the_same_maps_and_gradients():
     images = torch.randn(2, 3, 24, 20)
     results = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        pyramid = SimpleFeaturePyramid(_vit(depth=2), out_channels=8, activation_checkpointing=checkpointing)
+        pyramid = SimpleFeaturePyramid(_vit(depth=2), out_channels=8, grad_checkpointing=checkpointing)
         calls, mlp = [], pyramid.vit.blocks[0].mlp
         mlp.forward = lambda x, f=mlp.forward, c=calls: (c.append(1), f(x))[1]  # (hooks skip recomputation)
         maps = pyramid(images)
@@ -75,6 +76,16 @@ def test_pyramid__activation_checkpointing_gives_the_same_maps_and_gradients():
         results.append((maps["0"].detach(), pyramid.vit.blocks[0].attn.qkv.weight.grad))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_pyramid__the_name_before_0_4_0_is_refused_naming_grad_checkpointing(tmp_path):
+    renamed = r"^model.activation_checkpointing was moved to model.grad_checkpointing in 0.4.0"
+    with pytest.raises(ConfigError, match=renamed):
+        SimpleFeaturePyramid(_vit(), activation_checkpointing=True)
+    with pytest.raises(ConfigError, match=renamed):  # routed to the pyramid, not to load_backbone
+        feature_pyramid(tiny_pretraining_checkpoint(tmp_path), activation_checkpointing=True)
+    with pytest.raises(TypeError, match="unexpected keyword arguments: checkpointing"):
+        SimpleFeaturePyramid(_vit(), checkpointing=True)
 
 
 def test_pyramid__from_a_pretraining_checkpoint_holds_its_encoder(tmp_path):

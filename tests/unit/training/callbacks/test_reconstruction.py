@@ -52,7 +52,9 @@ def test_reconstruction_callback__writes_png_and_sends_it_to_the_tracker(tmp_pat
     module.device = torch.device("cpu")
     logger = TensorBoardLogger(tmp_path / "tb", name="run", version=0)
     callback = ReconstructionCallback(num_images=3)
-    path = callback.render(_Trainer(tmp_path, logger), module, 3, tmp_path / "reconstructions")
+    trainer = _Trainer(tmp_path, logger)
+    grid = callback.reconstruction_grid(trainer, module)
+    path = callback.save(trainer, grid, tmp_path / "reconstructions" / "epoch_0003.png")
     assert path == tmp_path / "reconstructions" / "epoch_0003.png" and path.stat().st_size > 0
     logger.experiment.flush()
     (figure,) = tensorboard_events(tmp_path / "tb" / "run" / "version_0").Images("reconstructions")

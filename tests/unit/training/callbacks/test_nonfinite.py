@@ -10,7 +10,8 @@ from lightning.pytorch.plugins import MixedPrecision
 
 from mae.errors import ConfigError
 from mae.training.callbacks import NonFiniteCapture, RunHealth
-from mae.training.callbacks.nonfinite import NonFiniteError, replay_capture
+from mae.training.callbacks.nonfinite import NonFiniteError
+from mae.training.replay import replay_capture
 from tests.helpers import (
     LabelledImages,
     RandomImages,
