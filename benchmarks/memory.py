@@ -30,16 +30,15 @@ import datetime
 import json
 import multiprocessing
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import machine, reset_resident_peak, resident_kib, write_results
 
 from mae.convert.backbone import build_vit
-from mae.io.atomic import atomic_write
 from mae.models import create_model
 from mae.training.runtime import default_precision, set_attention_kernel, training_settings
 
@@ -58,13 +57,6 @@ CASES = [
 DRY_RUN_CASES = [("pretrain", "tiny", 32, 2), ("finetune", "tiny", 32, 2)]
 TINY = dict(embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2)
 MASK_RATIO = 0.75
-
-
-def _resident_kib() -> tuple[int, int]:
-    """(current, peak) resident memory of this process in KiB (Linux /proc)."""
-    with open("/proc/self/status") as f:
-        fields = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS", "VmHWM")))
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
 def return_freed_memory() -> None:
@@ -127,9 +119,8 @@ def measure_step(step, steps: int, device: str = "cpu") -> dict:
         torch.cuda.reset_peak_memory_stats()
         baseline = torch.cuda.memory_allocated() / 2**20
     else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # the peak (VmHWM) is the current resident size from here
-        baseline = _resident_kib()[0] / 1024
+        reset_resident_peak()
+        baseline = resident_kib()[0] / 1024
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -137,7 +128,7 @@ def measure_step(step, steps: int, device: str = "cpu") -> dict:
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _resident_kib()[1] / 1024
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else resident_kib()[1] / 1024
     return {
         "baseline_mib": round(baseline),
         "peak_mib": round(peak),
@@ -176,16 +167,6 @@ def measure_in_child(case: dict) -> dict:
     return result
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
-
-
 def summarise(rows: list[dict]) -> list[dict]:
     """Per case: activation memory and step time with checkpointing against without (fractions)."""
     summary = []
@@ -202,6 +183,17 @@ def summarise(rows: list[dict]) -> list[dict]:
             }
         )
     return summary
+
+
+def print_summary(summary: list[dict]) -> None:
+    """One line per case: activation memory and step time without -> with checkpointing."""
+    for line in summary:
+        print(
+            f"{line['task']} {line['model']} {line['img_size']} px batch {line['batch_size']}: activation "
+            f"{line['activation_mib'][0]} -> {line['activation_mib'][1]} MiB "
+            f"(-{line['activation_saved']:.0%}), step {line['step_s'][0]} -> {line['step_s'][1]} s "
+            f"(+{line['time_added']:.0%})"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -222,7 +214,6 @@ def main(argv: list[str] | None = None) -> dict:
             shown = {k: v for k, v in case.items() if k != "checkpointing"}
             rows.append({**shown, "grad_checkpointing": checkpointing, **result})
             print(json.dumps(rows[-1]), flush=True)
-        # written whole after each case (a new file replaces the old): an interrupted run keeps those done
         results = {
             "machine": machine(),
             "threads": args.threads,
@@ -235,15 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
             "rows": rows,
             "summary": summarise(rows),
         }
-        text = json.dumps(results, indent=1) + "\n"
-        atomic_write(args.out, lambda tmp, text=text: tmp.write_text(text))
-    for line in results["summary"]:
-        print(
-            f"{line['task']} {line['model']} {line['img_size']} px batch {line['batch_size']}: activation "
-            f"{line['activation_mib'][0]} -> {line['activation_mib'][1]} MiB "
-            f"(-{line['activation_saved']:.0%}), step {line['step_s'][0]} -> {line['step_s'][1]} s "
-            f"(+{line['time_added']:.0%})"
-        )
+        write_results(args.out, results)  # after each case: an interrupted run keeps those done
+    print_summary(results["summary"])
     return results
 
 

@@ -42,11 +42,9 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 import yaml
-from memory import machine
+from harness import machine, reset_resident_peak, resident_kib, write_results
 from PIL import Image
 from torch.distributed.tensor import DTensor
-
-from mae.io.atomic import atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "memory_sharded_cpu.json"
@@ -60,11 +58,6 @@ TINY_MODEL = {
         embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2
     ),
 }
-
-
-def _kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith(field + ":")).split()[1])
 
 
 def tensor_bytes(tensors) -> int:
@@ -94,9 +87,8 @@ class StepMemory(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the peak so far: building the model (whole, before FSDP2 shards it), DDP's or FSDP2's set-up
-        self.startup_peak_kib = _kib("VmHWM")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM is the current resident size from here: the peak of the training steps
+        self.startup_peak_kib = resident_kib()[1]
+        reset_resident_peak()  # the peak from here: the training steps'
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step != self.at_step:
@@ -104,12 +96,13 @@ class StepMemory(pl.Callback):
         params = list(pl_module.parameters())
         grads = [p.grad for p in params if p.grad is not None]
         state = [v for s in trainer.optimizers[0].state.values() for v in s.values()]
+        rss_kib, peak_kib = resident_kib()
         row = {
             "rank": trainer.global_rank,
             "step": trainer.global_step,
-            "peak_rss_mib": round(_kib("VmHWM") / 1024),
+            "peak_rss_mib": round(peak_kib / 1024),
             "startup_peak_rss_mib": round(self.startup_peak_kib / 1024),
-            "rss_mib": round(_kib("VmRSS") / 1024),
+            "rss_mib": round(rss_kib / 1024),
             "sharded_parameters": sum(isinstance(p, DTensor) for p in params),
             "parameters": len(params),
             "gradients": len(grads),
@@ -297,9 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "configs": configs,
                     "fsdp2_of_ddp": compare(configs),
                 }
-                # rewritten whole after each run: an interrupted benchmark keeps the runs done
-                text = json.dumps(results, indent=1) + "\n"
-                atomic_write(args.out, lambda tmp, text=text: tmp.write_text(text))
+                write_results(args.out, results)  # after each run: an interrupted benchmark keeps those done
     for line in results["fsdp2_of_ddp"]:
         print(
             f"FSDP2 / DDP{' with checkpointing' if line['grad_checkpointing'] else ''}: parameters, "

@@ -14,6 +14,8 @@ import argparse
 import shutil
 from pathlib import Path
 
+from harness import window_size
+
 
 def browser(size: tuple[int, int]):
     """Headless Chromium driven by selenium, ``size`` = (width, height) pixels."""
@@ -44,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, type=Path, help="a checkpoint with a decoder")
     parser.add_argument("--out", required=True, type=Path, help="the PNG to write")
     parser.add_argument(
-        "--size", default="1400x1000", help="window WIDTHxHEIGHT in pixels (default: 1400x1000)"
+        "--size",
+        type=window_size,
+        default="1400x1000",
+        help="window WIDTHxHEIGHT in pixels (default: 1400x1000)",
     )
     parser.add_argument(
         "--wait", type=float, default=120.0, help="seconds to wait for the panels (default: 120)"
@@ -59,7 +64,6 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
     if args.out.exists():
         parser.error(f"--out {args.out} exists: remove it or choose another name (nothing is overwritten)")
-    width, height = (int(v) for v in args.size.lower().split("x"))
 
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> Path:
     with example_images(None) as examples:
         page = build_page(session, examples)
         serve(page, "127.0.0.1", port, 100, block=False)
-        driver = browser((width, height))
+        driver = browser(args.size)
         try:
             driver.get(f"http://127.0.0.1:{port}/")
             WebDriverWait(driver, args.wait).until(

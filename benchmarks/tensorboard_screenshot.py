@@ -20,6 +20,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from harness import window_size
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -68,14 +70,13 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--tag", default="train/loss_step", help="the scalar shown (default: train/loss_step)"
     )
-    parser.add_argument("--size", default="1200x700", help="window WIDTHxHEIGHT in pixels")
+    parser.add_argument("--size", type=window_size, default="1200x700", help="window WIDTHxHEIGHT in pixels")
     parser.add_argument("--wait", type=float, default=20.0, help="seconds of the page's virtual time")
     args = parser.parse_args(argv)
     if not args.logdir.is_dir():
         parser.error(f"--logdir {args.logdir}: no such folder")
     if args.out.exists():
         parser.error(f"--out {args.out} exists: remove it or choose another name (nothing is overwritten)")
-    width, height = (int(v) for v in args.size.lower().split("x"))
     port = free_port()
     server = subprocess.Popen(
         [
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> Path:
         wait_for(base, server)
         # The scalars dashboard draws its charts without WebGL (headless Chromium has none here).
         query = urllib.parse.urlencode({"tagFilter": args.tag, "_smoothingWeight": 0})
-        screenshot(f"{base}#scalars&{query}", args.out, (width, height), int(args.wait * 1000))
+        screenshot(f"{base}#scalars&{query}", args.out, args.size, int(args.wait * 1000))
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -28,7 +28,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
+from harness import cpu_name, reset_resident_peak, resident_kib
 
 from mae.convert.huggingface import save_hf_pretrained
 from mae.models import MaskedAutoencoderViT, create_model
@@ -219,13 +219,6 @@ def cpu_peak_memory_mib(
     return _probe("--memory-probe", payload, contender, allocator)[0]
 
 
-def _resident_kib() -> tuple[int, int]:
-    """(current, peak) resident memory of this process in KiB (Linux /proc)."""
-    with open("/proc/self/status") as f:
-        fields = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS", "VmHWM")))
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
-
-
 def _memory_probe(probe: str) -> None:
     spec = json.loads(probe)
     impl, settings = spec["contender"]
@@ -235,12 +228,11 @@ def _memory_probe(probe: str) -> None:
         save_hf_pretrained(reference_model(model_spec), hf_dir, MASK_RATIO)
         step = build_step(contender, model_spec, torch.device("cpu"), hf_dir, spec["batch_size"])
         gc.collect()
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak (VmHWM) to the current resident size
-        before, _ = _resident_kib()
+        reset_resident_peak()
+        before, _ = resident_kib()
         for _ in range(spec["steps"]):
             step()
-        _, peak = _resident_kib()
+        _, peak = resident_kib()
     print((peak - before) / 1024)
 
 
@@ -366,17 +358,11 @@ HEADER = (
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    return f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The script's options (what ``parse`` reads, before its own checks)."""
+    """The script's options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS))
     p.add_argument(
@@ -409,13 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = build_parser()
-    return p.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
-    args = parse(argv)
+    args = build_parser().parse_args(argv)
     if args.allocator == "kept":
         keep_freed_memory()
     if args.memory_probe:

@@ -46,3 +46,13 @@ class MissingFileError(UserError, FileNotFoundError):
 
 class OutputExistsError(UserError, FileExistsError):
     """An output that would replace what the command did not write: names the path; nothing is written."""
+
+
+def check_at_least(
+    setting: str, value: float, least: float, rule: str = "", error: type[UserError] = ConfigError
+) -> None:
+    """Raise ``error`` when ``value`` is under ``least``, in one wording: ``<setting> must be >= <least>
+    (<rule>), got <value>`` (the parenthesis only with a ``rule``)."""
+    if value < least:
+        why = f" ({rule})" if rule else ""
+        raise error(f"{setting} must be >= {least}{why}, got {value}")

@@ -23,7 +23,7 @@ from mae.data.sources.layout import (
     train_folder,
     walk_once,
 )
-from mae.errors import InputError, MissingFileError
+from mae.errors import InputError, MissingFileError, check_at_least
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +195,8 @@ class ImageFolderDataModule(SplitDataModule):
         super().__init__(Path(root), train_split, val_split, subset_seed=subset_seed, **kwargs)
         if class_list is not None and num_classes is not None:
             raise InputError("set data.class_list or data.num_classes, not both")
-        if max_images_per_class is not None and max_images_per_class < 1:
-            raise InputError(f"data.max_images_per_class must be >= 1, got {max_images_per_class}")
+        if max_images_per_class is not None:
+            check_at_least("data.max_images_per_class", max_images_per_class, 1, error=InputError)
         self.class_list = class_list
         self.num_classes = num_classes
         self.class_selection = class_selection

@@ -26,7 +26,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
 from mae.compat.torch import IteratorStartHook
-from mae.errors import ConfigError
+from mae.errors import ConfigError, check_at_least
 
 # The signals a worker leaves to its main process: a scheduler's SIGTERM, a terminal's Ctrl-C (SIGINT).
 _MAIN_DECIDES = {signal.SIGTERM, signal.SIGINT}
@@ -166,10 +166,8 @@ class SplitLoaders:
         persistent_workers: bool = True,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
-        if num_workers < 0:
-            raise ConfigError(f"data.num_workers must be >= 0, got {num_workers}")
+        check_at_least("data.batch_size", batch_size, 1)
+        check_at_least("data.num_workers", num_workers, 0)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory

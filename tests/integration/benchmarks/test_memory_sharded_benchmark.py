@@ -5,16 +5,15 @@ and AdamW state. The benchmark itself (ViT-L/16 on 2 processes, 4 runs) takes mi
 
 import json
 
+import memory_sharded
+
 from mae.models import create_model
-from tests.helpers import REPO, run_mae
+from tests.helpers import run_mae
 
 
 def test_memory_sharded__step_memory_reports_the_exact_bytes_of_parameters_gradients_and_adamw_state(
-    tmp_path, monkeypatch
+    tmp_path,
 ):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # the forked command imports the callback
-    import memory_sharded
-
     steps = 2
     config = memory_sharded.write_config(tmp_path, memory_sharded.TINY_MODEL, 32, 2, steps)
     run_mae(

@@ -1,29 +1,20 @@
 """Smoke runs of benchmarks/throughput.py and benchmarks/dataloader.py at tiny sizes
 (numbers live in README)."""
 
-import importlib.util
 import tempfile
-from pathlib import Path
 
+import dataloader
 import pytest
+import throughput
 import torch
 
 from mae.convert.huggingface import save_hf_pretrained
 from mae.training.runtime import TrainingSettings, training_settings
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import REPO
 
 
 @pytest.mark.slow
 def test_throughput_benchmark__interleaved_table_against_hugging_face(tmp_path, capsys):
-    throughput = _load("throughput")
     rows = throughput.main(
         [
             "--configs",
@@ -55,7 +46,6 @@ def test_throughput_benchmark__interleaved_table_against_hugging_face(tmp_path, 
 
 @pytest.mark.slow
 def test_throughput_benchmark__contenders_and_memory_probe():
-    throughput = _load("throughput")
     default = [c for c in throughput.contenders(torch.device("cpu"), ["default", "ablations"])]
     assert default[0].settings == training_settings("cpu") and default[0].name.startswith("ours default")
     assert {c.settings.compile for c in default} == {True, False}  # each choice flipped once
@@ -69,12 +59,12 @@ def test_throughput_benchmark__contenders_and_memory_probe():
 def test_throughput_benchmark__shipped_allocators_time_each_block_in_its_own_process(tmp_path):
     """``--allocator shipped``: ours keeps freed memory (as train.py), Hugging Face runs with glibc's
     defaults, each timed block in a fresh process with that setting."""
-    throughput = _load("throughput")
     plain = TrainingSettings(precision="fp32", attention="explicit", compile=False, fused_adamw=False)
     ours, hf = throughput.Contender("ours", plain), throughput.Contender("hf", plain)
     assert [throughput.process_allocator(c, "shipped") for c in (ours, hf)] == ["kept", "glibc"]
     assert [throughput.process_allocator(c, "glibc") for c in (ours, hf)] == ["glibc", "glibc"]
-    args = throughput.parse(["--allocator", "shipped", "--batch-size", "2", "--warmup", "1", "--steps", "1"])
+    options = ["--allocator", "shipped", "--batch-size", "2", "--warmup", "1", "--steps", "1"]
+    args = throughput.build_parser().parse_args(options)
     save_hf_pretrained(throughput.reference_model(throughput.CONFIGS["cifar"]["model"]), tmp_path, 0.75)
     for contender in (ours, hf):
         seconds, faults, memory = throughput.timed_block_in_process(contender, "cifar", args, str(tmp_path))
@@ -84,7 +74,6 @@ def test_throughput_benchmark__shipped_allocators_time_each_block_in_its_own_pro
 def test_throughput_benchmark__same_step_as_hugging_face():
     """Both contenders run the same computation: equal losses, step after step, from the same weights
     and masks."""
-    throughput = _load("throughput")
     spec = throughput.CONFIGS["cifar"]["model"]
     plain = TrainingSettings(precision="fp32", attention="explicit", compile=False, fused_adamw=False)
     with tempfile.TemporaryDirectory() as hf_dir:
@@ -102,7 +91,6 @@ def test_throughput_benchmark__same_step_as_hugging_face():
 
 
 def test_dataloader_benchmark__ours_streamed_and_torchvision_on_generated_jpegs(capsys):
-    dataloader = _load("dataloader")
     rows = dataloader.main(
         [
             "--images",
@@ -137,7 +125,6 @@ def test_throughput_benchmark__times_registered_models_with_the_modules_optimize
     from mae.models import MODEL_REGISTRY
     from mae.training.optim import weight_decay_groups
 
-    throughput = _load("throughput")
     assert all(c["model"] in MODEL_REGISTRY for c in throughput.CONFIGS.values())
     assert throughput.CONFIGS["base224"]["model"] == "mae_vit_base_patch16"
     assert throughput.CONFIGS["large224"]["model"] == "mae_vit_large_patch16"
@@ -148,7 +135,7 @@ def test_throughput_benchmark__times_registered_models_with_the_modules_optimize
     decayed = {g["name"]: (g["weight_decay"], len(g["params"])) for g in step.optimizer.param_groups}
     expected = weight_decay_groups(throughput.reference_model("mae_vit_tiny_patch4"), 0.05)
     assert decayed == {g["name"]: (g["weight_decay"], len(g["params"])) for g in expected}
-    assert throughput.parse([]).configs == ["cifar", "tiny224", "base224"]
+    assert throughput.build_parser().parse_args([]).configs == ["cifar", "tiny224", "base224"]
     script = REPO / "benchmarks" / "gpu_check.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     named = re.findall(r"^bench (\w+) ", script.read_text(), flags=re.MULTILINE)

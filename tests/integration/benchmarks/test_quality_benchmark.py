@@ -1,21 +1,17 @@
 """Smoke run of benchmarks/quality.py at tiny sizes (the real numbers live in README)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
+import own_data
 import pytest
+import quality
+import transfer
 from PIL import Image
-
-REPO = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow  # each trains tiny models through a whole benchmark (13-29 s)
 
 
 def test_quality_benchmark__tiny_run_writes_table_and_plots(tmp_path):
-    spec = importlib.util.spec_from_file_location("quality", REPO / "benchmarks" / "quality.py")
-    quality = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quality)
     tiny = {
         "embed_dim": 32,
         "depth": 1,
@@ -62,9 +58,6 @@ def test_quality_benchmark__tiny_run_writes_table_and_plots(tmp_path):
 
 
 def test_own_data_benchmark__tiny_run_writes_results_and_figures(tmp_path):
-    spec = importlib.util.spec_from_file_location("own_data", REPO / "benchmarks" / "own_data.py")
-    own_data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(own_data)
     results = own_data.main(
         [
             "--out",
@@ -92,12 +85,9 @@ def test_own_data_benchmark__tiny_run_writes_results_and_figures(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["meta"]["epochs"] == 1
 
 
-def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tmp_path):
+def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tmp_path, monkeypatch):
     from tests.helpers import tiny_pretraining_checkpoint
 
-    spec = importlib.util.spec_from_file_location("transfer", REPO / "benchmarks" / "transfer.py")
-    transfer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(transfer)
     checkpoint = tiny_pretraining_checkpoint(tmp_path / "pretrain")
     table = transfer.main(
         [
@@ -142,10 +132,8 @@ def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tm
 
     # the same command line again reuses the finished runs; another seed is trained
     trained = []
-    transfer.TASKS["detect"] = (
-        lambda argv, f=transfer.TASKS["detect"][0]: trained.append(argv) or f(argv),
-        *transfer.TASKS["detect"][1:],
-    )
+    train, *rest = transfer.TASKS["detect"]
+    monkeypatch.setitem(transfer.TASKS, "detect", (lambda argv: trained.append(argv) or train(argv), *rest))
     again = transfer.main(
         [
             "--encoders",

@@ -1,9 +1,10 @@
 """Tiny runs of benchmarks/time_to_quality.py (the real numbers come from the command in README)."""
 
-import importlib.util
 import json
 
 import pytest
+import shapes_folder
+import time_to_quality as ttq
 import yaml
 
 from mae.convert.backbone import load_backbone
@@ -23,17 +24,7 @@ TINY = {
 }
 
 
-@pytest.fixture(scope="module")
-def ttq():
-    spec = importlib.util.spec_from_file_location(
-        "time_to_quality", REPO / "benchmarks" / "time_to_quality.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(ttq, tmp_path):
+def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(tmp_path):
     write_image_folder(tmp_path / "data" / "train", ["a", "b", "c"], per_class=8, size=(20, 20))
     write_image_folder(tmp_path / "data" / "val", ["a", "b", "c"], per_class=3, size=(20, 20), seed=1)
     out = tmp_path / "out"
@@ -103,13 +94,13 @@ def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(ttq, tmp_p
     assert (out / "accuracy_vs_time.png").stat().st_size > 0 and (out / "table.md").is_file()
 
 
-def test_reached__the_last_snapshot_within_the_budget(ttq):
+def test_reached__the_last_snapshot_within_the_budget():
     snapshots = [{"epoch": e, "elapsed_s": 10.0 * e, "path": str(e)} for e in (1, 2, 3)]
     assert ttq.reached(snapshots, 9.9) is None
     assert ttq.reached(snapshots, 20.0)["epoch"] == 2 and ttq.reached(snapshots, 99)["epoch"] == 3
 
 
-def test_step_throughput__every_variant_with_its_flops(ttq, tmp_path):
+def test_step_throughput__every_variant_with_its_flops(tmp_path):
     rows = ttq.main(
         [
             "--throughput-only",
@@ -141,7 +132,7 @@ def test_step_throughput__every_variant_with_its_flops(ttq, tmp_path):
         assert row["img_s"] > 0
 
 
-def test_variants__the_recipes_are_the_shipped_configs(ttq):
+def test_variants__the_recipes_are_the_shipped_configs():
     base = yaml.safe_load((REPO / "configs" / "pretrain" / "default.yaml").read_text())
     full = base["data"]["init_args"]["img_size"]
     for name, config in (("low-res", "default_lowres.yaml"), ("fast", "default_fast.yaml")):
@@ -157,18 +148,15 @@ def test_variants__the_recipes_are_the_shipped_configs(ttq):
 
 
 def test_shapes_folder__class_folders_of_each_shape_and_an_existing_folder_refused(tmp_path):
-    spec = importlib.util.spec_from_file_location("shapes_folder", REPO / "benchmarks" / "shapes_folder.py")
-    shapes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shapes)
-    shapes.main(["--out", str(tmp_path / "shapes"), "--train", "3", "--val", "2", "--size", "24"])
+    shapes_folder.main(["--out", str(tmp_path / "shapes"), "--train", "3", "--val", "2", "--size", "24"])
     data = ImageFolderDataModule(
         tmp_path / "shapes", img_size=24, batch_size=4, augmentation="none", num_workers=0
     )
     data.setup()
     assert (len(data.train_set), len(data.val_set)) == (12, 8)
     images = sorted((tmp_path / "shapes" / "train").glob("*/*.png"))
-    assert sorted({p.parent.name for p in images}) == sorted(shapes.CLASSES)
+    assert sorted({p.parent.name for p in images}) == sorted(shapes_folder.CLASSES)
     first = images[0].read_bytes()
     with pytest.raises(SystemExit, match="exists"):
-        shapes.main(["--out", str(tmp_path / "shapes")])
+        shapes_folder.main(["--out", str(tmp_path / "shapes")])
     assert images[0].read_bytes() == first  # nothing overwritten
