@@ -3,6 +3,7 @@ module tests, running the entry points as subprocesses, and writers of small ima
 CIFAR-format files."""
 
 import csv
+import io
 import math
 import pickle
 import subprocess
@@ -38,6 +39,25 @@ TINY_KWARGS = dict(
 )
 # The ``model:`` section of a CLI config with that model.
 TINY_MODEL = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "optim": {"warmup_epochs": 1}}
+# model_kwargs of a two-block encoder and decoder: enough blocks for a cross decoder to read two layers.
+TWO_BLOCK_KWARGS = dict(
+    embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2
+)
+# The decoder switches of each variant (``mae.models.decoder_switches``), on ``TINY``'s two blocks.
+DECODER_VARIANTS = {
+    "partial": dict(decoder_keep_ratio=0.25),
+    "cross": dict(decoder_type="cross"),
+    "cross_partial": dict(decoder_type="cross", decoder_keep_ratio=0.25),
+    "cross_layers": dict(decoder_type="cross", decoder_encoder_layers=[0, -1]),
+}
+
+
+def tiny_mae(seed: int = 0, **kwargs):
+    """A seeded ``TINY`` model of the class its decoder switches (``kwargs``) name (``build_mae``)."""
+    from mae.models import build_mae
+
+    torch.manual_seed(seed)
+    return build_mae(**TINY, **kwargs)
 
 
 class RandomImages(pl.LightningDataModule):
@@ -157,6 +177,26 @@ def csv_logger(tmp: Path, name: str) -> dict:
     }
 
 
+def cli_trainer(tmp: Path, name: str, **more) -> dict:
+    """The ``trainer`` section of a CLI config: one CPU device, no progress bar, every step logged as CSV
+    under ``tmp/runs/<name>`` (``csv_logger``); ``more`` (``max_epochs``, ``precision``, ...) over it."""
+    return {
+        "accelerator": "cpu",
+        "devices": 1,
+        "enable_progress_bar": False,
+        "log_every_n_steps": 1,
+        "logger": csv_logger(tmp, name),
+        **more,
+    }
+
+
+def folder_data(root: Path, img_size: int = 16, **more) -> dict:
+    """The ``data`` section of a CLI config: the image folder ``root``, batches of 4 read in the main
+    process; ``more`` (``val_split``, ...) over its arguments."""
+    args = {"root": str(root), "img_size": img_size, "batch_size": 4, "num_workers": 0, **more}
+    return {"class_path": "mae.data.ImageFolderDataModule", "init_args": args}
+
+
 def tensorboard_tracker(save_dir: Path) -> dict:
     """The ``tracker`` entry of a CLI config: TensorBoard (the shipped recipe's settings) under
     ``save_dir``."""
@@ -209,20 +249,28 @@ def run_mae(
     timeout: int = 300,
     check: bool = True,
     env: dict | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run ``mae <command> [--config <config as YAML in tmp>] *args`` (as ``python -m mae``) in the
     repository, as a forked child of an interpreter that has imported the project
-    (``tests.forked_commands``: a second, not the import's 6).
+    (``tests.forked_commands``: a second, not the import's 6); with ``fresh``, in a fresh interpreter
+    (``run_mae_process``).
 
     ``command`` is a subcommand (``pretrain``, ``knn``, ...); ``env`` replaces the environment; with
     ``check`` a non-zero exit fails the test, showing the output's tail. A test about the process
     itself (signals, DDP, the interpreter's start-up) uses ``run_mae_process``.
     """
-    from tests.forked_commands import run_forked
-
     argv = _command(command)
     args = _with_config(args, argv, config, tmp)
-    return _checked(run_forked([*argv, *args], REPO, timeout, env), check)
+    if fresh:
+        result = subprocess.run(
+            [sys.executable, *argv, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+        )
+    else:
+        from tests.forked_commands import run_forked
+
+        result = run_forked([*argv, *args], REPO, timeout, env)
+    return _checked(result, check)
 
 
 def start_mae(command: str, *args: str, env: dict | None = None, new_session: bool = False):
@@ -294,22 +342,10 @@ def run_slurm_tasks(
     return codes, output
 
 
-def run_mae_process(
-    command: str,
-    *args: str,
-    config: dict | None = None,
-    tmp: Path | None = None,
-    timeout: int = 300,
-    check: bool = True,
-    env: dict | None = None,
-) -> subprocess.CompletedProcess:
-    """``run_mae`` in a fresh interpreter (``subprocess.run``): what a user's shell starts."""
-    argv = _command(command)
-    args = _with_config(args, argv, config, tmp)
-    result = subprocess.run(
-        [sys.executable, *argv, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
-    )
-    return _checked(result, check)
+def run_mae_process(command: str, *args: str, **options) -> subprocess.CompletedProcess:
+    """``run_mae`` in a fresh interpreter (``subprocess.run``): what a user's shell starts; ``options`` as
+    ``run_mae``'s."""
+    return run_mae(command, *args, fresh=True, **options)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -327,6 +363,37 @@ def write_image_folder(root: Path, classes: list[str], per_class: int, size=(40,
             pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
             Image.fromarray(pixels).save(root / c / f"img_{i:03d}.jpg", quality=90)
     return root
+
+
+def write_smooth_jpeg(path, size=(500, 375)):
+    """A photo-like JPEG (smooth gradients plus texture), so resampling differences stay small."""
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(0)
+    pixels = np.stack([xx * 255 / w, yy * 255 / h, (xx + yy) * 127 / (w + h) + 64], -1)
+    pixels = np.clip(pixels + rng.normal(0, 8, pixels.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(pixels).save(path, quality=90)
+    return path
+
+
+def jpeg_bytes(seed: int, size=(48, 36)) -> bytes:
+    """A JPEG of random pixels, ``size`` (W, H), as bytes."""
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(
+        buffer, "JPEG", quality=90
+    )
+    return buffer.getvalue()
+
+
+def write_npy_header(path: Path, shape, dtype: str = "<f4", payload: bytes = b"") -> Path:
+    """An ``.npy`` file whose header says ``shape`` (any, even negative), followed by ``payload``."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)}
+        )
+        f.write(payload)
+    return path
 
 
 def write_cifar(

@@ -5,11 +5,11 @@ caption."""
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 from torchvision.utils import make_grid
 
+from mae.apps.figure_canvas import enlarged, headed_canvas
 from mae.inference.attention import attention_caption, attention_panels, cls_attention_maps
 from mae.inference.normalization import Normalization
 from mae.inference.reconstruction import Unnormalize, caption_of, mask_noise, reconstruct, reconstruction_grid
@@ -64,28 +64,26 @@ def reconstruction_figure(
         grid = torch.cat([grid, extra[:, :, 2:]], dim=2)  # its left border is the grid's right one
         headers += ("attention (mean)", "attention per head")
         caption = f"{caption} {attention_caption(maps.shape[1])}"
-    scale = max(1, -(-min_panel // min(height, width)))
-    picture = Image.fromarray((grid.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
-    picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
-
+    picture = enlarged(grid, (height, width), min_panel)
     losses = views["loss"].tolist()
+    return Figure(_labelled(picture, headers, names, losses, caption), losses, caption, maps)
+
+
+def _labelled(
+    picture: Image.Image, headers: tuple[str, ...], names: list[str], losses: list[float], caption: str
+) -> Image.Image:
+    """``picture`` (one row per image) with its column headers above (``headed_canvas``), each row's name
+    and loss on its left and the caption wrapped below."""
     label_width, line = 220, 18
     lines = _wrap(caption, (label_width + picture.width) // 7)
-    canvas = Image.new(
-        "RGB", (label_width + picture.width, line + picture.height + line * (len(lines) + 1)), "white"
-    )
-    canvas.paste(picture, (label_width, line))
-    draw = ImageDraw.Draw(canvas)
-    panel = picture.width / len(headers)
-    for i, header in enumerate(headers):
-        draw.text((label_width + i * panel + 6, 2), header, fill="black")
-    row = picture.height / len(imgs)
+    canvas, draw = headed_canvas(picture, headers, label_width, line, line * (len(lines) + 1), 6)
+    row = picture.height / len(names)
     for i, (name, loss) in enumerate(zip(names, losses, strict=True)):
         draw.text((6, line + i * row + row / 2 - line), Path(name).name[:30], fill="black")
         draw.text((6, line + i * row + row / 2), f"masked-patch loss {loss:.4f}", fill="black")
     for i, text in enumerate(lines):
         draw.text((6, line + picture.height + 6 + i * line), text, fill="black")
-    return Figure(canvas, losses, caption, maps)
+    return canvas
 
 
 def _wrap(text: str, width: int) -> list[str]:

@@ -1,42 +1,17 @@
 """``mae recipes``, ``mae env``, ``mae version`` and ``mae completion``: what the package holds, what a bug
 report needs, and shell completion."""
 
-import platform
-import sys
 from importlib import metadata
 from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
+from mae.cli.command import command_parser, parse_and_run
 from mae.cli.commands import BY_NAME, COMMANDS
 from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config, shown_recipe
-from mae.cli.command import command_parser, parse_and_run
 from mae.errors import ConfigError, UsageError
 
 DISTRIBUTION = "mae-lightning"  # the name pip knows the package by (pyproject.toml)
-CORE_PACKAGES = (
-    "torch",
-    "torchvision",
-    "timm",
-    "lightning",
-    "torchmetrics",
-    "jsonargparse",
-    "litdata",
-    "numpy",
-    "pillow",
-)
-EXTRA_PACKAGES = (
-    "onnx",
-    "onnxscript",
-    "onnxruntime",
-    "pycocotools",
-    "pyarrow",
-    "gradio",
-    "transformers",
-    "shtab",
-)
-
-
 def installed_version() -> str:
     """The installed distribution's version (the source tree's ``mae.__version__`` when not installed)."""
     try:
@@ -120,53 +95,11 @@ def env_parser() -> ArgumentParser:
     )
 
 
-def environment() -> dict[str, str]:
-    """Label -> value, in the order ``mae env`` prints them."""
-    import torch
-
-    import mae
-    from mae.training.runtime import default_lightning_precision, native_bf16, training_settings
-    from mae.training.trackers import NOT_INSTALLED, package_versions
-
-    info = {
-        DISTRIBUTION: f"{installed_version()} ({Path(mae.__file__).parent})",
-        "python": f"{platform.python_version()} ({sys.executable})",
-        "platform": platform.platform(),
-    }
-    info |= package_versions(CORE_PACKAGES)
-    extras = package_versions(EXTRA_PACKAGES)
-    info["extras"] = ", ".join(f"{p} {'-' if v == NOT_INSTALLED else v}" for p, v in extras.items())
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        capability = ".".join(map(str, torch.cuda.get_device_capability(0)))
-        info["device"] = (
-            f"cuda: {torch.cuda.device_count()} x {names[0]} (compute capability {capability}), "
-            f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
-        )
-    else:
-        info["device"] = f"cpu ({torch.get_num_threads()} threads; no CUDA device visible to torch)"
-    info["bf16"] = "native" if native_bf16(device) else "emulated (slower than fp32: runs train in fp32)"
-    settings = training_settings(device)
-    info["default run"] = (
-        f"trainer.precision {default_lightning_precision()}; the model step: {settings.describe()}"
-    )
-    if device == "cuda":
-        kernels = [
-            name
-            for name, on in (
-                ("flash", torch.backends.cuda.flash_sdp_enabled()),
-                ("memory-efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
-                ("math", torch.backends.cuda.math_sdp_enabled()),
-            )
-            if on
-        ]
-        info["attention kernels"] = "scaled_dot_product_attention may pick " + ", ".join(kernels)
-    return info
-
-
 def run_env(args: Namespace) -> dict[str, str]:
-    info = environment()
+    import mae
+    from mae.training.environment import environment  # torch: only for this command
+
+    info = {DISTRIBUTION: f"{installed_version()} ({Path(mae.__file__).parent})", **environment()}
     width = max(map(len, info)) + 2
     print("\n".join(f"{label + ':':<{width}}{value}" for label, value in info.items()))
     return info

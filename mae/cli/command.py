@@ -8,15 +8,17 @@ failure that did not come from the project's checks (a bug, a library's error) k
 ``--debug`` (or ``MAE_DEBUG=1``) keeps it for every error.
 
 How a command is written (every one but the training commands, which are LightningCLI's): a
-module with ``build_parser()`` (from ``command_parser``), ``run(args)`` doing the work with the parsed
-arguments, and ``main(argv=None)`` = ``parse_and_run(build_parser(), run, argv)``, with its row in
+module with ``build_parser()`` (from ``command_parser``), ``run(args)``: one call to the layer that does
+the work, with typed parameters or a settings dataclass (``settings_from``), never the ``Namespace``;
+and ``main(argv=None)`` = ``parse_and_run(build_parser(), run, argv)``, with its row in
 ``mae.cli.commands``; the ``mae`` command (``mae.cli.main``) runs it through ``run_command``.
 """
 
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from dataclasses import fields
+from typing import Any, TypeVar
 
 from jsonargparse import ArgumentParser, Namespace
 
@@ -27,6 +29,7 @@ DEBUG_FLAG = "--debug"
 DEBUG_VARIABLE = "MAE_DEBUG"
 # Packages whose errors wrap the project's (a data module's check raised while jsonargparse builds it).
 PARSER_PACKAGES = ("jsonargparse", "argparse")
+T = TypeVar("T")
 
 
 def command_parser(prog: str, description: str) -> ArgumentParser:
@@ -41,18 +44,25 @@ def parse_and_run(
     argv: list[str] | None = None,
     instantiate: bool = False,
 ) -> Any:
-    """Parse ``argv`` (None: ``sys.argv[1:]``), build the class arguments when ``instantiate`` (e.g. a
-    ``--data.class_path`` data module), and return ``run(args)``; a ``UsageError`` it raises exits as
-    a parser error."""
+    """Parse ``argv`` (None: ``sys.argv[1:]``), check the shared options (``finish_shared``), build the
+    class arguments when ``instantiate`` (e.g. a ``--data.class_path`` data module), and return
+    ``run(args)``; a ``UsageError`` raised on the way exits as a parser error."""
     argv = sys.argv[1:] if argv is None else list(argv)
     refuse_removed(parser, argv)
-    args = finish_shared(parser.parse_args(argv))
-    if instantiate:
-        args = parser.instantiate_classes(args)
+    args = parser.parse_args(argv)
     try:
-        return run(args)
+        args = finish_shared(args)
+        return run(parser.instantiate_classes(args) if instantiate else args)
     except UsageError as err:
         parser.error(str(err))
+
+
+def settings_from(settings_class: type[T], args: Namespace, **given: Any) -> T:
+    """A settings dataclass of the layer that does a command's work, from the parsed ``args``: each field
+    from the argument of its name (a flag's ``dest``), or from ``given``; a field neither holds keeps its
+    default."""
+    values = {f.name: args[f.name] for f in fields(settings_class) if f.name in args}
+    return settings_class(**{**values, **given})
 
 
 def run_command(main: Callable[[], Any]) -> Any:

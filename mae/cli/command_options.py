@@ -1,6 +1,13 @@
 """The options several ``mae`` commands share, each defined once: its one spelling, type, default and the
 part of its help every command repeats. A command adds them with ``add_option(parser, "device")`` and
-gives only what is its own (what ``--out`` holds, whether ``--checkpoint`` is required).
+gives only what is its own (what ``--out`` holds, whether ``--checkpoint`` is required); the checkpoint
+pair with ``add_checkpoint``.
+
+Flag spelling, one convention per family of commands (``tests/unit/cli/test_main.py`` checks every
+parser): the training commands (``pretrain``, ``finetune``, ``detect``, ``segment``: LightningCLI) spell
+every flag with underscores, as the YAML key it sets (``--trainer.max_epochs``, ``--ckpt_path``,
+``--find_batch_size``); every other command spells its flags with hyphens (``--max-image-pixels``,
+``--checkpoint-format``), and a flag's ``dest`` is its underscored name.
 
 The spellings 0.2 renamed (``--format``, ``--k``, ``--max_epochs``, ...) were removed in 0.3.0; given
 one, a command stops with an error naming the new spelling (``refuse_removed``). Nothing here imports
@@ -8,6 +15,7 @@ torch until a command runs.
 """
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,12 +23,14 @@ from typing import Any
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 
-from mae.errors import ALLOWED, ConfigError
+from mae.errors import ALLOWED, ConfigError, UsageError
 
 # Attribute set on every action ``add_option`` creates (its help is complete: see ``CommandHelpFormatter``);
 # tests check that no command makes a shared option by hand.
 SHARED_MARK = "mae_shared_option"
 DEVICE_DEFAULT = "cuda when available, else cpu"
+# ``--checkpoint``'s own words in the commands that need the decoder too (reconstruct, demo, anomaly's mae).
+DECODER_CHECKPOINT = "a checkpoint with a decoder (ours, official full, Hugging Face)"
 
 
 class OutOfRange(argparse.ArgumentTypeError, ValueError):
@@ -63,16 +73,24 @@ positive_float = _ArgparseNumber(float, PositiveFloat)
 fraction = _ArgparseNumber(float, OpenUnitInterval)  # strictly between 0 and 1
 
 
+def _pil_pixel_limit() -> int:
+    from mae.data.decoding.limits import DEFAULT_MAX_PIXELS  # imports torch: only once a parser is built
+
+    return DEFAULT_MAX_PIXELS
+
+
 @dataclass(frozen=True)
 class SharedOption:
     """One shared option: ``flags`` (its only spelling), ``help`` (what every command says; a command's
-    own words come after it), the ``add_argument`` keywords every command uses, and ``default_help``:
-    how ``--help`` states the default when the value alone would not say it."""
+    own words come after it), the ``add_argument`` keywords every command uses, ``default_help``: how
+    ``--help`` states the default when the value alone would not say it, and ``default_factory``: the
+    default every command uses, where it lives in a layer that imports torch."""
 
     flags: tuple[str, ...]
     help: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     default_help: str | None = None
+    default_factory: Callable[[], Any] | None = None
 
 
 SHARED_OPTIONS = {
@@ -88,25 +106,32 @@ SHARED_OPTIONS = {
     ),
     "out": SharedOption(("--out",), "", {"type": Path}),
     "img_size": SharedOption(
-        ("--img-size",), "input size in pixels", {"type": argparse_int, "default": None}
+        ("--img-size",), "input size in pixels", {"type": positive_int, "default": None}, "the checkpoint's"
     ),
-    "batch_size": SharedOption(("--batch-size",), "images per forward pass", {"type": argparse_int}),
+    "batch_size": SharedOption(("--batch-size",), "images per forward pass", {"type": positive_int}),
     "workers": SharedOption(
-        ("--workers",), "worker processes (0: none, all in this process)", {"type": argparse_int}
+        ("--workers",), "worker processes (0: none, all in this process)", {"type": non_negative_int}
     ),
     "device": SharedOption(("--device",), "cpu, cuda, cuda:1, ...", {"default": None}, DEVICE_DEFAULT),
     "k": SharedOption(("-k",), "neighbours", {"type": positive_int}),
     "max_image_pixels": SharedOption(
         ("--max-image-pixels",),
-        "the largest image read, in pixels",
+        "the largest image read, in pixels (a larger one is refused as a decompression bomb)",
         {"type": argparse_int},
         "PIL's decompression-bomb limit, %(default)s",
+        _pil_pixel_limit,
     ),
     "mean": SharedOption(
-        ("--mean",), "per-channel input mean", {"type": argparse_float, "nargs": "+", "default": None}
+        ("--mean",),
+        "per-channel input mean",
+        {"type": argparse_float, "nargs": "+", "default": None},
+        "the checkpoint's record",
     ),
     "std": SharedOption(
-        ("--std",), "per-channel input std", {"type": argparse_float, "nargs": "+", "default": None}
+        ("--std",),
+        "per-channel input std",
+        {"type": argparse_float, "nargs": "+", "default": None},
+        "the checkpoint's record",
     ),
 }
 
@@ -137,6 +162,8 @@ def add_option(parser: ArgumentParser | Any, name: str, own_help: str = "", **kw
     """
     option = SHARED_OPTIONS[name]
     settings = {**option.kwargs, **kwargs}
+    if option.default_factory is not None and "default" not in settings:
+        settings["default"] = option.default_factory()
     if name == "checkpoint_format" and "choices" not in settings:  # the readers' table lives above this layer
         raise ConfigError("--checkpoint-format needs choices=mae.convert.sources.FORMATS")
     if name == "device" and settings.get("default") is not None:
@@ -156,6 +183,15 @@ def add_option(parser: ArgumentParser | Any, name: str, own_help: str = "", **kw
     action = parser.add_argument(*option.flags, dest=name, help=help_text, **settings)
     setattr(action, SHARED_MARK, name)
     return action
+
+
+def add_checkpoint(
+    parser: ArgumentParser | Any, formats: tuple[str, ...], own_help: str = "", **kwargs: Any
+) -> None:
+    """``--checkpoint`` (``own_help`` and ``kwargs``: ``add_option``'s) and ``--checkpoint-format`` (one of
+    ``formats``: ``mae.convert.sources.FORMATS``), the pair every command that reads a checkpoint takes."""
+    add_option(parser, "checkpoint", own_help, **kwargs)
+    add_option(parser, "checkpoint_format", choices=formats)
 
 
 class CommandHelpFormatter(DefaultHelpFormatter):
@@ -189,7 +225,17 @@ def refuse_removed(parser: ArgumentParser, argv: list[str]) -> None:
 
 
 def finish_shared(args: Namespace) -> Namespace:
-    """The shared options' values as a command uses them: ``device`` resolved (cuda when available)."""
+    """The shared options' values as a command uses them: ``device`` resolved (cuda when available);
+    ``--mean`` and ``--std`` given together, one value each per channel.
+
+    Raises:
+        UsageError: one of ``--mean`` / ``--std`` without the other, or of another length.
+    """
     if "device" in args:
         args.device = resolve_device(args.device)
+    if "mean" in args and "std" in args:
+        if (args.mean is None) != (args.std is None):
+            raise UsageError("give --mean and --std together")
+        if args.mean is not None and len(args.mean) != len(args.std):
+            raise UsageError("--mean and --std need the same number of values, one per channel")
     return args

@@ -4,9 +4,10 @@ segmentation and semantic segmentation from a pretrained encoder (LightningCLI, 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningArgumentParser
 
-from mae.cli.lightning import DenseCLI, SegmentCLI, build, cli_parser, fit, print_metrics, run
+from mae.cli.lightning import DenseCLI, SegmentCLI, build, cli_parser, fit, run
 from mae.dense.tasks.detection import MAEDetectionModule
 from mae.dense.tasks.segmentation import MAESegmentationModule
+from mae.training.run_summary import print_metrics
 
 
 def _main(cli_class: type[DenseCLI], module: type, run_name: str, args: list[str] | None) -> DenseCLI:

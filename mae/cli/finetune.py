@@ -3,8 +3,9 @@ only evaluating a fine-tuned checkpoint (LightningCLI, ``mae.cli.lightning``).""
 
 from lightning.pytorch.cli import LightningArgumentParser
 
-from mae.cli.lightning import FinetuneCLI, build, cli_parser, fit, print_accuracy, run
+from mae.cli.lightning import FinetuneCLI, build, cli_parser, fit, run
 from mae.training.finetune import MAEFinetuneModule
+from mae.training.run_summary import print_accuracy
 
 
 def main(args: list[str] | None = None) -> FinetuneCLI:

@@ -2,9 +2,9 @@
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.cli.encoder_evaluation import encoder_evaluation_parser
 from mae.cli.command import parse_and_run
 from mae.cli.command_options import add_option, positive_float
+from mae.cli.encoder_evaluation import encoder_evaluation_parser
 from mae.eval.features import load_encoder
 from mae.eval.knn import knn_evaluate
 

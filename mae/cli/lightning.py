@@ -2,27 +2,22 @@
 and trainer key from YAML or flags): stacked configs, the linked model keys, trainer defaults and hardening,
 ``--ckpt_path`` resume, and what a finished run prints."""
 
-import inspect
-import os
-import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from jsonargparse.typing import PositiveInt
-from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from mae.cli.commands import BY_NAME
+from mae.cli.lightning_refusal import lightning_refusal
 from mae.cli.quiet import quiet_libraries, quiet_trainer
-from mae.cli.recipes import RecipeNotFound, config_stack, read_config, resolve_config
+from mae.cli.recipes import RecipeNotFound, resolve_config
 from mae.data import ImageDataModule
 from mae.dense.tasks.figures import PredictionFigures
-from mae.errors import ConfigError, UserError
 from mae.training.callbacks import (
     EMA,
     ImageThroughputMonitor,
@@ -34,11 +29,14 @@ from mae.training.callbacks import (
     harden_trainer,
 )
 from mae.training.callbacks.last_checkpoint import LastStateCheckpoint
-from mae.training.callbacks.preemption import INTERRUPTED_EXIT_CODE, stop_exit_code
-from mae.training.resume import planned_run_folder, prepare_resume, start_run_folder
+from mae.training.config_files import config_stack, read_config
+from mae.training.resume import planned_run_folder, prepare_resume
+from mae.training.run_summary import FIGURES, print_run_summary
 from mae.training.runtime import default_lightning_precision, keep_freed_memory
 from mae.training.settings import renamed_for, renamed_key_error
-from mae.training.trackers import TRACKER_FILE, AttachTracker, check_tracker, tracker_spec, where_to_look
+from mae.training.stage import run_stage
+from mae.training.torchrun import check_torchrun_processes
+from mae.training.trackers import AttachTracker, check_tracker, tracker_spec
 
 
 def trainer_defaults(run_name: str) -> dict[str, Any]:
@@ -246,12 +244,14 @@ def expand_stacked_configs(argv: list[str]) -> list[str]:
     """Put the bases of every stacked config given without them before it.
 
     A stacked config names its base on its first line (``# stacks on: base.yaml``, relative to the
-    file; the base may stack on another: ``mae.cli.recipes.config_stack``); ``--config base.yaml --config
-    stacked.yaml`` is the documented form, and a stacked config given alone gets its bases inserted before
-    it, once, so it still runs the whole recipe. Every config file is read and checked on the way.
+    file; the base may stack on another: ``mae.training.config_files.config_stack``); ``--config base.yaml
+    --config stacked.yaml`` is the documented form, and a stacked config given alone gets its bases
+    inserted before it, once, so it still runs the whole recipe. Every config file is read and checked on
+    the way.
 
     Raises:
-        ConfigError: a config file, or a base it stacks on, cannot be used (``mae.cli.recipes.read_config``).
+        ConfigError: a config file, or a base it stacks on, cannot be used
+            (``mae.training.config_files.read_config``).
     """
     out = list(argv)
     given = {Path(path).resolve() for _, path in _config_files(argv)}
@@ -290,76 +290,6 @@ def refuse_renamed_keys(argv: list[str], module_class: type) -> None:
             raise renamed_key_error(old)
 
 
-# Where Lightning's own code lives: an error raised there, called by LightningCLI or jsonargparse building a
-# class of the config, is Lightning refusing a setting (``lightning_refusal``).
-LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
-
-
-def _frames(err: BaseException) -> list[Any]:
-    """The frames of ``err``'s traceback, outermost first."""
-    frames, tb = [], err.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    return frames
-
-
-def _package(frame: Any) -> str:
-    return frame.f_globals.get("__name__", "").split(".")[0]
-
-
-def lightning_refusal(err: BaseException) -> ConfigError | None:
-    """``err`` as the ``ConfigError`` of the setting it refuses, when it is Lightning refusing a setting of
-    the trainer, a callback or a logger (a ``MisconfigurationException`` or ``ValueError`` raised in
-    Lightning's own code while LightningCLI builds the Trainer, or jsonargparse a callback or logger, e.g.
-    ``trainer.max_epochs: -5``): names the key (``trainer.max_epochs``) and Lightning's reason. Else None:
-    an error raised in or through the project's code (our modules, callbacks, data) is a bug and keeps its
-    traceback, and the project's own errors are left as they are."""
-    refusal: BaseException | None = err
-    while refusal is not None and (frames := _frames(refusal)) and _package(frames[-1]) == "jsonargparse":
-        refusal = refusal.__cause__ or refusal.__context__  # jsonargparse's wrapping of a class's error
-    if not isinstance(refusal, (MisconfigurationException, ValueError)) or isinstance(refusal, UserError):
-        return None
-    frames = _frames(refusal)
-    builders = [
-        i
-        for i, frame in enumerate(frames)
-        if _package(frame) == "jsonargparse"
-        or (_package(frame) in LIGHTNING_PACKAGES and frame.f_code.co_name == "_instantiate_trainer")
-    ]
-    if not builders or builders[-1] == len(frames) - 1:
-        return None
-    inside = frames[builders[-1] + 1 :]  # the class being built, down to the raise
-    built = inside[0].f_locals.get("self")
-    if built is None or any(_package(frame) not in LIGHTNING_PACKAGES for frame in inside):
-        return None
-    cls = type(built)
-    section, listed = ("trainer", False) if isinstance(built, pl.Trainer) else _section(_frames(err))
-    reason = str(refusal).strip()
-    parameters = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    named = sorted(
-        (match.start(), p) for p in parameters if (match := re.search(rf"\b{re.escape(p)}\b", reason))
-    )
-    key = section or cls.__name__
-    if named:
-        key = f"{key} ({cls.__name__}.{named[0][1]})" if listed else f"{key}.{named[0][1]}"
-    return ConfigError(f"{key}: {reason} (refused by Lightning's {cls.__name__})")
-
-
-def _section(frames: list[Any]) -> tuple[str | None, bool]:
-    """The config section jsonargparse was building a class of, in the frames of its traceback (a group such
-    as ``checkpoint``, or a typed key such as ``trainer.callbacks``, then True), or (None, False)."""
-    for frame in reversed(frames):
-        if _package(frame) != "jsonargparse":
-            continue
-        if frame.f_code.co_name == "group_instantiate_class" and isinstance(frame.f_locals.get("key"), str):
-            return frame.f_locals["key"], False
-        dest = getattr(frame.f_locals.get("self"), "dest", None)
-        if frame.f_code.co_name == "instantiate_classes" and isinstance(dest, str):
-            return dest, True
-    return None, False
-
-
 def _cli_arguments(cli_class: type[_MAECLI], run_name: str) -> dict[str, Any]:
     """What every command passes to its LightningCLI besides the model and data classes."""
     return {
@@ -370,26 +300,6 @@ def _cli_arguments(cli_class: type[_MAECLI], run_name: str) -> dict[str, Any]:
         "save_config_kwargs": {"overwrite": True},
         "parser_kwargs": {"prog": f"mae {cli_class.command}"},
     }
-
-
-def check_torchrun_processes(trainer: pl.Trainer) -> None:
-    """Refuse a run that ``torchrun`` started as more or fewer processes than ``trainer.num_nodes`` x
-    ``trainer.devices``: with one device on one node Lightning would train each process alone, all of them
-    writing the same run folder; with more it would fail at launch.
-
-    Raises:
-        ConfigError: torchrun's ``WORLD_SIZE`` (``--nnodes`` x ``--nproc-per-node``) is not
-            ``trainer.num_nodes`` x ``trainer.devices``.
-    """
-    if not TorchElasticEnvironment.detect():
-        return
-    world, per_node = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    if world != trainer.num_nodes * trainer.num_devices:
-        raise ConfigError(
-            f"torchrun started {world} processes ({world // per_node} node(s) x {per_node}) but "
-            f"trainer.num_nodes x trainer.devices is {trainer.num_nodes} x {trainer.num_devices}: set "
-            f"--trainer.num_nodes {world // per_node} --trainer.devices {per_node}"
-        )
 
 
 def build(
@@ -455,113 +365,13 @@ def cli_parser(
     raise RuntimeError(f"{cli_class.__name__} parsed its arguments without calling parse_arguments")
 
 
-# What a run writes into its run folder before its first step (LightningCLI's config, the logger's files).
-BEFORE_FIRST_STEP = ("config.yaml", "hparams.yaml", "metrics.csv", TRACKER_FILE)
-
-
-def run(cli: LightningCLI, stage: str, ckpt_path: str | None) -> Any:
-    """``trainer.fit`` or ``trainer.validate`` in a run folder of its own (``start_run_folder``: claimed
-    before anything is written, so runs started at the same moment never share one).
-
-    After a SIGTERM or a first Ctrl-C (and, when fitting, its checkpoint) exit with
-    ``PREEMPTED_EXIT_CODE`` or ``INTERRUPTED_EXIT_CODE``, not 0; a second Ctrl-C, or one during
-    start-up, exits with ``INTERRUPTED_EXIT_CODE`` at once. A run that fails or is stopped before its
-    first step (e.g. 0 steps), and an evaluation that fails, remove the run folder they created
-    (``_remove_unused_run_folder``), so the next run does not become ``version_1``."""
-    trainer, created = cli.trainer, None  # created: (run folder, folders above it made for it)
-
-    def remove_unused() -> None:
-        if created is not None and (stage != "fit" or trainer.global_step == 0):
-            _remove_unused_run_folder(*created)
-
-    try:
-        created = start_run_folder(trainer)
-        return getattr(trainer, stage)(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
-    except SIGTERMException:
-        remove_unused()
-        sys.exit(stop_exit_code(trainer))
-    except (KeyboardInterrupt, SystemExit) as stop:
-        # Lightning ends a KeyboardInterrupt itself (teardown, then exit status 1)
-        if isinstance(stop, SystemExit) and not isinstance(stop.__context__, KeyboardInterrupt):
-            raise
-        remove_unused()
-        rank_zero_info(
-            f"Ctrl-C: stopped at step {trainer.global_step} without saving a checkpoint; exiting with "
-            f"status {INTERRUPTED_EXIT_CODE}"
-        )
-        sys.exit(INTERRUPTED_EXIT_CODE)
-    except Exception:
-        remove_unused()
-        raise
-
-
-def _remove_unused_run_folder(folder: Path, new_parents: list[Path]) -> None:
-    """Remove ``folder`` if it holds only what a run writes before its first step, then those of
-    ``new_parents`` (created by this run, deepest first) left empty; nothing else is touched."""
-    if folder.is_dir() and all(p.is_file() and p.name in BEFORE_FIRST_STEP for p in folder.iterdir()):
-        for path in folder.iterdir():
-            path.unlink()
-        folder.rmdir()
-        for parent in new_parents:
-            if not parent.is_dir() or any(parent.iterdir()):
-                break
-            parent.rmdir()
+def run(cli: LightningCLI, stage: Literal["fit", "validate"], ckpt_path: str | None) -> Any:
+    """``cli``'s stage in a run folder of its own (``mae.training.stage.run_stage``)."""
+    return run_stage(cli.trainer, cli.model, cli.datamodule, stage, ckpt_path)
 
 
 def fit(cli: LightningCLI, ckpt_path: str | None) -> None:
     """``run`` the fit, then print where the run's outputs are."""
     run(cli, "fit", ckpt_path)
-    print_run_summary(cli.trainer, Path(cli.trainer.log_dir or cli.trainer.default_root_dir))
-
-
-@rank_zero_only
-def print_accuracy(metrics: dict[str, float]) -> None:
-    if "val/acc1" in metrics:
-        print(
-            f"validation top-1 {metrics['val/acc1'] * 100:.2f}%, top-5 {metrics['val/acc5'] * 100:.2f}%",
-            flush=True,
-        )
-
-
-@rank_zero_only
-def print_metrics(metrics: dict[str, Any], prefix: str = "val/") -> None:
-    """One line of the validation metrics whose names start with ``prefix`` (e.g. ``val/map 0.4312``)."""
-    shown = [
-        f"{name} {float(value):.4f}" for name, value in sorted(metrics.items()) if name.startswith(prefix)
-    ]
-    if shown:
-        print("validation: " + ", ".join(shown), flush=True)
-
-
-@rank_zero_only
-def print_run_summary(trainer: pl.Trainer, log_dir: Path) -> None:
-    """Tell the user where the run's outputs are and how the loss went (``log_dir``: found on every
-    process beforehand, since finding it is a collective)."""
-    lines = [f"Run folder: {log_dir}"]
-    for name, path in (("config", log_dir / "config.yaml"), ("metrics", log_dir / "metrics.csv")):
-        if path.exists():
-            lines.append(f"  {name + ':':<18}{path}")
-    checkpoint = trainer.checkpoint_callback
-    if checkpoint is not None and checkpoint.last_model_path:
-        lines.append(f"  {'last checkpoint:':<18}{checkpoint.last_model_path}")
-    if checkpoint is not None and checkpoint.best_model_path and checkpoint.monitor:
-        lines.append(f"  {'best checkpoint:':<18}{checkpoint.best_model_path} ({checkpoint.monitor})")
-    figures = [
-        cb.last_path for cb in trainer.callbacks if isinstance(cb, ReconstructionCallback) and cb.last_path
-    ]
-    if figures:
-        lines.append(f"  {'reconstructions:':<18}{figures[0]}")
-    predictions = [
-        cb.last_path for cb in trainer.callbacks if isinstance(cb, PredictionFigures) and cb.last_path
-    ]
-    if predictions:
-        lines.append(f"  {'predictions:':<18}{predictions[0]}")
-    lines += [f"  {label:<18}{text}" for label, text in where_to_look(trainer)]
-    losses = getattr(trainer.lightning_module, "epoch_losses", [])
-    if losses:
-        shown = " -> ".join(f"{v:.4f}" for v in losses)
-        lines.append(f"  train loss per epoch: {shown}")
-    phases = getattr(trainer.lightning_module, "resolution_summary", None)  # model.resolution_schedule
-    if phases:
-        lines.append(f"  resolution phases run: {phases}")
-    print("\n".join(lines), flush=True)
+    log_dir = Path(cli.trainer.log_dir or cli.trainer.default_root_dir)
+    print_run_summary(cli.trainer, log_dir, (*FIGURES, (PredictionFigures, "predictions")))

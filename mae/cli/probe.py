@@ -5,9 +5,9 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.cli.encoder_evaluation import encoder_evaluation_parser
 from mae.cli.command import parse_and_run
 from mae.cli.command_options import fraction, non_negative_int, positive_int
+from mae.cli.encoder_evaluation import encoder_evaluation_parser
 from mae.eval.features import Pool, cache_files, is_cache_file, load_encoder
 from mae.eval.probe import ProbeResult, ProbeSettings, evaluate
 from mae.io.outputs import Output, check_outputs

@@ -6,12 +6,10 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from mae.cli.command import command_parser, parse_and_run
+from mae.cli.command import command_parser, parse_and_run, settings_from
 from mae.cli.command_options import add_option, argparse_int
-from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.tools import shard as shard_module
-from mae.data.tools.shard import DEFAULT_CHUNK_BYTES, shard
-from mae.errors import UsageError
+from mae.data.tools.shard import DEFAULT_CHUNK_BYTES, ShardSettings, shard
 
 
 def build_parser() -> ArgumentParser:
@@ -37,9 +35,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--max-images-per-class", type=argparse_int, default=None, help="cap on training images per class"
     )
-    add_option(
-        p, "max_image_pixels", "larger images are skipped as decompression bombs", default=DEFAULT_MAX_PIXELS
-    )
+    add_option(p, "max_image_pixels")
     add_option(p, "workers", "processes that read files", default=min(8, os.cpu_count() or 1))
     p.add_argument("--chunk-bytes", default=DEFAULT_CHUNK_BYTES, help="shard size, e.g. 64MB")
     p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
@@ -54,10 +50,7 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args: Namespace) -> dict[str, Any]:
-    """Check the arguments the parser cannot, then convert (``shard``)."""
-    if args.max_images_per_class is not None and args.max_images_per_class < 1:
-        raise UsageError(f"--max-images-per-class must be >= 1, got {args.max_images_per_class}")
-    return shard(args)
+    return shard(settings_from(ShardSettings, args))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

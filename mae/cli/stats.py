@@ -7,7 +7,6 @@ from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.command import command_parser, parse_and_run
 from mae.cli.command_options import add_option, argparse_int
-from mae.data.decoding.limits import DEFAULT_MAX_PIXELS
 from mae.data.tools.stats import ChannelStats, channel_stats
 
 
@@ -24,12 +23,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--max-images", type=argparse_int, default=None, help="use this many images, spread evenly"
     )
-    add_option(
-        parser,
-        "max_image_pixels",
-        "larger images are skipped as decompression bombs",
-        default=DEFAULT_MAX_PIXELS,
-    )
+    add_option(parser, "max_image_pixels")
     return parser
 
 

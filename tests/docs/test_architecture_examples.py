@@ -4,6 +4,7 @@ result is used as the page says (a model masks with the new strategy; ``mae pret
 data module) in a fresh interpreter that imports the copy. A step whose anchor is no longer in the code
 fails here, naming it, so the page cannot drift from the code."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, write_image_folder
+from mae.apps.anomaly.digits import write_digit_anomalies
+from tests.helpers import REPO, tiny_pretraining_checkpoint, write_image_folder
 
 PAGE = REPO / "docs" / "architecture.md"
 STEP = re.compile(
@@ -47,6 +49,7 @@ def apply(step: Step, root: Path) -> None:
     path = root / step.file
     if step.action == "new-file":
         assert not path.exists(), f"{step.file} exists already: the example would replace it"
+        path.parent.mkdir(parents=True, exist_ok=True)  # a test's folder, beside the package's copy
         path.write_text(step.code, encoding="utf-8")
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -202,6 +205,90 @@ def test_example__add_a_data_source(tmp_path):
     )
 
 
+@pytest.mark.slow
+def test_example__add_an_anomaly_scorer(tmp_path):
+    root = package_copy(tmp_path, "Add an anomaly scorer")
+    tested = run_python(
+        root,
+        "import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1]]))",
+        "tests/unit/apps/anomaly/scorers/test_mean_feature.py",
+    )
+    assert "1 passed" in tested.stdout
+    checkpoint = tiny_pretraining_checkpoint(tmp_path / "mae")
+    digits = write_digit_anomalies(tmp_path / "digits", seed=0, num_normal=8, num_test=8)
+    test = ["--test", str(digits / "test"), "--figures", "none"]
+    fit = [
+        "--method",
+        "mean-feature",
+        "--checkpoint",
+        str(checkpoint),
+        "--normal",
+        str(digits / "train" / "good"),
+    ]
+    fitted = run_python(
+        root,
+        MAE_COMMAND,
+        "anomaly",
+        *fit,
+        *test,
+        "--out",
+        str(tmp_path / "fit"),
+        "--save-scorer",
+        str(tmp_path / "sc"),
+    )
+    assert "normal images: 6 " in fitted.stdout and "the mean of their patch tokens" in fitted.stdout
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    assert metrics["settings"]["method"] == "mean-feature" and 0 <= metrics["image_auroc"] <= 1
+    assert set(json.loads((tmp_path / "sc" / "scorer.json").read_text())["settings"]) == {"seed", "top_k"}
+    run_python(
+        root,
+        MAE_COMMAND,
+        "anomaly",
+        "--scorer",
+        str(tmp_path / "sc"),
+        *test,
+        "--out",
+        str(tmp_path / "again"),
+    )
+    assert (tmp_path / "again" / "scores.csv").read_bytes() == (tmp_path / "fit" / "scores.csv").read_bytes()
+
+
+@pytest.mark.slow
+def test_example__add_a_checkpoint_format(tmp_path):
+    root = package_copy(tmp_path, "Add a checkpoint format")
+    tested = run_python(
+        root,
+        "import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1]]))",
+        "tests/unit/convert/formats/test_bundle.py",
+    )
+    assert "1 passed" in tested.stdout
+    run_python(
+        root,
+        """
+        import torch
+        from mae.models import MaskedAutoencoderViT
+
+        config = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=4)
+        model = MaskedAutoencoderViT(**config, decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2)
+        encoder = {k: v for k, v in model.state_dict().items() if not k.startswith(("decoder", "mask_token"))}
+        torch.save({"encoder": encoder, "config": config}, "bundle.pt")
+        """,
+    )
+    exported = run_python(
+        root,
+        MAE_COMMAND,
+        "export",
+        "--checkpoint",
+        "bundle.pt",
+        "--checkpoint-format",
+        "bundle",
+        "--out",
+        "e.safetensors",
+    )
+    assert "wrote e.safetensors and e.json" in exported.stdout and "note:" not in exported.stdout
+    assert json.loads((root / "e.json").read_text())["model_args"]["num_heads"] == 4
+
+
 def test_steps__each_example_has_its_steps_and_a_moved_anchor_is_named(tmp_path):
     """Fast: the page's steps parse, and a step whose anchor left the code fails naming it."""
     assert [s.action for s in example_steps("Add a masking strategy")] == [
@@ -213,6 +300,18 @@ def test_steps__each_example_has_its_steps_and_a_moved_anchor_is_named(tmp_path)
         "new-file",
         "insert-after",
         "insert-after",
+    ]
+    assert [s.action for s in example_steps("Add an anomaly scorer")] == [
+        "new-file",
+        "insert-after",
+        "insert-after",
+        "new-file",
+    ]
+    assert [s.action for s in example_steps("Add a checkpoint format")] == [
+        "new-file",
+        "insert-after",
+        "insert-after",
+        "new-file",
     ]
     (tmp_path / "m.py").write_text("x = 1\n")
     with pytest.raises(AssertionError, match=r"insert-after m.py \| y = : the anchor is in 0 lines"):

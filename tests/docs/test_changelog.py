@@ -1,8 +1,8 @@
 """CHANGELOG.md against the code: its newest release is the package's version; every spelling the code
 refuses as removed (``REMOVED``, ``mae/cli/command_options.py``) is listed with the spelling to use under that
 release's Removed section, and each listed pair is refused by the commands that have the new spelling,
-with a message naming it; every config key renamed (``RENAMED_KEYS``, ``mae/training/settings.py``) is
-listed with its new key under that release's Changed section; the old module paths 0.2.0 listed no
+with a message naming it; every config key renamed (``RENAMES``, ``mae/training/settings.py``) is
+listed with its new key under its release's Changed section; the old module paths 0.2.0 listed no
 longer import. The tables are read from the
 code, not kept here, so a removal added to the code without a line in the changelog fails. In-process,
 nothing run.
@@ -21,7 +21,7 @@ import pytest
 import mae
 from mae.cli.commands import COMMANDS, TRAIN
 from mae.cli.command_options import REMOVED, refuse_removed
-from mae.training.settings import RENAMED_IN, RENAMED_KEYS
+from mae.training.settings import RENAMES
 
 REPO = Path(__file__).resolve().parents[2]
 CHANGELOG = REPO / "CHANGELOG.md"
@@ -119,28 +119,34 @@ def test_changelog__every_removed_spelling_is_listed_with_the_one_to_use():
     assert len(OPTION_PAIR.findall(removed)) >= len(REMOVED)
 
 
-def unlisted_renames(changed: str) -> list[str]:
-    """The ``RENAMED_KEYS`` pairs that ``changed`` (a Changed section) does not list on one line as
-    `` `old` → `new` ``."""
+def unlisted_renames(changed: str, renames: dict[str, str]) -> list[str]:
+    """The ``renames`` pairs (a release's rows of ``RENAMES``) that ``changed`` (its Changed section) does
+    not list on one line as `` `old` → `new` ``."""
     lines = changed.splitlines()
     return [
-        f"{old} -> {new}"
-        for old, new in RENAMED_KEYS.items()
-        if not any(f"`{old}` → `{new}`" in x for x in lines)
+        f"{old} -> {new}" for old, new in renames.items() if not any(f"`{old}` → `{new}`" in x for x in lines)
     ]
 
 
-def test_changelog__every_renamed_config_key_is_listed_with_its_new_key():
-    release = next(body for version, _, body in RELEASES if version == RENAMED_IN)
-    changed = sections(release).get("Changed", "")
-    missing = unlisted_renames(changed)
-    assert not missing, f"renamed in the code, not in CHANGELOG.md's {RENAMED_IN} Changed section: {missing}"
+def release_body(version: str) -> str:
+    """Release ``version``'s body; the ``[Unreleased]`` one while that release is not written yet."""
+    bodies = {release: body for release, _, body in RELEASES}
+    if version in bodies:
+        return bodies[version]
+    start = CHANGELOG_TEXT.index("## [Unreleased]")
+    return CHANGELOG_TEXT[start : CHANGELOG_TEXT.index("\n## [", start)]
 
 
-def test_checks__a_rename_added_to_the_code_without_a_changelog_line_fails(monkeypatch):
-    changed = sections(next(body for version, _, body in RELEASES if version == RENAMED_IN))["Changed"]
-    monkeypatch.setitem(RENAMED_KEYS, "model.frobnicate", "model.optim.frobnicate")
-    assert unlisted_renames(changed) == ["model.frobnicate -> model.optim.frobnicate"]
+@pytest.mark.parametrize("release", sorted(RENAMES))
+def test_changelog__every_renamed_config_key_is_listed_with_its_new_key(release):
+    missing = unlisted_renames(sections(release_body(release)).get("Changed", ""), RENAMES[release])
+    assert not missing, f"renamed in the code, not in CHANGELOG.md's {release} Changed section: {missing}"
+
+
+def test_checks__a_rename_added_to_the_code_without_a_changelog_line_fails():
+    changed = sections(release_body("0.3.0"))["Changed"]
+    renames = {**RENAMES["0.3.0"], "model.frobnicate": "model.optim.frobnicate"}
+    assert unlisted_renames(changed, renames) == ["model.frobnicate -> model.optim.frobnicate"]
 
 
 @pytest.mark.parametrize("old, new", sorted(REMOVED.items()))

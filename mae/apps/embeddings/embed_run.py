@@ -247,17 +247,7 @@ def embed_images(
     out = check_suffix(out)
     if not items:
         raise MissingFileError("no image to embed: give image files or folders of them")
-    meta = IndexMeta(
-        embedder.checkpoint,
-        embedder.fingerprint,
-        embedder.pool,
-        embedder.dim,
-        list(embedder.img_size),
-        embedder.norm.in_chans,
-        list(embedder.norm.mean),
-        list(embedder.norm.std),
-        inputs_digest(items),
-    )
+    meta = _index_meta(embedder, items)
     parts = PartsFolder(out)
     count = math.ceil(len(items) / part_size)
     done = parts.resume({**meta.run(), "part_size": part_size, "count": count})
@@ -283,6 +273,32 @@ def embed_images(
                 parts.write(batches[position][0] // part_size, Part(rows, skipped))
                 indices, vectors, skipped = [], [], []
             bar.update(len(batches[position]))
+    return _assemble(parts, count, meta, out)
+
+
+def _index_meta(embedder: Embedder, items: list[ImageItem]) -> IndexMeta:
+    """The record of an index of ``items`` by ``embedder``, before any row is counted."""
+    norm = embedder.norm
+    return IndexMeta(
+        embedder.checkpoint,
+        embedder.fingerprint,
+        embedder.pool,
+        embedder.dim,
+        list(embedder.img_size),
+        norm.in_chans,
+        list(norm.mean),
+        list(norm.std),
+        inputs_digest(items),
+    )
+
+
+def _assemble(parts: PartsFolder, count: int, meta: IndexMeta, out: Path) -> IndexMeta:
+    """Write the index ``out`` from the ``count`` finished parts (their rows and skipped images counted into
+    ``meta``), then remove the parts.
+
+    Raises:
+        ConfigError: no image could be read.
+    """
     for number in range(count):
         rows, skips = parts.summary(number)
         meta.count += rows
@@ -291,7 +307,8 @@ def embed_images(
         parts.remove()
         first = meta.skipped[0]
         raise ConfigError(
-            f"none of the {len(items)} images could be read (the first, {first['path']}: {first['error']})"
+            f"none of the {len(meta.skipped)} images could be read (the first, {first['path']}: "
+            f"{first['error']})"
         )
     write_index(out, meta, PartRows(parts, count))
     parts.remove()

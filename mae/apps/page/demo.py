@@ -328,22 +328,6 @@ def build_page(
     import gradio as gr
 
     by_name = {path.name: Path(path) for path in examples}
-
-    def show(path, name, *settings) -> list:
-        return page_outputs(session, path, name, *settings)
-
-    def shown(upload, example) -> tuple[str | Path | None, str | None]:
-        return shown_image(upload, example, by_name)
-
-    def on_controls(upload, example, *settings) -> list:
-        return show(*shown(upload, example), *settings)
-
-    def on_upload(upload, *settings) -> list:
-        return [None, *show(*shown(upload, None), *settings)]  # clears the example box
-
-    def on_example(example, *settings) -> list:
-        return [None, *show(*shown(None, example), *settings)]  # clears the upload
-
     with gr.Blocks(title="MAE reconstruction") as page, around or contextlib.nullcontext():
         height, width = session.size
         gr.Markdown(
@@ -352,71 +336,105 @@ def build_page(
         )
         with gr.Row():
             with gr.Column(scale=1):
-                upload, example = image_chooser(by_name)
-                ratio = gr.Slider(
-                    *MASK_RATIO_RANGE, value=0.75, step=0.05, label="mask ratio", elem_id="ratio"
-                )
-                strategy = gr.Radio(
-                    list(MASK_STRATEGIES), value="random", label="masking", elem_id="strategy"
-                )
-                unnormalize = gr.Radio(
-                    list(UNNORMALIZE_CHOICES),
-                    value="patch",
-                    elem_id="unnormalize",
-                    label="norm_pix models: true patch statistics, or raw",
-                )
-                seed = gr.Number(value=0, precision=0, label=f"mask seed (0 to {MAX_SEED})", elem_id="seed")
-                attention = gr.Checkbox(
-                    value=False, label="show the last block's cls attention", elem_id="attention"
-                )
-                with gr.Row():
-                    run = gr.Button("Reconstruct", variant="primary", elem_id="run")
-                    resample = gr.Button("Resample mask", elem_id="resample")
+                controls = _controls(by_name)
             with gr.Column(scale=2):
-                panels = []
-                keys = list(PANEL_TITLES)
-                for row in (keys[:2], keys[2:]):  # two by two: room for the titles
-                    with gr.Row():
-                        panels += [
-                            gr.Image(
-                                label=PANEL_TITLES[key],
-                                type="pil",
-                                format="png",
-                                interactive=False,
-                                buttons=["download"],
-                                elem_id=f"panel-{key}",
-                            )
-                            for key in row
-                        ]
-                with gr.Row(visible=False) as attention_row:
-                    attention_panel = gr.Image(
-                        label="cls attention: mean of the heads | each head",
-                        type="pil",
-                        format="png",
-                        interactive=False,
-                        buttons=["download"],
-                        elem_id="panel-attention",
-                    )
-                details = gr.Markdown(elem_id="details")
-                gr.Markdown(LEGEND, elem_id="legend")
-        settings = [ratio, strategy, seed, unnormalize, attention]
-        outputs = [*panels, attention_panel, details]
-        upload.upload(on_upload, [upload, *settings], [example, *outputs])
-        upload.clear(on_controls, [upload, example, *settings], outputs)
-        example.input(on_example, [example, *settings], [upload, *outputs])
-        for event in (
-            run.click,
-            ratio.release,
-            strategy.input,
-            unnormalize.input,
-            seed.submit,
-            attention.input,
-        ):
-            event(on_controls, [upload, example, *settings], outputs)
-        attention.change(lambda on: gr.Row(visible=on), attention, attention_row)
-        resample.click(next_seed, seed, seed).then(on_controls, [upload, example, *settings], outputs)
-        page.load(on_controls, [upload, example, *settings], outputs)  # the first example, as the page opens
+                outputs, attention_row = _result_panels()
+        _connect(page, session, by_name, controls, outputs, attention_row)
     return page
+
+
+@dataclass
+class _Controls:
+    """The page's inputs (Gradio components): the image chooser, the settings and the two buttons."""
+
+    upload: object
+    example: object
+    settings: list  # mask ratio, strategy, seed, unnormalize, attention: ``page_outputs``' order
+    run: object
+    resample: object
+
+
+def _controls(by_name: dict[str, Path]) -> _Controls:
+    """The left column: the image chooser, the settings and the buttons."""
+    import gradio as gr
+
+    upload, example = image_chooser(by_name)
+    ratio = gr.Slider(*MASK_RATIO_RANGE, value=0.75, step=0.05, label="mask ratio", elem_id="ratio")
+    strategy = gr.Radio(list(MASK_STRATEGIES), value="random", label="masking", elem_id="strategy")
+    unnormalize = gr.Radio(
+        list(UNNORMALIZE_CHOICES),
+        value="patch",
+        elem_id="unnormalize",
+        label="norm_pix models: true patch statistics, or raw",
+    )
+    seed = gr.Number(value=0, precision=0, label=f"mask seed (0 to {MAX_SEED})", elem_id="seed")
+    attention = gr.Checkbox(value=False, label="show the last block's cls attention", elem_id="attention")
+    with gr.Row():
+        run = gr.Button("Reconstruct", variant="primary", elem_id="run")
+        resample = gr.Button("Resample mask", elem_id="resample")
+    return _Controls(upload, example, [ratio, strategy, seed, unnormalize, attention], run, resample)
+
+
+def _picture(label: str, elem_id: str):
+    import gradio as gr
+
+    return gr.Image(
+        label=label, type="pil", format="png", interactive=False, buttons=["download"], elem_id=elem_id
+    )
+
+
+def _result_panels() -> tuple[list, object]:
+    """The right column: the four panels two by two, the attention picture (in a row shown only when
+    asked for), the details and the legend. Returns (outputs in ``page_outputs``' order, attention row)."""
+    import gradio as gr
+
+    panels = []
+    keys = list(PANEL_TITLES)
+    for row in (keys[:2], keys[2:]):  # two by two: room for the titles
+        with gr.Row():
+            panels += [_picture(PANEL_TITLES[key], f"panel-{key}") for key in row]
+    with gr.Row(visible=False) as attention_row:
+        attention_panel = _picture("cls attention: mean of the heads | each head", "panel-attention")
+    details = gr.Markdown(elem_id="details")
+    gr.Markdown(LEGEND, elem_id="legend")
+    return [*panels, attention_panel, details], attention_row
+
+
+def _connect(
+    page, session, by_name: dict[str, Path], controls: _Controls, outputs: list, attention_row
+) -> None:
+    """Every event of the page: each control redraws the image shown; uploading clears the example box and
+    picking an example the upload; the attention row is shown with its checkbox."""
+    import gradio as gr
+
+    upload, example, settings = controls.upload, controls.example, controls.settings
+    ratio, strategy, seed, unnormalize, attention = settings
+
+    def show(upload_path, example_name, *values) -> list:
+        return page_outputs(session, *shown_image(upload_path, example_name, by_name), *values)
+
+    def on_upload(upload_path, *values) -> list:
+        return [None, *show(upload_path, None, *values)]  # clears the example box
+
+    def on_example(example_name, *values) -> list:
+        return [None, *show(None, example_name, *values)]  # clears the upload
+
+    upload.upload(on_upload, [upload, *settings], [example, *outputs])
+    upload.clear(show, [upload, example, *settings], outputs)
+    example.input(on_example, [example, *settings], [upload, *outputs])
+    redraws = (
+        controls.run.click,
+        ratio.release,
+        strategy.input,
+        unnormalize.input,
+        seed.submit,
+        attention.input,
+    )
+    for event in redraws:
+        event(show, [upload, example, *settings], outputs)
+    attention.change(lambda on: gr.Row(visible=on), attention, attention_row)
+    controls.resample.click(next_seed, seed, seed).then(show, [upload, example, *settings], outputs)
+    page.load(show, [upload, example, *settings], outputs)  # the first example, as the page opens
 
 
 @contextlib.contextmanager

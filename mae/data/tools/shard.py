@@ -26,10 +26,10 @@ import random
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 
 from mae.data.decoding.formats import EncodedImage, dataset_extensions
@@ -133,8 +133,7 @@ def describe_pixels(folder: Path, classes: list[str]) -> dict[str, Any]:
 def write_split(
     samples: list[tuple[str, int, str]],
     out: str,
-    args: Namespace,
-    storage_options: dict | None,
+    settings: "ShardSettings",
     pixels: tuple[int, str] | None,
     kinds_dir: str,
 ) -> dict[str, int]:
@@ -143,22 +142,22 @@ def write_split(
     from litdata import optimize
 
     inputs = [
-        (path, label, i, name, args.max_image_pixels, pixels, kinds_dir)
+        (path, label, i, name, settings.max_image_pixels, pixels, kinds_dir)
         for i, (path, label, name) in enumerate(samples)
     ]
-    random.Random(args.seed).shuffle(inputs)
+    random.Random(settings.seed).shuffle(inputs)
     optimize(
         fn=encode_sample,
         inputs=inputs,
         output_dir=out,
-        chunk_bytes=args.chunk_bytes,
-        num_workers=args.workers,
+        chunk_bytes=settings.chunk_bytes,
+        num_workers=settings.workers,
         mode=None,  # OUT/<split> is empty here: shard() cleared exactly what an earlier conversion wrote
-        storage_options=storage_options or {},
+        storage_options=settings.storage_options or {},
         reorder_files=False,
-        start_method=args.start_method,
+        start_method=settings.start_method,
     )
-    index = storage.read_json(storage.join(out, "index.json"), storage_options)
+    index = storage.read_json(storage.join(out, "index.json"), settings.storage_options)
     if index is None:
         raise storage.StorageError(f"litdata wrote no index.json to {out}")
     chunks = index.get("chunks", [])
@@ -171,47 +170,65 @@ def write_split(
     }
 
 
-def shard(args: Namespace) -> dict[str, Any]:
-    """Convert ``args.root`` into shards at ``args.out``; returns the metadata written."""
-    root, out = Path(args.root), str(args.out)
-    storage_options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
-    train_dir = train_folder(root, args.train_split, "--train-split")
-    if args.workers < 1:
-        raise InputError(f"--workers must be >= 1, got {args.workers}")
-    earlier = check_destination(root, out, args.overwrite, storage_options)
-    classes = selected_classes(train_dir, args.class_list, args.num_classes, args.class_selection, args.seed)
-    described = describe_pixels(train_dir, classes)
-    storage.allow_plain_http(storage_options)
+@dataclass(frozen=True)
+class ShardSettings:
+    """What ``shard`` converts: ``root``'s ``train_split`` (and ``val_split`` when it exists; "": none)
+    into shards at ``out`` (a folder or ``s3://bucket/prefix``, at ``endpoint_url``: default
+    ``AWS_ENDPOINT_URL``). Classes: ``num_classes`` of them (``class_selection`` "first" or "random"), or
+    the folder names in the file ``class_list``, or all; at most ``max_images_per_class`` training images
+    per class. ``seed``: the samples' order (and a random class selection); ``max_image_pixels``: larger
+    images are skipped; ``workers``: processes that read files (started with ``start_method``, litdata's
+    default spawn); ``chunk_bytes``: shard size ("64MB"); ``overwrite``: replace an earlier conversion."""
 
+    root: str | Path
+    out: str
+    train_split: str = "train"
+    val_split: str = "val"
+    num_classes: int | None = None
+    class_list: str | None = None
+    class_selection: str = "first"
+    seed: int = 0
+    max_images_per_class: int | None = None
+    max_image_pixels: int | None = DEFAULT_MAX_PIXELS
+    workers: int = 1
+    chunk_bytes: str | int = DEFAULT_CHUNK_BYTES
+    endpoint_url: str | None = None
+    overwrite: bool = False
+    start_method: str | None = None
+
+    @property
+    def storage_options(self) -> dict | None:
+        return {"endpoint_url": self.endpoint_url} if self.endpoint_url else None
+
+
+def shard(settings: ShardSettings) -> dict[str, Any]:
+    """Convert ``settings.root`` into shards at ``settings.out``; returns the metadata written.
+
+    Raises:
+        UsageError: ``max_images_per_class`` below 1.
+        InputError: ``workers`` below 1; no readable training image.
+        OutputError: ``out`` holds files no earlier conversion wrote (``check_destination``).
+    """
+    if settings.max_images_per_class is not None and settings.max_images_per_class < 1:
+        raise UsageError(f"--max-images-per-class must be >= 1, got {settings.max_images_per_class}")
+    if settings.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {settings.workers}")
+    root, out, options = Path(settings.root), str(settings.out), settings.storage_options
+    train_dir = train_folder(root, settings.train_split, "--train-split")
+    earlier = check_destination(root, out, settings.overwrite, options)
+    classes = selected_classes(
+        train_dir, settings.class_list, settings.num_classes, settings.class_selection, settings.seed
+    )
+    described = describe_pixels(train_dir, classes)
+    storage.allow_plain_http(options)
     arrays = described["array"]
+    splits = {settings.train_split: list_split(train_dir, classes, settings.max_images_per_class, arrays)}
+    if settings.val_split and (root / settings.val_split).is_dir():
+        splits[settings.val_split] = list_split(root / settings.val_split, classes, None, arrays)
+    clear_destination(out, earlier, list(splits), options)
     pixels = tuple(described["pixels"]) if arrays else None  # what every array-path file must have
-    splits = {args.train_split: list_split(train_dir, classes, args.max_images_per_class, arrays)}
-    if args.val_split and (root / args.val_split).is_dir():
-        splits[args.val_split] = list_split(root / args.val_split, classes, None, arrays)
-    clear_destination(out, earlier, list(splits), storage_options)
-    counts = {}
-    with private_workspace() as work:
-        kinds_dir = os.path.join(work, "kinds")
-        os.mkdir(kinds_dir)
-        for name, samples in splits.items():
-            print(
-                f"sharding {len(samples)} images of {root / name} into {storage.join(out, name)}", flush=True
-            )
-            counts[name] = write_split(
-                samples, storage.join(out, name), args, storage_options, pixels, kinds_dir
-            )
-        kinds = noted_kinds(kinds_dir)
-    for name, c in list(counts.items()):
-        if c["images"] == 0 and name == args.train_split:
-            raise InputError(
-                f"no readable image in {root / name}: all {c['skipped']} files were skipped (see the "
-                f"messages above); nothing was written to {storage.join(out, METADATA)}"
-            )
-        if c["images"] == 0:
-            print(
-                f"{name}: all {c['skipped']} files were skipped; the shards have no {name} split", flush=True
-            )
-            del counts[name]
+    counts, kinds = write_splits(splits, settings, pixels)
+    counts = without_empty_splits(counts, root, settings)
     # Every kind the workers saw, not the start-up sample's: grayscale among RGB is fine for the RGB
     # path, but not for reading with another in_chans, which the data module then refuses.
     if len(kinds) == 1:
@@ -224,22 +241,65 @@ def shard(args: Namespace) -> dict[str, Any]:
         "version": VERSION,
         "id": uuid.uuid4().hex[:12],
         "classes": classes,
-        "train_split": args.train_split,
+        "train_split": settings.train_split,
         "splits": counts,
-        "order": f"random, seed {args.seed}",
+        "order": f"random, seed {settings.seed}",
         **described,
         "source": str(root.resolve()),
         "split_folders": list(splits),  # all written, also a dropped empty one
     }
-    storage.write_json(storage.join(out, METADATA), metadata, storage_options)
-    storage.delete(storage.join(out, PARTIAL), storage_options)
+    storage.write_json(storage.join(out, METADATA), metadata, options)
+    storage.delete(storage.join(out, PARTIAL), options)
+    print_counts(counts, len(classes), out)
+    return metadata
+
+
+def write_splits(
+    splits: dict[str, list[tuple[str, int, str]]], settings: ShardSettings, pixels: tuple[int, str] | None
+) -> tuple[dict[str, dict[str, int]], dict[tuple[int, str], str]]:
+    """Shard each split into ``OUT/<split>`` (``write_split``); returns their counts and every (channels,
+    dtype) kind the workers saw (``noted_kinds``)."""
+    counts = {}
+    with private_workspace() as work:
+        kinds_dir = os.path.join(work, "kinds")
+        os.mkdir(kinds_dir)
+        for name, samples in splits.items():
+            split_out = storage.join(str(settings.out), name)
+            print(
+                f"sharding {len(samples)} images of {Path(settings.root) / name} into {split_out}", flush=True
+            )
+            counts[name] = write_split(samples, split_out, settings, pixels, kinds_dir)
+        return counts, noted_kinds(kinds_dir)
+
+
+def without_empty_splits(counts: dict[str, dict[str, int]], root: Path, settings: ShardSettings) -> dict:
+    """``counts`` without a split of which every file was skipped (said so).
+
+    Raises:
+        InputError: every training file was skipped: nothing is written.
+    """
+    for name, c in list(counts.items()):
+        if c["images"] == 0 and name == settings.train_split:
+            raise InputError(
+                f"no readable image in {root / name}: all {c['skipped']} files were skipped (see the "
+                f"messages above); nothing was written to {storage.join(str(settings.out), METADATA)}"
+            )
+        if c["images"] == 0:
+            print(
+                f"{name}: all {c['skipped']} files were skipped; the shards have no {name} split", flush=True
+            )
+            del counts[name]
+    return counts
+
+
+def print_counts(counts: dict[str, dict[str, int]], classes: int, out: str) -> None:
+    """Each split's images, bytes, shards and skipped files, then how to train on the shards."""
     for name, c in counts.items():
         print(
-            f"{name}: {c['images']} images in {len(classes)} classes, {c['bytes'] / 1e6:.1f} MB in "
+            f"{name}: {c['images']} images in {classes} classes, {c['bytes'] / 1e6:.1f} MB in "
             f"{c['shards']} shard(s), {c['skipped']} unreadable file(s) skipped"
         )
     print(
         f"wrote {storage.join(out, METADATA)}; train with data.class_path: mae.data.StreamingDataModule, "
         f"data.root: {out}"
     )
-    return metadata

@@ -48,34 +48,47 @@ def conversion_files(out: str, storage_options: dict | None) -> tuple[list[str],
     stored = storage.list_files(out, storage_options)
     present = set(stored)
     owned: set[str] = set()
-    splits: set[str] = set()
-    metadata = (
-        storage.read_json(storage.join(out, METADATA), storage_options) if METADATA in present else None
-    )
-    if is_record(metadata):
+    metadata = _record(out, METADATA, present, storage_options)
+    if metadata is not None:
         owned.add(METADATA)
-        splits |= {s for s in metadata.get("split_folders", metadata.get("splits", {})) if _plain_folder(s)}
+        owned |= _split_files(out, metadata.get("split_folders", metadata.get("splits", {})), storage_options)
     # A record's temporary file is ours by its content: also the one a kill during the very first
     # write leaves alone, before any record names it.
     owned |= {f for f in present if is_record_temporary(f, _small_text(out, f, storage_options))}
-    partial = storage.read_json(storage.join(out, PARTIAL), storage_options) if PARTIAL in present else None
-    if is_record(partial):
+    partial = _record(out, PARTIAL, present, storage_options)
+    if partial is not None:
         owned |= {PARTIAL, METADATA} | {f for f in partial.get("files", []) if isinstance(f, str)}
-        for split in filter(_plain_folder, partial.get("splits", [])):
-            owned |= {
-                f
-                for f in present
-                if f.startswith(split + "/") and LITDATA_FILE.fullmatch(f[len(split) + 1 :])
-            }
-    for split in splits:
+        owned |= _unfinished_split_files(present, partial.get("splits", []))
+    return stored, owned & present
+
+
+def _record(out: str, name: str, present: set[str], storage_options: dict | None) -> dict | None:
+    """The record ``out/name`` (``METADATA`` or ``PARTIAL``) when it is there and one of this tool's."""
+    record = storage.read_json(storage.join(out, name), storage_options) if name in present else None
+    return record if is_record(record) else None
+
+
+def _split_files(out: str, splits: Any, storage_options: dict | None) -> set[str]:
+    """The files a finished conversion wrote in its split folders: each one's ``index.json`` and the chunk
+    files it lists."""
+    owned = set()
+    for split in filter(_plain_folder, splits):
         index = storage.read_json(storage.join(out, split, "index.json"), storage_options)
         if isinstance(index, dict):
             owned.add(f"{split}/index.json")
             chunks = [c.get("filename") for c in index.get("chunks", []) if isinstance(c, dict)]
-            owned |= {
-                f"{split}/{name}" for name in chunks if isinstance(name, str) and CHUNK_FILE.fullmatch(name)
-            }
-    return stored, owned & present
+            owned |= {f"{split}/{n}" for n in chunks if isinstance(n, str) and CHUNK_FILE.fullmatch(n)}
+    return owned
+
+
+def _unfinished_split_files(present: set[str], splits: Any) -> set[str]:
+    """The litdata files (``LITDATA_FILE``) in the split folders an unfinished conversion was writing."""
+    return {
+        f
+        for split in filter(_plain_folder, splits)
+        for f in present
+        if f.startswith(split + "/") and LITDATA_FILE.fullmatch(f[len(split) + 1 :])
+    }
 
 
 def _small_text(out: str, name: str, storage_options: dict | None) -> str | None:

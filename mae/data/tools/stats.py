@@ -8,12 +8,10 @@ skipped and listed, so they do not move the statistics.
 """
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from jsonargparse import ArgumentParser, Namespace
 from PIL import Image
 from tqdm import tqdm
 

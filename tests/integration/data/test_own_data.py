@@ -15,7 +15,7 @@ from mae import create_model, load_backbone
 from mae.cli.main import invoke
 from mae.convert.export import export_encoder
 from mae.data import ImageFolderDataModule
-from mae.data.decoding.image import pixel_format, read_array
+from mae.data.decoding.image import read_array
 from mae.inference.reconstruction import reconstruction_grid
 from tests.helpers import TINY_KWARGS, RandomImages, csv_logger, make_trainer, pretrain_module, write_config
 
@@ -108,28 +108,6 @@ def test_own_data__stats_pretrain_finetune_and_export_for_timm(tmp_path, kind, c
     x = torch.randn(2, channels, 16, 16)
     ours = load_backbone(run / "checkpoints" / "last.ckpt").eval()
     torch.testing.assert_close(vit.forward_features(x), ours.forward_features(x))
-
-
-def test_reader__layouts_and_units(tmp_path):
-    tifffile.imwrite(
-        tmp_path / "planar.tif",
-        np.arange(3 * 4 * 5, dtype=np.uint16).reshape(3, 4, 5),
-        photometric="minisblack",
-        planarconfig="separate",
-    )
-    tifffile.imwrite(tmp_path / "rgb.tif", np.zeros((4, 5, 3), np.uint8), photometric="rgb")
-    tifffile.imwrite(tmp_path / "gray.tif", np.zeros((4, 5), np.float32))
-    np.save(tmp_path / "hw.npy", np.zeros((4, 5), np.float64))
-    expected = {
-        "planar.tif": (3, "uint16"),
-        "rgb.tif": (3, "uint8"),
-        "gray.tif": (1, "float32"),
-        "hw.npy": (1, "float64"),
-    }
-    for name, kind in expected.items():
-        assert pixel_format(tmp_path / name).kind == kind
-        assert read_array(tmp_path / name).shape == (4, 5, kind[0])
-    assert read_array(tmp_path / "planar.tif")[1, 2].tolist() == [7, 27, 47]  # (C, H, W) -> (H, W, C)
 
 
 def test_stats__exact_over_every_pixel(tmp_path, capsys):

@@ -11,21 +11,17 @@ from PIL import Image
 
 from mae.cli.main import invoke
 from mae.data import ImageFolderDataModule
-from mae.data.decoding.image import read_array, read_header
-from mae.data.decoding.units import to_unit_range
-from tests.helpers import TINY_KWARGS, csv_logger, read_metrics, tiny_pretraining_checkpoint, write_config
+from mae.data.decoding.image import read_array
+from tests.helpers import (
+    TINY_KWARGS,
+    csv_logger,
+    read_metrics,
+    tiny_pretraining_checkpoint,
+    write_config,
+    write_npy_header,
+)
 
 GOOD = (20, 24, 1)  # the good images' (H, W, C), float32
-
-
-def _npy_header(path, shape, dtype="<f4", payload: bytes = b""):
-    """An ``.npy`` file whose header says ``shape`` (any, even negative), followed by ``payload``."""
-    with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(
-            f, {"descr": dtype, "fortran_order": False, "shape": tuple(shape)}
-        )
-        f.write(payload)
-    return path
 
 
 def _sparse_npy(path, shape, dtype="<f4"):
@@ -50,8 +46,10 @@ BAD_NPY = {
     "zero_d.npy": lambda p: np.save(p, np.array(3.0, np.float32)),  # was IndexError
     "empty.npy": lambda p: np.save(p, np.zeros((0, 32, 1), np.float32)),  # was ZeroDivisionError
     # was MemoryError 74.5 GiB
-    "claims_huge.npy": lambda p: _npy_header(p, (200000, 200000), "<u2", b"\0" * 1024),
-    "negative.npy": lambda p: _npy_header(p, (-5, 32), "<f4", b"\0" * 1024),  # was OverflowError at start-up
+    "claims_huge.npy": lambda p: write_npy_header(p, (200000, 200000), "<u2", b"\0" * 1024),
+    "negative.npy": lambda p: write_npy_header(
+        p, (-5, 32), "<f4", b"\0" * 1024
+    ),  # was OverflowError at start-up
     "over_limit.npy": lambda p: _sparse_npy(p, (10240, 10240, 1)),  # 104.9 megapixels
     "many_bands.npy": lambda p: _sparse_npy(p, (4096, 4096, 64), "<u2"),  # 16.8 megapixels, 4 GiB as float32
     "no_data.npy": _no_data_fill,  # -3.4e38 fills
@@ -268,39 +266,3 @@ def test_validation__a_1_by_1000000_png_is_skipped_by_name_before_it_is_resized(
     with caplog.at_level("WARNING"):
         assert dm.val_set[2][0].shape == (3, 16, 16)  # the next readable image
     assert "narrow.png" in caplog.text and "1000000x1: resized to short side 18" in caplog.text
-
-
-@pytest.mark.parametrize(
-    "write, message",
-    [
-        (lambda p: np.save(p, np.array(3.0)), r"shape \(\); expected \(H, W\) or \(H, W, C\)"),
-        (lambda p: np.save(p, np.zeros((4, 0))), r"shape \(4, 0\): every dimension must be at least 1"),
-        (lambda p: _npy_header(p, (-5, 32)), r"shape \(-5, 32\): every dimension must be at least 1"),
-        (
-            lambda p: _npy_header(p, (8, 8), "<f4", b"\0" * 10),
-            r"promises \(8, 8\) of float32 \(256 bytes\).*10: trunc",
-        ),
-        (lambda p: np.save(p, np.ones((4, 4), np.complex64)), r"holds complex64 values, not pixels"),
-        (lambda p: p.write_bytes(b"\x93NUMPY\x09\x00"), r"as an .npy array: format version \(9, 0\)"),
-    ],
-)
-def test_read_header__refuses_npy_headers_that_describe_no_image_by_name(tmp_path, write, message):
-    path = tmp_path / "x.npy"
-    write(path)
-    with pytest.raises(ValueError, match=rf"x.npy.*{message}|{message}.*x.npy"):
-        read_header(path)
-
-
-def test_read_header__refuses_a_4d_tiff_before_reading_it(tmp_path):
-    tifffile.imwrite(tmp_path / "stack.tif", np.zeros((2, 3, 8, 8), np.uint8), photometric="minisblack")
-    with pytest.raises(ValueError, match=r"stack.tif as one image: its axes are 'QQYX'"):
-        read_header(tmp_path / "stack.tif")
-
-
-def test_to_unit_range__float16_fills_are_its_extremes_and_large_values_pass():
-    half = np.full((4, 4, 1), 1.5, np.float16)
-    half[0, 0] = np.finfo(np.float16).min
-    with pytest.raises(ValueError, match=r"h.npy holds 1 value\(s\) of magnitude 65504 or more"):
-        to_unit_range(half, "h.npy")
-    # large, not a fill
-    assert to_unit_range(np.full((2, 2, 1), 1e20, np.float32), "x").max() == np.float32(1e20)

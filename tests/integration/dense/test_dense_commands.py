@@ -300,7 +300,7 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
     if command == "detect":
         assert model.pyramid.window_size == 14 and model.pyramid.global_blocks == (2, 5, 8, 11)
         assert model.pyramid.relative_position and hasattr(model.encoder.blocks[0], "window_position_bias")
-        assert model.pyramid.activation_checkpointing and model.hparams.layer_decay == 0.7
+        assert model.pyramid.grad_checkpointing and model.hparams.layer_decay == 0.7
     else:
         assert model.pyramid.blocks == (3, 5, 7, 11) and model.hparams.layer_decay == 0.65
     assert cli.trainer.global_step == 1

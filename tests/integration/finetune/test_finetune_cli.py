@@ -8,7 +8,8 @@ import pytest
 
 from tests.helpers import (
     TINY_MODEL,
-    csv_logger,
+    cli_trainer,
+    folder_data,
     run_mae,
     tensorboard_events,
     tensorboard_tracker,
@@ -21,14 +22,7 @@ def _run(command: str, config: dict, tmp: Path, *extra: str) -> subprocess.Compl
 
 
 def _trainer(tmp: Path, name: str) -> dict:
-    return {
-        "max_epochs": 1,
-        "accelerator": "cpu",
-        "devices": 1,
-        "enable_progress_bar": False,
-        "log_every_n_steps": 1,
-        "logger": csv_logger(tmp, name),
-    }
+    return cli_trainer(tmp, name, max_epochs=1)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +33,7 @@ def pretrained(tmp_path_factory):
     config = {
         "seed_everything": 0,
         "model": {**TINY_MODEL, "optim": {"warmup_epochs": 0}},
-        "data": {
-            "class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},
-        },
+        "data": folder_data(tmp / "data"),
         "trainer": _trainer(tmp, "pretrain"),
         "reconstruction": {"every_n_epochs": 0},
         "knn": {"every_n_epochs": 1, "k": 3},
@@ -67,16 +58,7 @@ def _finetune_config(tmp: Path, ckpt: Path, mode: str) -> dict:
     return {
         "seed_everything": 0,
         "model": model,
-        "data": {
-            "class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {
-                "root": str(tmp / "data"),
-                "img_size": 16,
-                "batch_size": 4,
-                "num_workers": 0,
-                "augmentation": mode,
-            },
-        },
+        "data": folder_data(tmp / "data", augmentation=mode),
         "trainer": _trainer(tmp, mode),
         "tracker": tensorboard_tracker(tmp / "tb"),
     }
@@ -119,14 +101,9 @@ def test_linprobe__from_pretraining_checkpoint(pretrained):
         assert any(r.get("val/acc1") for r in csv.DictReader(f))
 
 
-def test_knn__command_line(pretrained):
-    tmp, ckpt = pretrained
-    result = run_mae(
-        "knn",
-        "--checkpoint",
-        str(ckpt),
-        "-k",
-        "3",
+def _knn_data(tmp: Path) -> tuple[str, ...]:
+    """The kNN command's data options: the pretraining's image folder, at 16x16, in the main process."""
+    return (
         "--data.class_path",
         "mae.data.ImageFolderDataModule",
         "--data.root",
@@ -135,6 +112,18 @@ def test_knn__command_line(pretrained):
         "16",
         "--data.num_workers",
         "0",
+    )
+
+
+def test_knn__command_line(pretrained):
+    tmp, ckpt = pretrained
+    result = run_mae(
+        "knn",
+        "--checkpoint",
+        str(ckpt),
+        "-k",
+        "3",
+        *_knn_data(tmp),
     )
     assert "kNN (k=3, T=0.07) on 6 validation images: top-1" in result.stdout
 
@@ -172,14 +161,7 @@ def test_knn__command_line_evaluates_with_the_given_k_and_temperature(pretrained
             "5",
             "--temperature",
             "0.5",
-            "--data.class_path",
-            "mae.data.ImageFolderDataModule",
-            "--data.root",
-            str(tmp / "data"),
-            "--data.img_size",
-            "16",
-            "--data.num_workers",
-            "0",
+            *_knn_data(tmp),
         ]
     )
     assert calls == [(5, 0.5)] and "kNN (k=5, T=0.5)" in capsys.readouterr().out

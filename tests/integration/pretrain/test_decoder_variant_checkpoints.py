@@ -12,11 +12,8 @@ from mae.convert.export import export_encoder
 from mae.convert.sources import read_checkpoint
 from mae.inference.reconstruction import reconstruct
 from mae.training.checkpointing import check_resume_checkpoint
-from tests.helpers import RandomImages, make_trainer, pretrain_module
+from tests.helpers import TWO_BLOCK_KWARGS, RandomImages, make_trainer, pretrain_module
 
-TWO_BLOCKS = dict(
-    embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2
-)
 VARIANTS = {
     "paper": {},
     "partial": dict(decoder_keep_ratio=0.5),
@@ -28,7 +25,7 @@ VARIANTS = {
 
 
 def _module(**switches):
-    return pretrain_module(model_kwargs=TWO_BLOCKS, optim=dict(warmup_epochs=0), **switches)
+    return pretrain_module(model_kwargs=TWO_BLOCK_KWARGS, optim=dict(warmup_epochs=0), **switches)
 
 
 @pytest.fixture(scope="module")

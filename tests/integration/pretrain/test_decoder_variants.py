@@ -9,16 +9,19 @@ import torch
 import yaml
 from PIL import Image
 
+from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
 from mae.cli.lightning import PretrainCLI
 from mae.cli.main import invoke
-from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
 from mae.convert.architecture import ARCHITECTURE_KEY
 from mae.data import ImageDataModule
 from mae.training.pretrain import MAEPretrainModule
 from tests.helpers import (
     REPO,
     TINY_MODEL,
+    TWO_BLOCK_KWARGS,
+    cli_trainer,
     csv_logger,
+    folder_data,
     read_metrics,
     run_mae,
     write_config,
@@ -26,14 +29,6 @@ from tests.helpers import (
 )
 
 SWITCHES = {"decoder_type": "cross", "decoder_keep_ratio": 0.5, "decoder_encoder_layers": [0, 1]}
-TWO_BLOCKS = dict(
-    embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2
-)
-
-
-def _data(root, img_size: int, **more) -> dict:
-    args = {"root": str(root), "img_size": img_size, "batch_size": 4, "num_workers": 0, **more}
-    return {"class_path": "mae.data.ImageFolderDataModule", "init_args": args}
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +39,9 @@ def variant_run(tmp_path_factory):
     write_image_folder(tmp / "data" / "val", ["a", "b", "c"], per_class=2, seed=1)
     config = {
         "seed_everything": 0,
-        "model": {**TINY_MODEL, "model_kwargs": TWO_BLOCKS, "optim": {"warmup_epochs": 0}, **SWITCHES},
-        "data": _data(tmp / "data", 16),
-        "trainer": {
-            "max_epochs": 1,
-            "accelerator": "cpu",
-            "devices": 1,
-            "enable_progress_bar": False,
-            "log_every_n_steps": 1,
-            "logger": csv_logger(tmp, "variant"),
-        },
+        "model": {**TINY_MODEL, "model_kwargs": TWO_BLOCK_KWARGS, "optim": {"warmup_epochs": 0}, **SWITCHES},
+        "data": folder_data(tmp / "data", 16),
+        "trainer": cli_trainer(tmp, "variant", max_epochs=1),
         "checkpoint": {"every_n_epochs": 1},
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
     }
@@ -122,7 +110,7 @@ def test_low_resolution_pretraining__probed_and_fine_tuned_at_the_full_size(vari
     config = {
         "seed_everything": 0,
         "model": {"encoder": {"checkpoint": str(last)}, "optim": {"warmup_epochs": 0, "base_lr": 1e-3}},
-        "data": _data(tmp / "data", 32, augmentation="finetune"),
+        "data": folder_data(tmp / "data", 32, augmentation="finetune"),
         "trainer": {
             "max_epochs": 1,
             "accelerator": "cpu",

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 import yaml
 
-from tests.helpers import TINY_KWARGS, TINY_MODEL, csv_logger, run_mae, write_image_folder
+from tests.helpers import TINY_KWARGS, TINY_MODEL, csv_logger, folder_data, run_mae, write_image_folder
 
 BLOCK_NAME = re.compile(r"(^|\.)(decoder_)?blocks\.\d+$")
 
@@ -43,10 +43,7 @@ def _config(tmp: Path, model: dict, name: str) -> dict:
     return {
         "seed_everything": 0,
         "model": {**model, "optim": {"warmup_epochs": 0}},
-        "data": {
-            "class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},
-        },
+        "data": folder_data(tmp / "data"),
         "trainer": {
             "max_steps": 2,
             "accelerator": "cpu",

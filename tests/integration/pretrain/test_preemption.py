@@ -14,7 +14,7 @@ from mae.training.callbacks import PREEMPTED_EXIT_CODE
 from tests.forked_commands import ForkedProcess
 from tests.helpers import (
     TINY_MODEL,
-    csv_logger,
+    cli_trainer,
     run_mae,
     start_mae,
     write_config,
@@ -30,17 +30,14 @@ def _config(tmp: Path, name: str, moment: str, data: dict, max_epochs: int = 3, 
         "seed_everything": 0,
         "model": TINY_MODEL,
         "data": data,
-        "trainer": {
-            "max_epochs": max_epochs,
-            "accelerator": "cpu",
-            "devices": 1,
-            "enable_progress_bar": False,
-            "log_every_n_steps": 1,
-            "logger": csv_logger(tmp, name),
-            "precision": "32-true",
-            "callbacks": [{"class_path": "tests.helpers.PauseAt", "init_args": {"moment": moment}}],
+        "trainer": cli_trainer(
+            tmp,
+            name,
+            max_epochs=max_epochs,
+            precision="32-true",
+            callbacks=[{"class_path": "tests.helpers.PauseAt", "init_args": {"moment": moment}}],
             **trainer,
-        },
+        ),
         "checkpoint": {"every_n_epochs": 1, "dirpath": str(tmp / name / "ckpts")},
         "reconstruction": {"every_n_epochs": 0},
     }

@@ -24,7 +24,8 @@ from tests.helpers import (
     TINY_MODEL,
     RandomImages,
     RecordLR,
-    csv_logger,
+    cli_trainer,
+    folder_data,
     make_trainer,
     pretrain_module,
     read_metrics,
@@ -191,18 +192,23 @@ def test_training__non_finite_loss_stops_with_the_step_and_keeps_the_last_checkp
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
 
 
+def _five_batch_trainer(tmp_path: Path, max_epochs: int, callbacks: list) -> pl.Trainer:
+    """A checkpointing trainer of 5 training batches an epoch and no validation: the resume tests' runs."""
+    return make_trainer(
+        tmp_path,
+        max_epochs=max_epochs,
+        limit_train_batches=5,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=callbacks,
+    )
+
+
 def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
     def run(max_epochs, ckpt_path=None, folder="a"):
         record = RecordLR()
         callback = ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)
-        trainer = make_trainer(
-            tmp_path,
-            max_epochs=max_epochs,
-            limit_train_batches=5,
-            limit_val_batches=0,
-            enable_checkpointing=True,
-            callbacks=[record, callback],
-        )
+        trainer = _five_batch_trainer(tmp_path, max_epochs, [record, callback])
         module = pretrain_module(optim=dict(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5))
         trainer.fit(module, datamodule=RandomImages(), ckpt_path=ckpt_path)
         return record.lrs
@@ -210,14 +216,8 @@ def test_resume__lr_continues_exactly_as_the_uninterrupted_run(tmp_path):
     full = run(4, folder="full")
     # the interrupted run plans the same 4 epochs but is stopped after 2 (as a kill would)
     first = _StopAfter(2)
-    trainer = make_trainer(
-        tmp_path,
-        max_epochs=4,
-        limit_train_batches=5,
-        limit_val_batches=0,
-        enable_checkpointing=True,
-        callbacks=[first, ModelCheckpoint(dirpath=tmp_path / "cut", save_last=True)],
-    )
+    cut = ModelCheckpoint(dirpath=tmp_path / "cut", save_last=True)
+    trainer = _five_batch_trainer(tmp_path, 4, [first, cut])
     trainer.fit(
         pretrain_module(optim=dict(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)), datamodule=RandomImages()
     )
@@ -232,14 +232,7 @@ def test_resume__with_more_epochs_follows_the_new_run_length_and_says_so(tmp_pat
 
     def run(max_epochs, folder, ckpt_path=None):
         record, saver = RecordLR(), ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)
-        trainer = make_trainer(
-            tmp_path,
-            max_epochs=max_epochs,
-            limit_train_batches=5,
-            limit_val_batches=0,
-            enable_checkpointing=True,
-            callbacks=[record, saver],
-        )
+        trainer = _five_batch_trainer(tmp_path, max_epochs, [record, saver])
         trainer.fit(
             pretrain_module(optim=dict(warmup_epochs=1, base_lr=1e-3, min_lr=1e-5)),
             datamodule=RandomImages(),
@@ -273,19 +266,8 @@ def _config(tmp: Path, name: str, max_epochs: int = 6) -> Path:
     config = {
         "seed_everything": 0,
         "model": {**TINY_MODEL, "optim": {"warmup_epochs": 1}},
-        "data": {
-            "class_path": "mae.data.ImageFolderDataModule",
-            "init_args": {"root": str(tmp / "data"), "img_size": 16, "batch_size": 4, "num_workers": 0},
-        },
-        "trainer": {
-            "max_epochs": max_epochs,
-            "accelerator": "cpu",
-            "devices": 1,
-            "enable_progress_bar": False,
-            "log_every_n_steps": 1,
-            "default_root_dir": str(tmp),
-            "logger": csv_logger(tmp, name),
-        },
+        "data": folder_data(tmp / "data"),
+        "trainer": cli_trainer(tmp, name, max_epochs=max_epochs, default_root_dir=str(tmp)),
         "checkpoint": {"every_n_epochs": 1, "dirpath": str(tmp / "ckpts")},
         "reconstruction": {"every_n_epochs": 0},
     }

@@ -10,7 +10,7 @@ import yaml
 
 from tests.helpers import (
     TINY_MODEL,
-    csv_logger,
+    cli_trainer,
     read_metrics,
     run_mae,
     tensorboard_tracker,
@@ -25,14 +25,7 @@ def _config(tmp_path: Path, data: dict, max_epochs: int) -> Path:
         "seed_everything": 0,
         "model": TINY_MODEL,
         "data": data,
-        "trainer": {
-            "max_epochs": max_epochs,
-            "accelerator": "cpu",
-            "devices": 1,
-            "enable_progress_bar": False,
-            "log_every_n_steps": 1,
-            "logger": csv_logger(tmp_path, "test"),
-        },
+        "trainer": cli_trainer(tmp_path, "test", max_epochs=max_epochs),
         "checkpoint": {"every_n_epochs": 1},
         "reconstruction": {"every_n_epochs": 1, "num_images": 2},
         "throughput": {"window_size": 2},

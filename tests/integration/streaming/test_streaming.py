@@ -2,7 +2,6 @@
 server started on localhost (moto), mid-epoch resume, two-process DDP, GPU-decode equivalence on the
 CPU, and clear start-up errors for bad shard locations."""
 
-import io
 import json
 import os
 import re
@@ -22,16 +21,14 @@ from PIL import Image
 
 from mae.cli.main import invoke
 from mae.data import StreamingDataModule
-from mae.data.decoding.formats import EncodedImage
 from mae.data.sources.shard_format import read_metadata
 from mae.data.sources.subsets import fixed_subset
-from mae.data.views.crop import PretrainCrop, resized_crop
-from mae.data.views.gpu import collate_encoded, decode_pretrain_batch, resolve_decode_on
 from mae.io.storage import StorageError
 from mae.training.callbacks import SigtermCheckpoint
 from tests.helpers import (
     ID_SIDE,
     REPO,
+    TINY_KWARGS,
     RecordIds,
     image_ids,
     make_trainer,
@@ -553,50 +550,9 @@ def test_s3__bad_locations_fail_fast_with_the_url_and_the_fix(s3, tmp_path, monk
 # ---------------------------------------------------------------- decoding on the GPU, checked on the CPU
 
 
-def jpeg_bytes(seed: int, size=(48, 36)) -> bytes:
-    rng = np.random.default_rng(seed)
-    buffer = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(
-        buffer, "JPEG", quality=90
-    )
-    return buffer.getvalue()
-
-
-def test_gpu_decode__batch_path_gives_the_worker_path_crops():
-    samples = [(EncodedImage(jpeg_bytes(i, (48 + 8 * i, 36)), f"img{i}"), i) for i in range(5)]
-    png = io.BytesIO()
-    Image.fromarray(np.full((20, 30, 3), 90, np.uint8)).save(png, "PNG")
-    samples.append((EncodedImage(png.getvalue(), "img.png"), 5))  # not a JPEG: decoded by PIL, same crop
-    torch.manual_seed(0)
-    crop = PretrainCrop(16)
-    workers = torch.stack([crop(image) for image, _ in samples])
-    batch = collate_encoded(samples)
-    torch.manual_seed(0)
-    batched = decode_pretrain_batch(batch.images, batch.names, (16, 16), "cpu")
-    assert batched.shape == (6, 3, 16, 16) and batched.dtype == torch.uint8
-    assert torch.equal(batched, workers)
-    assert batch.labels.tolist() == list(range(6))
-
-
-def test_gpu_decode__float_resize_of_cuda_is_within_one_level_of_the_cpu_kernel():
-    pixels = torch.from_numpy(np.array(Image.open(io.BytesIO(jpeg_bytes(7, (64, 48)))))).permute(2, 0, 1)
-    for box, flip in [((3, 5, 30, 40), False), ((0, 0, 48, 64), True), ((10, 2, 7, 9), False)]:
-        cpu = resized_crop(pixels, box, flip, (16, 16))
-        float_path = resized_crop(pixels, box, flip, (16, 16), float_math=True)
-        assert (cpu.int() - float_path.int()).abs().max() <= 1
-
-
-def test_gpu_decode__auto_falls_back_to_workers_without_cuda_and_gpu_is_refused(id_shards, tmp_path):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_decode_on("auto", cpu, "pretrain") is False
-    assert resolve_decode_on("auto", cuda, "pretrain") is True
-    assert resolve_decode_on("auto", cuda, "finetune") is False
-    assert resolve_decode_on("cpu", cuda, "pretrain") is False
-    with pytest.raises(ValueError, match="decode_on=gpu needs training on a CUDA GPU.*cpu"):
-        resolve_decode_on("gpu", cpu, "pretrain")
-    with pytest.raises(ValueError, match="data.augmentation is 'finetune'"):
-        resolve_decode_on("gpu", cuda, "finetune")
-    # auto on this CPU machine: the workers decode and crop, and a run goes through
+def test_gpu_decode__auto_falls_back_to_workers_without_cuda(id_shards, tmp_path):
+    """auto on this CPU machine: the workers decode and crop, and a run goes through (the rule itself:
+    tests/unit/data/views/test_gpu.py)."""
     module = RecordIds()
     make_trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(
         module, datamodule=streaming_data(str(id_shards), tmp_path)
@@ -636,14 +592,7 @@ def test_streaming__pretrain_finetune_and_knn_entry_points(local_shards, tmp_pat
         "model": {
             "model": "mae_vit_tiny_patch4",
             "optim": {"warmup_epochs": 0},
-            "model_kwargs": {
-                "embed_dim": 32,
-                "depth": 1,
-                "num_heads": 2,
-                "decoder_embed_dim": 32,
-                "decoder_depth": 1,
-                "decoder_num_heads": 2,
-            },
+            "model_kwargs": TINY_KWARGS,
         },
         "data": data,
         "trainer": {

@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mae.cli.main import invoke
 from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
+from mae.cli.main import invoke
 from mae.convert.architecture import ARCHITECTURE_KEY
 from mae.convert.backbone import load_backbone, load_mae
 from tests.helpers import tiny_pretraining_checkpoint, write_image_folder
@@ -87,7 +87,7 @@ def test_record__a_faithful_record_still_loads(checkpoint):
         (["--mask-ratio", "nan"], "--mask-ratio must be in (0, 1)"),
         (["--mask-ratio", "inf"], "--mask-ratio must be in (0, 1)"),
         (["--mask-ratio", "0"], "0 hides nothing: there is nothing to reconstruct"),
-        (["--img-size", "-8"], "--img-size must be a positive number of pixels, got -8"),
+        (["--img-size", "-8"], "argument --img-size: must be at least 1, got -8"),
         (["--mean", "0.5", "0.5", "0.5", "--std", "0", "0", "0"], "positive, finite standard deviations"),
         (["--mean", "nan", "0.5", "0.5", "--std", "1", "1", "1"], "finite means"),
     ],

@@ -6,7 +6,7 @@ import yaml
 
 from mae.cli.main import invoke, main
 from mae.errors import ConfigError
-from mae.training.settings import renamed_for
+from mae.training.settings import RENAMED_IN, renamed_for
 
 COMMANDS = ("pretrain", "finetune", "detect", "segment")
 
@@ -56,8 +56,8 @@ CASES = [(command, old) for command in COMMANDS for old in renamed_for(_module(c
 def test_renamed_key__on_the_command_line_is_refused_naming_the_new_one(command, old, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["mae"])
-    new = renamed_for(_module(command))[old]
-    with pytest.raises(ConfigError, match=f"^{old} was moved to {new} in 0.3.0: set {new} instead$"):
+    new, release = renamed_for(_module(command))[old], RENAMED_IN[old]
+    with pytest.raises(ConfigError, match=f"^{old} was moved to {new} in {release}: set {new} instead$"):
         invoke(command, ["--config", "default", f"--{old}", "1"])
     assert not (tmp_path / "runs").exists()
 
@@ -68,7 +68,7 @@ def test_renamed_key__in_a_config_file_is_refused_naming_the_new_one(command, tm
     monkeypatch.setattr("sys.argv", ["mae"])
     for old, new in renamed_for(_module(command)).items():
         (tmp_path / "old.yaml").write_text(f"model:\n  {old.removeprefix('model.')}: 1\n")
-        with pytest.raises(ConfigError, match=f"^{old} was moved to {new} in 0.3.0"):
+        with pytest.raises(ConfigError, match=f"^{old} was moved to {new} in {RENAMED_IN[old]}"):
             invoke(command, ["--config", "default", "--config", "old.yaml"])
 
 

@@ -13,10 +13,6 @@ import pytest
 from jsonargparse import ArgumentParser
 
 from mae.cli.about import SHELLS, mae_parser, recipes_main
-from mae.cli.commands import BY_NAME, COMMANDS, TRAIN
-from mae.cli.lightning import expand_stacked_configs, resolve_recipes
-from mae.cli.main import main, usage
-from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config
 from mae.cli.command import parse_and_run
 from mae.cli.command_options import (
     DEVICE_DEFAULT,
@@ -26,6 +22,10 @@ from mae.cli.command_options import (
     add_option,
     resolve_device,
 )
+from mae.cli.commands import BY_NAME, COMMANDS, DEBUG, TRAIN
+from mae.cli.lightning import expand_stacked_configs, resolve_recipes
+from mae.cli.main import main, usage
+from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_config
 from mae.convert.sources import FORMATS
 from tests.helpers import REPO, tiny_pretraining_checkpoint
 
@@ -134,6 +134,23 @@ def test_one_spelling__the_check_fails_on_a_second_spelling_a_hand_made_option_a
         ValueError, match="--device's default is cuda when available, else cpu in every command"
     ):
         add_option(ArgumentParser(), "device", default="cpu")
+
+
+def test_flag_spelling__one_convention_per_family_of_commands(command_parsers):
+    """The convention ``mae.cli.command_options`` writes down: the training commands' flags are their YAML
+    keys, with underscores (``--trainer.max_epochs``, ``--ckpt_path``); every other command's have hyphens
+    (``spelling_problems``), and ``replay`` is not among the training commands."""
+    assert not [p for p in spelling_problems(command_parsers) if "underscore" in p]
+    for command in (c for c in COMMANDS if c.group == TRAIN):
+        flags = {
+            flag
+            for action in command.build_parser()._actions
+            for flag in action.option_strings
+            if flag.startswith("--") and " " not in flag  # not a link's "data.x --> model.x"
+        }
+        assert "--ckpt_path" in flags and "--trainer.max_epochs" in flags, command.name
+        assert not [f for f in flags if "-" in f[2:]], command.name
+    assert BY_NAME["replay"].group == DEBUG and BY_NAME["replay"].module == "mae.cli.replay"
 
 
 def test_device__cuda_when_available_else_cpu(monkeypatch):

@@ -8,8 +8,9 @@ import yaml
 from mae.cli.commands import BY_NAME
 from mae.cli.lightning import PretrainCLI, expand_stacked_configs
 from mae.cli.main import invoke
-from mae.cli.recipes import all_recipes, merge_configs
+from mae.cli.recipes import all_recipes
 from mae.data import ImageDataModule
+from mae.training.config_files import merge_configs
 from mae.training.optim import effective_batch_size, scaled_lr
 from mae.training.pretrain import MAEPretrainModule
 

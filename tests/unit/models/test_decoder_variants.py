@@ -1,31 +1,14 @@
-"""The decoder variants (``mae.models.decoder_variants``): partial reconstruction (``decoder_keep_ratio``),
-the cross-attention decoder (``decoder_type="cross"``, ``decoder_encoder_layers``), the class the factory
-builds for them, their FLOP count and their bad input. The default path's bit-identity is
-``tests/unit/models/test_default_path.py``'s."""
+"""The decoder variants (``mae.models.decoder_variants``): partial reconstruction (``decoder_keep_ratio``)
+and the cross-attention decoder (``decoder_type="cross"``, ``decoder_encoder_layers``). The switches' checks
+are ``test_decoder_switches.py``'s, the class the factory builds ``test_factory.py``'s, their FLOP count
+``test_flops.py``'s; the default path's bit-identity is ``test_default_path.py``'s."""
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from mae.convert.huggingface import save_hf_pretrained
-from mae.models import MaskedAutoencoderViT, build_mae, create_model
-from mae.models.decoder_variants import CrossMAE, PartialReconstructionMAE
-from mae.models.flops import mae_forward_flops
 from mae.models.masking import check_decoded_patches
-from mae.training.runtime import set_attention_kernel
-from tests.helpers import TINY, pretrain_module
-
-VARIANTS = {
-    "partial": dict(decoder_keep_ratio=0.25),
-    "cross": dict(decoder_type="cross"),
-    "cross_partial": dict(decoder_type="cross", decoder_keep_ratio=0.25),
-    "cross_layers": dict(decoder_type="cross", decoder_encoder_layers=[0, -1]),
-}
-
-
-def _model(seed: int = 0, **kwargs) -> MaskedAutoencoderViT:
-    torch.manual_seed(seed)
-    return build_mae(**TINY, **kwargs)
+from tests.helpers import pretrain_module, tiny_mae
 
 
 def _normalised_patches(model, imgs):
@@ -34,7 +17,7 @@ def _normalised_patches(model, imgs):
 
 
 def test_partial__loss_is_the_masked_mse_of_the_chosen_patches_only():
-    model = _model(decoder_keep_ratio=0.25, norm_pix_loss=True).train()
+    model = tiny_mae(decoder_keep_ratio=0.25, norm_pix_loss=True).train()
     imgs, noise, decoder_noise = torch.randn(3, 3, 32, 32), torch.rand(3, 64), torch.rand(3, 64)
     loss, pred, mask = model(imgs, 0.75, noise, decoder_noise)
 
@@ -54,7 +37,7 @@ def test_partial__decoder_sees_visible_tokens_plus_the_chosen_mask_tokens_at_the
     """The chosen patches' predictions against the decoder run by hand on [cls, every visible token,
     the chosen mask tokens], in patch order (the model puts them in another order: attention does not
     care)."""
-    model = _model(decoder_keep_ratio=0.5).train()
+    model = tiny_mae(decoder_keep_ratio=0.5).train()
     imgs, noise, decoder_noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64), torch.rand(2, 64)
     _, pred, mask = model(imgs, 0.75, noise, decoder_noise)
     latent, _, ids_restore = model.forward_encoder(imgs, 0.75, noise)
@@ -76,7 +59,7 @@ def test_partial__decoder_sees_visible_tokens_plus_the_chosen_mask_tokens_at_the
 
 
 def test_partial__draws_its_own_subset_and_evaluation_reconstructs_every_masked_patch():
-    model = _model(decoder_keep_ratio=0.25).train()
+    model = tiny_mae(decoder_keep_ratio=0.25).train()
     imgs, noise = torch.randn(4, 3, 32, 32), torch.rand(4, 64)
     _, pred, mask = model(imgs, 0.75, noise)
     decoded_masked = (pred.abs().sum(-1) > 0) & mask.bool()
@@ -88,7 +71,7 @@ def test_partial__draws_its_own_subset_and_evaluation_reconstructs_every_masked_
 
 
 def test_cross__prediction_of_a_patch_does_not_depend_on_the_other_queries():
-    model = _model(decoder_type="cross").train()
+    model = tiny_mae(decoder_type="cross").train()
     imgs, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64)
     latent, mask, ids_restore = model.forward_encoder(imgs, 0.75, noise)
     masked = torch.stack([torch.nonzero(m).flatten() for m in mask])  # (2, 48)
@@ -117,7 +100,7 @@ def test_cross__prediction_of_a_patch_does_not_depend_on_the_other_queries():
 
 def test_self_decoder__prediction_of_a_patch_does_depend_on_the_other_mask_tokens():
     """The contrast that makes the cross-decoder test meaningful."""
-    model = _model(decoder_keep_ratio=0.5).train()
+    model = tiny_mae(decoder_keep_ratio=0.5).train()
     imgs, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64)
     latent, mask, ids_restore = model.forward_encoder(imgs, 0.75, noise)
     masked = torch.stack([torch.nonzero(m).flatten() for m in mask])
@@ -127,7 +110,7 @@ def test_self_decoder__prediction_of_a_patch_does_depend_on_the_other_mask_token
 
 
 def test_cross__training_queries_the_masked_patches_evaluation_every_patch_with_the_same_predictions():
-    model = _model(decoder_type="cross", norm_pix_loss=True)
+    model = tiny_mae(decoder_type="cross", norm_pix_loss=True)
     imgs, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64)
     train_loss, train_pred, mask = model.train()(imgs, 0.75, noise)
     eval_loss, eval_pred, _ = model.eval()(imgs, 0.75, noise)
@@ -141,7 +124,7 @@ def test_cross__training_queries_the_masked_patches_evaluation_every_patch_with_
 
 
 def test_cross__each_decoder_block_reads_its_encoder_layer():
-    model = _model(decoder_type="cross", decoder_encoder_layers=[0, 1]).train()
+    model = tiny_mae(decoder_type="cross", decoder_encoder_layers=[0, 1]).train()
     imgs, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64)
     outputs, contexts = [], []
     hooks = [b.register_forward_hook(lambda m, a, out: outputs.append(out)) for b in model.blocks]
@@ -161,90 +144,8 @@ def test_cross__each_decoder_block_reads_its_encoder_layer():
     assert not torch.allclose(contexts[0], contexts[1])
 
 
-@pytest.mark.parametrize("kwargs", [{}, *VARIANTS.values()], ids=["paper", *VARIANTS])
-def test_flops__analytic_count_equals_torch_flop_counter_in_a_training_step(kwargs):
-    model = set_attention_kernel(_model(**kwargs).train(), "explicit")  # SDPA's CPU kernel is not counted
-    with FlopCounterMode(display=False) as counter:
-        model(torch.randn(2, 3, 32, 32), 0.75)
-    assert counter.get_total_flops() == 2 * mae_forward_flops(model, 0.75)
-
-
-def test_flops__the_switches_cut_decoding_work():
-    paper = mae_forward_flops(_model(), 0.75)
-    counts = {name: mae_forward_flops(_model(**kw), 0.75) for name, kw in VARIANTS.items()}
-    assert counts["cross_partial"] < counts["partial"] < paper and counts["cross"] < paper
-
-
-@pytest.mark.parametrize(
-    "kwargs", [dict(decoder_type="cross"), dict(decoder_type="cross", decoder_keep_ratio=0.5)]
-)
-def test_cross__both_attention_kernels_agree(kwargs):
-    model = _model(**kwargs).train()
-    imgs, noise, decoder_noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64), torch.rand(2, 64)
-    fused = model(imgs, 0.75, noise, decoder_noise)[1]
-    explicit = set_attention_kernel(model, "explicit")(imgs, 0.75, noise, decoder_noise)[1]
-    assert not model.decoder_blocks[0].attn.fused_attn
-    torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(decoder_type="crosss"), "decoder_type 'crosss' is unknown; expected one of ('self', 'cross')"),
-        (dict(decoder_keep_ratio=0.0), "decoder_keep_ratio must be a number in (0, 1]"),
-        (dict(decoder_keep_ratio=-0.5), "decoder_keep_ratio must be a number in (0, 1]"),
-        (dict(decoder_keep_ratio=1.5), "decoder_keep_ratio must be a number in (0, 1]"),
-        (dict(decoder_keep_ratio="half"), "decoder_keep_ratio must be a number in (0, 1]"),
-        (
-            dict(decoder_type="cross", decoder_encoder_layers=[0, 5]),
-            "names encoder layer 5, which does not exist: the encoder has 2 blocks, so allowed values are "
-            "0..1",
-        ),
-        (
-            dict(decoder_type="cross", decoder_encoder_layers=[-3, 1]),
-            "names encoder layer -3, which does not exist",
-        ),
-        (dict(decoder_type="cross", decoder_encoder_layers=[1]), "one encoder layer per decoder block (2)"),
-        (dict(decoder_type="cross", decoder_encoder_layers=[0, 0]), "never reads the last encoder layer"),
-        (dict(decoder_encoder_layers=[0, 1]), "decoder_encoder_layers [0, 1] needs decoder_type 'cross'"),
-    ],
-)
-def test_switches__bad_values_are_named_with_the_allowed_ones(kwargs, message):
-    for build in (build_mae, MaskedAutoencoderViT):  # the values are checked before the class is
-        with pytest.raises(ValueError) as error:
-            build(**TINY, **kwargs)
-        assert message in str(error.value)
-
-
-CLASSES = {"paper": MaskedAutoencoderViT, "partial": PartialReconstructionMAE, "cross": CrossMAE}
-
-
-@pytest.mark.parametrize("name", ["paper", *VARIANTS])
-def test_switches__the_factory_builds_the_class_that_implements_them_with_the_paper_s_state_dict_keys(name):
-    kwargs, cls = VARIANTS.get(name, {}), CLASSES[name.split("_")[0]]
-    model = build_mae(**TINY, **kwargs)
-    assert type(model) is cls and isinstance(model, MaskedAutoencoderViT)
-    assert type(create_model("mae_vit_tiny_patch4", depth=2, decoder_depth=2, **kwargs)) is cls
-    paper = MaskedAutoencoderViT(**TINY)
-    if cls is not CrossMAE:
-        assert list(model.state_dict()) == list(paper.state_dict())
-    else:  # the cross blocks' own names, under the same decoder_blocks.<i> prefix
-        encoder = [key for key in paper.state_dict() if not key.startswith("decoder_blocks.")]
-        assert [key for key in model.state_dict() if not key.startswith("decoder_blocks.")] == encoder
-    assert model.config == {**paper.config, **kwargs, "decoder_encoder_layers": model.decoder_encoder_layers}
-
-
-def test_switches__the_paper_s_class_refuses_a_variant_s_switches_naming_the_factory():
-    with pytest.raises(
-        ValueError, match="MaskedAutoencoderViT does not implement decoder_type 'cross' .*build_mae"
-    ):
-        MaskedAutoencoderViT(**TINY, decoder_type="cross")
-    with pytest.raises(ValueError, match="CrossMAE does not implement decoder_type 'self'"):
-        CrossMAE(**TINY)
-
-
 def test_cross_layers__forward_encoder_returns_the_paper_s_latent_and_the_layers_come_from_their_own_method():
-    model = _model(decoder_type="cross", decoder_encoder_layers=[0, 1]).train()
+    model = tiny_mae(decoder_type="cross", decoder_encoder_layers=[0, 1]).train()
     imgs, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 64)
     latent, mask, ids_restore = model.forward_encoder(imgs, 0.75, noise)
     assert latent.shape == (2, 17, 64)
@@ -277,4 +178,4 @@ def test_partial__a_ratio_rounding_to_no_patch_is_refused_at_start_up_naming_the
 
 def test_hugging_face_export__refuses_the_cross_decoder_by_name(tmp_path):
     with pytest.raises(ValueError, match="only the paper's self-attention decoder, not decoder_type 'cross'"):
-        save_hf_pretrained(_model(decoder_type="cross"), tmp_path)
+        save_hf_pretrained(tiny_mae(decoder_type="cross"), tmp_path)

@@ -119,7 +119,7 @@ def test_segmentation__same_loss_and_gradients():
             drop_path_rate=0.5,
             grad_checkpointing=checkpointing,
         ).train()
-        assert module.pyramid.activation_checkpointing == checkpointing
+        assert module.pyramid.grad_checkpointing == checkpointing
         runs = _count_block_runs(list(module.encoder.blocks))
         torch.manual_seed(1)
         images, masks = torch.rand(2, 3, 16, 16), torch.randint(0, 3, (2, 16, 16))

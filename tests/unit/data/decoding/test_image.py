@@ -15,6 +15,8 @@ import torch
 from PIL import Image
 
 from mae.apps.anomaly.evaluation import load_images
+from mae.data.decoding.image import pixel_format, read_pixels
+from mae.data.decoding.route import PixelFormat
 from mae.inference.normalization import Normalization
 
 DECODING = "mae.data.decoding."
@@ -91,3 +93,16 @@ def test_decoding__a_file_goes_forward_through_each_stage_once_and_is_opened_onc
     entered, opens = _trip(path, norm)
     assert entered == STAGES, f"{name}: the trip entered {entered}; each stage once, in the order {STAGES}"
     assert opens == 1, f"{name} was opened {opens} times"
+
+
+def test_read_pixels__the_array_entry_point_checks_scales_and_adapts(tmp_path):
+    path = tmp_path / "x.png"
+    Image.fromarray(np.full((4, 6), 65535, np.uint16)).save(path)
+    assert pixel_format(path) == PixelFormat(1, "uint16", False)
+    gray = read_pixels(path)
+    assert gray.shape == (4, 6, 1) and gray.dtype == np.float32 and np.all(gray == 1.0)
+    assert read_pixels(path, in_chans=3).shape == (4, 6, 3)
+    with pytest.raises(
+        ValueError, match="x.png has 1 channel\\(s\\) of uint16, unlike the rest of the folder"
+    ):
+        read_pixels(path, expected=(1, "uint8"))
