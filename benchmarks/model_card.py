@@ -31,11 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def recorded_card(record: Path = RECORD) -> str:
     """The card of the recorded run, as ``mae export --to timm --out encoder_timm`` writes it."""
+    from mae.convert.exports import timm
     from mae.convert.model_card import RunFacts, attach_run_folder, model_card
 
     facts = RunFacts(SHOWN_CHECKPOINT, **json.loads((record / "record.json").read_text()))
     attach_run_folder(facts, record, Path(SHOWN_CHECKPOINT).parents[1])
-    return model_card(facts, "timm", FOLDER_NAME, has_decoder=False)
+    return model_card(facts, timm.CARD, FOLDER_NAME, has_decoder=False)
 
 
 def page_card(page: Path = PAGE) -> str:

@@ -17,7 +17,7 @@ The public names below are imported on first use, so ``import mae`` (and the ``m
 
 import importlib
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 # public name -> the module that defines it
 _PUBLIC = {

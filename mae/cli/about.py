@@ -12,6 +12,8 @@ from mae.cli.recipes import RECIPES_DIR, RecipeNotFound, all_recipes, resolve_co
 from mae.errors import ConfigError, UsageError
 
 DISTRIBUTION = "mae-lightning"  # the name pip knows the package by (pyproject.toml)
+
+
 def installed_version() -> str:
     """The installed distribution's version (the source tree's ``mae.__version__`` when not installed)."""
     try:

@@ -18,19 +18,23 @@ from mae.apps.anomaly.scorers import SCORERS
 from mae.apps.anomaly.scorers.base import ModelInputs, Option, Reading
 from mae.apps.anomaly.scorers.choice import choose_scorer, option_names, saved_scorer_choice
 from mae.cli.command import command_parser, parse_and_run
-from mae.cli.command_options import add_checkpoint, add_option, argparse_float, argparse_int
+from mae.cli.command_options import (
+    DECODER_CHECKPOINT,
+    add_checkpoint,
+    add_option,
+    argparse_float,
+    argparse_int,
+)
 from mae.convert.sources import FORMATS
-from mae.data import DEFAULT_MAX_PIXELS
 
 TYPES = {int: argparse_int, float: argparse_float}  # read as argparse reads numbers (nan, inf included)
-SHARED = [  # the shared options: what they are here, and their defaults
-    ("batch_size", "", {"default": 32}),
-    ("device", "where the model runs", {}),
-    ("img_size", "default: the checkpoint's; pixel-knn: required", {}),
-    ("mean", "default: the checkpoint's record; pixel-knn: ImageNet's, RGB", {}),
-    ("std", "default: the checkpoint's record; pixel-knn: ImageNet's, RGB", {}),
-    ("max_image_pixels", "larger images are refused as decompression bombs", {"default": DEFAULT_MAX_PIXELS}),
-]
+SHARED = {  # the shared options (their values checked by the parser) and what they are here
+    "device": "where the model runs",
+    "img_size": "pixel-knn: required",
+    "mean": "pixel-knn: ImageNet's, RGB",
+    "std": "pixel-knn: ImageNet's, RGB",
+    "max_image_pixels": "",
+}
 RUN_FIELDS = ("test", "out", "normal", "ground_truth", "validation", "save_scorer", "figures", "holdout")
 
 
@@ -43,11 +47,11 @@ def build_parser() -> ArgumentParser:
         "reconstruction error, every patch hidden by complementary masks and rebuilt from its context; "
         "pixel-knn: the baseline, no checkpoint; features: PatchCore on the encoder's patch tokens.",
     )
-    mae_or_features = "mae: a checkpoint with a decoder (ours, official full, Hugging Face); features: any"
-    add_checkpoint(parser, FORMATS, mae_or_features, default=None)
+    add_checkpoint(parser, FORMATS, f"mae: {DECODER_CHECKPOINT}; features: any", default=None)
     add_option(parser, "out", "output folder", required=True)
-    for name, help, kwargs in SHARED:
-        add_option(parser, name, help, **kwargs)
+    add_option(parser, "batch_size", default=32)
+    for name, help in SHARED.items():
+        add_option(parser, name, help)
     for option in OPTIONS:
         _add(parser, option)
     for scorer in SCORERS.values():

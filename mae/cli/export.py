@@ -8,7 +8,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser, Namespace
 
 from mae.cli.command import command_parser, parse_and_run
-from mae.cli.command_options import add_option, argparse_float, argparse_int
+from mae.cli.command_options import add_checkpoint, add_option, argparse_float, argparse_int
 from mae.convert.exports.base import ExportRequest
 from mae.convert.exports.targets import EXPORT_TARGETS, TARGET_OPTIONS, check_options, choose_target
 from mae.convert.pooling import POOLS
@@ -42,11 +42,12 @@ TARGET_FLAGS = {
         ),
     },
 }
-# Shared options (``mae.cli.command_options``) that are the ONNX target's own here.
+# Shared options (``mae.cli.command_options``: their values checked by the parser) that are the ONNX
+# target's own here.
 ONNX_SHARED = {
-    "img_size": "default: the checkpoint's; position embeddings are resampled",
-    "mean": "recorded in the file (default: the checkpoint's record)",
-    "std": "recorded in the file (default: the checkpoint's record)",
+    "img_size": "position embeddings are resampled",
+    "mean": "recorded in the file",
+    "std": "recorded in the file",
 }
 
 
@@ -58,15 +59,9 @@ def build_parser() -> ArgumentParser:
         "encoder, checked with onnxruntime against torch; --to timm|huggingface --out DIR a folder timm or "
         "Hugging Face transformers loads, with a README.md model card.",
     )
-    add_option(parser, "checkpoint", "the encoder", required=True)
-    add_option(
-        parser,
-        "out",
-        "a file (.safetensors, .onnx) or, for a folder target, a folder",
-        type=str,
-        required=True,
-    )
-    add_option(parser, "checkpoint_format", choices=FORMATS)
+    add_checkpoint(parser, FORMATS, "the encoder", required=True)
+    out_help = "a file (.safetensors, .onnx) or, for a folder target, a folder"
+    add_option(parser, "out", out_help, type=str, required=True)
     parser.add_argument(
         "--to", choices=list(EXPORT_TARGETS), default=None, help="what to write (default: --out's suffix)"
     )

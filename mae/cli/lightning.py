@@ -13,7 +13,6 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from mae.cli.commands import BY_NAME
-from mae.cli.lightning_refusal import lightning_refusal
 from mae.cli.quiet import quiet_libraries, quiet_trainer
 from mae.cli.recipes import RecipeNotFound, resolve_config
 from mae.data import ImageDataModule
@@ -30,13 +29,14 @@ from mae.training.callbacks import (
 )
 from mae.training.callbacks.last_checkpoint import LastStateCheckpoint
 from mae.training.config_files import config_stack, read_config
-from mae.training.resume import planned_run_folder, prepare_resume
+from mae.training.lightning_refusal import lightning_refusal
+from mae.training.resume import prepare_resume
 from mae.training.run_summary import FIGURES, print_run_summary
 from mae.training.runtime import default_lightning_precision, keep_freed_memory
 from mae.training.settings import renamed_for, renamed_key_error
 from mae.training.stage import run_stage
 from mae.training.torchrun import check_torchrun_processes
-from mae.training.trackers import AttachTracker, check_tracker, tracker_spec
+from mae.training.trackers import attach_tracker, tracker_spec
 
 
 def trainer_defaults(run_name: str) -> dict[str, Any]:
@@ -330,12 +330,7 @@ def build(
         cli.parser.error(str(err))
     ckpt_path, resume_step = prepare_resume(cli.trainer, cli.model, cli.config.ckpt_path, fitting)
     if tracker is not None:
-        tracker_step = resume_step if fitting else None
-        # Its folders, store, credentials and the run folder's tracker.json, before the run folder is made;
-        # on the process that talks to it (a refusal there comes before the others are started).
-        if cli.trainer.is_global_zero:
-            check_tracker(tracker, planned_run_folder(cli.trainer), tracker_step)
-        cli.trainer.callbacks.append(AttachTracker(tracker, cli.config.as_dict(), tracker_step))
+        attach_tracker(cli.trainer, tracker, cli.config.as_dict(), resume_step if fitting else None)
     return cli, ckpt_path
 
 

@@ -37,6 +37,9 @@
   which its constructor takes as numbers or "auto" (data parallel over the nodes, tensor parallel within
   one); FSDP2 over every process needs the world size, known only when the processes are
   (``set_data_parallel_only``).
+- ``LightningCLI._instantiate_trainer``: the method that builds the Trainer from the parsed config; an
+  error raised below its frame is Lightning refusing a trainer setting (``builds_trainer``), as an error
+  below jsonargparse's is Lightning refusing a callback's or logger's. No public hook wraps it.
 - ``MLFlowLogger._initialized`` and ``WandbLogger._experiment``: whether the logger has started its
   run; the public ``experiment`` (and what reads it: ``run_id``) starts one when asked.
 """
@@ -53,6 +56,8 @@ from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnect
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 INSTANTIATOR_KEY = "_instantiator"
+# Where Lightning's own code lives (a frame's top-level package).
+LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
 
 
 def allow_instantiator(path: str) -> None:
@@ -206,3 +211,9 @@ def set_data_parallel_only(strategy: Any, world_size: int) -> None:
     processes (no tensor parallelism); call before its ``setup_environment`` builds the mesh."""
     strategy._data_parallel_size = world_size
     strategy._tensor_parallel_size = 1
+
+
+def builds_trainer(frame: FrameType) -> bool:
+    """Whether ``frame`` is LightningCLI's building of the Trainer from the parsed config."""
+    package = frame.f_globals.get("__name__", "").split(".")[0]
+    return package in LIGHTNING_PACKAGES and frame.f_code.co_name == "_instantiate_trainer"

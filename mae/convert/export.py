@@ -7,22 +7,21 @@
                               pretrained_cfg_overlay=dict(file="OUT.safetensors"), **args["model_args"])
 
 ``model_args`` has ``num_classes=0`` (features only); for a classifier pass
-``**{**args["model_args"], "num_classes": 10, "global_pool": "avg"}``. ``mae export`` reaches it as the
-``safetensors`` target (``mae.convert.exports.targets``).
+``**{**args["model_args"], "num_classes": 10, "global_pool": "avg"}``. It is the ``safetensors`` row of
+the export targets' table (``mae.convert.exports.targets``), as ``mae export --out OUT.safetensors`` is.
 """
 
-from dataclasses import replace
 from pathlib import Path
 
-from mae.convert.checkpoint import MAECheckpoint
-from mae.convert.formats import exported_encoder
-from mae.convert.sources import ema_checkpoint, read_checkpoint
+from mae.convert.exports.base import ExportRequest
+from mae.convert.exports.targets import EXPORT_TARGETS
 
 
 def export_encoder(
     source: str | Path, out: str | Path, format: str = "auto", num_heads: int | None = None, ema: bool = False
 ) -> tuple[Path, Path]:
-    """Write the encoder of ``source`` as ``out`` (safetensors) and ``out`` with ``.json`` (timm arguments).
+    """Write the encoder of ``source`` as ``out`` (safetensors) and ``out`` with ``.json`` (timm arguments):
+    the ``safetensors`` target of ``mae.convert.exports.targets`` (``mae.convert.exports.safetensors``).
 
     ``num_heads`` overrides the head count for files that do not record it; ``ema``: the EMA weights of a
     ``mae finetune --ema.decay`` checkpoint instead of its live ones (``mae.convert.sources.ema_checkpoint``).
@@ -34,16 +33,8 @@ def export_encoder(
         ConfigError: ``out`` does not end in ``.safetensors``, or a LayerNorm eps timm does not use.
         InputError: no EMA weights with ``ema``, or NaN / infinite weights, naming the file.
     """
-    return exported_encoder.write(encoder_checkpoint(source, format, num_heads, ema), Path(out))
-
-
-def encoder_checkpoint(
-    source: str | Path, format: str = "auto", num_heads: int | None = None, ema: bool = False
-) -> MAECheckpoint:
-    """``source`` read as ``export_encoder`` exports it: ``num_heads`` set, the EMA weights with ``ema``."""
-    ckpt = read_checkpoint(source, format)
-    if ema:
-        ckpt = ema_checkpoint(ckpt)
-    if num_heads:
-        ckpt = replace(ckpt, config={**ckpt.config, "num_heads": num_heads})
-    return ckpt
+    target = EXPORT_TARGETS["safetensors"]
+    request = ExportRequest(str(source), Path(out), format, num_heads, {"ema": ema})
+    target.check(request)
+    export = target.export(request)
+    return export.weights, export.sidecar

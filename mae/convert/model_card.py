@@ -17,6 +17,7 @@ What a card states, and where it comes from:
 
 import csv
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,13 +183,25 @@ def card_license(facts: RunFacts) -> str:
     return OFFICIAL_LICENSE if facts.from_official_weights else "other"
 
 
-def model_card(facts: RunFacts, target: str, folder_name: str, has_decoder: bool) -> str:
-    """The card's text for an export of ``facts``' checkpoint to ``target`` ("timm" or "huggingface")
-    in a folder named ``folder_name``; ``has_decoder``: the folder holds the decoder too."""
+@dataclass(frozen=True)
+class CardTarget:
+    """What a card says of the folder target it describes (``mae.convert.exports.timm.CARD``, ...):
+    ``library`` (the card's ``library_name``, e.g. "transformers"), ``loaded_by`` (who loads the folder, in
+    words: "Hugging Face transformers") and ``usage(folder_name, has_decoder)``: the lines of its code
+    block, how to load the folder and compute the tokens."""
+
+    library: str
+    loaded_by: str
+    usage: Callable[[str, bool], list[str]]
+
+
+def model_card(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder: bool) -> str:
+    """The card's text for an export of ``facts``' checkpoint to ``target`` in a folder named
+    ``folder_name``; ``has_decoder``: the folder holds the decoder too."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     data_name = _data_name(facts.run_config) if facts.run_config else "unknown"
-    library = "timm" if target == "timm" else "transformers"
+    library = target.library
     results = [
         EvalResult(
             task_type="image-classification",
@@ -214,7 +227,7 @@ def model_card(facts: RunFacts, target: str, folder_name: str, has_decoder: bool
     return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}"))
 
 
-def _body(facts: RunFacts, target: str, folder_name: str, has_decoder: bool, data_name: str) -> str:
+def _body(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder: bool, data_name: str) -> str:
     c = facts.config
     size = c["img_size"] if isinstance(c["img_size"], int) else "x".join(str(s) for s in c["img_size"])
     what = "encoder and decoder (ViTMAEForPreTraining)" if has_decoder else "encoder"
@@ -224,7 +237,7 @@ def _body(facts: RunFacts, target: str, folder_name: str, has_decoder: bool, dat
         f"{CARD_MARK} from {facts.checkpoint} ({facts.format}) -->",
         "",
         f"A Vision Transformer {what} pretrained as a Masked Autoencoder (He et al., 2021) with the "
-        f"`mae` package, exported for {'timm' if target == 'timm' else 'Hugging Face transformers'}.",
+        f"`mae` package, exported for {target.loaded_by}.",
         "",
         "## Architecture",
         "",
@@ -322,37 +335,8 @@ def _results(facts: RunFacts) -> list[str]:
     return lines + [lines.pop() + ".", ""]
 
 
-def _loading(facts: RunFacts, target: str, folder_name: str, has_decoder: bool) -> list[str]:
-    lines = ["## Use", ""]
-    if target == "timm":
-        lines += [
-            "```python",
-            "import timm",
-            "",
-            f'model = timm.create_model("local-dir:{folder_name}", pretrained=True)  # or hf-hub:USER/REPO',
-            "config = timm.data.resolve_data_config({}, model=model)",
-            "transform = timm.data.create_transform(**config)  # resize, centre crop, normalise as trained",
-            "tokens = model.forward_features(transform(image).unsqueeze(0))  # (1, 1 + patches, width)",
-            "```",
-        ]
-    else:
-        cls = "ViTMAEForPreTraining" if has_decoder else "ViTMAEModel"
-        lines += [
-            "```python",
-            "import torch",
-            f"from transformers import ViTImageProcessor, ViTMAEModel{', ' + cls if has_decoder else ''}",
-            "",
-            f'processor = ViTImageProcessor.from_pretrained("{folder_name}")  # or "<user>/<repo>"',
-            "# every patch, in raster order: no masking, and noise that keeps the order",
-            f'encoder = ViTMAEModel.from_pretrained("{folder_name}", mask_ratio=0.0)',
-            'pixels = processor(images=image, return_tensors="pt")["pixel_values"]',
-            "patches = encoder.embeddings.patch_embeddings.num_patches",
-            "noise = torch.arange(patches, dtype=torch.float).expand(len(pixels), patches)",
-            "tokens = encoder(pixel_values=pixels, noise=noise).last_hidden_state  # (N, 1 + patches, width)",
-        ]
-        if has_decoder:
-            lines.append(f'mae = {cls}.from_pretrained("{folder_name}")  # reconstruction loss, logits, mask')
-        lines += ["```"]
+def _loading(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder: bool) -> list[str]:
+    lines = ["## Use", "", "```python", *target.usage(folder_name, has_decoder), "```"]
     lines += [
         "",
         "With the `mae` package (features, fine-tuning):",

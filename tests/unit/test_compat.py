@@ -465,3 +465,20 @@ def test_lightning__is_logging_step_follows_log_every_n_steps(tmp_path):
     assert trainer.default_root_dir == str(tmp_path / "scratch")
     trainer.fit(pretrain_module(optim={"warmup_epochs": 0}), datamodule=RandomImages(n=16, batch_size=4))
     assert logged == [False, True, False, True]  # steps 1 and 3 (0-based) end the 2-step periods
+
+
+def test_lightning__builds_trainer_is_the_frame_lightningcli_builds_the_trainer_in():
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from mae.compat.lightning import builds_trainer
+
+    with pytest.raises(MisconfigurationException) as raised:
+        LightningCLI(BoringModel, BoringDataModule, run=False, args=["--trainer.max_epochs=-5"])
+    frames, tb = [], raised.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    assert [frame.f_code.co_name for frame in frames if builds_trainer(frame)] == ["_instantiate_trainer"]
+    assert not builds_trainer(inspect.currentframe())

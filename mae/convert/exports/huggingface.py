@@ -1,16 +1,83 @@
 """The ``huggingface`` target: a transformers ViTMAE folder with its image processor and a model card
 (``mae.convert.folders``; the format: ``mae.convert.formats.huggingface``): ``ViTMAEForPreTraining`` when
-the checkpoint has a decoder, else (or with ``--encoder-only``) ``ViTMAEModel``."""
+the checkpoint has a decoder, else (or with ``--encoder-only``) ``ViTMAEModel``. Its own checks
+(transformers installed, a decoder and input size ViTMAE has) and files are ``FOLDER``'s."""
 
+from pathlib import Path
+
+from mae.convert.checkpoint import MAECheckpoint
 from mae.convert.exports.base import ExportRequest, ExportTarget
-from mae.convert.folders import FolderExport, export_folder, folder_lines, folder_outputs
+from mae.convert.folders import (
+    FolderContents,
+    FolderExport,
+    FolderFormat,
+    export_folder,
+    folder_lines,
+    folder_outputs,
+)
+from mae.convert.formats import huggingface as hf_format
+from mae.convert.huggingface import hf_config_of
+from mae.convert.model_card import CardTarget
+from mae.errors import ConfigError
+
+
+def check(ckpt: MAECheckpoint, encoder_only: bool) -> bool:
+    """Refuse what a transformers folder cannot hold; returns whether it holds the decoder (the
+    checkpoint's, unless ``encoder_only``).
+
+    Raises:
+        ConfigError: transformers not installed; a decoder or input size ``ViTMAEForPreTraining`` does not
+            have (``hf_config_of``).
+    """
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "a Hugging Face folder needs transformers for its image processor: "
+            'pip install "transformers>=5.25"'
+        ) from None
+    decoder = ckpt.has_decoder and not encoder_only
+    hf_config_of(ckpt.config, decoder)
+    return decoder
+
+
+def write(contents: FolderContents, folder: Path) -> None:
+    """``config.json``, ``model.safetensors`` and ``preprocessor_config.json`` (the run's mask ratio, the
+    mean and std) into ``folder``."""
+    mask_ratio = contents.facts.hparams.get("mask_ratio", 0.75)
+    config, decoder = contents.ckpt.config, contents.has_decoder
+    hf_format.write(contents.state, config, folder, decoder, mask_ratio, contents.mean, contents.std)
+
+
+def card_usage(folder_name: str, has_decoder: bool) -> list[str]:
+    """The card's code: transformers loads the folder; the tokens of every patch, in raster order."""
+    cls = "ViTMAEForPreTraining" if has_decoder else "ViTMAEModel"
+    lines = [
+        "import torch",
+        f"from transformers import ViTImageProcessor, ViTMAEModel{', ' + cls if has_decoder else ''}",
+        "",
+        f'processor = ViTImageProcessor.from_pretrained("{folder_name}")  # or "<user>/<repo>"',
+        "# every patch, in raster order: no masking, and noise that keeps the order",
+        f'encoder = ViTMAEModel.from_pretrained("{folder_name}", mask_ratio=0.0)',
+        'pixels = processor(images=image, return_tensors="pt")["pixel_values"]',
+        "patches = encoder.embeddings.patch_embeddings.num_patches",
+        "noise = torch.arange(patches, dtype=torch.float).expand(len(pixels), patches)",
+        "tokens = encoder(pixel_values=pixels, noise=noise).last_hidden_state  # (N, 1 + patches, width)",
+    ]
+    if has_decoder:
+        lines.append(f'mae = {cls}.from_pretrained("{folder_name}")  # reconstruction loss, logits, mask')
+    return lines
+
+
+CARD = CardTarget(library="transformers", loaded_by="Hugging Face transformers", usage=card_usage)
+FOLDER = FolderFormat(name="huggingface", check=check, write=write, card=CARD)
 
 
 def export(request: ExportRequest) -> FolderExport:
     return export_folder(
         request.checkpoint,
         request.out,
-        "huggingface",
+        FOLDER,
         request.checkpoint_format,
         request.options.get("encoder_only", False),
         request.num_heads,

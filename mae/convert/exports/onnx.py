@@ -27,15 +27,11 @@ def check(request: ExportRequest) -> None:
     """Refuse the options' values that cannot make a file, and a missing ``onnx`` extra.
 
     Raises:
-        UsageError: ``--mean`` without ``--std``, a size below 1, a tolerance that is not finite and >= 0.
+        UsageError: a tolerance that is not finite and >= 0 (``mae export``'s parser checks --img-size,
+            --mean and --std: ``mae.cli.command_options``).
         ConfigError: a package of the extra is not installed, naming it.
     """
-    options = request.options
-    if (options.get("mean") is None) != (options.get("std") is None):
-        raise UsageError("give --mean and --std together")
-    if options.get("img_size") is not None and options["img_size"] < 1:
-        raise UsageError(f"--img-size must be a positive number of pixels, got {options['img_size']}")
-    atol = options.get("atol")
+    atol = request.options.get("atol")
     if atol is not None and not (math.isfinite(atol) and atol >= 0):
         raise UsageError(f"--atol must be a finite difference >= 0 (default 1e-4), got {atol}")
     for package in EXTRA:

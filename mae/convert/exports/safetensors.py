@@ -1,12 +1,13 @@
 """The ``safetensors`` target: the encoder as a plain timm ViT, ``OUT.safetensors`` and its ``OUT.json``
-(``mae.convert.export.export_encoder``; the format: ``mae.convert.formats.exported_encoder``)."""
+(``mae.convert.export.export_encoder`` from Python; the format: ``mae.convert.formats.exported_encoder``)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mae.convert.export import encoder_checkpoint
+from mae.convert.checkpoint import MAECheckpoint
 from mae.convert.exports.base import ExportRequest, ExportTarget
 from mae.convert.formats import exported_encoder
+from mae.convert.sources import ema_checkpoint, read_checkpoint
 from mae.convert.timm_args import timm_architecture
 from mae.io.outputs import Output
 
@@ -25,6 +26,19 @@ def outputs(out: Path) -> list[Output]:
         Output(out, "--out", ours=ours),
         Output(out.with_suffix(".json"), "the JSON beside --out", ours=ours),
     ]
+
+
+def encoder_checkpoint(
+    source: str | Path, format: str = "auto", num_heads: int | None = None, ema: bool = False
+) -> MAECheckpoint:
+    """``source`` read as it is exported: ``num_heads`` set, the EMA weights with ``ema``
+    (``mae.convert.sources.ema_checkpoint``)."""
+    ckpt = read_checkpoint(source, format)
+    if ema:
+        ckpt = ema_checkpoint(ckpt)
+    if num_heads:
+        ckpt = replace(ckpt, config={**ckpt.config, "num_heads": num_heads})
+    return ckpt
 
 
 def export(request: ExportRequest) -> EncoderExport:

@@ -21,7 +21,7 @@ Each tracker is one ``Tracker`` subclass (``base.py``): a new one is a class reg
 ``register_tracker`` (imported below) and a recipe in ``mae/configs/loggers/`` naming its logger.
 """
 
-from mae.training.trackers.attach import AttachTracker, log_figure, trackers_of, where_to_look
+from mae.training.trackers.attach import AttachTracker, attach_tracker, log_figure, trackers_of, where_to_look
 from mae.training.trackers.base import TRACKERS, Tracker, register_tracker, tracker_of, tracker_type
 from mae.training.trackers.build import build_tracker, check_tracker, remember_run, tracker_spec
 from mae.training.trackers.mlflow import MLflowTracker
@@ -40,6 +40,7 @@ __all__ = [
     "TensorBoardTracker",
     "Tracker",
     "WandbTracker",
+    "attach_tracker",
     "build_tracker",
     "check_tracker",
     "log_figure",

@@ -1,5 +1,6 @@
-"""The tracker in a run: attached once the run has passed its start-up checks (``AttachTracker``), sent
-the figures (``log_figure``), named in the run summary (``where_to_look``)."""
+"""The tracker in a run: checked, and its callback added, before any work (``attach_tracker``); attached
+once the run has passed its start-up checks (``AttachTracker``), sent the figures (``log_figure``), named
+in the run summary (``where_to_look``)."""
 
 from pathlib import Path
 from typing import Any
@@ -7,9 +8,23 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from mae.training.resume import planned_run_folder
 from mae.training.trackers.base import Tracker, tracker_of
-from mae.training.trackers.build import build_tracker, remember_run
+from mae.training.trackers.build import build_tracker, check_tracker, remember_run
 from mae.training.trackers.settings import run_settings
+
+
+def attach_tracker(
+    trainer: pl.Trainer, spec: dict[str, Any], config: dict[str, Any], resume_step: int | None
+) -> None:
+    """Check the tracker ``spec`` (``tracker_spec``'s) before the run folder is made: its folders, store,
+    credentials and the run folder's ``tracker.json`` (``check_tracker``), on the process that talks to it,
+    so that a refusal there comes before the others are started; then add the ``AttachTracker`` that
+    builds it. ``config``: the run's resolved config; ``resume_step``: the step a fit resumes from (None: a
+    fresh fit or an evaluation)."""
+    if trainer.is_global_zero:
+        check_tracker(spec, planned_run_folder(trainer), resume_step)
+    trainer.callbacks.append(AttachTracker(spec, config, resume_step))
 
 
 class AttachTracker(pl.Callback):

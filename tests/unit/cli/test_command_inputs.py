@@ -152,3 +152,28 @@ def test_data_statistics__a_zero_or_non_finite_std_is_refused_naming_the_keys(st
         DigitsDataModule(in_chans=1, mean=[0.5], std=std)
     with pytest.raises(ValueError, match=r"finite means"):
         DigitsDataModule(in_chans=1, mean=[float("nan")], std=[0.3])
+
+
+# ---------------------------------------------------------------- shared options, checked by the parser
+
+
+@pytest.mark.parametrize(
+    "command, option, expected",
+    [
+        ("export", ["--mean", "0.5"], "give --mean and --std together"),
+        ("export", ["--img-size", "0"], "argument --img-size: must be at least 1, got 0"),
+        ("anomaly", ["--img-size", "-2"], "argument --img-size: must be at least 1, got -2"),
+        ("anomaly", ["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+        ("anomaly", ["--mean", "0.5", "--std", "1", "1"], "--mean and --std need the same number of values"),
+    ],
+)
+def test_shared_options__values_the_work_cannot_use_are_refused_before_anything_is_read(
+    tmp_path, command, option, expected, capsys
+):
+    never_read = ["--checkpoint", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "out.onnx")]
+    argv = [*never_read, *(["--test", str(tmp_path)] if command == "anomaly" else []), *option]
+    with pytest.raises(SystemExit) as exit_info:
+        run_command(partial(invoke, command, argv))
+    assert exit_info.value.code == USAGE_ERROR_EXIT_CODE
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err, err

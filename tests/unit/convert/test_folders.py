@@ -10,6 +10,8 @@ from PIL import Image
 
 from mae.convert.architecture import mae_record
 from mae.convert.backbone import load_backbone
+from mae.convert.exports import huggingface as hf_target
+from mae.convert.exports import timm as timm_target
 from mae.convert.folders import export_folder, is_export_folder
 from mae.data.views.recipes import eval_transform
 from mae.errors import ConfigError
@@ -50,7 +52,7 @@ def _raster_noise(n: int, patches: int) -> torch.Tensor:
 
 def test_timm_folder__four_channels_non_square__same_features_and_preprocessing_config(tmp_path):
     ckpt, model = _checkpoint(tmp_path, (16, 24), 4)
-    export_folder(ckpt, tmp_path / "timm", "timm")
+    export_folder(ckpt, tmp_path / "timm", timm_target.FOLDER)
     assert is_export_folder(tmp_path / "timm")
     loaded = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
     images = torch.randn(2, 4, 16, 24)
@@ -70,7 +72,7 @@ def test_timm_folder__four_channels_non_square__same_features_and_preprocessing_
 def test_timm_folder__resolve_data_config_and_create_transform_prepare_images_as_we_do(tmp_path):
     stats = {"mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3]}
     ckpt, _ = _checkpoint(tmp_path, 16, 3, stats)
-    export_folder(ckpt, tmp_path / "timm", "timm")
+    export_folder(ckpt, tmp_path / "timm", timm_target.FOLDER)
     loaded = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True)
     transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=loaded))
     image = Image.fromarray(torch.randint(0, 256, (30, 41, 3), dtype=torch.uint8).numpy())
@@ -80,7 +82,7 @@ def test_timm_folder__resolve_data_config_and_create_transform_prepare_images_as
 
 def test_huggingface_folder__four_channels_non_square_encoder__same_hidden_states(tmp_path):
     ckpt, _ = _checkpoint(tmp_path, (16, 24), 4)
-    export = export_folder(ckpt, tmp_path / "hf", "huggingface", encoder_only=True)
+    export = export_folder(ckpt, tmp_path / "hf", hf_target.FOLDER, encoder_only=True)
     assert not export.has_decoder
     hf = transformers.ViTMAEModel.from_pretrained(tmp_path / "hf", mask_ratio=0.0).eval()
     images = torch.randn(2, 4, 16, 24)
@@ -97,7 +99,7 @@ def test_huggingface_folder__four_channels_non_square_encoder__same_hidden_state
 
 def test_huggingface_folder__four_channels_with_decoder__same_loss_on_the_same_noise(tmp_path):
     ckpt, model = _checkpoint(tmp_path, 16, 4)
-    export = export_folder(ckpt, tmp_path / "hf", "huggingface")
+    export = export_folder(ckpt, tmp_path / "hf", hf_target.FOLDER)
     assert export.has_decoder
     hf = transformers.ViTMAEForPreTraining.from_pretrained(tmp_path / "hf").eval()
     images, noise = torch.randn(2, 4, 16, 16), torch.rand(2, 16)
@@ -112,7 +114,7 @@ def test_huggingface_folder__four_channels_with_decoder__same_loss_on_the_same_n
 def test_huggingface_folder__non_square_with_decoder_is_refused_naming_the_size(tmp_path):
     ckpt, _ = _checkpoint(tmp_path, (16, 24), 3)
     with pytest.raises(ConfigError, match=r"square inputs only, got img_size 16x24.*--encoder-only"):
-        export_folder(ckpt, tmp_path / "hf", "huggingface")
+        export_folder(ckpt, tmp_path / "hf", hf_target.FOLDER)
     assert not (tmp_path / "hf").exists() and list(tmp_path.iterdir()) == [ckpt]
 
 
@@ -124,4 +126,4 @@ def test_timm_folder__another_layer_norm_eps_is_refused_naming_it(tmp_path):
 
     save_hf_pretrained(model, transformers_dir)
     with pytest.raises(ConfigError, match="LayerNorm eps 1e-12; a timm ViT uses 1e-6"):
-        export_folder(transformers_dir, tmp_path / "timm", "timm")
+        export_folder(transformers_dir, tmp_path / "timm", timm_target.FOLDER)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from mae.convert.exports import huggingface
 from mae.convert.model_card import OFFICIAL_LICENSE, RunFacts, card_license, model_card
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,6 +46,6 @@ def test_card__licence_of_the_weights_the_run_started_from(init_from, init_forma
     facts = RunFacts("x.ckpt", "lightning", {**config, "mlp_ratio": 4.0, "layer_norm_eps": 1e-6}, None)
     facts.hparams = {"init_from": init_from, "init_format": init_format}
     assert card_license(facts) == license
-    card = model_card(facts, "huggingface", "encoder_hf", has_decoder=False)
+    card = model_card(facts, huggingface.CARD, "encoder_hf", has_decoder=False)
     assert f"license: {license}" in card
     assert ("CC BY-NC 4.0 (non-commercial use only)" in card) == (license == OFFICIAL_LICENSE)

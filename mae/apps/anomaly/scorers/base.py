@@ -32,16 +32,13 @@ from mae.inference.normalization import Normalization
 @dataclass(frozen=True)
 class Reading:
     """How image files and checkpoints are read: ``batch_size`` images at a time, images over
-    ``max_pixels`` pixels refused, the model on ``device``, checkpoints in ``checkpoint_format``."""
+    ``max_pixels`` pixels refused, the model on ``device``, checkpoints in ``checkpoint_format``
+    (``batch_size`` >= 1: ``mae anomaly``'s parser checks it, ``--batch-size``)."""
 
     device: str = "cpu"
     batch_size: int = 32
     max_pixels: int | None = DEFAULT_MAX_PIXELS
     checkpoint_format: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1, got {self.batch_size}")
 
     def embedder(
         self,
@@ -67,22 +64,14 @@ class Reading:
 class ModelInputs:
     """What the command was given about the model and the images' preprocessing: ``checkpoint`` (None: a
     saved scorer's own, or no model), ``img_size`` pixels (None: the checkpoint's or the scorer's),
-    ``mean`` / ``std`` per channel (None: the checkpoint's record, ImageNet's, or the scorer's)."""
+    ``mean`` / ``std`` per channel (None: the checkpoint's record, ImageNet's, or the scorer's). The parser
+    of ``mae anomaly`` checks them (``mae.cli.command_options``): a positive size, ``--mean`` and ``--std``
+    together with one value each per channel."""
 
     checkpoint: Path | None = None
     img_size: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.img_size is not None and self.img_size < 1:
-            raise UsageError(f"--img-size must be a positive number of pixels, got {self.img_size}")
-        if (self.mean is None) != (self.std is None):
-            raise UsageError("give --mean and --std together")
-        if self.mean is not None and len(self.mean) != len(self.std):
-            raise UsageError(
-                f"--mean and --std need one value per channel each; got {len(self.mean)} and {len(self.std)}"
-            )
 
     def normalization(self, in_chans: int) -> Normalization | None:
         """--mean / --std as a ``Normalization`` of ``in_chans`` channels; None when not given."""

@@ -18,8 +18,6 @@ def _request(**options) -> ExportRequest:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"mean": [0.5]}, "give --mean and --std together"),
-        ({"img_size": 0}, "--img-size must be a positive number of pixels, got 0"),
         ({"atol": float("nan")}, r"--atol must be a finite difference >= 0 \(default 1e-4\), got nan"),
         ({"atol": -1.0}, "got -1.0"),
     ],

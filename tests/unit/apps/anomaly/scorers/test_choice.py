@@ -59,8 +59,6 @@ def test_check_fit__what_each_scorer_needs_named():
             choose_scorer(method, nothing_given()).check(inputs, normal=None)
     with pytest.raises(UsageError, match="--img-size 30 is not a multiple of the patch size 16"):
         choose_scorer("pixel-knn", nothing_given()).check(ModelInputs(img_size=30), normal=Path("normal"))
-    with pytest.raises(UsageError, match="give --mean and --std together"):
-        ModelInputs(mean=(0.5, 0.5, 0.5))
 
 
 def test_saved_scorer_choice__its_own_settings_and_the_flags_it_fixes_refused(tmp_path):

@@ -1,12 +1,12 @@
-"""Lightning refusing a setting as the ``ConfigError`` of its key (``mae.cli.lightning_refusal``), and
+"""Lightning refusing a setting as the ``ConfigError`` of its key (``mae.training.lightning_refusal``), and
 an error of the project's own code left as it is (a bug keeps its traceback). The training commands' one
 error line is checked end to end in ``tests/integration/commands/test_config_errors.py``."""
 
 import lightning.pytorch as pl
 from jsonargparse import ArgumentParser
 
-from mae.cli.lightning_refusal import lightning_refusal
 from mae.errors import ConfigError
+from mae.training.lightning_refusal import lightning_refusal
 
 
 def _raised(build):

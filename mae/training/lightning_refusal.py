@@ -9,11 +9,8 @@ from types import FrameType
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from mae.compat.lightning import LIGHTNING_PACKAGES, builds_trainer
 from mae.errors import ConfigError, UserError
-
-# Where Lightning's own code lives: an error raised there, called by LightningCLI or jsonargparse building a
-# class of the config, is Lightning refusing a setting.
-LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
 
 
 def lightning_refusal(err: BaseException) -> ConfigError | None:
@@ -58,13 +55,11 @@ def _unwrapped(err: BaseException) -> BaseException | None:
 
 
 def _built_by_lightning(frames: list[FrameType]) -> object | None:
-    """The object being built when the error was raised, if a builder (jsonargparse, or LightningCLI's
-    ``_instantiate_trainer``) was building it and every frame from there to the raise is Lightning's."""
+    """The object being built when the error was raised, if a builder (jsonargparse, or LightningCLI
+    building the Trainer: ``mae.compat.lightning.builds_trainer``) was building it and every frame from
+    there to the raise is Lightning's."""
     builders = [
-        i
-        for i, frame in enumerate(frames)
-        if _package(frame) == "jsonargparse"
-        or (_package(frame) in LIGHTNING_PACKAGES and frame.f_code.co_name == "_instantiate_trainer")
+        i for i, frame in enumerate(frames) if _package(frame) == "jsonargparse" or builds_trainer(frame)
     ]
     if not builders or builders[-1] == len(frames) - 1:
         return None
