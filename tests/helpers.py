@@ -43,6 +43,19 @@ TINY_MODEL = {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS, "opti
 TWO_BLOCK_KWARGS = dict(
     embed_dim=32, depth=2, num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2
 )
+# Command-line overrides that put a recipe's trainer on one CPU device in full precision.
+CPU_TRAINER = [
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.devices",
+    "1",
+    "--trainer.strategy",
+    "auto",
+    "--trainer.precision",
+    "32-true",
+]
+# A timing benchmark's flags at their smallest: one warm-up and one timed step, two interleaved rounds.
+ONE_TIMED_STEP = ["--warmup", "1", "--steps", "1", "--rounds", "2"]
 # The decoder switches of each variant (``mae.models.decoder_switches``), on ``TINY``'s two blocks.
 DECODER_VARIANTS = {
     "partial": dict(decoder_keep_ratio=0.25),
@@ -195,6 +208,38 @@ def folder_data(root: Path, img_size: int = 16, **more) -> dict:
     process; ``more`` (``val_split``, ...) over its arguments."""
     args = {"root": str(root), "img_size": img_size, "batch_size": 4, "num_workers": 0, **more}
     return {"class_path": "mae.data.ImageFolderDataModule", "init_args": args}
+
+
+def folder_flags(root: Path, img_size: int = 16, **more) -> list[str]:
+    """``folder_data`` as command-line flags (``--data.class_path ... --data.root ROOT ...``)."""
+    data = folder_data(root, img_size, **more)
+    flags = ["--data.class_path", data["class_path"]]
+    for key, value in data["init_args"].items():
+        flags += [f"--data.{key}", str(value)]
+    return flags
+
+
+def tiny_pretrain_config(tmp: Path, name: str, **sections) -> dict:
+    """A CLI config of one seeded epoch of the tiny model (``TINY_MODEL``, no warm-up) on the image folder
+    ``tmp/data`` (``folder_data``), logged as CSV under ``tmp/runs/<name>`` (``cli_trainer``); ``sections``
+    (``reconstruction``, ``tracker``, a whole ``model``, ...) over it."""
+    return {
+        "seed_everything": 0,
+        "model": {**TINY_MODEL, "optim": {"warmup_epochs": 0}},
+        "data": folder_data(tmp / "data"),
+        "trainer": cli_trainer(tmp, name, max_epochs=1),
+        **sections,
+    }
+
+
+def tiny_pretraining_run(tmp: Path, name: str, **sections) -> tuple[Path, Path]:
+    """``mae pretrain`` of ``tiny_pretrain_config(tmp, name, **sections)`` on new image folders
+    (``write_train_val_folders(tmp / "data")``): (its config file, its run folder
+    ``tmp/runs/<name>/version_0``)."""
+    write_train_val_folders(tmp / "data")
+    config = write_config(tmp, tiny_pretrain_config(tmp, name, **sections), name)
+    run_mae("pretrain", "--config", str(config))
+    return config, tmp / "runs" / name / "version_0"
 
 
 def tensorboard_tracker(save_dir: Path) -> dict:
@@ -362,6 +407,14 @@ def write_image_folder(root: Path, classes: list[str], per_class: int, size=(40,
         for i in range(per_class):
             pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
             Image.fromarray(pixels).save(root / c / f"img_{i:03d}.jpg", quality=90)
+    return root
+
+
+def write_train_val_folders(root: Path, classes=("a", "b", "c"), train: int = 4, val: int = 2) -> Path:
+    """``root/train`` and ``root/val`` (``write_image_folder``): ``train`` and ``val`` random 40x30 JPEGs
+    a class, the validation ones from another seed; ``root``, the ``data.root`` of a pretraining run."""
+    write_image_folder(root / "train", list(classes), per_class=train)
+    write_image_folder(root / "val", list(classes), per_class=val, seed=1)
     return root
 
 

@@ -93,6 +93,16 @@ def run_python(root: Path, code: str, *args: str) -> subprocess.CompletedProcess
     return result
 
 
+def package_copy_whose_new_test_passes(tmp_path: Path, title: str, test: str) -> Path:
+    """``package_copy`` with the example's one new test (``test``, a step's new file) run in it, passing."""
+    root = package_copy(tmp_path, title)
+    tested = run_python(
+        root, "import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1]]))", test
+    )
+    assert "1 passed" in tested.stdout
+    return root
+
+
 PRETRAIN_FOR_TWO_STEPS = [
     "--trainer.max_steps",
     "2",
@@ -207,13 +217,9 @@ def test_example__add_a_data_source(tmp_path):
 
 @pytest.mark.slow
 def test_example__add_an_anomaly_scorer(tmp_path):
-    root = package_copy(tmp_path, "Add an anomaly scorer")
-    tested = run_python(
-        root,
-        "import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1]]))",
-        "tests/unit/apps/anomaly/scorers/test_mean_feature.py",
+    root = package_copy_whose_new_test_passes(
+        tmp_path, "Add an anomaly scorer", "tests/unit/apps/anomaly/scorers/test_mean_feature.py"
     )
-    assert "1 passed" in tested.stdout
     checkpoint = tiny_pretraining_checkpoint(tmp_path / "mae")
     digits = write_digit_anomalies(tmp_path / "digits", seed=0, num_normal=8, num_test=8)
     test = ["--test", str(digits / "test"), "--figures", "none"]
@@ -255,13 +261,9 @@ def test_example__add_an_anomaly_scorer(tmp_path):
 
 @pytest.mark.slow
 def test_example__add_a_checkpoint_format(tmp_path):
-    root = package_copy(tmp_path, "Add a checkpoint format")
-    tested = run_python(
-        root,
-        "import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1]]))",
-        "tests/unit/convert/formats/test_bundle.py",
+    root = package_copy_whose_new_test_passes(
+        tmp_path, "Add a checkpoint format", "tests/unit/convert/formats/test_bundle.py"
     )
-    assert "1 passed" in tested.stdout
     run_python(
         root,
         """

@@ -10,7 +10,7 @@ import torch
 
 from mae.convert.huggingface import save_hf_pretrained
 from mae.training.runtime import TrainingSettings, training_settings
-from tests.helpers import REPO
+from tests.helpers import ONE_TIMED_STEP, REPO
 
 
 @pytest.mark.slow
@@ -21,12 +21,7 @@ def test_throughput_benchmark__interleaved_table_against_hugging_face(tmp_path, 
             "cifar",
             "--batch-size",
             "2",
-            "--warmup",
-            "1",
-            "--steps",
-            "1",
-            "--rounds",
-            "2",
+            *ONE_TIMED_STEP,
             "--variants",
             "peers",
             "--no-memory",

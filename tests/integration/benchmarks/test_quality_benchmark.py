@@ -8,18 +8,12 @@ import quality
 import transfer
 from PIL import Image
 
+from tests.helpers import TINY_KWARGS
+
 pytestmark = pytest.mark.slow  # each trains tiny models through a whole benchmark (13-29 s)
 
 
 def test_quality_benchmark__tiny_run_writes_table_and_plots(tmp_path):
-    tiny = {
-        "embed_dim": 32,
-        "depth": 1,
-        "num_heads": 2,
-        "decoder_embed_dim": 32,
-        "decoder_depth": 1,
-        "decoder_num_heads": 2,
-    }
     table = quality.main(
         [
             "--seeds",
@@ -36,7 +30,7 @@ def test_quality_benchmark__tiny_run_writes_table_and_plots(tmp_path):
             "--finetune-epochs",
             "2",
             "--model-kwargs",
-            json.dumps(tiny),
+            json.dumps(TINY_KWARGS),
             "--batch-size",
             "128",
             "--out",
@@ -85,19 +79,14 @@ def test_own_data_benchmark__tiny_run_writes_results_and_figures(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["meta"]["epochs"] == 1
 
 
-def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tmp_path, monkeypatch):
-    from tests.helpers import tiny_pretraining_checkpoint
-
-    checkpoint = tiny_pretraining_checkpoint(tmp_path / "pretrain")
-    table = transfer.main(
+def tiny_transfer(checkpoint, tmp_path, *args: str) -> str:
+    """``benchmarks/transfer.py`` of the encoder ``tiny`` (``checkpoint``) and a random one, 2 epochs a task
+    on 16 training and 4 validation scenes, into ``tmp_path / "out"``; ``args`` (seeds, tasks) after. Its
+    table."""
+    return transfer.main(
         [
             "--encoders",
             f"tiny={checkpoint}",
-            "--seeds",
-            "0",
-            "--tasks",
-            "segment",
-            "detect",
             "--num-train",
             "16",
             "--num-val",
@@ -110,8 +99,16 @@ def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tm
             str(tmp_path / "scenes"),
             "--out",
             str(tmp_path / "out"),
+            *args,
         ]
     )
+
+
+def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tmp_path, monkeypatch):
+    from tests.helpers import tiny_pretraining_checkpoint
+
+    checkpoint = tiny_pretraining_checkpoint(tmp_path / "pretrain")
+    table = tiny_transfer(checkpoint, tmp_path, "--seeds", "0", "--tasks", "segment", "detect")
     for row in (
         "| segment | tiny | val/miou |",
         "| segment | random | val/miou |",
@@ -134,27 +131,7 @@ def test_transfer_benchmark__tiny_run_compares_pretrained_and_random_encoders(tm
     trained = []
     train, *rest = transfer.TASKS["detect"]
     monkeypatch.setitem(transfer.TASKS, "detect", (lambda argv: trained.append(argv) or train(argv), *rest))
-    again = transfer.main(
-        [
-            "--encoders",
-            f"tiny={checkpoint}",
-            "--seeds",
-            "0",
-            "1",
-            "--tasks",
-            "detect",
-            "--num-train",
-            "16",
-            "--num-val",
-            "4",
-            "--detect-epochs",
-            "2",
-            "--scenes",
-            str(tmp_path / "scenes"),
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
+    again = tiny_transfer(checkpoint, tmp_path, "--seeds", "0", "1", "--tasks", "detect")
     assert [argv[argv.index("--seed_everything") + 1] for argv in trained] == ["1", "1"]  # tiny and random
     first = [line for line in table.splitlines() if line.startswith("| detect | tiny | val/map |")][0]
     assert f"| {first.split('|')[5].strip()}, " in again  # seed 0's value, reused, then seed 1's

@@ -12,16 +12,7 @@ from mae.data import ImageFolderDataModule
 from mae.eval.knn import knn_evaluate
 from mae.models import create_model
 from mae.models.flops import mae_train_flops
-from tests.helpers import REPO, write_image_folder
-
-TINY = {
-    "embed_dim": 32,
-    "depth": 1,
-    "num_heads": 2,
-    "decoder_embed_dim": 32,
-    "decoder_depth": 1,
-    "decoder_num_heads": 2,
-}
+from tests.helpers import ONE_TIMED_STEP, REPO, TINY_KWARGS, write_image_folder
 
 
 def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(tmp_path):
@@ -37,7 +28,7 @@ def test_time_to_quality__tiny_run_evaluates_what_each_budget_reached(tmp_path):
             "--img-size",
             "16",
             "--model-kwargs",
-            json.dumps(TINY),
+            json.dumps(TINY_KWARGS),
             "--batch-size",
             "8",
             "--epochs",
@@ -107,18 +98,13 @@ def test_step_throughput__every_variant_with_its_flops(tmp_path):
             "--device",
             "cpu",
             "--model-kwargs",
-            json.dumps(TINY),
+            json.dumps(TINY_KWARGS),
             "--batch-size",
             "4",
             "--variants",
             "cross-partial-0.25",
             "low-res",
-            "--warmup",
-            "1",
-            "--steps",
-            "1",
-            "--rounds",
-            "2",
+            *ONE_TIMED_STEP,
             "--json",
             str(tmp_path / "t.json"),
         ]
@@ -127,7 +113,7 @@ def test_step_throughput__every_variant_with_its_flops(tmp_path):
     assert json.loads((tmp_path / "t.json").read_text()) == rows
     for row in rows:
         switches = ttq.VARIANTS[row["variant"]].switches
-        model = create_model("mae_vit_tiny_patch4", img_size=row["img_size"], **TINY, **switches)
+        model = create_model("mae_vit_tiny_patch4", img_size=row["img_size"], **TINY_KWARGS, **switches)
         assert row["gflops_per_step"] == pytest.approx(mae_train_flops(model.train(), 4) / 1e9)
         assert row["img_s"] > 0
 

@@ -41,6 +41,32 @@ def image(tmp_path_factory):
     return path
 
 
+def embed_argv(checkpoint, image, out, *more: str) -> tuple[str, ...]:
+    """``mae embed`` of ``image`` into ``out`` in the main process, quietly; ``more`` after it."""
+    return (
+        "embed",
+        "--checkpoint",
+        str(checkpoint),
+        str(image),
+        "--out",
+        str(out),
+        "--workers",
+        "0",
+        "--no-progress",
+        *more,
+    )
+
+
+def reconstruct_argv(checkpoint, image, out, *more: str) -> tuple[str, ...]:
+    """``mae reconstruct`` of ``image`` into the figure ``out``; ``more`` after it."""
+    return ("reconstruct", "--checkpoint", str(checkpoint), str(image), "--out", str(out), *more)
+
+
+def export_argv(checkpoint, out, *more: str) -> tuple[str, ...]:
+    """``mae export`` of ``checkpoint`` into ``out``; ``more`` after it."""
+    return ("export", "--checkpoint", str(checkpoint), "--out", str(out), *more)
+
+
 def last_error(result) -> str:
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -49,26 +75,9 @@ def last_error(result) -> str:
 
 def test_nan_weights__refused_by_name_in_every_inference_command(nan_checkpoint, image, tmp_path):
     commands = {
-        "embed": (
-            "embed",
-            "--checkpoint",
-            str(nan_checkpoint),
-            str(image),
-            "--out",
-            str(tmp_path / "i.npy"),
-            "--workers",
-            "0",
-            "--no-progress",
-        ),
-        "reconstruct": (
-            "reconstruct",
-            "--checkpoint",
-            str(nan_checkpoint),
-            str(image),
-            "--out",
-            str(tmp_path / "r.png"),
-        ),
-        "export": ("export", "--checkpoint", str(nan_checkpoint), "--out", str(tmp_path / "e.safetensors")),
+        "embed": embed_argv(nan_checkpoint, image, tmp_path / "i.npy"),
+        "reconstruct": reconstruct_argv(nan_checkpoint, image, tmp_path / "r.png"),
+        "export": export_argv(nan_checkpoint, tmp_path / "e.safetensors"),
     }
     for name, command in commands.items():
         error = last_error(run_mae(*command, check=False))
@@ -83,61 +92,18 @@ def test_inf_in_the_decoder__refused_for_reconstruction_not_for_the_encoders_use
     checkpoint, image, tmp_path
 ):
     bad = with_bad_value(checkpoint, tmp_path, "model.decoder_pred.bias", float("inf"))
-    error = last_error(
-        run_mae(
-            "reconstruct", "--checkpoint", str(bad), str(image), "--out", str(tmp_path / "r.png"), check=False
-        )
-    )
+    error = last_error(run_mae(*reconstruct_argv(bad, image, tmp_path / "r.png"), check=False))
     assert "decoder_pred.bias has 1 NaN or infinite value(s)" in error
-    result = run_mae(
-        "embed",
-        "--checkpoint",
-        str(bad),
-        str(image),
-        "--out",
-        str(tmp_path / "i.npy"),
-        "--workers",
-        "0",
-        "--no-progress",
-    )
+    result = run_mae(*embed_argv(bad, image, tmp_path / "i.npy"))
     assert np.isfinite(np.load(tmp_path / "i.npy")).all(), result.stderr
 
 
 def test_img_size_off_the_patch_grid__one_check_for_every_command(checkpoint, image, tmp_path):
     message = "img_size 30x30 is not divisible by patch_size 4; use a multiple of 4 (e.g. 28)"
     commands = {
-        "embed": (
-            "embed",
-            "--checkpoint",
-            str(checkpoint),
-            str(image),
-            "--out",
-            str(tmp_path / "i.npy"),
-            "--workers",
-            "0",
-            "--no-progress",
-            "--img-size",
-            "30",
-        ),
-        "reconstruct": (
-            "reconstruct",
-            "--checkpoint",
-            str(checkpoint),
-            str(image),
-            "--img-size",
-            "30",
-            "--out",
-            str(tmp_path / "r.png"),
-        ),
-        "onnx": (
-            "export",
-            "--checkpoint",
-            str(checkpoint),
-            "--out",
-            str(tmp_path / "e.onnx"),
-            "--img-size",
-            "30",
-        ),
+        "embed": embed_argv(checkpoint, image, tmp_path / "i.npy", "--img-size", "30"),
+        "reconstruct": reconstruct_argv(checkpoint, image, tmp_path / "r.png", "--img-size", "30"),
+        "onnx": export_argv(checkpoint, tmp_path / "e.onnx", "--img-size", "30"),
     }
     for name, command in commands.items():
         assert message in last_error(run_mae(*command, check=False)), name
@@ -147,15 +113,7 @@ def test_img_size_off_the_patch_grid__one_check_for_every_command(checkpoint, im
 def test_img_size_too_large__refused_before_allocating(checkpoint, tmp_path):
     error = last_error(
         run_mae(
-            "export",
-            "--checkpoint",
-            str(checkpoint),
-            "--out",
-            str(tmp_path / "e.onnx"),
-            "--img-size",
-            "100000",
-            check=False,
-            timeout=120,
+            *export_argv(checkpoint, tmp_path / "e.onnx", "--img-size", "100000"), check=False, timeout=120
         )
     )
     assert (

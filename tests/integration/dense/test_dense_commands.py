@@ -13,6 +13,7 @@ from mae.data.sources.digit_scenes import write_digit_scenes
 from mae.dense.tasks.detection import MAEDetectionModule
 from mae.dense.tasks.segmentation import MAESegmentationModule
 from tests.helpers import (
+    CPU_TRAINER,
     REPO,
     TINY_KWARGS,
     csv_logger,
@@ -268,14 +269,7 @@ def test_recipes__the_papers_settings_parse_build_and_train_a_step_on_a_tiny_inp
         str(REPO / recipe),
         "--model.encoder.checkpoint",
         "null",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.devices",
-        "1",
-        "--trainer.strategy",
-        "auto",
-        "--trainer.precision",
-        "32-true",
+        *CPU_TRAINER,
         "--trainer.max_steps",
         "1",
         "--trainer.limit_val_batches",

@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
-    TINY_MODEL,
     cli_trainer,
     folder_data,
     run_mae,
     tensorboard_events,
     tensorboard_tracker,
-    write_image_folder,
+    tiny_pretraining_run,
 )
 
 
@@ -28,19 +27,13 @@ def _trainer(tmp: Path, name: str) -> dict:
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline")
-    write_image_folder(tmp / "data" / "train", ["a", "b", "c"], per_class=4, size=(40, 30))
-    write_image_folder(tmp / "data" / "val", ["a", "b", "c"], per_class=2, seed=1)
-    config = {
-        "seed_everything": 0,
-        "model": {**TINY_MODEL, "optim": {"warmup_epochs": 0}},
-        "data": folder_data(tmp / "data"),
-        "trainer": _trainer(tmp, "pretrain"),
-        "reconstruction": {"every_n_epochs": 0},
-        "knn": {"every_n_epochs": 1, "k": 3},
-        "tracker": tensorboard_tracker(tmp / "tb"),
-    }
-    _run("pretrain", config, tmp)
-    run = tmp / "runs" / "pretrain" / "version_0"
+    _, run = tiny_pretraining_run(
+        tmp,
+        "pretrain",
+        reconstruction={"every_n_epochs": 0},
+        knn={"every_n_epochs": 1, "k": 3},
+        tracker=tensorboard_tracker(tmp / "tb"),
+    )
     with open(run / "metrics.csv") as f:
         assert any(r.get("val/knn_acc1") for r in csv.DictReader(f))  # the kNN monitor during pretraining
     return tmp, run / "checkpoints" / "last.ckpt"

@@ -19,13 +19,11 @@ from tests.helpers import (
     REPO,
     TINY_MODEL,
     TWO_BLOCK_KWARGS,
-    cli_trainer,
     csv_logger,
     folder_data,
     read_metrics,
-    run_mae,
+    tiny_pretraining_run,
     write_config,
-    write_image_folder,
 )
 
 SWITCHES = {"decoder_type": "cross", "decoder_keep_ratio": 0.5, "decoder_encoder_layers": [0, 1]}
@@ -35,19 +33,14 @@ SWITCHES = {"decoder_type": "cross", "decoder_keep_ratio": 0.5, "decoder_encoder
 def variant_run(tmp_path_factory):
     """train.py, as a subprocess, for 1 epoch of the cross decoder with partial reconstruction at 16x16."""
     tmp = tmp_path_factory.mktemp("variant")
-    write_image_folder(tmp / "data" / "train", ["a", "b", "c"], per_class=4, size=(40, 30))
-    write_image_folder(tmp / "data" / "val", ["a", "b", "c"], per_class=2, seed=1)
-    config = {
-        "seed_everything": 0,
-        "model": {**TINY_MODEL, "model_kwargs": TWO_BLOCK_KWARGS, "optim": {"warmup_epochs": 0}, **SWITCHES},
-        "data": folder_data(tmp / "data", 16),
-        "trainer": cli_trainer(tmp, "variant", max_epochs=1),
-        "checkpoint": {"every_n_epochs": 1},
-        "reconstruction": {"every_n_epochs": 1, "num_images": 2},
-    }
-    path = write_config(tmp, config, "variant")
-    run_mae("pretrain", "--config", str(path))
-    return tmp, path, tmp / "runs" / "variant" / "version_0"
+    path, run = tiny_pretraining_run(
+        tmp,
+        "variant",
+        model={**TINY_MODEL, "model_kwargs": TWO_BLOCK_KWARGS, "optim": {"warmup_epochs": 0}, **SWITCHES},
+        checkpoint={"every_n_epochs": 1},
+        reconstruction={"every_n_epochs": 1, "num_images": 2},
+    )
+    return tmp, path, run
 
 
 def test_variant__trains_resumes_and_refuses_a_resume_as_another_variant(variant_run, capsys, monkeypatch):

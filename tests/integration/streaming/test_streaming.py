@@ -455,6 +455,19 @@ def test_s3__shard_stream_and_resume_from_a_bucket(s3, tmp_path):
     check_resume("s3://shards/ids", tmp_path, workers=1)
 
 
+def default_pretrain_from(root: str) -> tuple[str, ...]:
+    """``mae pretrain`` of the default recipe, streaming the shards at ``root``."""
+    return (
+        "pretrain",
+        "--config",
+        "configs/pretrain/default.yaml",
+        "--data",
+        "mae.data.StreamingDataModule",
+        "--data.root",
+        root,
+    )
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_path, workers):
     """What a user runs: the shard command writes to the bucket, then ``train.py`` pretrains from it with
@@ -465,13 +478,7 @@ def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_pa
     root = f"s3://shards/train_py_{workers}"
     run_mae("shard", str(images), "--out", root, "--workers", "1", "--start-method", "fork")
     run_mae(
-        "pretrain",
-        "--config",
-        "configs/pretrain/default.yaml",
-        "--data",
-        "mae.data.StreamingDataModule",
-        "--data.root",
-        root,
+        *default_pretrain_from(root),
         "--data.img_size",
         "16",
         "--data.batch_size",
@@ -498,13 +505,7 @@ def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_pa
 
 def test_s3__a_missing_bucket_ends_the_command_with_its_error_alone(s3, tmp_path):
     result = run_mae(
-        "pretrain",
-        "--config",
-        "configs/pretrain/default.yaml",
-        "--data",
-        "mae.data.StreamingDataModule",
-        "--data.root",
-        "s3://nobucket/ids",
+        *default_pretrain_from("s3://nobucket/ids"),
         "--trainer.logger",
         "false",
         check=False,

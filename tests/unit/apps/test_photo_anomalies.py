@@ -2,26 +2,15 @@
 accepts, defects that change exactly their ground-truth region and visibly, the same bytes for the same
 seed, and a folder it did not write refused."""
 
-import importlib.util
 import json
 
 import numpy as np
+import photo_anomalies
 import pytest
 from PIL import Image
 
 from mae.apps.anomaly.layout import read_test_set
 from mae.errors import ConfigError, InputError
-from tests.helpers import REPO
-
-
-@pytest.fixture(scope="module")
-def photo_anomalies():
-    spec = importlib.util.spec_from_file_location(
-        "photo_anomalies", REPO / "benchmarks" / "photo_anomalies.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def photos(count: int = 48) -> tuple[np.ndarray, list[str], list[str]]:
@@ -36,7 +25,7 @@ def read(path) -> np.ndarray:
     return np.asarray(Image.open(path))
 
 
-def test_photo_anomalies__each_defect_changes_exactly_its_region_and_visibly(photo_anomalies, tmp_path):
+def test_photo_anomalies__each_defect_changes_exactly_its_region_and_visibly(tmp_path):
     images, labels, splits = photos()
     root = photo_anomalies.write_photo_anomalies(tmp_path / "task", images, labels, splits, seed=3)
     train = sorted((root / "train" / "good").iterdir())
@@ -56,9 +45,7 @@ def test_photo_anomalies__each_defect_changes_exactly_its_region_and_visibly(pho
     assert json.loads((root / "anomalies.json").read_text())["seed"] == 3
 
 
-def test_photo_anomalies__the_same_seed_writes_the_same_bytes_and_another_seed_other_defects(
-    photo_anomalies, tmp_path
-):
+def test_photo_anomalies__the_same_seed_writes_the_same_bytes_and_another_seed_other_defects(tmp_path):
     images, labels, splits = photos()
 
     def files(root):
@@ -71,7 +58,7 @@ def test_photo_anomalies__the_same_seed_writes_the_same_bytes_and_another_seed_o
     assert {p for p in first if p.parts[0] == "test"} != {p for p in other if p.parts[0] == "test"}
 
 
-def test_photo_anomalies__refuses_a_folder_it_did_not_write_and_other_photos(photo_anomalies, tmp_path):
+def test_photo_anomalies__refuses_a_folder_it_did_not_write_and_other_photos(tmp_path):
     images, labels, splits = photos()
     write = photo_anomalies.write_photo_anomalies
     (tmp_path / "mine").mkdir()

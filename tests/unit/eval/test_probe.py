@@ -11,6 +11,7 @@ from mae.eval.probe import FeatureStore, pooled, train_probe
 from tests.helpers import (
     TINY_MODEL,
     csv_logger,
+    folder_flags,
     read_metrics,
     tiny_pretraining_checkpoint,
     write_config,
@@ -90,18 +91,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.mark.parametrize("pool, extra", [("cls", []), ("both", ["--views", "2"])])
 def test_probe_command__on_a_checkpoint_and_a_folder(checkpoint, pool, extra, tmp_path, capsys):
-    data = [
-        "--data.class_path",
-        "mae.data.ImageFolderDataModule",
-        "--data.root",
-        str(checkpoint / "data"),
-        "--data.img_size",
-        "16",
-        "--data.num_workers",
-        "0",
-        "--data.batch_size",
-        "8",
-    ]
+    data = folder_flags(checkpoint / "data", batch_size=8)
     result = invoke(
         "probe",
         [
@@ -127,18 +117,7 @@ def test_probe_command__on_a_checkpoint_and_a_folder(checkpoint, pool, extra, tm
 def test_probe_command__a_cache_prefix_over_the_users_files_is_refused_its_own_reused(
     checkpoint, tmp_path, capsys
 ):
-    data = [
-        "--data.class_path",
-        "mae.data.ImageFolderDataModule",
-        "--data.root",
-        str(checkpoint / "data"),
-        "--data.img_size",
-        "16",
-        "--data.num_workers",
-        "0",
-        "--data.batch_size",
-        "8",
-    ]
+    data = folder_flags(checkpoint / "data", batch_size=8)
     args = ["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--cache", str(tmp_path / "cache")]
     invoke("probe", args)
     invoke("probe", args)  # its own cache files are replaced
@@ -156,35 +135,14 @@ def test_probe_command__needs_labels_an_encoder_and_a_positive_lr(checkpoint, tm
     one_class = tmp_path / "one"
     write_image_folder(one_class / "train", ["only"], per_class=4)
     write_image_folder(one_class / "val", ["only"], per_class=2)
-    data = [
-        "--data.class_path",
-        "mae.data.ImageFolderDataModule",
-        "--data.img_size",
-        "16",
-        "--data.num_workers",
-        "0",
-    ]
     with pytest.raises(ValueError, match="needs labelled data with 2 or more classes"):
-        invoke("probe", ["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--data.root", str(one_class)])
+        invoke("probe", ["--checkpoint", str(checkpoint / "last.ckpt"), *folder_flags(one_class)])
     (tmp_path / "notes.ckpt").write_text("an encoder lives here")
+    data = folder_flags(checkpoint / "data")
     with pytest.raises(ValueError, match="notes.ckpt is not a PyTorch/safetensors checkpoint"):
-        invoke(
-            "probe",
-            ["--checkpoint", str(tmp_path / "notes.ckpt"), *data, "--data.root", str(checkpoint / "data")],
-        )
+        invoke("probe", ["--checkpoint", str(tmp_path / "notes.ckpt"), *data])
     with pytest.raises(ValueError, match="probe.lrs must be positive"):
-        invoke(
-            "probe",
-            [
-                "--checkpoint",
-                str(checkpoint / "last.ckpt"),
-                *data,
-                "--data.root",
-                str(checkpoint / "data"),
-                "--lrs",
-                "[0.1, -1]",
-            ],
-        )
+        invoke("probe", ["--checkpoint", str(checkpoint / "last.ckpt"), *data, "--lrs", "[0.1, -1]"])
 
 
 def test_probe_monitor__logged_during_pretraining(checkpoint, tmp_path):

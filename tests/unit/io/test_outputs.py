@@ -54,6 +54,18 @@ def embed(checkpoint, *args):
     )
 
 
+def reconstruct(checkpoint, image, out):
+    return run_mae("reconstruct", "--checkpoint", str(checkpoint), str(image), "--out", str(out), check=False)
+
+
+def anomaly_without_a_checkpoint(images, out, tmp_path):
+    """``mae anomaly`` of the test folder ``images`` into ``out``, naming a checkpoint that does not exist
+    (whatever is refused is refused before it loads)."""
+    checkpoint = str(tmp_path / "missing.ckpt")
+    argv = ("--checkpoint", checkpoint, "--test", str(images), "--raw-errors", "--out", str(out))
+    return run_mae("anomaly", *argv, check=False)
+
+
 def test_embed__the_users_files_beside_an_index_are_refused_and_kept(checkpoint, images, tmp_path):
     users = tmp_path / "users"
     users.mkdir()
@@ -109,15 +121,7 @@ def test_outputs__inside_an_input_a_folder_for_a_file_or_below_a_file(checkpoint
     )
     (tmp_path / "figure.png").mkdir()
     refused(
-        run_mae(
-            "reconstruct",
-            "--checkpoint",
-            str(checkpoint),
-            str(images / "a"),
-            "--out",
-            str(tmp_path / "figure.png"),
-            check=False,
-        ),
+        reconstruct(checkpoint, images / "a", tmp_path / "figure.png"),
         "is a folder",
     )
     (tmp_path / "encoder.onnx").mkdir()
@@ -132,17 +136,7 @@ def test_outputs__inside_an_input_a_folder_for_a_file_or_below_a_file(checkpoint
         "--out must end in",
     )
     refused(
-        run_mae(
-            "anomaly",
-            "--checkpoint",
-            "never_read.ckpt",
-            "--test",
-            str(images),
-            "--raw-errors",
-            "--out",
-            str(tmp_path / "a_file"),
-            check=False,
-        ),
+        anomaly_without_a_checkpoint(images, tmp_path / "a_file", tmp_path),
         "is a file",
     )
 
@@ -150,23 +144,13 @@ def test_outputs__inside_an_input_a_folder_for_a_file_or_below_a_file(checkpoint
 def test_reconstruct__replaces_its_own_figure_never_the_users_image(checkpoint, images, tmp_path):
     out = tmp_path / "figure.png"
     for _ in range(2):
-        result = run_mae(
-            "reconstruct", "--checkpoint", str(checkpoint), str(images / "a"), "--out", str(out), check=False
-        )
+        result = reconstruct(checkpoint, images / "a", out)
         assert result.returncode == 0, result.stderr[-2000:]
     photo = tmp_path / "photo.png"
     shutil.copy(images / "b" / "0.png", photo)
     before = photo.read_bytes()
     refused(
-        run_mae(
-            "reconstruct",
-            "--checkpoint",
-            str(checkpoint),
-            str(images / "a"),
-            "--out",
-            str(photo),
-            check=False,
-        ),
+        reconstruct(checkpoint, images / "a", photo),
         str(photo),
         "mae reconstruct",
     )
@@ -217,32 +201,12 @@ def test_export__the_users_json_beside_the_weights_is_refused(checkpoint, tmp_pa
 def test_anomaly__an_output_inside_the_test_folder_is_refused_before_the_model_loads(images, tmp_path):
     """Run twice, the second run scored the first's heat maps as a defect class; the checkpoint named here
     does not exist, so the refusal comes before anything is loaded or read."""
-    result = run_mae(
-        "anomaly",
-        "--checkpoint",
-        str(tmp_path / "missing.ckpt"),
-        "--test",
-        str(images),
-        "--raw-errors",
-        "--out",
-        str(images / "results"),
-        check=False,
-    )
+    result = anomaly_without_a_checkpoint(images, images / "results", tmp_path)
     refused(result, "--out", "inside the input")
     assert not (images / "results").exists()
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "scores.csv").write_text("my scores\n")
-    result = run_mae(
-        "anomaly",
-        "--checkpoint",
-        str(tmp_path / "missing.ckpt"),
-        "--test",
-        str(images),
-        "--raw-errors",
-        "--out",
-        str(tmp_path / "mine"),
-        check=False,
-    )
+    result = anomaly_without_a_checkpoint(images, tmp_path / "mine", tmp_path)
     refused(result, "scores.csv", "no run of mae anomaly wrote")
 
 

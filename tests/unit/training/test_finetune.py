@@ -9,7 +9,7 @@ from torch import nn
 from mae.convert.backbone import resample_pos_embed
 from mae.eval.knn import knn_accuracy, knn_classify
 from mae.training.finetune import MAEFinetuneModule
-from tests.helpers import LabelledImages, finetune_module, make_trainer
+from tests.helpers import CPU_TRAINER, LabelledImages, finetune_module, make_trainer
 
 
 def test_layer_decay__lr_scale_per_block_as_the_paper(tmp_path):
@@ -132,20 +132,7 @@ CONFIGS = sorted(
     for folder in ("finetune", "linprobe")
     for p in (Path(__file__).resolve().parents[3] / "configs" / folder).glob("*.yaml")
 )
-LIGHT = [
-    "--trainer.accelerator",
-    "cpu",
-    "--trainer.devices",
-    "1",
-    "--trainer.strategy",
-    "auto",
-    "--trainer.precision",
-    "32-true",
-    "--trainer.logger",
-    "false",
-    "--model.encoder.checkpoint",
-    "null",
-]
+LIGHT = [*CPU_TRAINER, "--trainer.logger", "false", "--model.encoder.checkpoint", "null"]
 
 
 def test_finetune_configs__the_required_recipes_exist():

@@ -11,7 +11,7 @@ from mae.training.optim import (
     warmup_cosine_scheduler,
     weight_decay_groups,
 )
-from tests.helpers import TINY, official_lr
+from tests.helpers import TINY, finetune_module, official_lr, pretrain_module
 
 
 def _lrs(total: int, warmup: int, lr: float, min_lr: float) -> list[float]:
@@ -148,3 +148,11 @@ def test_weight_decay_groups__no_one_dimensional_parameters():
     assert [(g["name"], g["weight_decay"], len(g["params"])) for g in groups] == [("decay", 0.05, 1)]
     groups = weight_decay_groups(nn.Sequential(nn.Linear(4, 4, bias=False)), 0.0)
     assert [(g["name"], g["weight_decay"], len(g["params"])) for g in groups] == [("no_decay", 0.0, 1)]
+
+
+def test_schedule_settings__both_modules_refuse_them_at_build():
+    for build in (pretrain_module, finetune_module):
+        with pytest.raises(ValueError, match="need warmup_epochs >= 0, min_lr >= 0 and a positive lr"):
+            build(optim=dict(warmup_epochs=-1))
+        with pytest.raises(ValueError, match="need warmup_epochs >= 0"):
+            build(optim=dict(lr=0.0))
