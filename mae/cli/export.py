@@ -63,7 +63,10 @@ def build_parser() -> ArgumentParser:
     out_help = "a file (.safetensors, .onnx) or, for a folder target, a folder"
     add_option(parser, "out", out_help, type=str, required=True)
     parser.add_argument(
-        "--to", choices=list(EXPORT_TARGETS), default=None, help="what to write (default: --out's suffix)"
+        "--to",
+        choices=list(EXPORT_TARGETS),
+        default=None,
+        help="what to write; left out, --out's suffix chooses",
     )
     parser.add_argument(
         "--num-heads", type=argparse_int, default=None, help="attention heads, for files that do not say"

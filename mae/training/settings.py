@@ -201,7 +201,9 @@ def _own_parameters(cls: type) -> list[str]:
 def upgrade_hparams(hparams: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
     """``hparams`` of a checkpoint written before a rename (0.3.0's flat keys, 0.4.0's
     ``activation_checkpointing``) with each key of ``renamed`` (rows of ``RENAMED_KEYS``) moved to its new
-    name, in its group; a value the new key already holds is kept. Other keys stay."""
+    name, in its group; a value the new key already holds is kept, but for 0.4.0's top-level rename: 0.3.0's
+    dense modules took both ``activation_checkpointing`` and ``grad_checkpointing`` and checkpointed when
+    either was true, so a true under either name stays true. Other keys stay."""
     upgraded = dict(hparams)
     for old, new in renamed.items():
         key = old.removeprefix("model.")
@@ -209,7 +211,7 @@ def upgrade_hparams(hparams: dict[str, Any], renamed: dict[str, str]) -> dict[st
             _, *path = new.split(".")
             value = upgraded.pop(key)
             if len(path) == 1:
-                upgraded.setdefault(path[0], value)
+                upgraded[path[0]] = bool(upgraded.get(path[0])) or bool(value)
             else:
                 upgraded[path[0]] = {path[1]: value, **(upgraded.get(path[0]) or {})}
     return upgraded

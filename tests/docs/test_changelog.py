@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import mae
-from mae.cli.commands import COMMANDS, TRAIN
 from mae.cli.command_options import REMOVED, refuse_removed
+from mae.cli.commands import COMMANDS, TRAIN
 from mae.training.settings import RENAMES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,9 +114,7 @@ def test_changelog__every_removed_spelling_is_listed_with_the_one_to_use():
     removed = sections(release_body(REMOVED_IN)).get("Removed", "")
     assert removed, f"no Removed section in {REMOVED_IN}"
     missing = unlisted_removals(removed)
-    assert not missing, (
-        f"refused by the code, not in CHANGELOG.md's {REMOVED_IN} Removed section: {missing}"
-    )
+    assert not missing, f"refused by the code, not in CHANGELOG.md's {REMOVED_IN} Removed section: {missing}"
     assert len(OPTION_PAIR.findall(removed)) >= len(REMOVED)
 
 

@@ -10,8 +10,8 @@ import pytest
 import tifffile
 from PIL import Image
 
-from mae.cli.main import invoke
 from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
+from mae.cli.main import invoke
 from tests.helpers import REPO, run_mae
 
 ROOT_ENTRY_POINTS = {"train.py": "pretrain", "finetune.py": "finetune"}

@@ -41,13 +41,20 @@ def folder_weights(folder: Path) -> dict[str, torch.Tensor]:
     )
 
 
+MODEL_TYPES = ("vit_mae", "vit")  # config.json's model_type of the models read here
+
+
 def detect_folder(checkpoint: CheckpointPath) -> bool:
+    """A folder with weights and a ``config.json`` whose ``model_type`` is a ViT MAE's or a ViT's (a timm
+    folder's ``config.json`` names no ``model_type``)."""
     folder = checkpoint.path
-    return (
-        folder.is_dir()
-        and (folder / "config.json").is_file()
-        and any((folder / f).is_file() for f in WEIGHT_FILES)
-    )
+    if not (folder.is_dir() and any((folder / f).is_file() for f in WEIGHT_FILES)):
+        return False
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(hf, dict) and hf.get("model_type") in MODEL_TYPES
 
 
 def read_folder(checkpoint: CheckpointPath) -> MAECheckpoint:
@@ -83,7 +90,14 @@ def read_tensors(folder: Path, tensors: dict[str, torch.Tensor], path: Path | No
             f"Hugging Face weights {path or folder} need their config.json beside them (not found in "
             f"{folder})"
         )
-    hf = json.loads(config_file.read_text())
+    try:
+        hf = json.loads(config_file.read_text())
+    except (UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"{config_file} is not a JSON file ({err}); a Hugging Face config.json is") from None
+    if not isinstance(hf, dict):
+        raise InputError(
+            f"{config_file} holds a {type(hf).__name__}; a Hugging Face config.json holds an object"
+        )
     _check_mae_vit(hf, config_file)
     ignored = sorted(k for k in tensors if k.startswith(_HF_IGNORED))
     kept = {  # ViTMAEModel / ViTModel keys lack the "vit." of ViTMAEForPreTraining
@@ -91,7 +105,12 @@ def read_tensors(folder: Path, tensors: dict[str, torch.Tensor], path: Path | No
         for key, value in tensors.items()
         if key not in ignored
     }
-    state = from_hf_state_dict(kept)
+    try:
+        state = from_hf_state_dict(kept)
+    except KeyError as err:  # a tensor name no ViT MAE has: another model in Hugging Face's layout
+        raise InputError(
+            f"{path or folder}: {err.args[0]}; not a ViT MAE or ViT in Hugging Face's names"
+        ) from None
     config, notes = infer_config(state, _hints(hf), path or folder)
     if config["layer_norm_eps"] != 1e-6:
         notes.append(
@@ -165,7 +184,8 @@ def write(
 FOLDER_FORMAT = CheckpointFormat(
     name="Hugging Face folder (ViTMAEForPreTraining, ViTMAEModel, ViTModel; mae export --to huggingface)",
     format="huggingface",
-    looks_for="a folder with config.json and model.safetensors or pytorch_model.bin",
+    looks_for="a folder with model.safetensors or pytorch_model.bin and a config.json of model_type vit_mae "
+    "or vit",
     detect=detect_folder,
     read=read_folder,
 )

@@ -547,8 +547,8 @@ def test_page_screenshot__the_page_with_its_four_panels_and_an_existing_file_ref
 def test_demo__without_gradio_an_error_line_naming_the_extra(checkpoint, capsys, monkeypatch):
     from functools import partial
 
-    from mae.cli.main import invoke
     from mae.cli.command import USAGE_ERROR_EXIT_CODE, run_command
+    from mae.cli.main import invoke
 
     monkeypatch.setitem(sys.modules, "gradio", None)  # as if the demo extra were not installed
     monkeypatch.delenv("MAE_DEBUG", raising=False)

@@ -118,18 +118,26 @@ def test_renamed_in_0_4_0__activation_checkpointing_is_refused_in_a_python_call_
         MAESegmentationModule(img_size=16, num_classes=3, base_lr=0.1)
     renamed = RENAMES["0.4.0"]
     assert upgrade_hparams({"activation_checkpointing": True}, renamed) == {"grad_checkpointing": True}
-    both = {"activation_checkpointing": True, "grad_checkpointing": False}  # the new name's value is kept
-    assert upgrade_hparams(both, renamed) == {"grad_checkpointing": False}
+    # 0.3.0 wrote both names and checkpointed when either was true
+    both = {"activation_checkpointing": True, "grad_checkpointing": False}
+    assert upgrade_hparams(both, renamed) == {"grad_checkpointing": True}
+    neither = {"activation_checkpointing": False, "grad_checkpointing": False}
+    assert upgrade_hparams(neither, renamed) == {"grad_checkpointing": False}
+    assert upgrade_hparams({"activation_checkpointing": False, "grad_checkpointing": True}, renamed) == {
+        "grad_checkpointing": True
+    }
 
 
 def test_dense_checkpoint_of_version_0_3_0__loads_with_restore_kwargs_its_checkpointing_renamed(tmp_path):
-    """A segmentation checkpoint as 0.3.0 wrote it: ``activation_checkpointing`` among its hyperparameters."""
+    """A segmentation checkpoint as 0.3.0 wrote it: ``activation_checkpointing`` beside ``grad_checkpointing``
+    (false) among its hyperparameters; 0.3.0 checkpointed when either was true, and so does the loaded one."""
     from mae.dense.tasks.segmentation import MAESegmentationModule
     from mae.training.transfer import restore_kwargs_v0_2
 
     encoder = {"model": "mae_vit_tiny_patch4", "model_kwargs": LEGACY_KWARGS}
     module = MAESegmentationModule(encoder=encoder, img_size=16, num_classes=3, out_channels=16).eval()
-    hparams = {k: v for k, v in module.hparams.items() if k != "grad_checkpointing"}
+    hparams = dict(module.hparams)
+    assert hparams["grad_checkpointing"] is False
     hparams.update(activation_checkpointing=True, _instantiator="lightning.pytorch.cli.instantiate_module")
     path = tmp_path / "v0_3_0.ckpt"
     saved = {"state_dict": module.state_dict(), "hyper_parameters": hparams}

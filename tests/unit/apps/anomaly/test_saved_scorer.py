@@ -60,8 +60,11 @@ def test_saved_scorer__written_by_0_3_0_loads_and_scores_identically(method, tmp
     scorer = SCORERS[method].load(saved, folder, model, Reading())
     result = scorer.score(read_test_set(images), Reading())
     expected = json.loads((V030 / "scores.json").read_text())[method]
-    torch.testing.assert_close(result.scores, torch.tensor(expected["scores"]), rtol=0, atol=1e-6)
-    torch.testing.assert_close(result.patch_scores, torch.tensor(expected["patch_scores"]), rtol=0, atol=1e-6)
+    # fp32 sums in an order that follows the thread count: seen 2.1e-6 apart (relative 2.4e-6) in the suite
+    torch.testing.assert_close(result.scores, torch.tensor(expected["scores"]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        result.patch_scores, torch.tensor(expected["patch_scores"]), rtol=1e-5, atol=1e-6
+    )
     # through the command, as 0.3.0 applied it: the same scores.csv, its saved decision included
     checkpoint = [] if method == "pixel-knn" else ["--checkpoint", str(V030_MODEL)]
     out = tmp_path / "out"

@@ -11,6 +11,7 @@ from mae import load_mae
 from mae.convert.formats import huggingface
 from mae.convert.formats.base import CheckpointPath
 from mae.convert.huggingface import save_hf_pretrained, to_hf_state_dict
+from mae.convert.sources import read_checkpoint
 from mae.errors import InputError, MissingFileError
 from tests.unit.convert.formats.conftest import same_outputs
 
@@ -58,3 +59,39 @@ def test_write__transformers_loads_the_folder_with_its_image_processor(tiny_mae,
     assert list(transformers.ViTImageProcessor.from_pretrained(tmp_path).image_mean) == [0.5] * 3
     model, _ = load_mae(tmp_path)
     assert same_outputs(model.eval(), tiny_mae)
+
+
+@pytest.mark.parametrize(
+    "config, refusal",
+    [
+        ('{"model_type": "bert"}', "no checkpoint format recognises"),
+        ("{", "no checkpoint format recognises"),
+        ("[]", "no checkpoint format recognises"),
+    ],
+)
+def test_folder__another_model_or_a_broken_config_json_is_refused_by_name(tmp_path, config, refusal):
+    """A hub folder of another model, or with a config.json that is not a JSON object, is not read as a
+    ViT MAE: refused naming the folder (it was a KeyError, JSONDecodeError or AttributeError traceback)."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    save_file({"embeddings.word_embeddings.weight": torch.zeros(4, 8)}, str(folder / "model.safetensors"))
+    for forced in ("auto", "huggingface"):
+        with pytest.raises(InputError, match=refusal) as err:
+            read_checkpoint(folder, format=forced)
+        assert str(folder) in str(err.value)
+
+
+def test_forced_huggingface_on_a_timm_folder__refused_not_a_traceback(tmp_path):
+    """A timm folder (its config.json names no model_type) forced through the Hugging Face reader is refused
+    by name (it was a KeyError traceback on its tensor names)."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "timm"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architecture": "vit_tiny_patch16_224", "num_classes": 0}')
+    save_file({"blocks.0.attn.proj.bias": torch.zeros(4)}, str(folder / "model.safetensors"))
+    with pytest.raises(InputError, match="no checkpoint format recognises"):
+        read_checkpoint(folder, format="huggingface")
