@@ -1,7 +1,8 @@
-"""docs/troubleshooting.md against the code: every message it quotes can still be printed, and every
-``## mae <command>`` heading names a real command. Read in-process, nothing run.
+"""The troubleshooting pages (docs/troubleshooting/*.md) against the code: every message they quote can
+still be printed, every ``## mae <command>`` heading names a real command, and no page outgrows the size at
+which it is split by command. Read in-process, nothing run.
 
-The page's format (stated on the page): a message is a line of a fenced ``text`` block, or an inline code
+The pages' format (stated on index.md): a message is a line of a fenced ``text`` block, or an inline code
 span starting with ``error: ``. A printed prefix is taken off (``error: ``, ``mae: error: ``, ``mae
 <command>: error: ``, an ``[Errno N] `` after it, or the ``SomeError: `` of a traceback's last line).
 ``<...>`` marks a part that varies (a path, a number, a name; ``'<x>'`` when Python quotes it), and the
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGE = REPO / "docs" / "troubleshooting.md"
+PAGES = sorted((REPO / "docs" / "troubleshooting").glob("*.md"))
 SOURCE = REPO / "mae"
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
@@ -39,6 +40,8 @@ MIN_ANCHOR = 12
 # Letters and digits the part of a crossing fragment inside a field's value must hold.
 MIN_PIECE = 2
 MIN_MESSAGES = 40
+# A page past this many lines is split by command (issue 66).
+MAX_PAGE_LINES = 1300
 
 
 # ------------------------------------------------------------------------------------ the code's strings
@@ -219,24 +222,32 @@ def command_headings(text: str) -> Iterator[tuple[int, list[str]]]:
             )
 
 
-PAGE_TEXT = PAGE.read_text(encoding="utf-8")
-MESSAGES = list(page_messages(PAGE_TEXT))
+PAGE_TEXTS = {page.name: page.read_text(encoding="utf-8") for page in PAGES}
+# (page, line number, message)
+MESSAGES = [(name, n, message) for name, text in PAGE_TEXTS.items() for n, message in page_messages(text)]
 
 
 # ------------------------------------------------------------------------------------ tests
 
 
 def test_page__quotes_the_messages_in_its_format():
+    assert len(PAGE_TEXTS) >= 8, sorted(PAGE_TEXTS)
     assert len(MESSAGES) >= MIN_MESSAGES, (
-        f"{len(MESSAGES)} messages found on {PAGE.name}: the format changed?"
+        f"{len(MESSAGES)} messages found on {sorted(PAGE_TEXTS)}: the format changed?"
     )
-    assert sum(message.startswith("error: ") for _, message in MESSAGES) >= MIN_MESSAGES
+    assert sum(message.startswith("error: ") for _, _, message in MESSAGES) >= MIN_MESSAGES
 
 
-@pytest.mark.parametrize("number, message", MESSAGES, ids=[f"troubleshooting.md:{n}" for n, _ in MESSAGES])
-def test_page__each_message_is_still_in_the_code(number, message):
+@pytest.mark.parametrize("page, number, message", MESSAGES, ids=[f"{page}:{n}" for page, n, _ in MESSAGES])
+def test_page__each_message_is_still_in_the_code(page, number, message):
     problems = message_problems(message, source_literals())
-    assert not problems, f"docs/troubleshooting.md:{number}: {message[:100]}\n  " + "\n  ".join(problems)
+    assert not problems, f"docs/troubleshooting/{page}:{number}: {message[:100]}\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("page", sorted(PAGE_TEXTS))
+def test_page__is_short_enough_to_read(page):
+    lines = PAGE_TEXTS[page].count("\n")
+    assert lines <= MAX_PAGE_LINES, f"docs/troubleshooting/{page} has {lines} lines: split it by command"
 
 
 def test_matcher__a_made_up_or_reworded_message_is_reported():
@@ -307,11 +318,11 @@ def test_page_reader__placeholders_prefixes_and_where_messages_are():
 def test_page__every_command_heading_names_a_real_command():
     from mae.cli.commands import BY_NAME
 
-    headings = list(command_headings(PAGE_TEXT))
+    headings = [(page, n, names) for page, text in PAGE_TEXTS.items() for n, names in command_headings(text)]
     assert len(headings) >= 8, headings
     unknown = [
-        f"docs/troubleshooting.md:{n}: {name}"
-        for n, names in headings
+        f"docs/troubleshooting/{page}:{n}: {name}"
+        for page, n, names in headings
         for name in names
         if name not in BY_NAME
     ]
