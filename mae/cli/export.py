@@ -24,7 +24,7 @@ TARGET_FLAGS = {
     },
     "Hugging Face folder (--to huggingface)": {
         "encoder_only": (
-            "the encoder alone (ViTMAEModel) even when the checkpoint has a decoder",
+            "the encoder alone (ViTMAEModel) even when the checkpoint has a decoder or a classifier's head",
             {"action": "store_true"},
         ),
     },
@@ -60,7 +60,9 @@ def build_parser() -> ArgumentParser:
         "Hugging Face transformers loads, with a README.md model card.",
     )
     add_checkpoint(parser, FORMATS, "the encoder", required=True)
-    out_help = "a file (.safetensors, .onnx) or, for a folder target, a folder"
+    out_help = (
+        "a file (.safetensors, .onnx) or, for a folder target, a folder (a link to one is written through)"
+    )
     add_option(parser, "out", out_help, type=str, required=True)
     parser.add_argument(
         "--to",

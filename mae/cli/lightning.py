@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import yaml
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from mae.cli.commands import BY_NAME
+from mae.cli.moved_classes import refuse_moved_class_paths
 from mae.cli.quiet import quiet_libraries, quiet_trainer
 from mae.cli.recipes import RecipeNotFound, resolve_config
 from mae.data import ImageDataModule
@@ -69,6 +71,7 @@ class _MAECLI(LightningCLI):
         except RecipeNotFound as err:
             parser.error(str(err))
         argv = expand_stacked_configs(argv)  # reads and checks every config file: ConfigError naming it
+        refuse_moved_class_paths(class_path_sources(argv))
         refuse_renamed_keys(argv, self.model_class)
         for key, source in self.linked.items():
             on_command_line = any(a == f"--model.{key}" or a.startswith(f"--model.{key}=") for a in argv)
@@ -273,6 +276,39 @@ def _model_section_keys(argv: list[str]) -> set[str]:
         if isinstance(config.get("model"), dict):
             keys |= set(config["model"])
     return keys
+
+
+def class_path_sources(argv: list[str]) -> list[tuple[str, Any]]:
+    """What in ``argv`` may name classes, as (how the user gave it, its content): every ``--config`` file
+    read (``read_config``), and every other option's value: a YAML file's content (``--data data.yaml``, a
+    list of ``--trainer.callbacks``), a mapping or list written inline (``--data '{class_path: ...}'``), or
+    the string itself (``--data CLASS``, ``--data.class_path CLASS``)."""
+    files = _config_files(argv)
+    sources: list[tuple[str, Any]] = [(f"--config {path}", read_config(path)) for _, path in files]
+    configs = {position for position, _ in files}
+    for i, arg in enumerate(argv):
+        if i in configs or not arg.startswith("--") or arg == "--config":
+            continue
+        name, equals, value = arg.partition("=")
+        if not equals:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                continue
+            value = argv[i + 1]
+        if value.endswith((".yaml", ".yml")) and Path(value).is_file():
+            sources.append((f"{name} {value}", _yaml_or_none(Path(value).read_bytes())))
+        elif value.lstrip().startswith(("{", "[")):
+            sources.append((name, _yaml_or_none(value)))
+        else:
+            sources.append((name, value))
+    return sources
+
+
+def _yaml_or_none(text: str | bytes) -> Any:
+    """``text`` as YAML; None when it is not (jsonargparse names what is wrong with it)."""
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return None
 
 
 def refuse_renamed_keys(argv: list[str], module_class: type) -> None:

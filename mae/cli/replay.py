@@ -19,11 +19,23 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def training_modules() -> dict[str, type]:
+    """The training modules a capture folder's ``step.json`` may name, by the class path the capture
+    callback records (``module_class``): the module of each training command."""
+    from mae.dense.tasks.detection import MAEDetectionModule
+    from mae.dense.tasks.segmentation import MAESegmentationModule
+    from mae.training.finetune import MAEFinetuneModule
+    from mae.training.pretrain import MAEPretrainModule
+
+    modules = (MAEPretrainModule, MAEFinetuneModule, MAEDetectionModule, MAESegmentationModule)
+    return {f"{module.__module__}.{module.__qualname__}": module for module in modules}
+
+
 def run(args: Namespace) -> str:
     """Print and return what the replay found."""
     from mae.training.replay import replay_capture
 
-    finding, record = replay_capture(args.folder)
+    finding, record = replay_capture(args.folder, training_modules())
     line = (
         f"{args.folder}: step {record.get('step')} (epoch {record.get('epoch')}), non-finite "
         f"{record.get('reason', 'loss')}, replayed in {record['precision']}: {finding.describe()}"

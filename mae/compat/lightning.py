@@ -19,7 +19,8 @@
   rebuilds a module with (``instantiator(module_class, hparams)``; LightningCLI records its own there):
   the one way to rebuild from hyperparameters that need translating (``INSTANTIATOR_KEY``), and
   ``lightning.pytorch.core.saving._ALLOWED_INSTANTIATORS``, the instantiators it trusts
-  (``allow_instantiator``; Lightning's own message says to add one there).
+  (``allow_instantiator``; Lightning's own message says to add one there; ``instantiator_allowed``: a
+  capture's record checked before Lightning reads it).
 - ``ModelCheckpoint._every_n_epochs``, ``_should_save_on_train_epoch_end``,
   ``_should_skip_saving_checkpoint``, ``_monitor_candidates`` and ``_save_last_checkpoint``: Lightning
   2.6 rewrites ``last.ckpt`` only at a step where a top-k checkpoint was saved (a monitored metric that
@@ -66,6 +67,14 @@ def allow_instantiator(path: str) -> None:
     from lightning.pytorch.core.saving import _ALLOWED_INSTANTIATORS
 
     _ALLOWED_INSTANTIATORS.add(path)
+
+
+def instantiator_allowed(path: object) -> bool:
+    """Whether ``load_from_checkpoint`` rebuilds a module with the instantiator ``path`` (a checkpoint's
+    ``INSTANTIATOR_KEY``): one of Lightning's trusted paths, or one ``allow_instantiator`` added."""
+    from lightning.pytorch.core.saving import _ALLOWED_INSTANTIATORS
+
+    return isinstance(path, str) and path in _ALLOWED_INSTANTIATORS
 
 
 class SignalConnector(_SignalConnector):

@@ -4,9 +4,11 @@ import argparse
 import pickle
 import re
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -16,6 +18,21 @@ from mae.errors import InputError, MissingFileError
 # What real MAE checkpoints hold besides tensors and plain containers: the official training
 # script pickles its argparse.Namespace under "args".
 ALLOWED_GLOBALS = [argparse.Namespace]
+
+# What a pickled NumPy uint32 array is rebuilt from (NumPy's own reduce), by exact object; a file NumPy 1
+# wrote names the function numpy.core.multiarray._reconstruct. A training step's random states hold one
+# (NumPy's MT19937 key).
+_RECONSTRUCT = np.empty(0).__reduce__()[0]
+NUMPY_UINT32_GLOBALS = [
+    _RECONSTRUCT,
+    (_RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+]
+
+# What a refusal of a file that would run code advises, for a checkpoint.
+ASK_FOR_WEIGHTS = "ask the file's author for its weights as a state dict or safetensors file"
 
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
@@ -62,10 +79,14 @@ def check_checkpoint_file(path: Path) -> None:
     )
 
 
-def safe_torch_load(path: str | Path) -> Any:
+def safe_torch_load(
+    path: str | Path, extra_globals: Sequence[Any] = (), remedy: str = ASK_FOR_WEIGHTS
+) -> Any:
     """``torch.load`` with ``weights_only=True`` on the CPU, allowing ``argparse.Namespace`` too
     (safetensors files are read as their tensors; ``mae.convert.sharded_checkpoint.read_checkpoint``
-    reads a sharded checkpoint folder too).
+    reads a sharded checkpoint folder too). ``extra_globals``: more exact objects the file may name (as
+    ``torch.serialization.safe_globals`` takes them, e.g. ``NUMPY_UINT32_GLOBALS``); ``remedy``: what the
+    refusal of a file that would run code advises.
 
     Raises:
         FileNotFoundError: no such file.
@@ -80,15 +101,14 @@ def safe_torch_load(path: str | Path) -> Any:
         if is_safetensors(f.read(16)):
             return read_safetensors(path)
     try:
-        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
+        with torch.serialization.safe_globals([*ALLOWED_GLOBALS, *extra_globals]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         named = re.findall(r"GLOBAL ([\w.]+)", str(err))
         what = f"it names {named[0]}" if named else "it holds objects that are not tensors or plain data"
         raise InputError(
             f"{path} would run code when loaded: {what}. Only tensors, plain containers and "
-            "argparse.Namespace are read from checkpoints; ask the file's author for its weights as a state "
-            "dict or safetensors file."
+            f"argparse.Namespace are read from checkpoints; {remedy}."
         ) from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, KeyError, IndexError) as err:
         raise InputError(

@@ -28,31 +28,43 @@ SHARDS_METADATA = ".metadata"  # torch distributed checkpoint's index of the sha
 MODEL_KEY = "state_dict"
 OPTIMIZER_PREFIX = "optimizer_"
 
-# The classes a distributed checkpoint's .metadata is pickled from (torch 2.4 - 2.14).
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
-_METADATA_GLOBALS = {
-    ("torch", "Size"),
-    ("torch", "float64"),
-    ("torch", "float32"),
-    ("torch", "float16"),
-    ("torch", "bfloat16"),
-    ("torch", "int64"),
-    ("torch", "int32"),
-    ("torch", "int16"),
-    ("torch", "int8"),
-    ("torch", "uint8"),
-    ("torch", "bool"),
-    ("torch", "strided"),
-    ("torch", "contiguous_format"),
-    ("torch.serialization", "_get_layout"),  # a layout from its name, as torch.load's weights_only allows
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),  # a shard's file, offset and length
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("builtins", "slice"),
-}
+# The objects a distributed checkpoint's .metadata is pickled from (torch 2.4 - 2.14), by the exact (module,
+# name) pair a pickle names each with: never a module's whole namespace (the metadata module imports os),
+# never a dotted attribute path (a protocol-4 pickle may name "os.mkdir" in a module that imports os).
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_METADATA_GLOBALS = frozenset(
+    {
+        (_METADATA_MODULE, "Metadata"),
+        (_METADATA_MODULE, "MetadataIndex"),
+        (_METADATA_MODULE, "StorageMeta"),
+        (_METADATA_MODULE, "TensorStorageMetadata"),
+        (_METADATA_MODULE, "BytesStorageMetadata"),
+        (_METADATA_MODULE, "TensorProperties"),
+        (_METADATA_MODULE, "ChunkStorageMetadata"),
+        (_METADATA_MODULE, "_MEM_FORMAT_ENCODING"),
+        ("torch", "Size"),
+        ("torch", "float64"),
+        ("torch", "float32"),
+        ("torch", "float16"),
+        ("torch", "bfloat16"),
+        ("torch", "int64"),
+        ("torch", "int32"),
+        ("torch", "int16"),
+        ("torch", "int8"),
+        ("torch", "uint8"),
+        ("torch", "bool"),
+        ("torch", "strided"),
+        ("torch", "contiguous_format"),
+        ("torch.serialization", "_get_layout"),  # a layout from its name, as torch.load's weights_only allows
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),  # a shard's file, offset and length
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("collections", "OrderedDict"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "slice"),
+    }
+)
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
@@ -62,10 +74,12 @@ def is_sharded_checkpoint(path: Path) -> bool:
 
 
 class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles only the objects of ``_METADATA_GLOBALS``, each by its exact (module, name) pair."""
+
     def find_class(self, module: str, name: str) -> Any:
-        if module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+        if (module, name) not in _METADATA_GLOBALS:  # no allowed name holds a dot: one attribute, no path
+            raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+        return super().find_class(module, name)
 
 
 def read_metadata(path: Path) -> Metadata:

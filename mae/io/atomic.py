@@ -94,17 +94,18 @@ def _device_full(err: BaseException, folder: Path, written: int) -> bool:
 
 
 def replace_folder(new: Path, path: Path) -> None:
-    """Put the finished folder ``new`` at ``path`` (beside it, on the same device), replacing what ``path``
-    holds (a folder or a file) only once ``new`` is whole: a folder there is moved aside first and removed
-    after the rename, so that a kill leaves either the old content or the new one at ``path``."""
+    """Put the finished folder (or file) ``new`` at ``path`` (beside it, on the same device), replacing what
+    ``path`` holds (a folder or a file) only once ``new`` is whole: what is there is moved aside first and
+    removed after the rename, so that a kill leaves the old content at ``path`` or beside it
+    (``.<name>.old.tmp-<pid>``), or the new one at ``path``."""
     old = path.with_name(f".{path.name}.old.tmp-{os.getpid()}")
-    if path.is_dir():
+    if path.exists() or path.is_symlink():
         path.rename(old)
-    elif path.exists():
-        path.unlink()
     new.rename(path)
-    if old.exists():
+    if old.is_dir() and not old.is_symlink():
         shutil.rmtree(old)
+    else:
+        old.unlink(missing_ok=True)
 
 
 def write_folder_once(

@@ -17,19 +17,28 @@ from mae.convert.sharded_checkpoint import (
     read_sharded_checkpoint,
     read_training_checkpoint,
 )
-from mae.errors import ConfigError, MissingFileError
-from mae.io.atomic import atomic_write
+from mae.errors import ConfigError, MissingFileError, OutputExistsError
+from mae.io.atomic import atomic_write, replace_folder
 from mae.models.decoder_switches import switch_differences
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes to a temporary file in the target folder, fsyncs it, then renames it into place; a
-    checkpoint the free space cannot hold is refused before writing, naming the bytes."""
+    checkpoint the free space cannot hold is refused before writing, naming the bytes. A sharded checkpoint
+    folder at the target (a run under FSDP2 resumed by one process) is replaced as a whole once the file is
+    written (``mae.io.atomic.replace_folder``); any other folder there is refused, not replaced."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
-        atomic_write(path, lambda tmp: torch.save(checkpoint, tmp), size=tensor_bytes(checkpoint))
+        path, size = Path(path), tensor_bytes(checkpoint)
+        if not path.is_dir():
+            atomic_write(path, lambda tmp: torch.save(checkpoint, tmp), size=size)
+            return
+        check_replaceable_checkpoint(path)
+        staged = path.with_name(f".{path.name}.file.tmp-{os.getpid()}")  # removed by a later run if killed
+        atomic_write(staged, lambda tmp: torch.save(checkpoint, tmp), size=size)
+        replace_folder(staged, path)
 
     def load_checkpoint(
         self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
@@ -61,6 +70,21 @@ def tensor_bytes(tree: Any) -> int:
 
     visit(tree)
     return sum(storages.values())
+
+
+def check_replaceable_checkpoint(path: Path) -> None:
+    """A checkpoint is about to be written at ``path``: what is there must be a checkpoint (a file, or a
+    sharded checkpoint folder), which the run replaces; a folder of anything else is the user's.
+
+    Raises:
+        OutputExistsError: ``path`` is a folder but not a sharded checkpoint; naming it and the fix.
+    """
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        raise OutputExistsError(
+            f"cannot write the checkpoint {path}: a folder that is not a checkpoint is there (a sharded "
+            "checkpoint holds meta.pt, .metadata and a .distcp file per process); move it away or set "
+            "checkpoint.dirpath to another folder"
+        )
 
 
 def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int:
@@ -118,9 +142,31 @@ def check_same_decoder_switches(path: Path, saved: dict | None, module: pl.Light
         )
 
 
+def restore_moved_aside(folder: str | Path) -> list[tuple[Path, Path]]:
+    """Put back what ``mae.io.atomic.replace_folder`` had moved aside when its process was killed between
+    its two renames: a ``.<name>.old.tmp-<pid>`` of a process no longer running, in ``folder``, whose
+    ``<name>`` is missing (a ``last.ckpt`` replaced by a run's next save) is renamed back to ``<name>``, so
+    that ``--ckpt_path last`` finds it and ``remove_orphan_temporaries`` does not delete it. Returns
+    (the copy beside, the path it was put back at) for each."""
+    restored = []
+    for old in sorted(Path(folder).glob(".*.old.tmp-*")):
+        name, _, pid = old.name[1:].rpartition(".old.tmp-")
+        path = old.with_name(name)
+        if not name or not pid.isdigit() or _running(int(pid)) or path.exists() or path.is_symlink():
+            continue
+        try:
+            old.rename(path)
+        except FileNotFoundError:  # another process of the run put it back first
+            continue
+        restored.append((old, path))
+    return restored
+
+
 def remove_orphan_temporaries(folder: str | Path) -> list[Path]:
     """Delete the temporary files (and sharded checkpoint folders) that a process killed during a save
-    left in ``folder`` (``.<name>.tmp-<pid>`` of a process no longer running); returns them."""
+    left in ``folder`` (``.<name>.tmp-<pid>`` of a process no longer running), once what such a process had
+    moved aside is put back (``restore_moved_aside``); returns them."""
+    restore_moved_aside(folder)
     removed = []
     for tmp in Path(folder).glob(".*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]

@@ -19,6 +19,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from mae.convert.architecture import vit_record
 from mae.convert.backbone import vit_args
+from mae.convert.classifier import PROBE_NORM_EPS
 from mae.errors import ConfigError
 from mae.training.optim import ParamGroupPlan
 from mae.training.transfer import TransferModule
@@ -100,7 +101,8 @@ class MAEFinetuneModule(TransferModule):
         if self.mode == "linprobe":
             for p in vit.parameters():
                 p.requires_grad = False
-            vit.head = nn.Sequential(nn.BatchNorm1d(vit.head.in_features, affine=False, eps=1e-6), vit.head)
+            norm = nn.BatchNorm1d(vit.head.in_features, affine=False, eps=PROBE_NORM_EPS)
+            vit.head = nn.Sequential(norm, vit.head)
             for p in vit.head.parameters():
                 p.requires_grad = True
         return vit

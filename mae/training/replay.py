@@ -14,15 +14,16 @@ The capture folder ``<run>/nonfinite/step_<N>/`` holds:
   step ran (module class, precision, device, attention kernel, what was found).
 
 ``mae replay <folder>`` runs ``replay_capture``; the capture callback runs ``replay_step`` on the step in
-memory, where it happened.
+memory, where it happened. Capture folders are shared and edited, so nothing in one runs: its files are
+read as tensors and plain data only, the module class is looked up in a table of training modules, and
+hyperparameters that would build an object the file names are refused.
 """
 
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,11 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.plugins import HalfPrecision, MixedPrecision, Precision
 from torch import nn
 
-from mae.compat.lightning import restore_rng_states
+from mae.compat.lightning import INSTANTIATOR_KEY, instantiator_allowed, restore_rng_states
+from mae.convert.safe_load import NUMPY_UINT32_GLOBALS, safe_torch_load
 from mae.errors import InputError, MissingFileError
 from mae.training.runtime import set_attention_kernel
+from mae.training.settings import settings_kwargs_v0_2
 
 CAPTURE_FOLDER = "nonfinite"  # under the run folder
 FILES = ("batch.pt", "rng.pt", "state.ckpt", "step.json")  # what every capture folder holds
@@ -210,36 +213,110 @@ def read_capture(folder: Path) -> dict[str, Any]:
     return record
 
 
-def replay_capture(folder: Path) -> tuple[Finding, dict[str, Any]]:
+def module_class_of(folder: Path, record: dict[str, Any], modules: Mapping[str, type]) -> type:
+    """The training module class ``step.json``'s ``module_class`` names, looked up in ``modules`` (class
+    path -> class: the training modules a run captures), never imported as given.
+
+    Raises:
+        InputError: the name is not one of ``modules``, naming it and the allowed names.
+    """
+    name = record["module_class"]
+    if not isinstance(name, str) or name not in modules:
+        raise InputError(
+            f"{Path(folder) / 'step.json'}: module_class {name!r} is not one of the training modules a run "
+            f"captures ({', '.join(sorted(modules))}); a capture folder names the module of the run that "
+            "wrote it"
+        )
+    return modules[name]
+
+
+def load_capture_file(path: Path) -> Any:
+    """A capture folder's ``batch.pt``, ``rng.pt`` or ``state.ckpt``, on the CPU, as tensors and plain
+    data only (``mae.convert.safe_load.safe_torch_load``, with NumPy's random state).
+
+    Raises:
+        InputError: naming the file, when it would run code when loaded, or is damaged (truncated or
+            corrupt).
+    """
+    return safe_torch_load(path, NUMPY_UINT32_GLOBALS, remedy=_REWRITE)
+
+
+_REWRITE = "a capture holds only those: replay a capture folder a run wrote"
+_CLASS_SPEC_KEYS = ("class_path", "_class_path")  # what Lightning's instantiator would import and build
+
+
+def check_hyperparameters(path: Path, hparams: Any, at: str = "hyper_parameters") -> None:
+    """Refuse the hyperparameters ``hparams`` of the capture's ``path`` (``state.ckpt``) that would make
+    rebuilding the module import or build an object the file names: a ``class_path`` anywhere (Lightning's
+    instantiator builds one where a setting takes any value), an instantiator Lightning does not trust.
+
+    Raises:
+        InputError: naming the file, the key and the value.
+    """
+    if isinstance(hparams, dict):
+        for key, value in hparams.items():
+            where = f"{at}.{key}"
+            if key in _CLASS_SPEC_KEYS or (key == INSTANTIATOR_KEY and not instantiator_allowed(value)):
+                raise InputError(
+                    f"{path} would run code when the module is rebuilt: {where} names {value!r}; a capture's "
+                    "hyperparameters hold only the module's own settings"
+                )
+            check_hyperparameters(path, value, where)
+    elif isinstance(hparams, list | tuple):
+        for index, value in enumerate(hparams):
+            check_hyperparameters(path, value, f"{at}.{index}")
+
+
+def rebuild_module(module_class: type, path: Path, state: dict[str, Any], device: str) -> pl.LightningModule:
+    """The ``module_class`` a capture's ``path`` (``state.ckpt``, already read as ``state`` and checked)
+    holds, on ``device``: read again by Lightning, tensors and plain data only. A capture written before a
+    settings rename (0.4.0's ``norm_pix_loss``) is rebuilt under the new names: Lightning would drop the
+    old key without a word, and ``norm_pix_loss: false`` would come back as the default target."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the hyperparameters' own notes (a missing init checkpoint, ...)
+        return module_class.load_from_checkpoint(
+            path,
+            map_location=device,
+            weights_only=True,
+            **settings_kwargs_v0_2(state.get("hyper_parameters") or {}),
+        )
+
+
+def replay_capture(folder: Path, modules: Mapping[str, type]) -> tuple[Finding, dict[str, Any]]:
     """Load a capture folder (module class, weights, batch, random states) and replay its step
     (``replay_step``, with the backward when a gradient went non-finite), on the device it ran on when
-    there is one here, else on the CPU. Returns (what it found, the capture's ``step.json``)."""
+    there is one here, else on the CPU. ``modules``: the training modules ``step.json`` may name (class
+    path -> class; ``mae replay``'s: one per training command). Every file is read as tensors and plain
+    data only, and the module class is looked up, never imported from the file's text. Returns (what it
+    found, the capture's ``step.json``).
+
+    Raises:
+        MissingFileError, InputError: naming the file that is missing, damaged, would run code, or names a
+            module class that is not one of ``modules``.
+    """
     folder = Path(folder)
     record = read_capture(folder)
+    module_class = module_class_of(folder, record, modules)
+    state = load_capture_file(folder / "state.ckpt")
+    if not isinstance(state, dict) or not isinstance(state.get("state_dict"), dict):
+        raise InputError(f"{folder / 'state.ckpt'} is not a capture's state: it holds no state_dict")
+    check_hyperparameters(folder / "state.ckpt", state.get("hyper_parameters", {}))
+    batch = load_capture_file(folder / "batch.pt")
+    rng = load_capture_file(folder / "rng.pt")
     device = record.get("device", "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         warnings.warn(
             "the step ran on CUDA; replaying it on the CPU (its masks and dropout differ)", stacklevel=2
         )
         device = "cpu"
-    module_name, _, class_name = record["module_class"].rpartition(".")
-    module_class = getattr(import_module(module_name), class_name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the hyperparameters' own notes (a missing init checkpoint, ...)
-        # Our own files, written by the capture callback: the random states hold NumPy's and Python's.
-        module = module_class.load_from_checkpoint(
-            folder / "state.ckpt", map_location=device, weights_only=False
-        )
+    module = rebuild_module(module_class, folder / "state.ckpt", state, device)
     if record.get("img_size") and hasattr(module, "at_img_size"):
         module.model.set_img_size(tuple(record["img_size"]))  # the phase the step ran in
     if record.get("attention"):
         set_attention_kernel(module.network, record["attention"])
     precision = _precision(record["precision"], device)
     module = precision.convert_module(module).train()
-    batch = move_data_to_device(
-        torch.load(folder / "batch.pt", map_location=device, weights_only=False), device
-    )
-    rng = torch.load(folder / "rng.pt", weights_only=False)
+    batch = move_data_to_device(batch, device)
     if device != "cuda":
         rng.pop("torch.cuda", None)
     finding = replay_step(

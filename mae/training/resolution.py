@@ -93,6 +93,42 @@ class ResolutionSchedule:
             None,
         )
 
+    def epochs_of(self, phase: int, max_epochs: int) -> int:
+        """How many epochs of a ``max_epochs`` run ``phase`` (an index into ``phases``) trains: from its
+        first epoch to the next phase's (the last phase: to the end)."""
+        end = self.first_epoch(phase + 1, max_epochs) if phase + 1 < len(self.phases) else max_epochs
+        return end - self.first_epoch(phase, max_epochs)
+
+    def check_epochs(self, max_epochs: int) -> None:
+        """Refuse a ``max_epochs`` run in which a phase gets no epoch: phases start on whole epochs
+        (``first_epoch``), so one whose start rounds down to the next phase's would never train (its size
+        silently left out, e.g. ``[[0, 16], [0.8, 32]]`` in a 1-epoch run trains only at 32 px).
+
+        Raises:
+            ConfigError: naming the phase, its start fraction, ``trainer.max_epochs``, the epoch both
+                phases would start at and the smallest ``trainer.max_epochs`` that gives every phase one.
+        """
+        for i in range(len(self.phases) - 1):  # the last starts below max_epochs: never empty
+            if self.epochs_of(i, max_epochs) > 0:
+                continue
+            first = self.first_epoch(i, max_epochs)
+            raise ConfigError(
+                f"{KEY}[{i}] {self.shown(i)}: this phase gets 0 epochs of trainer.max_epochs={max_epochs}: "
+                f"it and the next phase {self.shown(i + 1)} both start at epoch {first + 1} (a phase starts "
+                f"on a whole epoch, floor(start x max_epochs) + 1), so {self.phases[i][1][0]}x"
+                f"{self.phases[i][1][1]} px would never be trained. Set "
+                f"trainer.max_epochs to at least {self._smallest_max_epochs(max_epochs)} (every phase then "
+                "gets an epoch), or remove this phase"
+            )
+
+    def _smallest_max_epochs(self, above: int) -> int:
+        """The smallest ``max_epochs`` over ``above`` in which every phase gets an epoch (one exists: a
+        run of ``1 / (the smallest gap between starts)`` epochs gives each phase at least one)."""
+        max_epochs = above + 1
+        while any(self.epochs_of(i, max_epochs) == 0 for i in range(len(self.phases))):
+            max_epochs += 1
+        return max_epochs
+
     def check_run_length(self, max_epochs: int, steps_per_epoch: int, max_steps: int) -> None:
         """Refuse a ``max_steps`` cap (-1: none) that ends a run of ``max_epochs`` epochs of
         ``steps_per_epoch`` optimizer steps before one of its phases starts: the run would checkpoint the

@@ -21,7 +21,12 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from mae.compat.lightning import keeps_versions, set_version, version_chosen
 from mae.convert.sharded_checkpoint import is_sharded_checkpoint
-from mae.training.checkpointing import check_resume_checkpoint
+from mae.io.outputs import Output, check_outputs
+from mae.training.checkpointing import (
+    check_replaceable_checkpoint,
+    check_resume_checkpoint,
+    restore_moved_aside,
+)
 
 RESUME_LAST = "last"
 
@@ -126,16 +131,23 @@ def find_last_checkpoint(trainer: pl.Trainer) -> Path | None:
     """The newest ``last.ckpt`` (a file, or a sharded checkpoint folder) of this run, where Lightning's
     checkpoint callback writes it: ``checkpoint.dirpath`` when set; else
     ``<save_dir>/<name>/<any version>/checkpoints`` of the first logger; else
-    ``<default_root_dir>/checkpoints``. None when there is none."""
+    ``<default_root_dir>/checkpoints``. None when there is none. A ``last.ckpt`` that a process killed while
+    replacing it had moved aside is put back first (``restore_moved_aside``, and said)."""
     callback = trainer.checkpoint_callback
     if callback is not None and getattr(callback, "dirpath", None):
-        candidates = [Path(callback.dirpath) / "last.ckpt"]
+        folders = [Path(callback.dirpath)]
     elif trainer.loggers:
         logger = trainer.loggers[0]
         root = Path(logger.save_dir or trainer.default_root_dir) / str(logger.name)
-        candidates = list(root.glob("*/checkpoints/last.ckpt"))
+        folders = list(root.glob("*/checkpoints"))
     else:
-        candidates = [Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"]
+        folders = [Path(trainer.default_root_dir) / "checkpoints"]
+    for folder in folders:
+        for old, path in restore_moved_aside(folder):
+            rank_zero_info(
+                f"restored {path} from {old}, left beside it by a process killed while replacing it"
+            )
+    candidates = [folder / "last.ckpt" for folder in folders]
     existing = [path for path in candidates if path.is_file() or is_sharded_checkpoint(path)]
     return max(existing, key=lambda path: path.stat().st_mtime) if existing else None
 
@@ -194,18 +206,60 @@ class KeepMetrics(pl.Callback):
             self.rows = []
 
 
+def checkpoint_folder(trainer: pl.Trainer) -> tuple[Path, str] | None:
+    """Where the run's checkpoint callback will write, as it finds the folder when the run starts, and how
+    the user names it: ``checkpoint.dirpath`` when set; else ``<run folder>/checkpoints`` of a versioned first
+    logger (``planned_run_folder``), or ``<default_root_dir>/checkpoints`` with no logger. None: no
+    checkpoints, or a folder only the logger's own rules place (another logger, remote storage)."""
+    callback, logger = trainer.checkpoint_callback, _versioned_logger(trainer)
+    if callback is None:
+        return None
+    if getattr(callback, "dirpath", None):
+        root, folder, option = callback.dirpath, Path(callback.dirpath), "checkpoint.dirpath"
+    elif not trainer.loggers:
+        root = trainer.default_root_dir
+        folder, option = Path(root) / "checkpoints", "the checkpoint folder"
+    elif logger is not None:
+        root = logger.root_dir
+        folder, option = planned_run_folder(trainer) / "checkpoints", "the checkpoint folder"
+    else:
+        return None
+    return (folder, option) if isinstance(get_filesystem(str(root)), LocalFileSystem) else None
+
+
+def check_checkpoint_folder(trainer: pl.Trainer) -> None:
+    """Before any work: the run can write its checkpoints (``checkpoint_folder``): the folder, or the
+    nearest one above it, is a folder this user can write, and a ``last.ckpt`` there is a checkpoint
+    (a file or a sharded checkpoint folder, which the run replaces), not a folder of the user's.
+
+    Raises:
+        OutputError: naming the folder and what is wrong (``mae.io.outputs.check_outputs``).
+        OutputExistsError: ``last.ckpt`` is a folder but no checkpoint
+            (``mae.training.checkpointing.check_replaceable_checkpoint``).
+    """
+    found = checkpoint_folder(trainer)
+    if found is None:
+        return
+    folder, option = found
+    # Lightning writes its checkpoints beside whatever the folder holds, replacing none of it: all is kept
+    check_outputs("training", [Output(folder, option, kind="folder", ours=lambda _: True)])
+    callback = trainer.checkpoint_callback
+    if getattr(callback, "save_last", False):
+        check_replaceable_checkpoint(folder / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
+
+
 def prepare_resume(
     trainer: pl.Trainer, model: pl.LightningModule, ckpt_path: str | None, fitting: bool
 ) -> tuple[str | None, int | None]:
     """``--ckpt_path`` resolved (``last``: ``resolve_ckpt_path``) and validated against ``model``
     before any work; when ``fitting``, the checkpoint's run folder is continued (an evaluation logs
-    into a folder of its own). Returns the checkpoint to resume from and its global step (None, None:
-    a fresh start)."""
+    into a folder of its own) and the checkpoint folder checked (``check_checkpoint_folder``). Returns the
+    checkpoint to resume from and its global step (None, None: a fresh start)."""
     ckpt_path = resolve_ckpt_path(trainer, ckpt_path)
-    if ckpt_path is None:
-        return None, None
-    step = check_resume_checkpoint(ckpt_path, model)
-    keep_metrics = continue_in_run_folder(trainer, ckpt_path, step) if fitting else None
+    step = None if ckpt_path is None else check_resume_checkpoint(ckpt_path, model)
+    keep_metrics = continue_in_run_folder(trainer, ckpt_path, step) if fitting and ckpt_path else None
     if keep_metrics is not None:
         trainer.callbacks.append(keep_metrics)
+    if fitting:
+        check_checkpoint_folder(trainer)
     return ckpt_path, step

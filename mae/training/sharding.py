@@ -19,16 +19,21 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from mae.compat.lightning import set_data_parallel_only
-from mae.convert.sharded_checkpoint import META_FILE, indexed_optimizer_state
+from mae.convert.sharded_checkpoint import (
+    META_FILE,
+    indexed_optimizer_state,
+    is_sharded_checkpoint,
+    read_training_checkpoint,
+)
 from mae.errors import ConfigError
 from mae.io.atomic import check_free_space, replace_folder
-from mae.training.checkpointing import tensor_bytes
+from mae.training.checkpointing import check_replaceable_checkpoint, tensor_bytes
 
 CheckpointFormat = Literal["sharded", "full"]
 
@@ -91,11 +96,15 @@ class FSDP2Strategy(ModelParallelStrategy):
     ) -> None:
         """A sharded checkpoint is written into a temporary folder beside ``filepath`` and renamed into
         place when every process has written its shards, so that a kill during the save leaves the
-        previous checkpoint intact; a full one goes through the checkpoint IO (an atomic file)."""
+        previous checkpoint intact (a file there, of a run on one process, is replaced too); a full one goes
+        through the checkpoint IO (an atomic file)."""
         if self.checkpoint_format == "full":
-            super().save_checkpoint(checkpoint, filepath, storage_options)
+            # rank 0 through the checkpoint IO (an atomic file that also replaces a sharded folder once
+            # written), not Lightning's own path, which first removes a sharded checkpoint there
+            ParallelStrategy.save_checkpoint(self, checkpoint, filepath, storage_options)
             return
         path = Path(self.broadcast(str(filepath)))
+        check_replaceable_checkpoint(path)  # a file or checkpoint folder is replaced, a user's folder not
         tmp = path.with_name(f".{path.name}.tmp-{self.broadcast(os.getpid())}")
         local = torch.tensor(float(tensor_bytes(checkpoint)), device=self.root_device)  # NCCL: on the GPU
         check_free_space(path, int(self.reduce(local, reduce_op="sum").item()))  # the same on every process
@@ -111,6 +120,48 @@ class FSDP2Strategy(ModelParallelStrategy):
                 raise RuntimeError(f"the sharded checkpoint {tmp} is incomplete: no {META_FILE}")
             replace_folder(tmp, path)
         self.barrier()
+
+    def load_checkpoint(
+        self, checkpoint_path: str | Path, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """A sharded checkpoint folder as Lightning loads it; a ``.ckpt`` file (of a run on one process, or
+        ``checkpoint: full``) read by the safe loader and put into the shards on every process, its
+        optimizer states keyed by parameter name through the optimizers' own parameter order (Lightning
+        numbers them in the network's order, which the weight-decay groups do not follow). Returns the
+        checkpoint's other entries."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, weights_only=weights_only)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        checkpoint = read_training_checkpoint(path)
+        options = StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=self.lightning_module.strict_loading
+        )
+        set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=options)
+        for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", []), strict=True):
+            named = named_optimizer_state(state, self.model, optimizer)
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=named, options=options)
+        return checkpoint
+
+
+def named_optimizer_state(state: dict[str, Any], module: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+    """An optimizer state keyed by parameter index (``Optimizer.state_dict``'s layout) keyed by the names of
+    ``module``'s parameters instead, index ``i`` being the ``i``-th parameter of ``optimizer``'s groups in
+    order: the inverse of ``mae.convert.sharded_checkpoint.indexed_optimizer_state``."""
+    names = {id(parameter): name for name, parameter in module.named_parameters()}
+    order = [names[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
+    return {
+        "state": {order[index]: value for index, value in state.get("state", {}).items()},
+        "param_groups": [
+            {**group, "params": [order[index] for index in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
 
 
 def transformer_blocks(network: nn.Module) -> list[nn.Module]:

@@ -3,7 +3,7 @@ refuses as removed (``REMOVED``, ``mae/cli/command_options.py``) is listed with 
 release's Removed section, and each listed pair is refused by the commands that have the new spelling,
 with a message naming it; every config key renamed (``RENAMES``, ``mae/training/settings.py``) is
 listed with its new key under its release's Changed section; the old module paths 0.2.0 listed no
-longer import. The tables are read from the
+longer import, and are the code's table of moves (``MOVES``). The tables are read from the
 code, not kept here, so a removal added to the code without a line in the changelog fails. In-process,
 nothing run.
 """
@@ -21,7 +21,7 @@ import pytest
 import mae
 from mae.cli.command_options import REMOVED, refuse_removed
 from mae.cli.commands import COMMANDS, TRAIN
-from mae.training.settings import RENAMES
+from mae.training.settings import MOVES, RENAMES
 
 REPO = Path(__file__).resolve().parents[2]
 CHANGELOG = REPO / "CHANGELOG.md"
@@ -158,6 +158,17 @@ def test_removed_spelling__every_command_stops_with_the_spelling_to_use(old, new
 def test_removed_spelling__after_a_bare_double_dash_is_left_alone():
     assert refusal("knn", "--") is None
     refuse_removed(command_parsers()["knn"], ["--", "--k"])
+
+
+@pytest.mark.parametrize("release", sorted(MOVES))
+def test_changelog__the_moved_modules_are_the_codes_table_of_moves(release):
+    """``MOVES`` (what a config's old class path is refused with) lists the modules that release's Changed
+    section lists as moved, and no other."""
+    changed = sections(release_body(release))["Changed"]
+    extra = sorted(set(MODULE_MOVE.findall(changed)) - set(MOVES[release]))
+    assert not extra, f"in CHANGELOG.md's {release} Changed section, not in MOVES: {extra}"
+    unlisted = [old for old in MOVES[release] if f"`{old}`" not in changed]
+    assert not unlisted, f"in MOVES, not in CHANGELOG.md's {release} Changed section: {unlisted}"
 
 
 @pytest.mark.parametrize("release, listed", [("0.2.0", 25), ("0.4.0", 6)])

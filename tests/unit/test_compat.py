@@ -345,7 +345,7 @@ def test_lightning__wandb_run_started_once_the_logger_starts_its_run(tmp_path, m
 def test_lightning__load_from_checkpoint_rebuilds_with_an_allowed_instantiator(tmp_path):
     import lightning.pytorch as pl
 
-    from mae.compat.lightning import INSTANTIATOR_KEY, allow_instantiator
+    from mae.compat.lightning import INSTANTIATOR_KEY, allow_instantiator, instantiator_allowed
 
     class Module(pl.LightningModule):
         def __init__(self, width: int = 2) -> None:
@@ -363,9 +363,11 @@ def test_lightning__load_from_checkpoint_rebuilds_with_an_allowed_instantiator(t
     saved = {"state_dict": Module(3).state_dict(), "hyper_parameters": {"width": 3}}
     torch.save({**saved, "pytorch-lightning_version": pl.__version__}, tmp_path / "m.ckpt")
     path = f"{__name__}._compat_instantiator"
+    assert instantiator_allowed("lightning.pytorch.cli.instantiate_module") and not instantiator_allowed(path)
     with pytest.raises(ValueError, match="allowlist"):
         Module.load_from_checkpoint(tmp_path / "m.ckpt", **{INSTANTIATOR_KEY: path})
     allow_instantiator(path)
+    assert instantiator_allowed(path) and not instantiator_allowed(["not", "a", "path"])
     assert Module.load_from_checkpoint(tmp_path / "m.ckpt", **{INSTANTIATOR_KEY: path}).layer.in_features == 3
     assert built == [{"width": 3}]
 

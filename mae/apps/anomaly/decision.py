@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from mae.apps.anomaly.layout import GOOD, TestImage, TestSet, normal_images, read_test_set
+from mae.apps.anomaly.report import print_no_spread
 from mae.apps.anomaly.scorers.base import Option, Reading, Scorer
 from mae.apps.anomaly.threshold import (
     DEFAULT_QUANTILE,
@@ -134,6 +135,7 @@ def choose_decision(
     if held_out:
         held = TestSet(normal, [TestImage(path) for path in held_out], has_masks=False)
         scored = scorer.score(held, reading)
+        print_no_spread(scored.scores, normal)
         image, pixel = quantile_threshold(scored.scores, quantile), quantile_threshold(scored.maps, quantile)
         return Decision(image, pixel, NORMAL_QUANTILE, quantile, len(held_out), str(normal))
     return None

@@ -3,6 +3,8 @@ and the metrics (``metrics.json`` holds them all; these lines say them)."""
 
 from pathlib import Path
 
+import torch
+
 from mae.apps.anomaly.layout import GOOD
 from mae.apps.anomaly.threshold import Decision
 
@@ -29,9 +31,20 @@ def print_decision(decision: Decision | None) -> None:
         return
     print(
         f"threshold ({decision.chosen_by}, {decision.images} images of {decision.source}): image score "
-        f">= {decision.image_threshold:.6g} is anomalous, heat-map value >= {decision.pixel_threshold:.6g} "
+        f"> {decision.image_threshold:.6g} is anomalous, heat-map value > {decision.pixel_threshold:.6g} "
         "a defect pixel"
     )
+
+
+def print_no_spread(scores: torch.Tensor, source: Path) -> None:
+    """A note when the (N,) image scores of the held-out normal images of ``source`` are all one value:
+    that value is the threshold, and only an image scoring above it is flagged."""
+    if len(scores) and scores.min() == scores.max():
+        print(
+            f"note: the {len(scores)} held-out normal images of {source} all score "
+            f"{float(scores[0]):.6g} (no spread: copies of one image?): that is the threshold; an image is "
+            "anomalous only when it scores above it"
+        )
 
 
 def print_metrics(metrics: dict) -> None:

@@ -28,7 +28,8 @@ from mae.io.outputs import Output, check_outputs, claim_folder
 
 COMMAND = "mae.anomaly"
 FORMAT = "mae-anomaly-scorer"
-VERSION = 1
+VERSION = 2  # 2: decisions flag a score above the threshold; 1 (mae 0.3, 0.4): at least it (``threshold``)
+READABLE_VERSIONS = (1, 2)
 TENSORS, RECORD = "scorer.safetensors", "scorer.json"
 RECORD_HASH = "mae_scorer_record_sha256"  # the tensors file's metadata key: the record it belongs to
 
@@ -58,7 +59,8 @@ def save_scorer(folder: str | Path, tensors: dict[str, torch.Tensor], record: di
     check_outputs(COMMAND, [scorer_output(folder)])
     claim_folder(folder, COMMAND)
     contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    described = json.loads(json.dumps({"format": FORMAT, "version": VERSION, **record}))  # as read back
+    own = {key: value for key, value in record.items() if key not in ("format", "version", "sha256")}
+    described = json.loads(json.dumps({"format": FORMAT, "version": VERSION, **own}))  # as read back
     metadata = {"format": "pt", RECORD_HASH: _record_sha256(described)}
     atomic_write(folder / TENSORS, lambda tmp: save_file(contiguous, str(tmp), metadata=metadata))
     full = {**described, "sha256": _sha256(folder / TENSORS)}
@@ -94,10 +96,10 @@ def load_scorer(folder: str | Path) -> SavedScorer:
             f'{folder / RECORD} is not a scorer record of mae anomaly (no "format": "{FORMAT}"): give '
             "the folder a run with --save-scorer wrote"
         )
-    if record.get("version") != VERSION:
+    if record.get("version") not in READABLE_VERSIONS:
         raise InputError(
-            f"{folder / RECORD} is a scorer of version {record.get('version')}; this mae reads version "
-            f"{VERSION}: save the scorer again with this version"
+            f"{folder / RECORD} is a scorer of version {record.get('version')}; this mae reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}: save the scorer again with this version"
         )
     if _sha256(folder / TENSORS) != record.get("sha256"):
         raise InputError(

@@ -4,7 +4,10 @@ with the images of a spread-out sample of points drawn on the map if asked.
 
 The vectors are L2-normalised first (so the map's neighbours are ``mae search``'s cosine neighbours),
 then reduced to at most ``PCA_DIMS`` dimensions by PCA, as is usual before t-SNE. t-SNE keeps near
-neighbours near; the distances between clusters and their sizes carry little meaning.
+neighbours near; the distances between clusters and their sizes carry little meaning. Vectors with no
+spread (every one the same direction, within ``SAME_DIRECTION``: an index of copies of one image) have
+no map to find: t-SNE's PCA start would divide by their zero spread. They are drawn as what they are,
+every point at one place, and the map says so.
 """
 
 import json
@@ -30,6 +33,9 @@ PCA_DIMS = 50
 # OpenMP threads spin-wait: on 2 busy cores they took 8 s of CPU for 30 points, exact 0.1 s.
 EXACT_MAX_POINTS = 100
 CHUNK_ROWS = 65536
+# L2-normalised vectors all within this distance of the first are one direction: float32 rounding (the
+# same image embedded in another batch) moves a unit vector by about 1e-7; two images, far more.
+SAME_DIRECTION = 1e-6
 # The PNG text key holding what a map shows (``DrawnMap.record``, JSON); with ``PNG_KEY`` it marks a map.
 RECORD_KEY = "mae-map"
 MAP_COMMANDS = ("mae.map", "mae.embed")  # the commands whose maps each of them may replace
@@ -58,6 +64,8 @@ class MapPoints:
         rows: the index's row count (N is at most ``rows``; fewer when sampled).
         perplexity: the t-SNE perplexity used (the asked value, clipped below N).
         seed: the seed of the sample, PCA and t-SNE.
+        same_direction: every vector points the same way (no spread): no t-SNE ran, every point is at
+            (0, 0).
         meta: the index's record (for reading the images as the encoder saw them).
         index: the index file.
     """
@@ -70,11 +78,18 @@ class MapPoints:
     seed: int
     meta: IndexMeta
     index: Path
+    same_direction: bool = False
 
     def description(self) -> str:
-        """One line: how many points of how many, the vectors, the perplexity and the seed."""
+        """One line: how many points of how many, the vectors, the perplexity and the seed (or that the
+        vectors have no spread)."""
         n = len(self.paths)
         sample = f"all {n:,}" if n == self.rows else f"a random sample of {n:,} of {self.rows:,}"
+        if self.same_direction:
+            return (
+                f"{sample} {self.meta.pool}-pooled vectors ({self.meta.dim} values) point the same way "
+                "(copies of one image?): no t-SNE, every point drawn at one place"
+            )
         return (
             f"t-SNE of {sample} {self.meta.pool}-pooled vectors ({self.meta.dim} values), "
             f"perplexity {self.perplexity:g}, seed {self.seed}"
@@ -136,8 +151,10 @@ def map_points(
     paths = [found[int(row)][0] for row in chosen]
     labels = [found[int(row)][1] for row in chosen]
     used = min(float(perplexity), len(chosen) - 1.0)
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    same = bool(np.linalg.norm(unit - unit[0], axis=1).max() <= SAME_DIRECTION)
     return MapPoints(
-        coords=_tsne(vectors, used, seed),
+        coords=np.zeros((len(unit), 2), np.float32) if same else _tsne(unit, used, seed),
         labels=labels if any(label is not None for label in labels) else None,
         paths=paths,
         rows=rows,
@@ -145,16 +162,16 @@ def map_points(
         seed=seed,
         meta=index.meta,
         index=index.path,
+        same_direction=same,
     )
 
 
-def _tsne(vectors: np.ndarray, perplexity: float, seed: int) -> np.ndarray:
-    """(N, 2) t-SNE of the (N, D) vectors after L2 normalisation and PCA to at most ``PCA_DIMS``; exact up
-    to ``EXACT_MAX_POINTS`` points, Barnes-Hut above."""
+def _tsne(unit: np.ndarray, perplexity: float, seed: int) -> np.ndarray:
+    """(N, 2) t-SNE of the (N, D) L2-normalised vectors (not all one direction) after PCA to at most
+    ``PCA_DIMS``; exact up to ``EXACT_MAX_POINTS`` points, Barnes-Hut above."""
     from sklearn.decomposition import PCA
     from sklearn.manifold import TSNE
 
-    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     if unit.shape[1] > PCA_DIMS:
         unit = PCA(min(PCA_DIMS, len(unit)), random_state=seed).fit_transform(unit)
     method = "exact" if len(unit) <= EXACT_MAX_POINTS else "barnes_hut"
@@ -236,6 +253,7 @@ def map_figure(
                 "perplexity": points.perplexity,
                 "seed": points.seed,
                 "labelled": points.labels is not None,
+                "same_direction": points.same_direction,
             }
         )
         if thumbnails:

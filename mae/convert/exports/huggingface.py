@@ -1,16 +1,26 @@
 """The ``huggingface`` target: a transformers ViTMAE folder with its image processor and a model card
 (``mae.convert.folders``; the format: ``mae.convert.formats.huggingface``): ``ViTMAEForPreTraining`` when
-the checkpoint has a decoder, else (or with ``--encoder-only``) ``ViTMAEModel``. Its own checks
-(transformers installed, a decoder and input size ViTMAE has) and files are ``FOLDER``'s."""
+the checkpoint has a decoder, else (or with ``--encoder-only``) ``ViTMAEModel``; a classifier fine-tuned
+on the cls token (``mae finetune --model.global_pool token``) as ``ViTForImageClassification``. Its own
+checks (transformers installed, a decoder, input size and pooling transformers has) and files are
+``FOLDER``'s.
+
+transformers' ViT classifies the cls token after its final LayerNorm and has no other pooling, so a
+classifier fine-tuned with global average pooling (``mae finetune``'s default: the mean of the patch
+tokens through ``fc_norm``, no final norm) is refused by name rather than exported as something that
+computes other logits, or other features (``ViTMAEModel`` would apply a final norm the encoder never had):
+``--to timm`` holds it."""
 
 from pathlib import Path
 
 from mae.convert.checkpoint import MAECheckpoint
+from mae.convert.classifier import Classifier, classifier_of
 from mae.convert.exports.base import ExportRequest, ExportTarget
 from mae.convert.folders import (
     FolderContents,
     FolderExport,
     FolderFormat,
+    check_request,
     export_folder,
     folder_lines,
     folder_outputs,
@@ -26,9 +36,18 @@ def check(ckpt: MAECheckpoint, encoder_only: bool) -> bool:
     checkpoint's, unless ``encoder_only``).
 
     Raises:
-        ConfigError: transformers not installed; a decoder or input size ``ViTMAEForPreTraining`` does not
-            have (``hf_config_of``).
+        ConfigError: transformers not installed; a classifier fine-tuned with global average pooling
+            (the module's doc); a decoder or input size ``ViTMAEForPreTraining`` does not have
+            (``hf_config_of``).
     """
+    classifier = classifier_of(ckpt)
+    if classifier is not None and classifier.global_pool == "avg":
+        raise ConfigError(
+            f"{ckpt.source} is {classifier.described}: Hugging Face transformers' ViT classifies the cls "
+            "token after a final norm and has no average pooling, so no transformers folder computes this "
+            "model's logits or features (it has an fc_norm after pooling, no final norm); export it with "
+            "--to timm, which holds it (global_pool='avg')"
+        )
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -46,7 +65,8 @@ def write(contents: FolderContents, folder: Path) -> None:
     mean and std) into ``folder``."""
     mask_ratio = contents.facts.hparams.get("mask_ratio", 0.75)
     config, decoder = contents.ckpt.config, contents.has_decoder
-    hf_format.write(contents.state, config, folder, decoder, mask_ratio, contents.mean, contents.std)
+    classes = contents.classifier.num_classes if contents.classifier else None
+    hf_format.write(contents.state, config, folder, decoder, mask_ratio, contents.mean, contents.std, classes)
 
 
 def card_usage(folder_name: str, has_decoder: bool) -> list[str]:
@@ -69,7 +89,24 @@ def card_usage(folder_name: str, has_decoder: bool) -> list[str]:
     return lines
 
 
-CARD = CardTarget(library="transformers", loaded_by="Hugging Face transformers", usage=card_usage)
+def card_classifier_usage(folder_name: str, classifier: Classifier) -> list[str]:
+    """The card's code for a classifier: transformers' ``ViTForImageClassification`` and its class scores."""
+    return [
+        "from transformers import ViTForImageClassification, ViTImageProcessor",
+        "",
+        f'processor = ViTImageProcessor.from_pretrained("{folder_name}")  # or "<user>/<repo>"',
+        f'model = ViTForImageClassification.from_pretrained("{folder_name}").eval()',
+        'pixels = processor(images=image, return_tensors="pt")["pixel_values"]',
+        f"logits = model(pixel_values=pixels).logits  # (N, {classifier.num_classes}) class scores",
+    ]
+
+
+CARD = CardTarget(
+    library="transformers",
+    loaded_by="Hugging Face transformers",
+    usage=card_usage,
+    classifier_usage=card_classifier_usage,
+)
 FOLDER = FolderFormat(name="huggingface", check=check, write=write, card=CARD)
 
 
@@ -86,6 +123,8 @@ def export(request: ExportRequest) -> FolderExport:
 
 def describe(export: FolderExport) -> list[str]:
     model_class = "ViTMAEForPreTraining" if export.has_decoder else "ViTMAEModel"
+    if export.classifier is not None:
+        model_class = "ViTForImageClassification"
     return folder_lines(export, f'load with transformers: {model_class}.from_pretrained("{export.folder}")')
 
 
@@ -97,4 +136,5 @@ TARGET = ExportTarget(
     outputs=folder_outputs,
     export=export,
     describe=describe,
+    check=check_request,
 )

@@ -1,16 +1,19 @@
 """The ``timm`` target: the encoder as timm's hub folder with a model card (``mae.convert.folders``; the
 format: ``mae.convert.formats.timm_folder``), which ``timm.create_model("local-dir:DIR", pretrained=True)``
-builds. Its own checks (a LayerNorm eps timm uses) and files (``config.json`` with the data config,
+builds; a fine-tuned classifier with its head (``num_classes``, ``global_pool``), so that it computes the
+same logits. Its own checks (a LayerNorm eps timm uses) and files (``config.json`` with the data config,
 ``model.safetensors``) are ``FOLDER``'s."""
 
 from pathlib import Path
 
 from mae.convert.checkpoint import MAECheckpoint
+from mae.convert.classifier import Classifier
 from mae.convert.exports.base import ExportRequest, ExportTarget
 from mae.convert.folders import (
     FolderContents,
     FolderExport,
     FolderFormat,
+    check_request,
     export_folder,
     folder_lines,
     folder_outputs,
@@ -28,8 +31,8 @@ def check(ckpt: MAECheckpoint, encoder_only: bool) -> bool:
 
 
 def write(contents: FolderContents, folder: Path) -> None:
-    """``config.json`` (the architecture and timm's data config: input size, mean, std, the run's
-    evaluation crop) and ``model.safetensors`` into ``folder``."""
+    """``config.json`` (the architecture, a classifier's ``num_classes`` and ``global_pool``, and timm's data
+    config: input size, mean, std, the run's evaluation crop) and ``model.safetensors`` into ``folder``."""
     ckpt = contents.ckpt
     size = ckpt.config["img_size"]
     size = [size, size] if isinstance(size, int) else list(size)
@@ -41,7 +44,7 @@ def write(contents: FolderContents, folder: Path) -> None:
         "crop_pct": _crop_pct(contents.facts.run_config),
         "crop_mode": "center",
     }
-    timm_folder.write(ckpt, folder, data_config, card_license(contents.facts))
+    timm_folder.write(ckpt, folder, data_config, card_license(contents.facts), contents.classifier)
 
 
 def card_usage(folder_name: str, has_decoder: bool) -> list[str]:
@@ -56,7 +59,20 @@ def card_usage(folder_name: str, has_decoder: bool) -> list[str]:
     ]
 
 
-CARD = CardTarget(library="timm", loaded_by="timm", usage=card_usage)
+def card_classifier_usage(folder_name: str, classifier: Classifier) -> list[str]:
+    """The card's code for a classifier: timm builds it with its head and computes the class scores."""
+    return [
+        "import timm",
+        "",
+        f'model = timm.create_model("local-dir:{folder_name}", pretrained=True)  # or hf-hub:USER/REPO',
+        "model.eval()",
+        "config = timm.data.resolve_data_config({}, model=model)",
+        "transform = timm.data.create_transform(**config)  # resize, centre crop, normalise as trained",
+        f"logits = model(transform(image).unsqueeze(0))  # (1, {classifier.num_classes}) class scores",
+    ]
+
+
+CARD = CardTarget(library="timm", loaded_by="timm", usage=card_usage, classifier_usage=card_classifier_usage)
 FOLDER = FolderFormat(name="timm", check=check, write=write, card=CARD)
 
 
@@ -86,4 +102,5 @@ TARGET = ExportTarget(
     outputs=folder_outputs,
     export=export,
     describe=describe,
+    check=check_request,
 )

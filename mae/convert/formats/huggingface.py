@@ -16,7 +16,14 @@ from safetensors.torch import save_file
 
 from mae.convert.checkpoint import MAECheckpoint
 from mae.convert.formats.base import CheckpointFormat, CheckpointPath
-from mae.convert.huggingface import from_hf_state_dict, hf_config_of, hf_encoder_state_dict, to_hf_state_dict
+from mae.convert.huggingface import (
+    from_hf_state_dict,
+    hf_classifier_config,
+    hf_classifier_state_dict,
+    hf_config_of,
+    hf_encoder_state_dict,
+    to_hf_state_dict,
+)
 from mae.convert.safe_load import read_safetensors, safe_torch_load
 from mae.convert.shapes import infer_config
 from mae.errors import InputError, MissingFileError
@@ -155,16 +162,21 @@ def write(
     mask_ratio: float,
     mean: list[float],
     std: list[float],
+    num_labels: int | None = None,
 ) -> None:
     """Write ``config.json``, ``model.safetensors`` and ``preprocessor_config.json`` into ``folder`` (an
-    empty, new folder): ``ViTMAEForPreTraining`` with ``decoder`` (``state_dict`` then holds one), else
-    ``ViTMAEModel``; a ``ViTImageProcessor`` resizing to the input size (bicubic), scaling 8-bit values
-    by 1/255 and normalising with ``mean`` / ``std``."""
+    empty, new folder): ``ViTMAEForPreTraining`` with ``decoder`` (``state_dict`` then holds one), a
+    ``ViTForImageClassification`` of ``num_labels`` classes when given (``state_dict``: a cls-token
+    classifier's, its head one linear layer), else ``ViTMAEModel``; a ``ViTImageProcessor`` resizing to the
+    input size (bicubic), scaling 8-bit values by 1/255 and normalising with ``mean`` / ``std``."""
     from transformers import ViTImageProcessor
 
     hf = hf_config_of(config, decoder, mask_ratio)  # first: it refuses what ViTMAE cannot hold
     height, width = (hf["image_size"],) * 2 if isinstance(hf["image_size"], int) else hf["image_size"]
-    tensors = to_hf_state_dict(state_dict) if decoder else hf_encoder_state_dict(state_dict)
+    if num_labels is not None:
+        hf, tensors = hf_classifier_config(config, num_labels), hf_classifier_state_dict(state_dict)
+    else:
+        tensors = to_hf_state_dict(state_dict) if decoder else hf_encoder_state_dict(state_dict)
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")

@@ -18,6 +18,7 @@ import timm
 from timm.models import save_for_hf
 
 from mae.convert.checkpoint import MAECheckpoint, check_finite
+from mae.convert.classifier import Classifier, linear_head
 from mae.convert.formats.base import CheckpointFormat, CheckpointPath
 from mae.convert.formats.huggingface import folder_weights
 from mae.convert.shapes import infer_config
@@ -78,8 +79,16 @@ def check(ckpt: MAECheckpoint) -> None:
         )
 
 
-def write(ckpt: MAECheckpoint, folder: Path, data_config: dict[str, Any], license: str | None) -> None:
-    """Write the encoder of ``ckpt`` into ``folder`` (an empty, new folder) in timm's hub layout.
+def write(
+    ckpt: MAECheckpoint,
+    folder: Path,
+    data_config: dict[str, Any],
+    license: str | None,
+    classifier: Classifier | None = None,
+) -> None:
+    """Write the encoder of ``ckpt`` into ``folder`` (an empty, new folder) in timm's hub layout; with
+    ``classifier`` (``mae.convert.classifier.classifier_of(ckpt)``) the encoder with its head, which timm
+    builds with ``num_classes`` and ``global_pool`` (a linear probe's BatchNorm folded into the head).
 
     ``data_config``: timm's preprocessing keys (``input_size`` (C, H, W), ``mean``, ``std``,
     ``interpolation``, ``crop_pct``, ``crop_mode``), stored in ``pretrained_cfg`` with the ``license``
@@ -87,8 +96,11 @@ def write(ckpt: MAECheckpoint, folder: Path, data_config: dict[str, Any], licens
     """
     check(ckpt)
     args = timm_model_args(ckpt.config)
-    model = timm.create_model(timm_architecture(ckpt.config), pretrained=False, **args)
     state = ckpt.encoder_state_dict()
+    if classifier is not None:
+        args.update(num_classes=classifier.num_classes, global_pool=classifier.global_pool)
+        state = linear_head(state)
+    model = timm.create_model(timm_architecture(ckpt.config), pretrained=False, **args)
     check_finite(state, ckpt.source)
     model.load_state_dict(state, strict=True)
     own = {"pretrained_cfg": {"tag": "mae", "license": license}}

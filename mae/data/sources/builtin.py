@@ -1,7 +1,6 @@
 """Built-in and standard data: scikit-learn's handwritten digits (offline, the default job's) and
-CIFAR-10/100 from their standard python-pickle files."""
+CIFAR-10/100 from their standard python-pickle files (read without running code: ``cifar_files``)."""
 
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -9,9 +8,10 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision.datasets import CIFAR10, CIFAR100
+from torchvision.datasets.utils import download_and_extract_archive
 
 from mae.data.sources.base import ImageDataModule
+from mae.data.sources.cifar_files import CIFAR_LAYOUTS, CIFARFiles
 from mae.data.sources.loader_workers import MainProcessLoading
 from mae.errors import InputError, MissingFileError
 
@@ -46,30 +46,10 @@ class DigitsDataset(Dataset):
         return img, self.targets[index]
 
 
-def _files_only(cls: type) -> type:
-    """A torchvision CIFAR class that checks the standard files exist instead of their md5 sums,
-    so locally re-packed copies in the standard python-pickle format load too."""
-    return type(
-        f"Local{cls.__name__}",
-        (cls,),
-        {
-            "train_list": [[name, None] for name, _ in cls.train_list],
-            "test_list": [[name, None] for name, _ in cls.test_list],
-            "meta": {**cls.meta, "md5": None},
-        },
-    )
-
-
-LocalCIFAR10 = _files_only(CIFAR10)
-LocalCIFAR100 = _files_only(CIFAR100)
-CIFAR_CLASSES = {"cifar10": LocalCIFAR10, "cifar100": LocalCIFAR100}
-
-
 def cifar_files(name: str) -> tuple[str, list[str]]:
     """(folder name, file names) of the standard python-pickle release of ``name``."""
-    cls = CIFAR_CLASSES[name]
-    files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-    return cls.base_folder, files
+    layout = CIFAR_LAYOUTS[name]
+    return layout.folder, list(layout.files)
 
 
 class DigitsDataModule(MainProcessLoading, ImageDataModule):
@@ -126,19 +106,21 @@ class CIFARDataModule(ImageDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(img_size=img_size, batch_size=batch_size, **kwargs)
-        if dataset not in CIFAR_CLASSES:
-            raise InputError(f"data.dataset must be one of {sorted(CIFAR_CLASSES)}, got {dataset!r}")
+        if dataset not in CIFAR_LAYOUTS:
+            raise InputError(f"data.dataset must be one of {sorted(CIFAR_LAYOUTS)}, got {dataset!r}")
         self.root = Path(root)
         self.dataset = dataset
         self.download = download
 
     def prepare_data(self) -> None:
-        if self.download:
-            CIFAR_CLASSES[self.dataset](str(self.root), train=True, download=True)
+        layout = CIFAR_LAYOUTS[self.dataset]
+        folder = self.root / layout.folder
+        if self.download and not all((folder / name).is_file() for name in layout.files):
+            download_and_extract_archive(layout.url, str(self.root), filename=layout.archive, md5=layout.md5)
 
     @property
     def num_labels(self) -> int:
-        return 10 if self.dataset == "cifar10" else 100
+        return CIFAR_LAYOUTS[self.dataset].num_classes
 
     def configure_pixels(self) -> None:
         if self.in_chans != 3:
@@ -152,49 +134,7 @@ class CIFARDataModule(ImageDataModule):
                 f"{self.dataset} files {missing} not found in {self.root / folder}; point data.root at the "
                 f"folder that holds {folder}/ or set data.download=true where the network allows"
             )
-        cls = CIFAR_CLASSES[self.dataset]
-        try:
-            sets = (
-                cls(str(self.root), train=True, transform=train_tf),
-                cls(str(self.root), train=False, transform=eval_tf),
-            )
-            if any(len(s.data) != len(s.targets) for s in sets):  # torchvision does not check it
-                raise ValueError("as many labels as images")
-        except UNREADABLE as err:
-            why = _unreadable_cifar(self.root / folder, cls)
-            if why is None:
-                raise
-            raise InputError(why) from err
-        return sets
-
-
-# what unpickling a damaged file, and reading what it holds, raise
-UNREADABLE = (pickle.UnpicklingError, EOFError, KeyError, IndexError, ValueError, TypeError, AttributeError)
-
-
-def _unreadable_cifar(folder: Path, cls: type) -> str | None:
-    """Why the first of ``cls``'s files in ``folder`` is not what torchvision reads (a python pickle of a
-    dict with ``data``: uint8 rows of 3072 values, one per label; ``batches.meta`` / ``meta``: the class
-    names), as the message to raise; None when every file reads."""
-    label_key = "labels" if cls.base_folder == "cifar-10-batches-py" else "fine_labels"
-    for name, _ in cls.train_list + cls.test_list + [[cls.meta["filename"], None]]:
-        try:
-            with open(folder / name, "rb") as f:
-                entry = pickle.load(f, encoding="latin1")
-            if name == cls.meta["filename"]:
-                if cls.meta["key"] not in entry:
-                    raise KeyError(cls.meta["key"])
-                continue
-            rows = np.asarray(entry["data"])
-            if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != 3072:
-                raise ValueError(f"data is {rows.dtype} of shape {rows.shape}, not uint8 rows of 3072 values")
-            labels = entry["labels" if "labels" in entry else label_key]  # torchvision's choice
-            if len(labels) != len(rows):
-                raise ValueError(f"{len(labels)} labels for {len(rows)} images")
-        except (*UNREADABLE, OSError) as err:
-            why = f"no {err} entry" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
-            return (
-                f"{folder / name} is not a readable CIFAR python-pickle file ({why}); replace it with the "
-                f"file of that name from the official {cls.filename}, or point data.root at a complete copy"
-            )
-    return None
+        return (
+            CIFARFiles(self.root / folder, self.dataset, train=True, transform=train_tf),
+            CIFARFiles(self.root / folder, self.dataset, train=False, transform=eval_tf),
+        )

@@ -150,7 +150,8 @@ class SigtermCheckpoint(pl.Callback):
             # last.ckpt instead of starting a last-v1.ckpt beside it (as it would when the SIGTERM
             # comes before it has saved a last.ckpt of its own, i.e. in the first epoch).
             callback.last_model_path = str(path)
-        trainer.save_checkpoint(path)
+        # the full training state; weights_only said, or Lightning logs its default on every rank
+        trainer.save_checkpoint(path, weights_only=False)
         rank_zero_info(
             f"{name}: saved {path} at step {trainer.global_step}; resume with --ckpt_path {path} (or "
             f"--ckpt_path last); exiting with status {code}"

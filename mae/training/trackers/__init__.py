@@ -15,7 +15,8 @@ The tracker gets every scalar the run logs (Lightning sends them to all loggers)
 (``log_figure``), the run's settings (``run_settings``: the resolved config, effective batch and lr, the
 architecture record, package versions) and, where its ``log_model`` asks for them, the checkpoints.
 Only global rank 0 talks to a tracker (Lightning's loggers and the calls here); no call waits on the
-other processes.
+other processes. Each call waits a bounded time, and a tracker whose service stops answering mid-run is
+left for the rest of the run with one warning, not the run (``outage.py``).
 
 Each tracker is one ``Tracker`` subclass (``base.py``): a new one is a class registered with
 ``register_tracker`` (imported below) and a recipe in ``mae/configs/loggers/`` naming its logger.

@@ -11,6 +11,7 @@ import torch
 from mae.training.resume import planned_run_folder
 from mae.training.trackers.base import Tracker, tracker_of
 from mae.training.trackers.build import build_tracker, check_tracker, remember_run
+from mae.training.trackers.outage import bounded_waits, guard_lightning_calls, tracker_call
 from mae.training.trackers.settings import run_settings
 
 
@@ -31,7 +32,8 @@ class AttachTracker(pl.Callback):
     """Builds the ``tracker`` once the run folder is known and the run has passed its start-up checks
     (``on_fit_start``, on every process; ``setup`` for an evaluation), adds it to the trainer's loggers,
     records its run in the folder and sends it the run's settings (once the effective batch and lr are
-    known)."""
+    known). Every call to it waits a bounded time, and a service that stops answering leaves it for the
+    rest of the run (``outage``)."""
 
     def __init__(self, spec: dict[str, Any], config: dict[str, Any], resume_step: int | None) -> None:
         self.spec = spec
@@ -54,16 +56,19 @@ class AttachTracker(pl.Callback):
             return
         self.run_folder = Path(trainer.log_dir or trainer.default_root_dir)
         self.tracker = build_tracker(self.spec, self.run_folder, self.resume_step)
+        guard_lightning_calls(self.tracker, trainer)
         trainer.loggers = [*trainer.loggers, self.tracker.logger]
         if trainer.is_global_zero:
-            remember_run(self.tracker, self.run_folder)
+            with bounded_waits(self.tracker):
+                remember_run(self.tracker, self.run_folder)
 
     def _log_settings(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._logged or not trainer.is_global_zero:
             return
         self._logged = True
         config_file = self.run_folder / "config.yaml"
-        self.tracker.log_settings(run_settings(self.config, pl_module, trainer), config_file)
+        settings = run_settings(self.config, pl_module, trainer)
+        tracker_call(self.tracker, trainer, self.tracker.log_settings, settings, config_file)
 
     def state_dict(self) -> dict[str, Any]:
         return self.tracker.checkpoint_state() if self.tracker is not None else {}
@@ -99,7 +104,7 @@ def log_figure(trainer: pl.Trainer, key: str, image: torch.Tensor) -> None:
     that drops a killed run's later events (TensorBoard) keeps the figure."""
     step = max(trainer.global_step - 1, 0)
     for tracker in trackers_of(trainer):
-        tracker.log_figure(key, image, step)
+        tracker_call(tracker, trainer, tracker.log_figure, key, image, step)
 
 
 def where_to_look(trainer: pl.Trainer) -> list[tuple[str, str]]:
@@ -107,6 +112,8 @@ def where_to_look(trainer: pl.Trainer) -> list[tuple[str, str]]:
     lines = []
     for tracker in trackers_of(trainer):
         where = tracker.where()
+        if where is not None and tracker.left_at is not None:
+            where += f" (up to step {tracker.left_at}, when its service stopped answering)"
         if where is not None:
             lines.append((f"{tracker.name}:", where))
     return lines

@@ -29,11 +29,16 @@ class Tracker:
     client: ClassVar[tuple[str, tuple[str, ...]] | None] = None
     # The keys of its entry in tracker.json (``record``) that a resume reads, each a string.
     record_keys: ClassVar[tuple[str, ...]] = ()
+    # Environment variables of its client that bound how long a call waits for its service, and their values
+    # during the run's calls, each where the environment has no value of its own (``outage.bounded_waits``).
+    wait_bounds: ClassVar[dict[str, str]] = {}
 
     def __init__(self, logger: Logger, settings: dict[str, Any] | None = None) -> None:
         self.logger = logger
         # The arguments this package built ``logger`` with ({}: a logger it did not build).
         self.settings = settings or {}
+        # The global step at which its service stopped answering, and the tracker was left (None: in use).
+        self.left_at: int | None = None
 
     @classmethod
     def check(cls, init_args: dict[str, Any]) -> None:
@@ -86,6 +91,12 @@ class Tracker:
 
     def where(self) -> str | None:
         """The run summary's line saying where the tracker shows the run (None: no line)."""
+        return None
+
+    def unreachable(self, error: Exception) -> str | None:
+        """Why ``error``, raised by a call to this tracker during the run, says that its service stopped
+        answering, naming the service and the wait (None: another error, which ends the run as any error
+        does). A tracker it names is left for the rest of the run (``outage``). This base: none does."""
         return None
 
     def checkpoint_state(self) -> dict[str, Any]:

@@ -30,6 +30,14 @@ class MLflowTracker(Tracker):
     run_folder_settings = ("run_id",)
     client = ("mlflow-skinny", ("mlflow",))
     record_keys = ("tracking_uri", "run_id")
+    # MLflow's defaults (7 retries, backing off from 2 s; requests of up to 120 s) held every call to a
+    # server that went down for minutes: a refused connection now ends a call in seconds, a server that
+    # stopped answering in about 95 s.
+    wait_bounds = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+    }
 
     @classmethod
     def check_start(
@@ -125,6 +133,19 @@ class MLflowTracker(Tracker):
         pixels = (image.float().clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
         self.logger.experiment.log_image(self.logger.run_id, np.ascontiguousarray(pixels), key=key, step=step)
 
+    def unreachable(self, error: Exception) -> str | None:
+        from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+
+        timeout = MLFLOW_HTTP_REQUEST_TIMEOUT.get()
+        why = _request_failure(error, f"no answer within {timeout} s")
+        if why is None:
+            return None
+        return (
+            f"the MLflow server {self.tracking_uri} stopped answering ({why}; each call tried "
+            f"{MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() + 1} times, waiting up to {timeout} s: set "
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES and MLFLOW_HTTP_REQUEST_TIMEOUT to wait longer)"
+        )
+
     def where(self) -> str | None:
         if not mlflow_run_started(self.logger):
             return None
@@ -211,18 +232,27 @@ def _client(uri: str, label: str):
 
 def _unusable(label: str, err: Exception) -> ConfigError:
     """The error of a store that ``err`` says MLflow cannot use; a server it cannot reach is named so."""
-    import requests  # MLflow's HTTP client
-
-    cause = err.__cause__ or err.__context__
-    if isinstance(cause, requests.exceptions.RequestException):
-        if isinstance(cause, requests.exceptions.Timeout):
-            why = f"no answer within {CHECK_TIMEOUT} s"
-        else:
-            found = re.search(r"\[Errno -?\d+\] [^'\")]+", str(cause))
-            why = found.group(0) if found else type(cause).__name__
+    why = _request_failure(err, f"no answer within {CHECK_TIMEOUT} s")
+    if why is not None:
         return ConfigError(f"{label}: cannot reach the MLflow server ({why}); start it, or correct the URI")
     message = getattr(err, "message", None) or str(err)
     return ConfigError(f"{label}: MLflow cannot use this store ({message.strip().splitlines()[0]})")
+
+
+def _request_failure(err: Exception, timed_out: str) -> str | None:
+    """Why MLflow's HTTP client failed to reach its server, when that is what ``err`` (an error of MLflow's
+    client, or of its HTTP client) says: the system's ``[Errno N] ...``, else the error's type; ``timed_out``
+    for a request that got no answer in time (None: another error)."""
+    from requests.exceptions import RequestException, Timeout  # MLflow's HTTP client
+
+    cause = err.__cause__ or err.__context__
+    failure = err if isinstance(err, RequestException) else cause
+    if not isinstance(failure, RequestException):
+        return None
+    if isinstance(failure, Timeout):
+        return timed_out
+    found = re.search(r"\[Errno -?\d+\] [^'\")]+", str(failure))
+    return found.group(0) if found else type(failure).__name__
 
 
 def _check_run(client, saved: dict[str, Any], record: Path) -> None:

@@ -1,6 +1,7 @@
 """Weights & Biases: the run id kept in the run folder's tracker.json (``resume="allow"``), its files in
 ``<run folder>/wandb``, so that a resumed run continues the same W&B run."""
 
+import re
 import secrets
 import string
 from pathlib import Path
@@ -35,15 +36,20 @@ class WandbTracker(Tracker):
     def check_start(
         cls, init_args: dict[str, Any], run_folder: Path, resume_step: int | None, saved: dict | None
     ) -> None:
-        """Refuse online mode without credentials: W&B would fail in its own init, after the model is built
-        (or wait at a prompt for a key). Offline and disabled runs need none."""
+        """Refuse online mode without credentials (W&B would fail in its own init, after the model is built,
+        or wait at a prompt for a key) or with a server that does not answer within ``CHECK_TIMEOUT``
+        seconds (its init would wait ``init_timeout``, 90 s, first). Offline and disabled runs need
+        neither."""
         super().check_start(init_args, run_folder, resume_step, saved)
-        if _mode(init_args) not in ("offline", "dryrun", "disabled") and not _has_credentials():
+        if _mode(init_args) in ("offline", "dryrun", "disabled"):
+            return
+        if not _has_credentials():
             raise ConfigError(
                 "tracker: W&B in online mode needs credentials, and none are configured (no "
                 "$WANDB_API_KEY, no `wandb login`): run `wandb login` or set WANDB_API_KEY, or set "
                 "tracker.init_args.mode offline (upload later with wandb sync)"
             )
+        _check_server()
 
     @classmethod
     def tie_to_run_folder(
@@ -60,6 +66,15 @@ class WandbTracker(Tracker):
 
     def log_figure(self, key: str, image: torch.Tensor, step: int) -> None:
         self.logger.log_image(key=key, images=[image.float().clamp(0, 1).cpu()], step=step)
+
+    def unreachable(self, error: Exception) -> str | None:
+        # W&B queues a run's data while its server is away; only starting the run waits for an answer.
+        from wandb.errors import CommError
+
+        if not isinstance(error, CommError):
+            return None
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"W&B's server did not start the run ({first_line})"
 
     def where(self) -> str | None:
         if not wandb_run_started(self.logger):
@@ -84,6 +99,38 @@ class WandbTracker(Tracker):
             run = self.logger.experiment
             if run.step < step:  # offline (online, the server has told it)
                 run.log({}, step=step, commit=False)
+
+
+CHECK_TIMEOUT = 5  # seconds the start-up check waits for W&B's server to answer, tried once
+
+
+def _check_server() -> None:
+    """Refuse a W&B server (``$WANDB_BASE_URL``, default W&B's cloud) that does not answer one request
+    within ``CHECK_TIMEOUT`` seconds (through W&B's proxies, if set), naming it: without network, W&B's
+    init would wait its ``init_timeout`` (90 s by default) after the model is built, then end the run in a
+    traceback."""
+    import requests  # W&B's own HTTP client
+    from wandb.sdk import wandb_setup
+
+    settings = wandb_setup.singleton().settings
+    proxies = {
+        scheme: url for scheme, url in (("http", settings.http_proxy), ("https", settings.https_proxy)) if url
+    }
+    try:
+        requests.head(
+            settings.base_url, timeout=CHECK_TIMEOUT, allow_redirects=False, proxies=proxies or None
+        )
+    except requests.exceptions.RequestException as err:
+        if isinstance(err, requests.exceptions.Timeout):
+            why = f"no answer within {CHECK_TIMEOUT} s"
+        else:
+            found = re.search(r"\[Errno -?\d+\] [^'\")]+", str(err))
+            why = found.group(0) if found else type(err).__name__
+        raise ConfigError(
+            f"tracker: W&B's server {settings.base_url} cannot be reached ({why}), and W&B online would wait "
+            f"{settings.init_timeout:g} s for it before failing: check the network (and $WANDB_BASE_URL), or "
+            "set tracker.init_args.mode offline (upload later with wandb sync)"
+        ) from None
 
 
 def _new_run_id() -> str:

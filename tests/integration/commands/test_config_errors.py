@@ -135,3 +135,45 @@ def test_a_stacked_recipe_shown_runs_on_its_own_as_the_recipe(tmp_path):
     assert saved == recipe
     assert saved["data"]["class_path"] == "mae.data.DigitsDataModule"  # from the base recipe
     assert saved["model"]["resolution_schedule"] == [[0, 16], [0.8, 32]]  # from the stacked one
+
+
+# A class path of 0.1's recipes, whose module 0.2.0 moved (0.3.0 removed the old path): (command, how it is
+# given, the old class path, its path now).
+MOVED_CLASSES = {
+    "pretrain-config": (
+        "pretrain",
+        "config",
+        "mae.dense.scene_images.DigitSceneImagesDataModule",
+        "mae.data.DigitSceneImagesDataModule",
+    ),
+    "finetune-option": (
+        "finetune",
+        "option",
+        "mae.dense.scene_images.DigitSceneImagesDataModule",
+        "mae.data.DigitSceneImagesDataModule",
+    ),
+    "detect-config": (
+        "detect",
+        "config",
+        "mae.dense.detection_data.DigitScenesDataModule",
+        "mae.dense.DigitScenesDataModule",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MOVED_CLASSES, ids=MOVED_CLASSES.keys())
+def test_a_class_path_of_a_moved_module__one_error_line_naming_the_new_path(case, tmp_path):
+    """A 0.2 user's config (or ``--data`` option) gets the class's new path, not jsonargparse's wall of union
+    subtypes and import errors; nothing is run or written."""
+    command, given, old, new = MOVED_CLASSES[case]
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}}
+    config = {"trainer": {"max_epochs": 1, "logger": logger}}
+    if given == "config":
+        config["data"] = {"class_path": old, "init_args": {"img_size": 16}}
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(config))
+    option = ("--data", old) if given == "option" else ()
+    line = _error_line(run_mae(command, "--config", str(path), *option, check=False))
+    where = f"--config {path}: data.class_path" if given == "config" else "--data:"
+    assert line == f"error: {where} {old} was moved to {new} in 0.2.0: set {new} instead", line
+    assert [p.name for p in tmp_path.iterdir()] == ["old.yaml"]

@@ -173,3 +173,79 @@ def test_two_channel_figures__drawn_in_three_colours():
         k: torch.rand(1, 2, 8, 8) for k in ("original", "masked", "reconstruction", "reconstruction_visible")
     }
     assert reconstruction_grid(views, mean=(0.0, 0.0), std=(1.0, 1.0)).shape[0] == 3
+
+
+# ---------------------------------------------------------------- CIFAR files
+
+
+def _cifar_finetune(tmp_path, root) -> dict:
+    """A tiny ``mae finetune`` config on the CIFAR-10 files in ``root``: two steps, then validation."""
+    from tests.helpers import csv_logger
+
+    return {
+        "seed_everything": 0,
+        "model": {
+            "encoder": {"model": "mae_vit_tiny_patch4", "model_kwargs": TINY_KWARGS},
+            "optim": {"warmup_epochs": 0},
+            "mixup": 0,
+            "cutmix": 0,
+        },
+        "data": {
+            "class_path": "mae.data.CIFARDataModule",
+            "init_args": {"root": str(root), "img_size": 32, "batch_size": 4, "num_workers": 0},
+        },
+        "trainer": {
+            "max_steps": 2,
+            "max_epochs": 1,
+            "accelerator": "cpu",
+            "devices": 1,
+            "enable_progress_bar": False,
+            "logger": csv_logger(tmp_path, "cifar"),
+        },
+    }
+
+
+class _CreatesFolder:
+    def __init__(self, target) -> None:
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.target,))
+
+
+@pytest.mark.parametrize("name", ["data_batch_1", "batches.meta"])
+def test_cifar_file_that_would_run_code__refused_by_name_before_it_runs(tmp_path, name):
+    from tests.helpers import run_mae, write_cifar
+
+    write_cifar(tmp_path / "cifar", "cifar10", train_per_batch=4, test=4)
+    file = tmp_path / "cifar" / "cifar-10-batches-py" / name
+    target = tmp_path / "created_by_the_cifar_file"
+    file.write_bytes(pickle.dumps({"data": _CreatesFolder(target), "label_names": []}))
+    config = _cifar_finetune(tmp_path, tmp_path / "cifar")
+    result = run_mae("finetune", config=config, tmp=tmp_path, check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {file} would run code when loaded (GLOBAL posix.mkdir): CIFAR's python files are pickles, "
+        "read here with only the types CIFAR's files hold; take the files from the official "
+        "cifar-10-python.tar.gz"
+    )
+    assert not target.exists()
+
+
+def test_cifar_labels_beyond_the_classes__named_at_start_up(tmp_path):
+    from tests.helpers import run_mae, write_cifar
+
+    write_cifar(tmp_path / "cifar", "cifar10", train_per_batch=4, test=4)
+    file = tmp_path / "cifar" / "cifar-10-batches-py" / "test_batch"
+    with open(file, "wb") as f:  # a CIFAR-10 layout holding labels 0-19
+        rows = np.random.default_rng(0).integers(0, 256, (4, 3072), dtype=np.uint8)
+        pickle.dump({"data": rows, "labels": [0, 19, 5, 12]}, f)
+    config = _cifar_finetune(tmp_path, tmp_path / "cifar")
+    result = run_mae("finetune", config=config, tmp=tmp_path, check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {file} holds the label 19, outside CIFAR-10's 10 classes (0-9); set data.dataset to the "
+        "dataset these files hold (now cifar10), or replace the file with the one of that name from the "
+        "official cifar-10-python.tar.gz"
+    )
+    assert not list((tmp_path / "runs").rglob("*.ckpt"))  # refused before any training

@@ -207,6 +207,52 @@ def test_fsdp2__sharded_checkpoint_resumes_on_one_process_and_finetunes(runs):
     assert "validation top-1" in out.stdout, out.stdout[-2000:]
 
 
+class StopAfterEpoch(pl.Callback):
+    """Stops the run at the end of epoch ``epoch`` (its ``last.ckpt`` written), as a job out of time does."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+
+def test_fsdp2__last_ckpt_through_two_processes_one_then_two_again_is_always_the_newest_state(runs):
+    """``--ckpt_path last`` on FSDP2 (``last.ckpt`` a folder of shards), then on one process (a file written
+    over the folder), then on FSDP2 again (a folder over the file): each run continues from the one
+    before, and the three together make the same steps as the uninterrupted DDP run."""
+    tmp = runs[0]
+    folder = _run(tmp, "cycle") / "checkpoints"
+    steps, sharded = [], []
+    for devices, stop in ((2, 0), (1, 1), (2, None)):
+        stopping = [{"class_path": f"{__name__}.StopAfterEpoch", "init_args": {"epoch": stop}}]
+        config = _config(tmp, "cycle", devices, None, stopping if stop is not None else None)
+        command = ("--config", str(config), "--ckpt_path", "last")
+        if devices == 2:
+            _, out = run_slurm_tasks("pretrain", *command, "--config", "strategy/fsdp", env=ENV)
+        else:
+            result = run_mae("pretrain", *command, env=ENV, timeout=400)
+            out = result.stdout + result.stderr
+        if steps:
+            assert f"--ckpt_path last: resuming from {folder / 'last.ckpt'}" in out, out[-3000:]
+        steps.append(read_training_checkpoint(folder / "last.ckpt")["global_step"])
+        sharded.append(is_sharded_checkpoint(folder / "last.ckpt"))
+    assert steps == [1, 2, STEPS] and sharded == [True, False, True]
+    reference, cycle = _losses(_run(tmp, "ddp")), _losses(_run(tmp, "cycle"))
+    assert sorted(cycle) == list(range(STEPS))  # each step once: none lost, none repeated
+    for step in (0, 2, 3):  # on 2 processes: rank 0 logs its half of the batch, one process all of it
+        assert cycle[step] == pytest.approx(reference[step], rel=RTOL), step
+    newest = read_training_checkpoint(folder / "last.ckpt")["state_dict"]
+    for key, value in torch.load(_run(tmp, "ddp") / "checkpoints" / "last.ckpt", weights_only=True)[
+        "state_dict"
+    ].items():
+        torch.testing.assert_close(newest[key], value, rtol=RTOL, atol=ATOL)
+    # one checkpoint per epoch, whichever wrote it, and no temporary or set-aside copy left beside them
+    names = [f"epoch_000{epoch}.ckpt" for epoch in range(STEPS)]
+    assert sorted(p.name for p in folder.iterdir()) == [*names, "last.ckpt"]
+
+
 class PoisonBatch(pl.Callback):
     """Before step ``step``, a NaN in the first image of process ``rank``'s batch (bad data on one node)."""
 

@@ -164,6 +164,48 @@ def test_ctrl_c__checkpoint_at_the_current_step_exit_130_and_the_same_command_re
     assert _last(tmp_path, moment)["global_step"] == 3 * STEPS_PER_EPOCH
 
 
+def _group_ended(pgid: int, timeout: float = 30) -> bool:
+    """Whether every process of group ``pgid`` has ended (within ``timeout`` seconds: zombies are reaped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_ctrl_c__ddp_two_processes__both_stop_at_one_step_exit_130_and_the_same_command_resumes(tmp_path):
+    """A terminal's Ctrl-C reaches both DDP processes and their loader workers at once (rank 1 is started by
+    Lightning's launcher in rank 0's process group): one checkpoint at the step they stopped after, exit
+    status 130, no process left behind, and the same command line continues to the end."""
+    config = _ctrl_c_config(tmp_path, "step", devices=2, strategy="ddp")
+    args = ("pretrain", "--config", str(config), "--ckpt_path", "last")  # a fresh start when there is none
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on two cores
+    with start_mae(*args, env=env, new_session=True) as proc:  # rank 0 forked, rank 1 a fresh interpreter
+        paused_at = int(_ctrl_c(proc, "step").split()[-1])
+        out = "".join(proc.communicate(timeout=180))
+    assert proc.returncode == INTERRUPTED_EXIT_CODE, out[-3000:]
+    assert _group_ended(proc.pid), "processes of the run are left after it exited"
+    assert out.count("Ctrl-C: stopping after the running step") == 1, out[-3000:]  # rank 0 says it, once
+    assert "SIGINT: saved" in out and "resume with --ckpt_path" in out, out[-3000:]
+    assert "Traceback" not in out and "killed by signal" not in out, out[-3000:]
+    assert "`weights_only` was not set" not in out, out[
+        -3000:
+    ]  # Lightning's note on the save, from each rank
+    saved = _last(tmp_path, "step")["global_step"]
+    assert paused_at <= saved <= paused_at + 1
+    with start_mae(*args, env=env, new_session=True) as proc:
+        out = "".join(proc.communicate(timeout=300))
+    assert proc.returncode == 0, out[-3000:]
+    assert f"--ckpt_path last: resuming from {tmp_path / 'step' / 'ckpts' / 'last.ckpt'}" in out, out[-3000:]
+    assert _last(tmp_path, "step")["global_step"] == 3 * STEPS_PER_EPOCH // 2  # 2 processes: half the steps
+    assert _group_ended(proc.pid)
+
+
 def test_ctrl_c_twice__stops_at_once_without_saving(tmp_path):
     config = _ctrl_c_config(tmp_path, "step", seconds=120)
     with start_mae("pretrain", "--config", str(config), new_session=True) as proc:

@@ -100,6 +100,46 @@ def test_refused__max_steps_that_end_the_run_before_a_phase_starts(tmp_path):
     assert "raise trainer.max_steps above 48" in error
 
 
+@pytest.mark.parametrize(
+    "recipe, schedule, epochs, phase, shared, smallest",
+    [
+        # the shipped recipe in a 1-epoch run: floor(0.8 x 1) = 0, so 16 px would never be trained
+        ("default_progressive", None, "1", "[0] [0, 16]", "[0.8, 32] both start at epoch 1", "2"),
+        # a middle phase: floor(0.5 x 2) = floor(0.6 x 2) = 1
+        (
+            "default",
+            "[[0, 8], [0.5, 16], [0.6, 32]]",
+            "2",
+            "[1] [0.5, 16]",
+            "[0.6, 32] both start at epoch 2",
+            "5",
+        ),
+    ],
+)
+def test_refused__a_phase_that_rounds_to_zero_epochs_names_it_max_epochs_and_the_fix(
+    tmp_path, recipe, schedule, epochs, phase, shared, smallest
+):
+    """Before, the phase was skipped without a word: the run trained only at the other sizes."""
+    schedule_args = ("--model.resolution_schedule", schedule) if schedule else ()
+    error = _refused(
+        _pretrain(
+            tmp_path,
+            recipe,
+            *schedule_args,
+            "--trainer.max_epochs",
+            epochs,
+            "--model.optim.warmup_epochs",
+            "0",
+        )
+    )
+    assert (
+        f"model.resolution_schedule{phase}: this phase gets 0 epochs of trainer.max_epochs={epochs}" in error
+    )
+    assert f"the next phase {shared}" in error, error
+    assert f"Set trainer.max_epochs to at least {smallest}" in error and "or remove this phase" in error
+    assert not (tmp_path / "runs").exists()
+
+
 def test_stopped_before_the_last_phase__warns_and_the_summary_names_the_phases_run_then_resumes(tmp_path):
     """``trainer.max_time`` (1 ms: the run stops after its first step; a time limit is unknowable at
     start-up) ends a 4-epoch 8 -> 16 px run in its first phase; resuming it (from the end of epoch 1,

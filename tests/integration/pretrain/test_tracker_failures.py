@@ -11,9 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from tests.helpers import TINY_MODEL, csv_logger, run_mae, tensorboard_tracker, write_config
+from tests.helpers import (
+    TINY_MODEL,
+    MlflowServer,
+    csv_logger,
+    read_metrics,
+    run_mae,
+    start_mae,
+    tensorboard_tracker,
+    write_config,
+)
 
 MLFLOW = "lightning.pytorch.loggers.MLFlowLogger"
 
@@ -118,6 +128,37 @@ def test_mlflow__a_server_that_cannot_be_reached_is_refused_in_seconds(tmp_path)
     _no_run_folder(tmp_path)
 
 
+def test_mlflow__a_server_that_goes_down_mid_run_is_left_in_seconds_and_the_run_finishes(tmp_path):
+    """MLflow's client retried every call to a server that went down for minutes (7 retries, backing off
+    from 2 s), then the run ended in its traceback. Now each call is bounded and the tracker is left: the
+    run finishes, its metrics.csv complete."""
+    pytest.importorskip("mlflow.server", reason="the MLflow server comes with the dev extra (mlflow)")
+    with MlflowServer(tmp_path / "mlflow") as server:
+        config = _config(tmp_path, {"class_path": MLFLOW, "init_args": {"tracking_uri": server.uri}})
+        run = yaml.safe_load(config.read_text())
+        pause = {"class_path": "tests.helpers.PauseAt", "init_args": {"moment": "step", "step": 2}}
+        run["trainer"] |= {"max_steps": 6, "log_every_n_steps": 1, "callbacks": [pause]}
+        config = write_config(tmp_path, run, "down")
+        with start_mae("pretrain", "--config", str(config), env=_env(tmp_path)) as proc:
+            proc.wait_for_output("PAUSE step step 2", timeout=180)
+            server.kill()
+            killed = time.monotonic()
+            out = "".join(proc.communicate(timeout=150))
+            took = time.monotonic() - killed
+    assert proc.returncode == 0, out[-3000:]
+    assert took < 60, took  # 4 training steps and one bounded call (MLflow's defaults: over 4 minutes a call)
+    said = f"tracker mlflow: the MLflow server {server.uri} stopped answering ([Errno 111] Connection refused"
+    assert said in out, out[-3000:]
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES and MLFLOW_HTTP_REQUEST_TIMEOUT" in out
+    assert "the run goes on without mlflow from step 2" in out and "Traceback" not in out, out[-3000:]
+    assert "(up to step 2, when its service stopped answering)" in out  # the run summary's mlflow line
+    folder = tmp_path / "runs" / "t" / "version_0"
+    steps = [int(row["step"]) for row in read_metrics(folder) if row.get("train/loss_step")]
+    assert steps == list(range(6))  # every step in metrics.csv
+    saved = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["global_step"] == 6
+
+
 # ------------------------------------------------------------------------------------------- TensorBoard
 
 
@@ -138,6 +179,23 @@ def test_wandb__online_without_credentials_is_refused_before_any_work(tmp_path):
     tracker = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"mode": "online"}}
     line = _refused(tmp_path, _config(tmp_path, tracker))
     assert "tracker: W&B in online mode needs credentials" in line and "wandb login" in line, line
+    _no_run_folder(tmp_path)
+
+
+def test_wandb__online_with_a_key_but_no_server_is_refused_in_seconds_before_any_work(tmp_path):
+    """W&B's init used to wait its init_timeout (90 s) after the model was built, then end the run in a
+    traceback (exit status 1), leaving a run folder."""
+    pytest.importorskip("wandb", reason="W&B comes with the tracking extra")
+    url = f"http://127.0.0.1:{_closed_port()}"
+    tracker = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {}}
+    env = _env(
+        tmp_path, WANDB_MODE="online", WANDB_BASE_URL=url, WANDB_API_KEY="0123456789abcdef" * 2 + "0" * 8
+    )
+    start = time.monotonic()
+    line = _refused(tmp_path, _config(tmp_path, tracker), env=env)
+    assert time.monotonic() - start < 60  # the start-up itself, on 2 busy cores; the check is instant
+    assert f"tracker: W&B's server {url} cannot be reached ([Errno 111] Connection refused)" in line, line
+    assert "would wait 90 s for it" in line and "tracker.init_args.mode offline" in line, line
     _no_run_folder(tmp_path)
 
 

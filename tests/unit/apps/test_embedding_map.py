@@ -115,3 +115,26 @@ def test_map__without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
     assert exit_.value.code == 2
     assert 'error: the embedding map needs matplotlib: pip install -e ".[embed]"' in capsys.readouterr().err
     assert not (tmp_path / "map.png").exists()
+
+
+@pytest.mark.slow  # a map drawn
+def test_map__vectors_with_no_spread_are_drawn_at_one_place_with_a_note(tmp_path):
+    """An index of copies of one image (one vector, or one direction at other lengths): t-SNE's PCA start
+    would divide by their zero spread; the map draws every point at one place and says so."""
+    index = write_index_of(tmp_path, ["a", "b", "a", "b", "a"])
+    copies = tmp_path / "copies.npy"
+    vectors = np.load(index)
+    vectors[:] = vectors[0] * np.array([1, 1, 2, 0.5, 1], np.float32)[:, None]  # one direction
+    np.save(copies, vectors)
+    for suffix in (".csv", ".json"):
+        (tmp_path / f"copies{suffix}").write_bytes(index.with_suffix(suffix).read_bytes())
+    out = tmp_path / "map.png"
+    result = run_mae("map", str(copies), "--out", str(out), "--thumbnails", timeout=120, check=False)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        f"wrote {out}: all 5 cls-pooled vectors (64 values) point the same way (copies of one image?): no "
+        "t-SNE, every point drawn at one place" in result.stdout
+    )
+    record = map_record(out)
+    assert record["panels"][0]["same_direction"] and len(record["thumbnails"]) == 1
+    assert pixels_of(out, PALETTE[0]) > 0

@@ -487,3 +487,23 @@ def test_embed__map_of_the_index_it_wrote_checked_before_embedding(checkpoint, f
     assert f"wrote {figure}: t-SNE of all 5 cls-pooled vectors" in result.stdout
     record = map_record(figure)
     assert record["panels"][0]["index"] == str(out) and record["colours"] == {"a": "#1f77b4", "b": "#ff7f0e"}
+
+
+@pytest.mark.slow  # an index embedded and mapped
+def test_embed__map_of_copies_of_one_image_draws_every_point_at_one_place(checkpoint, tmp_path):
+    """N copies of one image embed to one vector: the index is written and so is its map, every point at one
+    place with a note, where t-SNE's PCA start failed with a traceback after the index was written."""
+    from mae.apps.embeddings.embedding_map import map_record
+
+    write_png(tmp_path / "copies" / "0.png", seed=0)
+    for i in range(1, 5):
+        shutil.copy(tmp_path / "copies" / "0.png", tmp_path / "copies" / f"{i}.png")
+    out, figure = tmp_path / "index.npy", tmp_path / "map.png"
+    args = ["--checkpoint", str(checkpoint), str(tmp_path / "copies"), "--out", str(out), "--workers", "0"]
+    result = run_mae("embed", *args, "--map", str(figure), "--batch-size", "3", timeout=120, check=False)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"wrote {figure}: all 5 cls-pooled vectors" in result.stdout
+    assert (
+        "point the same way (copies of one image?): no t-SNE, every point drawn at one place" in result.stdout
+    )
+    assert len(EmbeddingIndex(out)) == 5 and map_record(figure)["panels"][0]["same_direction"]

@@ -1,5 +1,6 @@
 """Round trips of ``mae.convert.folders``: our checkpoint -> timm / transformers folder -> their loaders,
-the same features (and, with the decoder, the same loss) in fp32; what a target cannot hold is refused."""
+the same features (and, with the decoder, the same loss; for a fine-tuned classifier, the same logits) in
+fp32; what a target cannot hold is refused; a link is written through."""
 
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from mae.convert.exports import timm as timm_target
 from mae.convert.folders import export_folder, is_export_folder
 from mae.data.views.recipes import eval_transform
 from mae.errors import ConfigError
+from mae.io.outputs import OutputError
 from mae.models import MaskedAutoencoderViT
+from tests.unit.convert.test_classifier import PROBE, classifier_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -127,3 +130,73 @@ def test_timm_folder__another_layer_norm_eps_is_refused_naming_it(tmp_path):
     save_hf_pretrained(model, transformers_dir)
     with pytest.raises(ConfigError, match="LayerNorm eps 1e-12; a timm ViT uses 1e-6"):
         export_folder(transformers_dir, tmp_path / "timm", timm_target.FOLDER)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"global_pool": "token"}, PROBE], ids=["avg-pool", "token-pool", "linear-probe"]
+)
+def test_timm_folder__a_finetuned_classifier_gives_the_same_logits(tmp_path, kwargs):
+    ckpt, classifier = classifier_checkpoint(tmp_path, **kwargs)
+    export = export_folder(ckpt, tmp_path / "timm", timm_target.FOLDER)
+    assert export.classifier is not None and export.classifier.num_classes == 3
+    loaded = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert (loaded(images) - classifier(images)).abs().max() <= 1e-5
+    card = (tmp_path / "timm" / "README.md").read_text()
+    assert "pipeline_tag: image-classification" in card and "(1, 3) class scores" in card
+
+
+@pytest.mark.parametrize("kwargs", [{"global_pool": "token"}, PROBE], ids=["token-pool", "linear-probe"])
+def test_huggingface_folder__a_classifier_on_the_cls_token_is_a_vit_for_image_classification(
+    tmp_path, kwargs
+):
+    ckpt, classifier = classifier_checkpoint(tmp_path, **kwargs)
+    export_folder(ckpt, tmp_path / "hf", hf_target.FOLDER)
+    hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert (hf(pixel_values=images).logits - classifier(images)).abs().max() <= 1e-5
+    assert "ViTForImageClassification.from_pretrained" in (tmp_path / "hf" / "README.md").read_text()
+
+    export_folder(ckpt, tmp_path / "hf", hf_target.FOLDER, encoder_only=True)  # its encoder's features
+    encoder = transformers.ViTMAEModel.from_pretrained(tmp_path / "hf", mask_ratio=0.0).eval()
+    with torch.no_grad():
+        theirs = encoder(pixel_values=images, noise=_raster_noise(2, 16)).last_hidden_state
+        ours = classifier.forward_features(images)  # after the final norm, as the cls token is classified
+    assert (theirs - ours).abs().max() <= 1e-5
+
+
+def test_huggingface_folder__an_average_pooling_classifier_is_refused_before_anything_is_written(tmp_path):
+    ckpt, _ = classifier_checkpoint(tmp_path)
+    for encoder_only in (False, True):
+        with pytest.raises(ConfigError, match=r"3-class classifier \(global average pooling\).*--to timm"):
+            export_folder(ckpt, tmp_path / "hf", hf_target.FOLDER, encoder_only=encoder_only)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ckpt.name]
+
+
+def test_export_folder__a_link_is_written_through_to_its_folder(tmp_path):
+    ckpt, _ = _checkpoint(tmp_path, 16, 3, {"mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3]})
+    target, link = tmp_path / "real" / "timm", tmp_path / "link"
+    target.parent.mkdir()
+    export_folder(ckpt, target, hf_target.FOLDER)
+    link.symlink_to(target)
+    export = export_folder(ckpt, link, timm_target.FOLDER)
+    assert export.folder == link and link.is_symlink() and is_export_folder(target)
+    assert not (target / "preprocessor_config.json").exists()  # the timm export replaced the other whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "x.ckpt"]
+    assert [p.name for p in target.parent.iterdir()] == ["timm"]
+
+
+def test_export_folder__the_current_folder_is_refused_before_anything_is_read(tmp_path, monkeypatch):
+    ckpt, _ = _checkpoint(tmp_path, 16, 3)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(
+        OutputError, match=r"--out \. is the current folder .* run it from .* with --out here"
+    ):
+        export_folder(ckpt, ".", timm_target.FOLDER)
+    assert list((tmp_path / "here").iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "here",
+        "x.ckpt",
+    ]

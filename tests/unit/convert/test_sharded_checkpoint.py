@@ -173,3 +173,93 @@ def test_resume__a_folder_that_is_not_a_sharded_checkpoint_is_named(tmp_path):
         "meta.pt, .metadata and a .distcp file per process); give the .ckpt file or checkpoint folder a run "
         "wrote"
     )
+
+
+def _string(text: str) -> bytes:
+    """The pickle opcode that pushes ``text`` (SHORT_BINUNICODE)."""
+    data = text.encode()
+    return pickle.SHORT_BINUNICODE + bytes([len(data)]) + data
+
+
+def _call_pickle(module: str, name: str, args: tuple[str, ...], stack_global: bool) -> bytes:
+    """A protocol-4 pickle, built opcode by opcode, that calls ``module``.``name``(*args): the global named
+    by GLOBAL (text) or by STACK_GLOBAL (two strings on the stack), as a hostile index would name it."""
+    if stack_global:
+        callee = _string(module) + _string(name) + pickle.STACK_GLOBAL
+    else:
+        callee = pickle.GLOBAL + f"{module}\n{name}\n".encode()
+    arguments = pickle.MARK + b"".join(_string(a) for a in args) + pickle.TUPLE
+    return pickle.PROTO + b"\x04" + callee + arguments + pickle.REDUCE + pickle.STOP
+
+
+METADATA_MODULE = "torch.distributed.checkpoint.metadata"  # the module of the index's classes; imports os
+# (module, name, what the call would create): each reaches a function through an allowed module or name.
+BYPASSES = {
+    "os.mkdir through the metadata module": (METADATA_MODULE, "os.mkdir"),
+    "os.makedirs through the metadata module": (METADATA_MODULE, "os.makedirs"),
+    "os.system through the metadata module": (METADATA_MODULE, "os.system"),
+    "a dotted path through an allowed class": (METADATA_MODULE, "Metadata.__init__.__globals__.get"),
+    "os.mkdir through torch": ("torch", "os.mkdir"),
+    "builtins.eval": ("builtins", "eval"),
+    "builtins.exec": ("builtins", "exec"),
+    "os.mkdir itself": ("os", "mkdir"),
+    "a name of the metadata module that is not a record": (METADATA_MODULE, "os"),
+}
+
+
+def _payload_args(module: str, name: str, target: Path) -> tuple[str, ...]:
+    """What the call is given, so that running it would create ``target``."""
+    if name.endswith(("system",)):
+        return (f"mkdir {target}",)
+    if name in ("eval", "exec"):
+        return (f"__import__('os').mkdir({str(target)!r})",)
+    return (str(target),)
+
+
+def _forged(sharded_folder: Path, folder: Path, index: bytes) -> Path:
+    """A copy of ``sharded_folder`` at ``folder`` whose ``.metadata`` is ``index``."""
+    folder.mkdir()
+    for path in sharded_folder.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / SHARDS_METADATA).write_bytes(index)
+    return folder
+
+
+@pytest.mark.parametrize("stack_global", [True, False], ids=["STACK_GLOBAL", "GLOBAL"])
+@pytest.mark.parametrize("bypass", list(BYPASSES))
+def test_sharded_folder__an_index_reaching_a_function_through_an_allowed_name_runs_nothing(
+    sharded, tmp_path, bypass, stack_global
+):
+    _, folder, _ = sharded
+    module, name = BYPASSES[bypass]
+    target = tmp_path / "created_by_the_index"
+    index = _call_pickle(module, name, _payload_args(module, name, target), stack_global)
+    hostile = _forged(folder, tmp_path / "hostile.ckpt", index)
+    with pytest.raises(InputError, match=rf"{SHARDS_METADATA} would run code when loaded \(GLOBAL "):
+        read_metadata(hostile)
+    with pytest.raises(InputError, match="would run code when loaded"):
+        read_sharded_checkpoint(hostile)
+    with pytest.raises(InputError, match="would run code when loaded"):
+        load_backbone(hostile)
+    assert not target.exists()
+
+
+def test_sharded_folder__mae_export_of_a_forged_index_runs_nothing(sharded, tmp_path):
+    from tests.helpers import run_mae
+
+    _, folder, _ = sharded
+    target = tmp_path / "created_by_the_index"
+    index = _call_pickle(METADATA_MODULE, "os.mkdir", (str(target),), stack_global=True)
+    hostile = _forged(folder, tmp_path / "hostile.ckpt", index)
+    out = tmp_path / "encoder.safetensors"
+    result = run_mae("export", "--checkpoint", str(hostile), "--out", str(out), check=False)
+    assert result.returncode == 2, result.stderr
+    refused = f"error: {hostile / SHARDS_METADATA} would run code when loaded (GLOBAL {METADATA_MODULE}.os."
+    assert result.stderr.strip().splitlines()[-1].startswith(refused + "mkdir)")
+    assert not target.exists() and not out.exists()
+
+
+def test_sharded_folder__the_index_of_a_real_save_names_only_allowed_objects(sharded):
+    _, folder, _ = sharded
+    metadata = read_metadata(folder)  # every name of a real index is allowed
+    assert metadata.state_dict_metadata and metadata.storage_data

@@ -76,6 +76,30 @@ def test_replace_folder__puts_the_new_folder_in_place_of_what_was_there(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # the old folder removed
 
 
+@pytest.mark.parametrize("present", ["file", "folder"])
+def test_replace_folder__a_file_takes_the_place_of_what_was_there(tmp_path, present):
+    """A one-process checkpoint file over a sharded folder, or over an earlier file."""
+    new, target = tmp_path / ".last.ckpt.file.tmp-1", tmp_path / "last.ckpt"
+    new.write_text("new")
+    if present == "folder":
+        target.mkdir()
+        (target / "shard_0").write_text("old")
+    else:
+        target.write_text("old")
+    replace_folder(new, target)
+    assert target.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_replace_folder__a_failed_rename_leaves_an_old_file_aside_not_lost(tmp_path):
+    target = tmp_path / "last.ckpt"
+    target.write_text("old")
+    with pytest.raises(FileNotFoundError):
+        replace_folder(tmp_path / "missing", target)
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith(".last.ckpt.old.tmp-")]
+    assert aside.read_text() == "old"
+
+
 def test_replace_folder__a_failed_rename_leaves_the_old_folder_aside_not_lost(tmp_path, monkeypatch):
     target = tmp_path / "last.ckpt"
     target.mkdir()

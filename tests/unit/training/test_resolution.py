@@ -18,6 +18,16 @@ SCHEDULE = [[0, 8], [0.5, 16]]  # 8 px (a 2x2 grid) for the first half of the ep
 STEPS_PER_EPOCH = 10  # RandomImages: 40 images, batch 4
 
 
+def test_check_epochs__every_phase_needs_an_epoch_and_the_error_names_the_smallest_run():
+    schedule = ResolutionSchedule.parse([[0, 8], [0.5, 16], [0.6, 32]], 32, 4)
+    assert [schedule.epochs_of(i, 10) for i in range(3)] == [5, 1, 4]
+    schedule.check_epochs(5)  # epochs 0-1, 2, 3-4
+    for max_epochs, phase in [(1, r"\[0\] \[0, 8\]"), (2, r"\[1\] \[0.5, 16\]"), (4, r"\[1\] \[0.5, 16\]")]:
+        with pytest.raises(ConfigError, match=rf"{phase}: this phase gets 0 epochs .* at least 5 ") as raised:
+            schedule.check_epochs(max_epochs)
+        assert f"trainer.max_epochs={max_epochs}" in str(raised.value)
+
+
 @pytest.mark.parametrize("size", [16, 24, 64])
 def test_set_img_size__position_embeddings_equal_a_fresh_model_built_at_that_size(size):
     model = MaskedAutoencoderViT(**TINY)  # built at 32

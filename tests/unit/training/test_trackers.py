@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from mae.training.trackers import (
 from tests.helpers import (
     REPO,
     TINY_MODEL,
+    MlflowServer,
     csv_logger,
     run_mae,
     run_mae_process,
@@ -159,53 +159,12 @@ def test_tensorboard__scalars_figure_settings_and_one_curve_across_a_sigterm_and
 # ------------------------------------------------------------------------------------------------ MLflow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    """A real MLflow tracking server on 127.0.0.1: SQLite backend store, artifacts served from a local
-    folder. Yields its URI."""
+    """A real MLflow tracking server on 127.0.0.1 (``tests.helpers.MlflowServer``). Yields its URI."""
     pytest.importorskip("mlflow.server", reason="the MLflow server comes with the dev extra (mlflow)")
-    port = _free_port()
-    root = tmp_path / "mlflow"
-    root.mkdir()
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--backend-store-uri",
-        f"sqlite:///{root / 'store.db'}",
-        "--artifacts-destination",
-        str(root / "artifacts"),
-        "--workers",
-        "1",
-    ]
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert server.poll() is None, (root / "server.log").read_text()[-3000:]
-                time.sleep(0.2)
-        yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)  # its graceful stop takes seconds; nothing of it is kept
-        server.wait(timeout=30)
-        log.close()
+    with MlflowServer(tmp_path / "mlflow") as server:
+        yield server.uri
 
 
 @pytest.mark.slow  # starts a process of its own
@@ -512,4 +471,6 @@ def test_wandb__credentials_are_needed_online_only(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"tracker: W&B in online mode needs credentials.*wandb login"):
         check_tracker(tracker_spec(spec), run_folder, None)
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    # with credentials, the server is asked (tests/integration/pretrain/test_tracker_failures.py): not here
+    monkeypatch.setattr("mae.training.trackers.wandb._check_server", lambda: None)
     check_tracker(tracker_spec(spec), run_folder, None)

@@ -232,9 +232,11 @@ class Scorer(ABC):
         return score_test_set(errors, images, self.grid_size, self.size, top_k, self.statistics, self.sigma)
 
     def own_decision(self) -> Decision | None:
-        """The decision a saved scorer was saved with (None: none, or fitted by this run)."""
+        """The decision a saved scorer was saved with (None: none, or fitted by this run); one of format 1
+        read under today's rule (``Decision.from_json``)."""
         record = self.saved.record.get("decision")
-        return Decision.from_json(record) if record else None
+        former_rule = self.saved.record.get("version") == 1
+        return Decision.from_json(record, flagged_at_threshold=former_rule) if record else None
 
     def save(self, folder: Path, decision: Decision | None) -> Path:
         """Write the scorer to ``folder`` (``save_scorer``) with ``decision``."""

@@ -3,6 +3,8 @@ held-out normal images' threshold flags images and writes predicted masks (in a 
 validation folder's F1-maximising threshold, and the decision's settings and folders refused at start."""
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,14 +12,14 @@ from PIL import Image
 from sklearn.metrics import precision_recall_fscore_support
 
 from tests.helpers import run_mae
-from tests.unit.apps.anomaly.trees import brute_force_f1_max
+from tests.unit.apps.anomaly.trees import brute_force_f1_max, save
 from tests.unit.apps.anomaly.trees import rows as read_rows
 
 KNN = ("anomaly", "--method", "pixel-knn", "--img-size", "32", "--patch-size", "8")
 
 
 def printed_threshold(stdout: str) -> float:
-    return float(stdout.split("image score >= ")[1].split()[0])
+    return float(stdout.split("image score > ")[1].split()[0])
 
 
 @pytest.mark.slow
@@ -38,7 +40,7 @@ def test_anomaly_command__holdout_threshold_flags_images_and_writes_predicted_ma
     scores, labels = np.array([float(r["score"]) for r in rows]), np.array([int(r["label"]) for r in rows])
     assert 0 < flags.sum() < len(rows)  # at the median of the held-out scores, some are flagged, not all
     clear = np.abs(scores - decision["image_threshold"]) > 1e-5 * abs(decision["image_threshold"])
-    assert (flags == (scores >= decision["image_threshold"]))[clear].all()
+    assert (flags == (scores > decision["image_threshold"]))[clear].all()
     precision, recall, f1, _ = precision_recall_fscore_support(
         labels, flags, average="binary", zero_division=0
     )
@@ -170,3 +172,103 @@ def test_anomaly_command__decision_settings_and_folders_refused_at_start(digits,
             result.stderr
         )
         assert not out.exists()
+
+
+def copies_task(task: Path, root: Path, normals: list[np.ndarray], copies: int) -> tuple[Path, Path]:
+    """(--normal, --test) under ``root``: ``copies`` PNG copies of each of the ``normals`` (H, W) uint8
+    images; a test folder of one copy of each in good/ and the defects of ``task`` (with their masks)."""
+    normal, test = root / "normal", root / "part" / "test"
+    for i, pixels in enumerate(normals):
+        for c in range(copies):
+            save(pixels, normal / f"{i}_{c}.png")
+        save(pixels, test / "good" / f"{i}.png")
+    for kind in ("blob", "scratch"):
+        shutil.copytree(task / "test" / kind, test / kind)
+        shutil.copytree(task / "ground_truth" / kind, root / "part" / "ground_truth" / kind)
+    return normal, test
+
+
+def flags(out: Path) -> dict[str, str]:
+    return {r["path"]: r["is_anomalous"] for r in read_rows(out / "scores.csv")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "method",
+    [("--method", "pixel-knn"), ("--method", "features"), ("--method", "mae", "--raw-errors")],
+    ids=lambda m: " ".join(m[1:]),
+)
+def test_anomaly_command__normal_images_with_no_spread_flag_no_copy_of_them(task, tmp_path, method):
+    """Every --normal image the same file: each held-out image scores what every normal image scores, the
+    threshold is that score, and an exact copy of the image is normal (score > threshold is anomalous).
+    (Its pixels: at the pixel quantile 0.99 about 1 % of a normal image's pixels are above; pixel-knn's
+    maps of a copy are 0 everywhere, so none.)"""
+    checkpoint, digits = task
+    image = np.asarray(Image.open(sorted((digits / "train" / "good").iterdir())[0]))
+    normal, test = copies_task(digits, tmp_path, [image], copies=6)
+    model = (
+        ("--img-size", "16", "--patch-size", "4")
+        if method[1] == "pixel-knn"
+        else ("--checkpoint", str(checkpoint))
+    )
+    out = tmp_path / "out"
+    result = run_mae(
+        "anomaly",
+        *method,
+        *model,
+        "--normal",
+        str(normal),
+        "--test",
+        str(test),
+        "--out",
+        str(out),
+        "--batch-size",  # each image computed alone: a copy's score is its original's to the last bit
+        "1",
+    )
+    assert f"note: the 2 held-out normal images of {normal} all score " in result.stdout
+    assert flags(out)["good/0.png"] == "0", result.stdout
+    decision = json.loads((out / "metrics.json").read_text())["decision"]
+    score = next(float(r["score"]) for r in read_rows(out / "scores.csv") if r["path"] == "good/0.png")
+    assert decision["image_threshold"] == pytest.approx(score, abs=1e-5)
+    if method[1] == "pixel-knn":  # the nearest normal image is the copy itself: 0, and every defect above
+        assert score == 0 and not np.asarray(Image.open(out / "predicted_masks" / "good" / "0.png")).any()
+        assert all(flag == "1" for path, flag in flags(out).items() if not path.startswith("good/"))
+
+
+@pytest.mark.slow
+def test_anomaly_command__few_distinct_or_near_identical_normal_images_flag_no_copy_of_them(task, tmp_path):
+    """pixel-knn compares with the one nearest normal image (k = 1): two images copied three times each
+    leave every held-out image a copy among those fitted (all score 0); near-identical images (one grey
+    level of noise) score their tiny distance. At --threshold-quantile 1 no copy of any normal image is
+    flagged, the held-out images' own copies included."""
+    _, digits = task
+    images = [np.asarray(Image.open(p)) for p in sorted((digits / "train" / "good").iterdir())[:2]]
+    rng = np.random.default_rng(0)
+    noisy = []
+    for _ in range(6):
+        pixels = images[0].astype(int)
+        pixels[tuple(rng.integers(0, images[0].shape[0], (2, 3)))] += 1
+        noisy.append(pixels.clip(0, 255).astype(np.uint8))
+    for name, normals, copies in (("few", images, 3), ("near", noisy, 1)):
+        normal, test = copies_task(digits, tmp_path / name, normals, copies)
+        out = tmp_path / name / "out"
+        result = run_mae(
+            *KNN[:3],
+            "--img-size",
+            "16",
+            "--patch-size",
+            "4",
+            "--normal",
+            str(normal),
+            "--test",
+            str(test),
+            "--out",
+            str(out),
+            "--figures",
+            "none",
+            "--threshold-quantile",
+            "1",
+        )
+        copies_flagged = {p: f for p, f in flags(out).items() if p.startswith("good/")}
+        assert set(copies_flagged.values()) == {"0"}, (name, copies_flagged, result.stdout)
+        assert "1" in flags(out).values()  # the defects still are

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from mae.apps.anomaly.layout import read_test_set
-from mae.apps.anomaly.saved_scorer import RECORD, TENSORS, load_scorer, save_scorer
+from mae.apps.anomaly.saved_scorer import RECORD, TENSORS, VERSION, SavedScorer, load_scorer, save_scorer
 from mae.apps.anomaly.scorers import SCORERS
 from mae.apps.anomaly.scorers.base import ModelInputs, Reading
+from mae.apps.anomaly.threshold import Decision
 from mae.cli.main import invoke
 from mae.io.outputs import OutputError
 from tests.helpers import REPO, run_mae
@@ -32,6 +33,9 @@ def test_saved_scorer__round_trip_and_refusals(tmp_path):
         load_scorer(tmp_path / "nowhere")
     (folder / TENSORS).write_bytes((folder / TENSORS).read_bytes()[:-4])  # cut off
     with pytest.raises(ValueError, match="scorer.safetensors is not the file scorer.json records"):
+        load_scorer(folder)
+    (folder / RECORD).write_text(json.dumps({**edited, "version": 3}))
+    with pytest.raises(ValueError, match="is a scorer of version 3; this mae reads versions 1, 2: save"):
         load_scorer(folder)
     (folder / RECORD).write_text(json.dumps({"name": "something else"}))
     with pytest.raises(ValueError, match='scorer.json is not a scorer record of mae anomaly \\(no "format"'):
@@ -123,3 +127,24 @@ def test_saved_scorer__mae_and_pixel_knn_applied_with_identical_scores_and_only_
         result = run_mae("anomaly", *args, *test, "--out", str(tmp_path / "out"), check=False)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_saved_scorer__version_1_decisions_read_under_todays_rule_and_saved_again_as_version_2(tmp_path):
+    """Version 1 (mae 0.3, 0.4) flagged ``score >= threshold``: its F1 threshold (the lowest score flagged)
+    is read as the float32 just below, flagging the same images under ``>``; its quantile thresholds as
+    they are. Saved again, it is version 2, whatever record it came from."""
+    saved = load_scorer(V030 / "pixel-knn")
+    assert saved.record["version"] == 1
+    knn = SCORERS["pixel-knn"]
+    quantile = knn.load(saved, V030 / "pixel-knn", ModelInputs(), Reading()).own_decision()
+    assert quantile == Decision.from_json(saved.record["decision"])  # normal-quantile: as saved
+    f1 = {**saved.record["decision"], "chosen_by": "validation-f1", "quantile": None}
+    by_f1 = SavedScorer(saved.tensors, {**saved.record, "decision": f1})
+    decision = knn.load(by_f1, V030 / "pixel-knn", ModelInputs(), Reading()).own_decision()
+    scores = torch.tensor([f1["image_threshold"], f1["image_threshold"] * 0.999]).float()
+    assert decision.anomalous(scores).tolist() == (scores >= f1["image_threshold"]).tolist() == [True, False]
+    assert (
+        decision.image_threshold < f1["image_threshold"] and decision.pixel_threshold < f1["pixel_threshold"]
+    )
+    again = load_scorer(save_scorer(tmp_path / "again", saved.tensors, saved.record))
+    assert again.record["version"] == VERSION == 2 and again.record["decision"] == saved.record["decision"]

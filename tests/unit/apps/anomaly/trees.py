@@ -66,12 +66,17 @@ def rows(path: Path) -> list[dict]:
 
 
 def brute_force_f1_max(scores: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
-    """(threshold, F1): every distinct score tried as ``scores >= t``, the highest t of the best F1."""
-    best = (-1.0, 0.0)
-    for t in np.unique(scores):
-        predicted = scores >= t
+    """(threshold, F1): every cut below each distinct score s tried as ``scores >= s``, the fewest flagged
+    of the best F1; the threshold of ``scores > t`` that flags the same: the next lower distinct score, or
+    the float just below the lowest (in ``scores``' dtype)."""
+    distinct = np.unique(scores)
+    best = (-1.0, 0)
+    for i, s in enumerate(distinct):
+        predicted = scores >= s
         tp = np.sum(predicted & labels)
         f1 = 2 * tp / (predicted.sum() + labels.sum())
-        if f1 > best[0] + 1e-12 or (abs(f1 - best[0]) <= 1e-12 and t > best[1]):
-            best = (f1, float(t))
-    return best[1], best[0]
+        if f1 > best[0] + 1e-12 or (abs(f1 - best[0]) <= 1e-12 and i > best[1]):
+            best = (f1, i)
+    cut = best[1]
+    threshold = distinct[cut - 1] if cut > 0 else np.nextafter(distinct[0], -np.inf)
+    return float(threshold), best[0]

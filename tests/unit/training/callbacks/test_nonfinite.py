@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins import MixedPrecision
 
+from mae.cli.replay import training_modules
 from mae.errors import ConfigError
 from mae.training.callbacks import NonFiniteCapture, RunHealth
 from mae.training.callbacks.nonfinite import NonFiniteError
@@ -47,7 +48,9 @@ def test_nonfinite_gradient__with_a_finite_loss_is_captured_before_the_step(tmp_
     assert record["reason"] == "gradient" and "model.cls_token" in record["found"]["parameters"]
     state = torch.load(folder / "state.ckpt", weights_only=False)
     assert all(torch.isfinite(v).all() for v in state["state_dict"].values())  # the step was not applied
-    finding, _ = replay_capture(folder)  # forward and backward: the gradients were made NaN after it
+    finding, _ = replay_capture(
+        folder, training_modules()
+    )  # forward and backward: the gradients were made NaN after it
     assert finding.module is None and not finding.parameters and not finding.loss
 
 
@@ -106,5 +109,5 @@ def test_finetuning__health_metrics_and_a_planted_nan_named_and_replayed(tmp_pat
     rows = read_metrics(tmp_path)
     assert sum(bool(r.get("train/grad_norm")) for r in rows) == 2
     assert sum(bool(r.get("train/update_ratio")) for r in rows) == 2
-    finding, record = replay_capture(tmp_path / "nonfinite" / "step_2")
+    finding, record = replay_capture(tmp_path / "nonfinite" / "step_2", training_modules())
     assert finding.module == planted and record["module_class"] == "mae.training.finetune.MAEFinetuneModule"
