@@ -180,7 +180,7 @@ def write_config(work: Path, model: dict, img_size: int, batch_size: int, steps:
     write_images(work / "data", PROCESSES * batch_size * steps, img_size)
     config = {
         "seed_everything": 0,
-        "model": {**model, "mask_ratio": 0.75, "norm_pix_loss": True, "optim": {"warmup_epochs": 0}},
+        "model": {**model, "mask_ratio": 0.75, "target": "norm_pix", "optim": {"warmup_epochs": 0}},
         "data": {
             "class_path": "mae.data.ImageFolderDataModule",
             "init_args": {

@@ -172,10 +172,10 @@ def make_trainer(tmp_path, **kwargs) -> pl.Trainer:
     return pl.Trainer(**{**defaults, **kwargs})
 
 
-def tiny_pretraining_checkpoint(folder: Path, steps: int = 2) -> Path:
-    """``folder/last.ckpt``: our pretraining checkpoint of the tiny norm_pix_loss model (16x16 inputs)
-    after ``steps`` steps on ``RandomImages``."""
-    module = pretrain_module(optim=dict(warmup_epochs=0))
+def tiny_pretraining_checkpoint(folder: Path, steps: int = 2, **module_kwargs) -> Path:
+    """``folder/last.ckpt``: our pretraining checkpoint of the tiny model (16x16 inputs; target norm_pix, or
+    as ``module_kwargs`` say) after ``steps`` steps on ``RandomImages``."""
+    module = pretrain_module(optim=dict(warmup_epochs=0), **module_kwargs)
     trainer = make_trainer(folder, max_steps=steps, limit_val_batches=0)
     trainer.fit(module, datamodule=RandomImages())
     trainer.save_checkpoint(folder / "last.ckpt")
@@ -577,3 +577,62 @@ class PauseAt(pl.Callback):
     def on_train_epoch_start(self, trainer, pl_module):
         if trainer.current_epoch == 1:
             self._pause(trainer, "loader")
+
+
+class MlflowServer:
+    """A real MLflow tracking server on 127.0.0.1 (SQLite backend store, artifacts served from a local
+    folder) in ``folder``, the leader of a process group of its own: ``uri``, and ``kill`` (SIGKILL to its
+    group: it stops answering at once, as a server that goes down). Use it in a ``with`` block."""
+
+    def __init__(self, folder: Path) -> None:
+        import socket
+
+        self.port = free_port()
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log = folder / "server.log"
+        command = [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'store.db'}",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+            "--workers",
+            "1",
+        ]
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.uri = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"the MLflow server exited: {self.log.read_text()[-3000:]}") from None
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        import os
+        import signal
+
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its workers too; a graceful stop takes seconds
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+
+    def __enter__(self) -> "MlflowServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()

@@ -41,7 +41,7 @@ def build_parser() -> ArgumentParser:
         "--unnormalize",
         choices=("patch", "none"),
         default="patch",
-        help="norm_pix_loss models: draw masked patches with the true patches' statistics (patch, "
+        help="target norm_pix models: draw masked patches with the true patches' statistics (patch, "
         "leaks them) or the raw normalised prediction (none)",
     )
     for name in ("img_size", "mean", "std"):

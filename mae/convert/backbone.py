@@ -12,6 +12,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from mae.convert.checkpoint import MAECheckpoint, check_finite
+from mae.convert.classifier import pooling_of
 from mae.convert.report import LoadReport, load_checked
 from mae.convert.sources import read_checkpoint
 from mae.convert.timm_args import vit_args
@@ -20,6 +21,7 @@ from mae.models.decoder_switches import switch_differences
 from mae.models.factory import build_mae
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.patch_grid import check_img_size
+from mae.models.targets import target_class, target_of
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +91,6 @@ def adapt_patch_embed(
         f"patch embedding adapted from {weight.shape[1]} to {in_chans} input channels ({how})"
     )
     return state
-
-
-def pooling_of(ckpt: MAECheckpoint) -> str:
-    """The ``global_pool`` that loads every norm ``ckpt`` holds: "avg" for an encoder fine-tuned with
-    global average pooling (an ``fc_norm`` and no final ``norm``), else "token". Feature users that keep
-    neither norm (the dense pyramid) load either kind of checkpoint this way."""
-    state = ckpt.encoder_state_dict()
-    return "avg" if "fc_norm.weight" in state and "norm.weight" not in state else "token"
 
 
 def load_backbone(
@@ -176,13 +170,21 @@ def _allowed_differences(global_pool: str) -> tuple[list[str], list[str]]:
     return ["head.*"], ["head.*", "fc_norm.*"]
 
 
+def same_prediction(target: str, other: str) -> bool:
+    """Whether decoders trained for the targets ``target`` and ``other`` predict the same kind of values:
+    the same target, or pixels both (plain or normalised per patch, which the decoder of either starts
+    from well)."""
+    return target == other or (target_class(target).pixels and target_class(other).pixels)
+
+
 def load_mae(
     source: str | Path | MAECheckpoint, format: str = "auto", **overrides: Any
 ) -> tuple[MaskedAutoencoderViT, LoadReport]:
     """A ``MaskedAutoencoderViT`` (encoder and decoder) from a checkpoint that has a decoder.
 
     ``overrides`` change ``MaskedAutoencoderViT`` arguments that the file cannot fix (e.g.
-    ``mask_strategy``, ``norm_pix_loss``, ``num_heads``, ``decoder_keep_ratio``); a new ``img_size``
+    ``mask_strategy``, ``target`` or its older name ``norm_pix_loss``, ``num_heads``, ``decoder_keep_ratio``);
+    a new ``img_size``
     rebuilds the fixed sin-cos position embeddings for the new grid. The decoder the file was trained
     with (``decoder_type``, ``decoder_encoder_layers``) cannot be overridden.
 
@@ -207,7 +209,11 @@ def load_mae(
             + "; ".join(changed)
             + "; leave these out of the overrides (mae.load_backbone reads the encoder of any variant)"
         )
-    config = {**ckpt.config, **overrides}
+    recorded = dict(ckpt.config)
+    if {"target", "norm_pix_loss"} & set(overrides):  # the override names the target, under either name
+        recorded.pop("target", None)
+        recorded.pop("norm_pix_loss", None)
+    config = {**recorded, **overrides}
     state = dict(ckpt.state_dict)
     check_finite(state, ckpt.source)
     model = build_mae(**config)
@@ -263,9 +269,14 @@ def init_mae_from(model: MaskedAutoencoderViT, source: str | Path, format: str =
     if not ckpt.has_decoder:
         allowed_missing += ["decoder_*", "mask_token"]
         report.notes.append("the file has no decoder: the decoder starts from its initialisation")
-    elif state["decoder_pred.weight"].shape != model.decoder_pred.weight.shape:
+    elif state["decoder_pred.weight"].shape != model.decoder_pred.weight.shape or not same_prediction(
+        target_of(ckpt.config), model.target.name
+    ):
         state = {k: v for k, v in state.items() if not k.startswith("decoder_pred.")}
         allowed_missing.append("decoder_pred.*")
-        report.notes.append("decoder_pred (pixels of another channel count) starts from its initialisation")
+        report.notes.append(
+            f"decoder_pred (the file's predicts target {target_of(ckpt.config)} of "
+            f"{ckpt.config['in_chans']} channels) starts from its initialisation"
+        )
     load_checked(model, state, report, allowed_missing=allowed_missing)
     return report

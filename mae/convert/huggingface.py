@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from mae.errors import ConfigError
 from mae.models.mae import MaskedAutoencoderViT
+from mae.models.targets import target_of
 
 # Ours -> hub layout, outside the transformer blocks.
 _TOP_LEVEL = {
@@ -121,8 +122,9 @@ def hf_config_of(config: dict[str, Any], decoder: bool, mask_ratio: float = 0.75
 
     Raises:
         ConfigError: what ViTMAE cannot represent, naming the value: a decoder other than the paper's
-            self-attention one, or a non-square input with the decoder (transformers' decoder and loss
-            assume a square patch grid; its encoder takes any ``image_size`` [H, W]).
+            self-attention one, a target other than pixels with the decoder, or a non-square input with the
+            decoder (transformers' decoder and loss assume a square patch grid; its encoder takes any
+            ``image_size`` [H, W]).
     """
     height, width = (config["img_size"],) * 2 if isinstance(config["img_size"], int) else config["img_size"]
     patch, embed_dim = config["patch_size"], config["embed_dim"]
@@ -136,6 +138,12 @@ def hf_config_of(config: dict[str, Any], decoder: bool, mask_ratio: float = 0.75
         raise ConfigError(
             f"Hugging Face ViTMAEForPreTraining supports square inputs only, got img_size {height}x{width}; "
             "export the encoder alone (--encoder-only: ViTMAEModel takes any size) or use --to timm"
+        )
+    target = target_of(config)
+    if decoder and target not in ("pixel", "norm_pix"):
+        raise ConfigError(
+            f"Hugging Face ViTMAEForPreTraining's decoder predicts pixels, but this model's predicts target "
+            f"{target!r}; export the encoder alone (--encoder-only), which every target shares"
         )
     hf = {
         "architectures": ["ViTMAEForPreTraining" if decoder else "ViTMAEModel"],
@@ -151,7 +159,7 @@ def hf_config_of(config: dict[str, Any], decoder: bool, mask_ratio: float = 0.75
         "layer_norm_eps": config["layer_norm_eps"],
         "qkv_bias": True,
         "mask_ratio": mask_ratio,
-        "norm_pix_loss": bool(config.get("norm_pix_loss", False)),
+        "norm_pix_loss": target == "norm_pix",
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
         "initializer_range": 0.02,
@@ -164,6 +172,32 @@ def hf_config_of(config: dict[str, Any], decoder: bool, mask_ratio: float = 0.75
             decoder_intermediate_size=int(config["decoder_embed_dim"] * config["mlp_ratio"]),
         )
     return hf
+
+
+def hf_classifier_config(config: dict[str, Any], num_labels: int) -> dict[str, Any]:
+    """The ``config.json`` dict of a ``ViTForImageClassification`` with the encoder of an MAE ``config`` and
+    ``num_labels`` classes: transformers' ViT classifies the cls token after the final LayerNorm (its
+    ``layernorm``) with one linear layer (its ``classifier``)."""
+    hf = hf_config_of(config, decoder=False)
+    for key in ("mask_ratio", "norm_pix_loss"):
+        hf.pop(key)
+    labels = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+    hf.update(
+        architectures=["ViTForImageClassification"],
+        model_type="vit",
+        id2label=labels,
+        label2id={name: int(i) for i, name in labels.items()},
+    )
+    return hf
+
+
+def hf_classifier_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A token-pooling classifier's state dict (our encoder, a linear ``head``) ->
+    ``ViTForImageClassification``'s (hub layout: the ViTMAE encoder names, which are ViT's, and
+    ``classifier``)."""
+    head = {f"classifier.{p}": state_dict[f"head.{p}"] for p in ("weight", "bias")}
+    encoder = {k: v for k, v in state_dict.items() if not k.startswith(("head.", "fc_norm."))}
+    return {**to_hf_state_dict(encoder), **head}
 
 
 def hf_encoder_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

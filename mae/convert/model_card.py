@@ -24,8 +24,10 @@ from typing import Any
 
 import yaml
 
+from mae.convert.classifier import Classifier
 from mae.convert.sharded_checkpoint import is_sharded_checkpoint, read_training_checkpoint
 from mae.convert.sources import MAECheckpoint
+from mae.models.targets import target_class, target_of
 
 # The marker a card ``mae export`` wrote carries (an HTML comment: not shown on the hub).
 CARD_MARK = "<!-- written by mae export"
@@ -38,14 +40,15 @@ CITATION = """@inproceedings{he2022masked,
   pages     = {16000--16009},
   year      = {2022}
 }"""
-# metrics.csv column -> (evaluation, config.yaml section of its protocol)
+# metrics.csv column -> (evaluation, config.yaml section of its protocol, the factor to percent): the kNN and
+# probe monitors log percent, the fine-tuning module's torchmetrics accuracies fractions.
 _EVALUATIONS = {
-    "val/knn_acc1": ("kNN top-1", "knn"),
-    "val/knn_acc5": ("kNN top-5", "knn"),
-    "val/probe_acc1": ("linear probe top-1", "probe"),
-    "val/probe_acc5": ("linear probe top-5", "probe"),
-    "val/acc1": ("fine-tuning top-1", "finetune"),
-    "val/acc5": ("fine-tuning top-5", "finetune"),
+    "val/knn_acc1": ("kNN top-1", "knn", 1),
+    "val/knn_acc5": ("kNN top-5", "knn", 1),
+    "val/probe_acc1": ("linear probe top-1", "probe", 1),
+    "val/probe_acc5": ("linear probe top-5", "probe", 1),
+    "val/acc1": ("fine-tuning top-1", "finetune", 100),
+    "val/acc5": ("fine-tuning top-5", "finetune", 100),
 }
 # Names of the official MAE weight files and Hugging Face repositories (CC BY-NC 4.0).
 _OFFICIAL_NAMES = re.compile(
@@ -82,7 +85,11 @@ class RunFacts:
 
     @property
     def init_from(self) -> str | None:
-        return self.hparams.get("init_from") or (self.run_config or {}).get("model", {}).get("init_from")
+        """The weights the run started from: a pretraining run's ``model.init_from``, a fine-tuning run's
+        ``model.encoder.checkpoint``."""
+        model = (self.run_config or {}).get("model") or {}
+        encoder = self.hparams.get("encoder") or model.get("encoder") or {}
+        return self.hparams.get("init_from") or model.get("init_from") or encoder.get("checkpoint")
 
     @property
     def from_official_weights(self) -> bool:
@@ -90,7 +97,8 @@ class RunFacts:
         source = self.init_from
         if not source:
             return False
-        init_format = self.hparams.get("init_format") or "auto"
+        encoder = self.hparams.get("encoder") or {}
+        init_format = self.hparams.get("init_format") or encoder.get("checkpoint_format") or "auto"
         return init_format == "official" or bool(_OFFICIAL_NAMES.search(str(source)))
 
 
@@ -122,17 +130,46 @@ def attach_run_folder(facts: RunFacts, folder: Path, shown_as: Path | None = Non
 
 
 def _images_seen(steps: int | None, run_config: dict[str, Any]) -> int | None:
+    """Optimizer steps x batch size x devices x nodes x accumulation, or None when one of them is not
+    known from ``config.yaml`` ("auto" devices on an accelerator, a batch size set elsewhere): not stated
+    rather than guessed."""
     trainer = run_config.get("trainer") or {}
     batch = ((run_config.get("data") or {}).get("init_args") or {}).get("batch_size")
-    devices = trainer.get("devices", 1)
-    devices = len(devices) if isinstance(devices, list) else devices
-    numbers = (steps, batch, devices, trainer.get("num_nodes", 1), trainer.get("accumulate_grad_batches", 1))
-    if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
-        return None  # "auto" devices, a batch size set elsewhere: not stated rather than guessed
+    devices = device_count(trainer.get("devices", 1), trainer.get("accelerator"))
+    nodes, accumulation = trainer.get("num_nodes", 1), trainer.get("accumulate_grad_batches", 1)
+    numbers = [_count(n) for n in (steps, batch, devices, nodes, accumulation)]
+    if any(n is None for n in numbers):
+        return None
     product = 1
     for n in numbers:
         product *= n
     return product
+
+
+def device_count(devices: Any, accelerator: Any = None) -> int | None:
+    """How many devices a run's ``trainer.devices`` (as ``config.yaml`` stores it) trained on: a count
+    (``2``, or ``'2'`` as the command line's ``--trainer.devices 2`` is stored), a list of device ids
+    (``[0, 1]``, ``'0,1'``), or ``'auto'`` on the CPU accelerator (one process); None when
+    ``config.yaml`` does not say (``'auto'`` or ``-1`` on an accelerator: as many as the machine had)."""
+    if isinstance(devices, list | tuple):
+        return len(devices) or None
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text == "auto":
+            return 1 if accelerator == "cpu" else None
+        if "," in text:  # Lightning's device ids, "0,1" or "1,"
+            ids = [part.strip() for part in text.split(",") if part.strip()]
+            return len(ids) if ids and all(part.isdigit() for part in ids) else None
+        devices = _count(text)
+    count = _count(devices)
+    return count if count is not None and count > 0 else None  # -1 (every device) and 0 say no count
+
+
+def _count(value: Any) -> int | None:
+    """An integer setting as ``config.yaml`` may store it (``4`` or ``'4'``); None for anything else."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _evaluations(metrics: Path, run_config: dict[str, Any]) -> list[Evaluation]:
@@ -142,11 +179,11 @@ def _evaluations(metrics: Path, run_config: dict[str, Any]) -> list[Evaluation]:
     with open(metrics, newline="") as f:
         rows = list(csv.DictReader(f))
     found = []
-    for column, (name, section) in _EVALUATIONS.items():
+    for column, (name, section, to_percent) in _EVALUATIONS.items():
         measured = [row for row in rows if row.get(column)]
         if measured:
             last = measured[-1]
-            value = float(last[column])
+            value = float(last[column]) * to_percent
             epochs = int(last["epoch"]) + 1  # metrics.csv counts epochs from 0
             found.append(Evaluation(name, value, epochs, _protocol(section, run_config)))
     return found
@@ -166,6 +203,12 @@ def _protocol(section: str, run_config: dict[str, Any]) -> str:
             f"linear probe ({settings.get('pool')} pooling) on the frozen encoder's features, at most "
             f"{settings.get('max_epochs')} epochs, early stopping after {settings.get('patience')}; trained "
             f"on the training split of {data}, measured on its validation split"
+        )
+    mode = ((run_config.get("model") or {}).get("mode")) or "finetune"
+    if mode == "linprobe":
+        return (
+            f"a linear head trained on the frozen encoder (linear probing) on the training split of {data}, "
+            "measured on its validation split"
         )
     return f"the whole network fine-tuned on the training split of {data}, measured on its validation split"
 
@@ -187,21 +230,31 @@ def card_license(facts: RunFacts) -> str:
 class CardTarget:
     """What a card says of the folder target it describes (``mae.convert.exports.timm.CARD``, ...):
     ``library`` (the card's ``library_name``, e.g. "transformers"), ``loaded_by`` (who loads the folder, in
-    words: "Hugging Face transformers") and ``usage(folder_name, has_decoder)``: the lines of its code
-    block, how to load the folder and compute the tokens."""
+    words: "Hugging Face transformers"), ``usage(folder_name, has_decoder)``: the lines of its code
+    block, how to load the folder and compute the tokens, and ``classifier_usage(folder_name, classifier)``:
+    those for a classifier's folder, how to compute its class scores."""
 
     library: str
     loaded_by: str
     usage: Callable[[str, bool], list[str]]
+    classifier_usage: Callable[[str, Classifier], list[str]]
 
 
-def model_card(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder: bool) -> str:
+def model_card(
+    facts: RunFacts,
+    target: CardTarget,
+    folder_name: str,
+    has_decoder: bool,
+    classifier: Classifier | None = None,
+) -> str:
     """The card's text for an export of ``facts``' checkpoint to ``target`` in a folder named
-    ``folder_name``; ``has_decoder``: the folder holds the decoder too."""
+    ``folder_name``; ``has_decoder``: the folder holds the decoder too; ``classifier``: the folder holds
+    that fine-tuned classifier (the encoder and its head)."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     data_name = _data_name(facts.run_config) if facts.run_config else "unknown"
     library = target.library
+    task = "image-classification" if classifier else "image-feature-extraction"
     results = [
         EvalResult(
             task_type="image-classification",
@@ -217,27 +270,44 @@ def model_card(facts: RunFacts, target: CardTarget, folder_name: str, has_decode
     card_data = ModelCardData(
         license=card_license(facts),
         library_name=library,
-        tags=["image-feature-extraction", "masked-autoencoder", "mae", "vision-transformer", library],
-        pipeline_tag="image-feature-extraction",
+        tags=[task, "masked-autoencoder", "mae", "vision-transformer", library],
+        pipeline_tag=task,
         datasets=[data_name] if facts.run_config else None,
         model_name=folder_name if results else None,
         eval_results=results or None,
     )
-    body = _body(facts, target, folder_name, has_decoder, data_name)
+    body = _body(facts, target, folder_name, has_decoder, data_name, classifier)
     return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}"))
 
 
-def _body(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder: bool, data_name: str) -> str:
+def _body(
+    facts: RunFacts,
+    target: CardTarget,
+    folder_name: str,
+    has_decoder: bool,
+    data_name: str,
+    classifier: Classifier | None,
+) -> str:
     c = facts.config
     size = c["img_size"] if isinstance(c["img_size"], int) else "x".join(str(s) for s in c["img_size"])
     what = "encoder and decoder (ViTMAEForPreTraining)" if has_decoder else "encoder"
+    if classifier is None:
+        about = (
+            f"A Vision Transformer {what} pretrained as a Masked Autoencoder (He et al., 2021) with the "
+            f"`mae` package, exported for {target.loaded_by}."
+        )
+    else:
+        about = (
+            f"A Vision Transformer classifier, {classifier.described}, fine-tuned with the `mae` package "
+            f"from an encoder pretrained as a Masked Autoencoder (He et al., 2021), exported for "
+            f"{target.loaded_by}."
+        )
     lines = [
         f"# {folder_name}",
         "",
         f"{CARD_MARK} from {facts.checkpoint} ({facts.format}) -->",
         "",
-        f"A Vision Transformer {what} pretrained as a Masked Autoencoder (He et al., 2021) with the "
-        f"`mae` package, exported for {target.loaded_by}.",
+        about,
         "",
         "## Architecture",
         "",
@@ -250,14 +320,21 @@ def _body(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder: bo
     if has_decoder:
         lines += [
             f"Decoder: width {c['decoder_embed_dim']}, depth {c['decoder_depth']}, "
-            f"{c['decoder_num_heads']} heads; loss on {'normalised' if c.get('norm_pix_loss') else 'raw'} "
-            "pixels of the masked patches.",
+            f"{c['decoder_num_heads']} heads; target `{target_of(c)}`: the loss is the MSE on "
+            f"{target_class(target_of(c)).described} of the masked patches.",
             "",
         ]
+    if classifier is not None:
+        pooled = (
+            "the mean of the patch tokens through its fc_norm"
+            if classifier.global_pool == "avg"
+            else "the cls token after the final norm"
+        )
+        lines += [f"Head: one linear layer to {classifier.num_classes} classes on {pooled}.", ""]
     lines += _recipe(facts)
     lines += _data(facts, data_name)
     lines += _results(facts)
-    lines += _loading(facts, target, folder_name, has_decoder)
+    lines += _loading(target, folder_name, has_decoder, classifier)
     lines += _licence(facts)
     lines += ["## Citation", "", "```bibtex", CITATION, "```", ""]
     return "\n".join(lines)
@@ -266,10 +343,19 @@ def _body(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder: bo
 def _recipe(facts: RunFacts) -> list[str]:
     lines = ["## Training", ""]
     h = facts.hparams
-    if h:
+    if "mode" in h:  # the fine-tuning module's
+        encoder = (h.get("encoder") or {}).get("checkpoint")
+        how = "Linear probing" if h["mode"] == "linprobe" else "Fine-tuning"
+        lines.append(
+            f"{how} of the encoder of `{encoder}`: "
+            f"{h.get('global_pool')} pooling, mixup {h.get('mixup')}, cutmix {h.get('cutmix')}, label "
+            f"smoothing {h.get('label_smoothing')}, drop path {h.get('drop_path_rate')}, layer decay "
+            f"{h.get('layer_decay')}."
+        )
+    elif h:
         lines.append(
             f"MAE pretraining: mask ratio {h.get('mask_ratio')} ({h.get('mask_strategy')} masking), "
-            f"norm_pix_loss {h.get('norm_pix_loss')}, recipe model `{h.get('model')}`."
+            f"target `{target_of(h)}`, recipe model `{h.get('model')}`."
         )
     counted = []
     if facts.epochs is not None:
@@ -301,7 +387,7 @@ def _recipe(facts: RunFacts) -> list[str]:
 def _data(facts: RunFacts, data_name: str) -> list[str]:
     lines = ["## Data", ""]
     if facts.run_config:
-        lines.append(f"Pretrained on {data_name}.")
+        lines.append(f"{'Fine-tuned' if 'mode' in facts.hparams else 'Pretrained'} on {data_name}.")
     if facts.data:
         d = facts.data
         lines.append(
@@ -335,8 +421,19 @@ def _results(facts: RunFacts) -> list[str]:
     return lines + [lines.pop() + ".", ""]
 
 
-def _loading(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder: bool) -> list[str]:
-    lines = ["## Use", "", "```python", *target.usage(folder_name, has_decoder), "```"]
+def _loading(
+    target: CardTarget, folder_name: str, has_decoder: bool, classifier: Classifier | None
+) -> list[str]:
+    if classifier is None:
+        usage = target.usage(folder_name, has_decoder)
+        load = f'backbone = mae.load_backbone("{folder_name}")  # a timm VisionTransformer'
+    else:
+        usage = target.classifier_usage(folder_name, classifier)
+        load = (
+            f'backbone = mae.load_backbone("{folder_name}", global_pool="{classifier.global_pool}")  # its '
+            "encoder, a timm VisionTransformer"
+        )
+    lines = ["## Use", "", "```python", *usage, "```"]
     lines += [
         "",
         "With the `mae` package (features, fine-tuning):",
@@ -344,7 +441,7 @@ def _loading(facts: RunFacts, target: CardTarget, folder_name: str, has_decoder:
         "```python",
         "import mae",
         "",
-        f'backbone = mae.load_backbone("{folder_name}")  # a timm VisionTransformer',
+        load,
         "```",
         "",
         f"`mae finetune --model.checkpoint {folder_name} ...` fine-tunes it.",

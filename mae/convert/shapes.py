@@ -9,6 +9,7 @@ import torch
 
 from mae.convert.report import block_count
 from mae.errors import InputError
+from mae.models.targets import target_of
 
 # Standard ViT widths -> heads (64-d heads, except ViT-H: 16 heads of 80).
 _HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
@@ -46,7 +47,7 @@ def infer_config(
         depth=depth,
         num_heads=num_heads,
         mlp_ratio=state["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim if depth else 4.0,
-        norm_pix_loss=hints.get("norm_pix_loss", False),
+        target=target_of(hints),
         mask_strategy="random",
         layer_norm_eps=hints.get("layer_norm_eps", 1e-6),
         decoder_embed_dim=512,

@@ -1,7 +1,8 @@
 """Reconstructions by a trained MAE: the model of a checkpoint with its input normalisation
 (``load_reconstructor``), seeded masks (``mask_noise``), the four views (``reconstruct``: original | masked
 input | reconstruction | reconstruction + visible patches), their picture (``reconstruction_grid``) and
-an honest caption of what it shows (``caption_of``)."""
+an honest caption of what it shows (``caption_of``). Only a model whose decoder predicts pixels (target
+``pixel`` or ``norm_pix``) has a reconstruction to draw (``check_pixel_target``)."""
 
 import os
 from typing import Literal
@@ -33,15 +34,32 @@ def load_reconstructor(
     normalised: ``mean`` / ``std`` when given, else as the checkpoint records (``Normalization.of``)."""
     ckpt = read_checkpoint(checkpoint, format)
     model, _ = load_mae(ckpt, **({"img_size": img_size} if img_size else {}))
+    check_pixel_target(model, str(checkpoint))
     in_chans = model.config["in_chans"]
     if mean:
         return model.eval(), Normalization(in_chans, tuple(mean), tuple(std))
     return model.eval(), Normalization.of(ckpt.data, in_chans, str(checkpoint))
 
 
+def check_pixel_target(model: MaskedAutoencoderViT, source: str) -> None:
+    """Stop where ``model`` (read from ``source``) predicts no pixels, so has no reconstruction to draw.
+
+    Raises:
+        ConfigError: naming ``source``, its target and why.
+    """
+    target = model.target
+    if not target.pixels:
+        raise ConfigError(
+            f"{source} was pretrained with model.target {target.name}: its decoder predicts "
+            f"{target.described} of each masked patch, not pixels, so there is no reconstruction to draw; "
+            "reconstructions need a model pretrained with target pixel or norm_pix (its encoder serves "
+            "features and fine-tuning as any other: mae.load_backbone)"
+        )
+
+
 def caption_of(model: MaskedAutoencoderViT, unnormalize: Unnormalize) -> str:
     """What the reconstruction panels show, honestly."""
-    if not model.norm_pix_loss:
+    if model.target.name != "norm_pix":
         return "Pixel-target model: the reconstruction is its prediction as it is."
     if unnormalize == "patch":
         return (
@@ -88,17 +106,19 @@ def reconstruct(
     """Run the model and return the four views, each (N, C, H, W) in the input's normalised space,
     and ``"loss"``, (N,) each image's masked-patch loss (the training loss of that image alone).
 
-    With ``norm_pix_loss`` the prediction is each patch's normalised pattern (zero mean, unit
+    With the ``norm_pix`` target the prediction is each patch's normalised pattern (zero mean, unit
     variance). ``unnormalize="patch"`` draws it with the mean and variance of the true patches,
     hidden ones included: that leaks each masked patch's brightness and contrast into the picture,
     so it shows more than the model knows. ``"none"`` draws the raw prediction as a normalised
     image: what the model really predicts. (The official demo does neither: its visualisation
     checkpoints were trained on raw pixels, and it shows their raw prediction.)
     """
+    check_pixel_target(model, "the model")
+    norm_pix = model.target.name == "norm_pix"
     _, pred, mask = model(imgs, mask_ratio, noise)
     pred, target = pred.float(), model.patchify(imgs.float())
-    loss = masked_patch_mse_per_image(pred, target, mask, model.norm_pix_loss)
-    if model.norm_pix_loss and unnormalize == "patch":
+    loss = masked_patch_mse_per_image(pred, target, mask, norm_pix)
+    if norm_pix and unnormalize == "patch":
         pred = pred * (target.var(dim=-1, keepdim=True) + 1e-6) ** 0.5 + target.mean(dim=-1, keepdim=True)
     recon = model.unpatchify(pred)
     pixel_mask = model.unpatchify(mask.float().unsqueeze(-1).expand(-1, -1, pred.shape[-1]))  # 1 = masked

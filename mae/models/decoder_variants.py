@@ -44,7 +44,7 @@ class PartialReconstructionMAE(MaskedAutoencoderViT):
         noise: torch.Tensor | None = None,
         decoder_noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns (loss, pred ``(N, L, p*p*C)``, mask (N, L) with 1 = masked). ``noise`` fixes the
+        """Returns (loss, pred ``(N, L, D_target)``, mask (N, L) with 1 = masked). ``noise`` fixes the
         encoder's masks, ``decoder_noise`` the reconstructed subset (``decoded_patches``); the loss
         covers the reconstructed masked patches."""
         latent, mask, ids_restore = self.encode_for_decoder(imgs, mask_ratio, noise)
@@ -99,7 +99,7 @@ class PartialReconstructionMAE(MaskedAutoencoderViT):
     ) -> torch.Tensor:
         """The paper's decoder when ``ids_decode`` is None; otherwise the self-attention decoder on the
         cls and visible tokens plus only the mask tokens of ``ids_decode`` (N, M), each with its position
-        embedding (token order does not matter to attention). Returns ``(N, L, p*p*C)``, 0 for the
+        embedding (token order does not matter to attention). Returns ``(N, L, D_target)``, 0 for the
         masked patches left out."""
         if ids_decode is None:
             return super().forward_decoder(latent, ids_restore)
@@ -174,7 +174,7 @@ class CrossMAE(PartialReconstructionMAE):
     ) -> torch.Tensor:
         """Queries at the patches ``ids_decode`` (N, M) (None: every patch) read ``latent``:
         (N, 1 + len_keep, D) from ``forward_encoder``, or with ``decoder_encoder_layers`` the
-        (decoder_depth, N, 1 + len_keep, D) stack of ``forward_encoder_layers``. Returns ``(N, L, p*p*C)``,
+        (decoder_depth, N, 1 + len_keep, D) stack of ``forward_encoder_layers``. Returns ``(N, L, D_target)``,
         0 for the patches not queried."""
         per_block = self.decoder_encoder_layers is not None
         if latent.dim() != (4 if per_block else 3):

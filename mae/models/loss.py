@@ -1,20 +1,9 @@
-"""MAE's reconstruction loss: mean squared error on the masked patches only."""
+"""MAE's reconstruction loss: mean squared error on the masked patches only, against the per-patch target
+(``mae.models.targets``)."""
 
 import torch
 
-
-def normalize_patches(patches: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Normalise every patch by its own mean and variance (the paper's ``norm_pix_loss`` target).
-
-    Args:
-        patches: (N, L, p*p*C) pixel patches.
-
-    Returns:
-        (N, L, p*p*C), each patch with zero mean and unit (unbiased) variance.
-    """
-    mean = patches.mean(dim=-1, keepdim=True)
-    var = patches.var(dim=-1, keepdim=True)
-    return (patches - mean) / (var + eps) ** 0.5
+from mae.models.targets.norm_pix import normalize_patches
 
 
 def masked_patch_mse(
@@ -23,10 +12,10 @@ def masked_patch_mse(
     """Per-patch MSE averaged over the masked patches.
 
     Args:
-        pred: (N, L, p*p*C) predicted pixels of every patch.
-        target: (N, L, p*p*C) true pixels (``patchify(imgs)``).
+        pred: (N, L, D) predicted target of every patch.
+        target: (N, L, D) true target (``MaskedAutoencoderViT.target(imgs)``; pixels: ``patchify(imgs)``).
         mask: (N, L), 1 = masked (counted in the loss), 0 = visible (ignored).
-        norm_pix_loss: compare against per-patch normalised targets.
+        norm_pix_loss: normalise ``target``, pixel patches, per patch first (``normalize_patches``).
 
     Returns:
         Scalar loss. With no masked patch at all (mask_ratio 0) the loss is 0.

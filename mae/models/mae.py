@@ -5,7 +5,8 @@ checkpoints load with ``strict=True``; the encoder's names are timm ``VisionTran
 
 The paper's steps, one method each: masking (``forward_encoder`` -> ``visible_tokens``, strategies in
 ``mae.models.masking``), the encoder on the visible tokens (``forward_encoder``), the decoder on them plus
-mask tokens (``forward_decoder``), the loss on the masked patches (``forward_loss``). The decoder variants
+mask tokens (``forward_decoder``), the loss on the masked patches (``forward_loss``) against the
+per-patch target (``mae.models.targets``: the pixels, as the paper, or another). The decoder variants
 of other papers (partial reconstruction, CrossMAE's cross-attention decoder) are subclasses in
 ``mae.models.decoder_variants``; ``mae.models.factory`` chooses the class from the decoder switches.
 
@@ -36,6 +37,8 @@ from mae.models.masking import (
 )
 from mae.models.patch_grid import check_img_size
 from mae.models.pos_embed import sincos_2d
+from mae.models.targets import build_target
+from mae.models.targets.pixel import patchify
 
 
 class MaskedAutoencoderViT(nn.Module):
@@ -52,7 +55,8 @@ class MaskedAutoencoderViT(nn.Module):
         decoder_depth: decoder blocks.
         decoder_num_heads: decoder attention heads.
         mlp_ratio: MLP hidden width / block width, for encoder and decoder.
-        norm_pix_loss: regress per-patch normalised pixels (the paper's released models do).
+        norm_pix_loss: the official MAE's name of the target, kept for its callers and files: True is
+            ``target="norm_pix"``, False ``target="pixel"``; None (the default) leaves it to ``target``.
         mask_strategy: how patches are chosen for removal: "random" (the paper's default),
             "block" (BEiT-style blocks) or "grid" (keep one patch of every 2x2 cell).
         layer_norm_eps: epsilon of every LayerNorm (1e-6 in the official factories).
@@ -64,6 +68,10 @@ class MaskedAutoencoderViT(nn.Module):
         decoder_encoder_layers: cross decoder only: the encoder block (0-based, negative from the end)
             each decoder block reads, one per decoder block and the last among them; None = every
             block reads the encoder's output (CrossMAE's learned mixing of layers is left out).
+        target: what the decoder regresses for each patch, a name of ``mae.models.targets.TARGETS``:
+            "pixel" (the paper's plain target), "norm_pix" (per-patch normalised pixels, as the paper's
+            released models) or "hog" (MaskFeat's histograms of oriented gradients); ``decoder_pred`` is
+            sized by its width. None: from ``norm_pix_loss``, else "pixel".
 
     This class is the paper's decoder (``"self"``, 1.0, None); the other switch values are its subclasses
     in ``mae.models.decoder_variants``, which ``create_model`` and ``build_mae`` choose.
@@ -81,15 +89,17 @@ class MaskedAutoencoderViT(nn.Module):
         decoder_depth: int = 8,
         decoder_num_heads: int = 16,
         mlp_ratio: float = 4.0,
-        norm_pix_loss: bool = False,
+        norm_pix_loss: bool | None = None,
         mask_strategy: MaskStrategy = "random",
         layer_norm_eps: float = 1e-6,
         decoder_type: DecoderType = "self",
         decoder_keep_ratio: float = 1.0,
         decoder_encoder_layers: list[int] | None = None,
+        target: str | None = None,
     ) -> None:
         super().__init__()
         img_size = to_2tuple(img_size)
+        target = _target_name(target, norm_pix_loss)
         # Constructor arguments, so checkpoints and exports can rebuild this exact architecture.
         self.config = dict(
             img_size=tuple(img_size),
@@ -102,7 +112,7 @@ class MaskedAutoencoderViT(nn.Module):
             decoder_depth=decoder_depth,
             decoder_num_heads=decoder_num_heads,
             mlp_ratio=mlp_ratio,
-            norm_pix_loss=norm_pix_loss,
+            target=target,
             mask_strategy=mask_strategy,
             layer_norm_eps=layer_norm_eps,
             decoder_type=decoder_type,
@@ -132,7 +142,6 @@ class MaskedAutoencoderViT(nn.Module):
                 "mae.models.build_mae(**arguments) or create_model(name, **arguments), which choose the "
                 "decoder variant's class"
             )
-        self.norm_pix_loss = norm_pix_loss
         self.mask_strategy = mask_strategy
         self.decoder_type = decoder_type
         self.decoder_keep_ratio = decoder_keep_ratio
@@ -157,7 +166,8 @@ class MaskedAutoencoderViT(nn.Module):
             decoder_embed_dim, decoder_num_heads, decoder_depth, mlp_ratio, norm_layer
         )
         self.decoder_norm = norm_layer(decoder_embed_dim)
-        self.decoder_pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
+        self.target = build_target(target, patch_size, in_chans)  # no parameters: nothing in the state dict
+        self.decoder_pred = nn.Linear(decoder_embed_dim, self.target.dim)
 
         self.initialize_weights()
 
@@ -216,6 +226,11 @@ class MaskedAutoencoderViT(nn.Module):
         self.apply(_init_linear_and_norm)
 
     @property
+    def norm_pix_loss(self) -> bool:
+        """Whether the target is the per-patch normalised pixels (the official MAE's attribute)."""
+        return self.target.name == "norm_pix"
+
+    @property
     def patch_size(self) -> int:
         return self.patch_embed.patch_size[0]
 
@@ -231,12 +246,7 @@ class MaskedAutoencoderViT(nn.Module):
 
     def patchify(self, imgs: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) images -> ``(N, L, p*p*C)`` patches, row-major, pixels ordered (p, p, C)."""
-        N, C, H, W = imgs.shape
-        p = self.patch_size
-        h, w = H // p, W // p
-        x = imgs.reshape(N, C, h, p, w, p)
-        x = torch.einsum("nchpwq->nhwpqc", x)
-        return x.reshape(N, h * w, p * p * C)
+        return patchify(imgs, self.patch_size)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """``(N, L, p*p*C)`` patches -> (N, C, H, W) images; inverse of ``patchify``."""
@@ -315,7 +325,7 @@ class MaskedAutoencoderViT(nn.Module):
             ids_restore: (N, L) from ``forward_encoder``.
 
         Returns:
-            ``(N, L, p*p*C)`` predicted pixels in patch order.
+            ``(N, L, D_target)`` predicted targets in patch order (pixels: D_target = p*p*C).
         """
         x = self.decoder_embed(latent)
         N, L = ids_restore.shape
@@ -331,8 +341,9 @@ class MaskedAutoencoderViT(nn.Module):
         return x[:, 1:, :]
 
     def forward_loss(self, imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """MSE between ``pred`` (N, L, p*p*C) and the patches of ``imgs``, on masked patches only."""
-        return masked_patch_mse(pred, self.patchify(imgs), mask, self.norm_pix_loss)
+        """MSE between ``pred`` (N, L, D_target) and the target of ``imgs``' patches, on masked patches
+        only."""
+        return masked_patch_mse(pred, self.target(imgs), mask)
 
     def forward(
         self,
@@ -341,7 +352,7 @@ class MaskedAutoencoderViT(nn.Module):
         noise: torch.Tensor | None = None,
         decoder_noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns (loss, pred ``(N, L, p*p*C)``, mask (N, L) with 1 = masked). ``noise`` fixes the
+        """Returns (loss, pred ``(N, L, D_target)``, mask (N, L) with 1 = masked). ``noise`` fixes the
         masks; ``decoder_noise`` is the decoder variants' (which masked patches partial reconstruction
         decodes): the paper's decoder reconstructs every masked patch and ignores it."""
         latent, mask, ids_restore = self.forward_encoder(imgs, mask_ratio, noise)
@@ -357,6 +368,23 @@ class MaskedAutoencoderViT(nn.Module):
         """Encoder on all patches, no masking: (N, C, H, W) -> (N, 1 + L, D), normed, patch order."""
         x = self.prepend_cls_token(self.embed_patches(imgs))
         return self.norm(self.run_blocks(self.blocks, x))
+
+
+def _target_name(target: str | None, norm_pix_loss: bool | None) -> str:
+    """The target named by ``target`` or by the official MAE's ``norm_pix_loss``.
+
+    Raises:
+        ConfigError: the two disagree.
+    """
+    if norm_pix_loss is None:
+        return target or "pixel"
+    implied = "norm_pix" if norm_pix_loss else "pixel"
+    if target is not None and target != implied:
+        raise ConfigError(
+            f"norm_pix_loss={norm_pix_loss} means target {implied!r}, but target is {target!r}: "
+            "give target alone (norm_pix_loss is its older name)"
+        )
+    return implied
 
 
 def vit_blocks(

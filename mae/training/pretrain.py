@@ -75,7 +75,10 @@ class MAEPretrainModule(MAETrainingModule):
             step, in (0, 1]; 1.0 = the paper. Validation reconstructs every masked patch.
         decoder_encoder_layers: cross decoder only: the encoder layer each decoder block reads (one per
             decoder block, the last among them); null = the encoder's output.
-        norm_pix_loss: regress per-patch normalised pixels (the paper's released models do).
+        target: what the decoder regresses for each patch (``mae.models.targets.TARGETS``): "norm_pix" (the
+            pixels normalised per patch, as the paper's released models; until 0.4.0
+            ``norm_pix_loss: true``), "pixel" (the plain pixels; ``norm_pix_loss: false``) or "hog"
+            (MaskFeat's histograms of oriented gradients, 2 x 2 cells x C x 9 bins per patch).
         optim: the optimiser and its schedule (``mae.training.settings.PretrainOptimSettings``, the paper's:
             base_lr 1.5e-4 per 256 images, min_lr 0, warmup_epochs 40, weight_decay 0.05, AdamW betas
             (0.9, 0.95)).
@@ -114,7 +117,7 @@ class MAEPretrainModule(MAETrainingModule):
         decoder_type: DecoderType = "self",
         decoder_keep_ratio: float = 1.0,
         decoder_encoder_layers: list[int] | None = None,
-        norm_pix_loss: bool = True,
+        target: str = "norm_pix",
         optim: PretrainOptimSettings = PRETRAIN_OPTIM,
         kernels: KernelChoices = AUTO_KERNELS,
         in_chans: int = 3,
@@ -133,7 +136,7 @@ class MAEPretrainModule(MAETrainingModule):
             model_kwargs,
             img_size=img_size,
             in_chans=in_chans,
-            norm_pix_loss=norm_pix_loss,
+            target=target,
             mask_strategy=mask_strategy,
             decoder_type=decoder_type,
             decoder_keep_ratio=decoder_keep_ratio,
@@ -187,6 +190,8 @@ class MAEPretrainModule(MAETrainingModule):
                     f"model.resolution_schedule starts its phases at fractions of trainer.max_epochs, which "
                     f"is {self.trainer.max_epochs}: set trainer.max_epochs to the run's length in epochs"
                 )
+            if self.resolution is not None:
+                self.resolution.check_epochs(self.trainer.max_epochs)
             self._count_flops()
         super().setup(stage)  # loads the training data (the run's length in steps)
         if stage == "fit" and self.resolution is not None:

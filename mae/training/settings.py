@@ -7,11 +7,13 @@ Each group is a frozen dataclass checked when built; a module's parameter of tha
 instance as default, gives the group that task's defaults. Its hyperparameters record each group as a
 plain dict, which the module takes back (``as_group``) when Lightning rebuilds it.
 
-Until 0.3.0 these settings were flat keys (``model.base_lr``, ...), and until 0.4.0 the dense tasks named
-activation checkpointing ``model.activation_checkpointing``: ``RENAMES`` is the one table of the renamed
-keys, by release. An old key is refused naming its new one (``renamed_key_error``), in a config or a Python
-call (``refuse_renamed_arguments``), and the hyperparameters of a checkpoint written before the rename are
-translated (``upgrade_hparams``).
+Until 0.3.0 these settings were flat keys (``model.base_lr``, ...), until 0.4.0 the dense tasks named
+activation checkpointing ``model.activation_checkpointing``, and until 0.5.0 pretraining chose its target
+with ``model.norm_pix_loss`` (now ``model.target``, its values translated: ``RENAMED_VALUES``): ``RENAMES``
+is the one table of the renamed keys, by release, and ``MOVES`` its sibling of the moved modules (whose
+classes a config names). An old key is refused naming its new one (``renamed_key_error``), in a config or a
+Python call (``refuse_renamed_arguments``), and the hyperparameters of a checkpoint written before the
+rename are translated (``upgrade_hparams``).
 """
 
 import inspect
@@ -42,9 +44,87 @@ RENAMES = {
         "model.model_kwargs": "model.encoder.model_kwargs",
     },
     "0.4.0": {"model.activation_checkpointing": "model.grad_checkpointing"},
+    "0.5.0": {"model.norm_pix_loss": "model.target"},
 }
+# The renamed keys whose values changed too: old key -> {old value: new value}.
+RENAMED_VALUES: dict[str, dict[Any, Any]] = {"model.norm_pix_loss": {True: "norm_pix", False: "pixel"}}
 RENAMED_KEYS = {old: new for renames in RENAMES.values() for old, new in renames.items()}  # every release's
 RENAMED_IN = {old: release for release, renames in RENAMES.items() for old in renames}  # old -> its release
+
+# Each module moved, old -> its new module (or, split, the new modules its names went to, in order), under
+# the release that moved it (0.2.0's old paths imported with a warning until 0.3.0 removed them). A config
+# naming a class of an old module (``class_path: mae.dense.detection_data.DigitScenesDataModule``) is refused
+# naming the class's new path (``mae.cli.moved_classes``).
+MOVES: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.2.0": {
+        "mae.eval.visualize": ("mae.inference.reconstruction",),
+        "mae.eval.attention": ("mae.inference.attention",),
+        "mae.eval.own_images": (
+            "mae.inference.normalization",
+            "mae.inference.images",
+            "mae.inference.reconstruction",
+            "mae.apps.reconstruction_figure",
+        ),
+        "mae.eval.demo_page": ("mae.apps.page.demo", "mae.inference.images"),
+        "mae.eval.search_page": ("mae.apps.page.search",),
+        "mae.eval.embedder": ("mae.apps.embeddings.embedder",),
+        "mae.eval.embed_run": ("mae.apps.embeddings.embed_run", "mae.inference.images"),
+        "mae.eval.embedding_index": ("mae.apps.embeddings.embedding_index",),
+        "mae.eval.similarity": ("mae.apps.embeddings.similarity",),
+        "mae.eval.image_search": ("mae.apps.embeddings.image_search",),
+        "mae.eval.neighbours_figure": ("mae.apps.embeddings.neighbours_figure",),
+        "mae.eval.onnx_encoder": ("mae.apps.onnx_encoder",),
+        "mae.eval.anomaly": ("mae.apps.anomaly",),
+        **{
+            f"mae.eval.anomaly.{name}": (f"mae.apps.anomaly.{name}",)
+            for name in ("baseline", "digits", "evaluation", "figures", "layout", "masks", "metrics")
+            + ("scoring",)
+        },
+        "mae.dense.pyramid": ("mae.dense.models.pyramid",),
+        "mae.dense.windows": ("mae.dense.models.windows",),
+        "mae.dense.upernet": ("mae.dense.models.upernet",),
+        "mae.dense.coco": ("mae.dense.data.coco",),
+        "mae.dense.detection_data": ("mae.dense.data.detection",),
+        "mae.dense.segmentation_data": ("mae.dense.data.segmentation",),
+        "mae.dense.detection_metrics": ("mae.dense.metrics.detection",),
+        "mae.dense.segmentation_metrics": ("mae.dense.metrics.segmentation",),
+        "mae.dense.module": ("mae.dense.tasks.base",),
+        "mae.dense.detection": ("mae.dense.tasks.detection", "mae.dense.models.detectors"),
+        "mae.dense.segmentation": ("mae.dense.tasks.segmentation", "mae.dense.models.segmenter"),
+        "mae.dense.figures": ("mae.dense.tasks.figures",),
+        "mae.dense.scenes": ("mae.data.sources.digit_scenes",),
+        "mae.dense.scene_images": ("mae.data.sources.scene_images",),
+    },
+    "0.4.0": {
+        "mae.command": ("mae.cli.command",),
+        "mae.command_options": ("mae.cli.command_options",),
+        "mae.apps.onnx_encoder": ("mae.convert.onnx_encoder",),
+        "mae.convert.timm_folder": ("mae.convert.formats.timm_folder",),
+        "mae.apps.anomaly.methods": ("mae.apps.anomaly.scorers",),
+        "mae.cli.anomaly_checks": ("mae.apps.anomaly.scorers",),
+    },
+}
+MOVED_MODULES = {old: new for moves in MOVES.values() for old, new in moves.items()}  # every release's
+MOVED_IN = {old: release for release, moves in MOVES.items() for old in moves}  # old module -> its release
+
+
+def moved_module(class_path: str) -> str | None:
+    """The module of ``MOVED_MODULES`` that ``class_path`` (``package.module.Class``) names a class of, if
+    it does."""
+    module = class_path.rpartition(".")[0]
+    return module if module in MOVED_MODULES else None
+
+
+def present_modules(old: str) -> list[str]:
+    """Where the names of the moved module ``old`` are now: its new modules, each followed through the later
+    releases' moves (``mae.eval.onnx_encoder`` -> ``mae.apps.onnx_encoder`` -> ``mae.convert.onnx_encoder``).
+    """
+    found = []
+    for new in MOVED_MODULES[old]:
+        for module in present_modules(new) if new in MOVED_MODULES else [new]:
+            if module not in found:
+                found.append(module)
+    return found
 
 
 def check_setting(name: str, value: Any, allowed: tuple) -> None:
@@ -145,7 +225,19 @@ def plain(group: Any) -> dict[str, Any]:
 def renamed_key_error(old: str) -> ConfigError:
     """The error for the old key ``old`` (a key of ``RENAMED_KEYS``)."""
     new = RENAMED_KEYS[old]
+    values = RENAMED_VALUES.get(old)
+    if values:  # the new key's value for each old one
+        old_key, new_key = old.rpartition(".")[2], new.rpartition(".")[2]
+        said = ", ".join(
+            f"{old_key} {_yaml(before)} is {new_key} {after}" for before, after in values.items()
+        )
+        return ConfigError(f"{old} was moved to {new} in {RENAMED_IN[old]}: set {new} instead ({said})")
     return ConfigError(f"{old} was moved to {new} in {RENAMED_IN[old]}: set {new} instead")
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as a YAML file spells it (true, false, ...)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def refuse_renamed_arguments(arguments: dict[str, Any], owner: type) -> None:
@@ -201,16 +293,19 @@ def _own_parameters(cls: type) -> list[str]:
 def upgrade_hparams(hparams: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
     """``hparams`` of a checkpoint written before a rename (0.3.0's flat keys, 0.4.0's
     ``activation_checkpointing``) with each key of ``renamed`` (rows of ``RENAMED_KEYS``) moved to its new
-    name, in its group; a value the new key already holds is kept, but for 0.4.0's top-level rename: 0.3.0's
-    dense modules took both ``activation_checkpointing`` and ``grad_checkpointing`` and checkpointed when
-    either was true, so a true under either name stays true. Other keys stay."""
+    name, in its group, its value translated where ``RENAMED_VALUES`` says (0.5.0's ``norm_pix_loss`` true
+    -> ``target`` norm_pix); a value the new key already holds is kept, but for 0.4.0's top-level rename:
+    0.3.0's dense modules took both ``activation_checkpointing`` and ``grad_checkpointing`` and checkpointed
+    when either was true, so a true under either name stays true. Other keys stay."""
     upgraded = dict(hparams)
     for old, new in renamed.items():
         key = old.removeprefix("model.")
         if key in upgraded:
             _, *path = new.split(".")
             value = upgraded.pop(key)
-            if len(path) == 1:
+            if old in RENAMED_VALUES:
+                upgraded.setdefault(path[-1], RENAMED_VALUES[old][bool(value)])
+            elif len(path) == 1:
                 upgraded[path[0]] = bool(upgraded.get(path[0])) or bool(value)
             else:
                 upgraded[path[0]] = {path[1]: value, **(upgraded.get(path[0]) or {})}
@@ -227,6 +322,8 @@ allow_instantiator(f"{__name__}.{instantiate_upgraded.__name__}")
 
 # The rows every module takes, whatever its class: the optimiser's and the kernels' keys.
 _SHARED_ROWS = {old: new for old, new in RENAMED_KEYS.items() if new.split(".")[1] in ("optim", "kernels")}
+# The rows renamed to a key of the module itself (model.norm_pix_loss -> model.target), not into a group.
+_TOP_LEVEL_ROWS = {old: new for old, new in RENAMED_KEYS.items() if new.count(".") == 1}
 
 
 def settings_kwargs_v0_2(hparams: dict[str, Any]) -> dict[str, Any]:
@@ -239,4 +336,9 @@ def settings_kwargs_v0_2(hparams: dict[str, Any]) -> dict[str, Any]:
         return {}  # pretraining keeps model and model_kwargs: alone they are not old keys
     moved = upgrade_hparams(hparams, _SHARED_ROWS)
     groups = {group: moved[group] for group in ("optim", "kernels") if group in moved}
-    return {**groups, INSTANTIATOR_KEY: f"{__name__}.{instantiate_upgraded.__name__}"}
+    # Lightning keeps only the keys a module's __init__ takes before it calls the instantiator, so a key
+    # renamed at the top level (norm_pix_loss -> target) is handed over under its new name here.
+    renamed = {old: new for old, new in _TOP_LEVEL_ROWS.items() if old.removeprefix("model.") in hparams}
+    upgraded = upgrade_hparams(hparams, renamed)
+    top_level = {new.removeprefix("model."): upgraded[new.removeprefix("model.")] for new in renamed.values()}
+    return {**groups, **top_level, INSTANTIATOR_KEY: f"{__name__}.{instantiate_upgraded.__name__}"}

@@ -79,7 +79,7 @@ def _train(smoke: SmokePart, shards: Path) -> str:
         model = smoke.default_job_model()
         img_size, batch, steps, warmup, workers, decode_on = 32, 4, 8, 2, 0, "cpu"
     else:
-        model = {"model": "mae_vit_base_patch16", "norm_pix_loss": True, "optim": {"warmup_epochs": 1}}
+        model = {"model": "mae_vit_base_patch16", "target": "norm_pix", "optim": {"warmup_epochs": 1}}
         img_size, batch, steps, warmup, workers, decode_on = 224, 128, 300, 30, 6, "gpu"
     timing, record = smoke.work / "step_timer.json", smoke.work / "run.jsonl"
     init = {

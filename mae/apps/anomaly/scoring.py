@@ -11,7 +11,8 @@ and variance instead would hand the model what it never predicted (as ``mae.infe
 for figures) and weight each error by its patch's variance; comparing the raw prediction with raw pixels
 would score the brightness the model was never asked for. The consequence, stated rather than hidden: a
 ``norm_pix_loss`` model cannot see a defect that only changes a patch's brightness uniformly (a flat
-blob's interior); it sees the blob's edges, and any change of pattern.
+blob's interior); it sees the blob's edges, and any change of pattern. A model of another target
+(``mae.models.targets``: HOG) is scored in its target's space alike.
 """
 
 from dataclasses import dataclass
@@ -21,7 +22,6 @@ from torch.nn import functional as F
 
 from mae.apps.anomaly.masks import ComplementaryMasks
 from mae.errors import ConfigError
-from mae.models.loss import normalize_patches
 from mae.models.mae import MaskedAutoencoderViT
 
 
@@ -45,9 +45,7 @@ def reconstruction_errors(
     noise = masks.noise.to(imgs.device).repeat(N, 1)  # row n * M + m: image n under mask m
     _, pred, mask = model(x, masks.mask_ratio, noise)  # evaluation mode: every masked patch reconstructed
     pred = pred.float()
-    target = model.patchify(x.float())
-    if model.norm_pix_loss:
-        target = normalize_patches(target)
+    target = model.target(x.float())  # the loss's space: pixels, normalised per patch for norm_pix, HOG
     error = ((pred - target) ** 2).mean(dim=-1).view(N, M, L)
     hidden = mask.view(N, M, L)
     return (error * hidden).sum(dim=1) / hidden.sum(dim=1)

@@ -41,7 +41,7 @@ from mae.inference.reconstruction import (
     reconstruct,
     to_display,
 )
-from mae.models.loss import masked_patch_mse_per_image, normalize_patches
+from mae.models.loss import masked_patch_mse_per_image
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.masking import MASK_STRATEGIES, num_kept, random_masking
 
@@ -164,7 +164,7 @@ class ReconstructionSession:
         verdict = "better than" if loss < flat else "no better than"
         guess = (
             "0 for every normalised masked patch: about 1 by construction"
-            if self.model.norm_pix_loss
+            if self.model.target.name == "norm_pix"
             else "every masked pixel set to their mean: the masked patches' variance"
         )
         details = (
@@ -209,7 +209,7 @@ def flat_guess_loss(
     model: MaskedAutoencoderViT, imgs: torch.Tensor, mask_ratio: float, noise: torch.Tensor
 ) -> torch.Tensor:
     """(N,) the masked-patch loss of a guess that knows nothing of the image: every masked value is
-    the mean of the masked targets. For a ``norm_pix_loss`` model that mean is 0 and the loss is about
+    the mean of the masked targets. For a ``norm_pix`` target that mean is 0 and the loss is about
     1 by construction (exactly ``(n - 1) / n`` for n values per patch); for pixel targets it is the
     masked pixels' variance. A model's loss means something only beside it.
 
@@ -217,10 +217,8 @@ def flat_guess_loss(
         imgs: (N, C, H, W) normalised model input.
         noise: (N, L) the masking scores the model's loss was measured with.
     """
-    target = model.patchify(imgs.float())  # (N, L, p*p*C)
+    target = model.target(imgs.float())  # (N, L, D_target), normalised per patch for norm_pix
     _, mask, _ = random_masking(target, mask_ratio, noise)
-    if model.norm_pix_loss:
-        target = normalize_patches(target)
     weights = mask[..., None].expand_as(target)
     mean = (target * weights).sum(dim=(1, 2)) / weights.sum(dim=(1, 2)).clamp(min=1.0)
     return masked_patch_mse_per_image(mean[:, None, None].expand_as(target), target, mask)

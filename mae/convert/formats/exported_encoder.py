@@ -12,8 +12,8 @@ Anyone with timm alone builds the encoder from the two files::
     model = timm.create_model(args["architecture"], pretrained=True,
                               pretrained_cfg_overlay=dict(file="OUT.safetensors"), **args["model_args"])
 
-Read back, it is a timm state dict whose heads, input size, LayerNorm eps and ``norm_pix_loss`` come from
-the record rather than from assumptions.
+Read back, it is a timm state dict whose heads, input size, LayerNorm eps and target (``target``, or
+``norm_pix_loss`` before 0.5.0) come from the record rather than from assumptions.
 """
 
 import json
@@ -49,7 +49,8 @@ def read(checkpoint: CheckpointPath) -> MAECheckpoint:
     record = json.loads(checkpoint.path.with_suffix(".json").read_text())
     args = record.get("model_args", {})
     hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
-    hints.update({k: v for k, v in record.get("mae", {}).items() if k in ("layer_norm_eps", "norm_pix_loss")})
+    recorded = record.get("mae", {})
+    hints.update({k: v for k, v in recorded.items() if k in ("layer_norm_eps", "norm_pix_loss", "target")})
     config, notes = infer_config(checkpoint.contents, hints, checkpoint.path)
     return MAECheckpoint(str(checkpoint.path), "timm", checkpoint.contents, config, notes)
 

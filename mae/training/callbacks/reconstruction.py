@@ -4,6 +4,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torchvision.utils import save_image
 
 from mae.data import ImageDataModule
@@ -16,6 +17,9 @@ from mae.training.trackers import log_figure
 
 class ReconstructionCallback(PeriodicMonitor):
     """Every ``every_n_epochs`` epochs (and after the last), render ``num_images`` fixed images.
+
+    A model whose decoder predicts no pixels (``model.target`` hog, ...) has no reconstruction to draw:
+    the callback then says so once and draws nothing.
 
     The images come from the validation split when there is one (else the training split, drawn
     once); the masks are fixed by ``seed``, so figures from different epochs are comparable.
@@ -46,6 +50,7 @@ class ReconstructionCallback(PeriodicMonitor):
         self.seed = seed
         self.images: torch.Tensor | None = None
         self.last_path: Path | None = None  # known on global rank 0 only
+        self.skipped = False  # said once that the model's target is not pixels
 
     def _fixed_images(self, trainer: pl.Trainer) -> torch.Tensor:
         datamodule = trainer.datamodule
@@ -69,6 +74,15 @@ class ReconstructionCallback(PeriodicMonitor):
         return {"mean": datamodule.mean, "std": datamodule.std, "value_range": None if floats else (0.0, 1.0)}
 
     def monitor(self, trainer: pl.Trainer, pl_module: MAEPretrainModule, epoch: int) -> None:
+        target = pl_module.network.target
+        if not target.pixels:
+            if not self.skipped:
+                rank_zero_info(
+                    f"reconstruction figures skipped: model.target {target.name} predicts {target.described} "
+                    "of each masked patch, not pixels, so there is no reconstruction to draw"
+                )
+                self.skipped = True
+            return
         grid = self.reconstruction_grid(trainer, pl_module)
         if trainer.is_global_zero:  # the figure is written once
             self.last_path = self.save(trainer, grid, self.out_dir / f"epoch_{epoch:04d}.png")

@@ -32,3 +32,22 @@ def test_reconstruct_files__a_mask_ratio_of_0_and_no_readable_image_are_refused(
     with pytest.raises(ConfigError, match="no readable image among"):
         reconstruct_files(ReconstructionSettings([str(tmp_path / "bad.png")], checkpoint, tmp_path / "f.png"))
     assert not (tmp_path / "f.png").exists()
+
+
+def test_reconstruct__a_hog_model_is_refused_by_name_saying_why(tmp_path, capsys, monkeypatch):
+    from mae.cli.main import main
+
+    monkeypatch.setattr("sys.argv", ["mae"])
+    hog = tiny_pretraining_checkpoint(tmp_path / "hog", steps=1, target="hog")
+    root = write_image_folder(tmp_path / "root", ["a"], per_class=1, size=(20, 16))
+    out = tmp_path / "figure.png"
+    with pytest.raises(SystemExit) as stop:
+        main(["reconstruct", "--checkpoint", str(hog), str(root), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith(
+        f"error: {hog} was pretrained with model.target hog: its decoder predicts the HOG features "
+        "(MaskFeat's histograms of oriented gradients) of each masked patch, not pixels, so there is no "
+        "reconstruction to draw"
+    )
+    assert not out.exists()

@@ -1,9 +1,12 @@
 """The training commands' config keys (``mae.cli.lightning``): the settings groups read as nested keys
 from YAML and the command line, and each key renamed in 0.3.0 refused before any work, naming its new key."""
 
+import re
+
 import pytest
 import yaml
 
+from mae.cli.lightning import class_path_sources
 from mae.cli.main import invoke, main
 from mae.errors import ConfigError
 from mae.training.settings import RENAMED_IN, renamed_for
@@ -50,6 +53,10 @@ def test_nested_keys__from_the_command_line_and_a_stacked_yaml_over_the_recipe(
 
 
 CASES = [(command, old) for command in COMMANDS for old in renamed_for(_module(command))]
+# The renamed keys whose values changed too, as the refusal spells them out (``RENAMED_VALUES``).
+VALUES_SAID = {
+    "model.norm_pix_loss": " (norm_pix_loss true is target norm_pix, norm_pix_loss false is target pixel)"
+}
 
 
 @pytest.mark.parametrize("command, old", CASES, ids=[f"{c}-{o}" for c, o in CASES])
@@ -57,7 +64,10 @@ def test_renamed_key__on_the_command_line_is_refused_naming_the_new_one(command,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["mae"])
     new, release = renamed_for(_module(command))[old], RENAMED_IN[old]
-    with pytest.raises(ConfigError, match=f"^{old} was moved to {new} in {release}: set {new} instead$"):
+    said = re.escape(VALUES_SAID.get(old, ""))
+    with pytest.raises(
+        ConfigError, match=f"^{old} was moved to {new} in {release}: set {new} instead{said}$"
+    ):
         invoke(command, ["--config", "default", f"--{old}", "1"])
     assert not (tmp_path / "runs").exists()
 
@@ -87,3 +97,27 @@ def test_pretraining_keeps_model_and_model_kwargs(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["mae"])
     printed = _printed(capsys, "pretrain", "--model.model", "mae_vit_small_patch16")
     assert printed["model"] == "mae_vit_small_patch16" and "encoder" not in printed
+
+
+def test_class_path_sources__config_files_yaml_files_inline_yaml_and_plain_values(tmp_path):
+    config, callbacks = tmp_path / "run.yaml", tmp_path / "callbacks.yaml"
+    config.write_text("data:\n  class_path: mae.data.DigitsDataModule\n")
+    callbacks.write_text("- class_path: mae.dense.figures.PredictionFigures\n")
+    argv = [
+        "--config",
+        str(config),
+        f"--trainer.callbacks={callbacks}",
+        "--data",
+        "{class_path: mae.dense.scene_images.DigitSceneImagesDataModule}",
+        "--trainer.max_epochs",
+        "3",
+        "--find_batch_size",
+        "--data.class_path=[unclosed",
+    ]
+    assert class_path_sources(argv) == [
+        (f"--config {config}", {"data": {"class_path": "mae.data.DigitsDataModule"}}),
+        (f"--trainer.callbacks {callbacks}", [{"class_path": "mae.dense.figures.PredictionFigures"}]),
+        ("--data", {"class_path": "mae.dense.scene_images.DigitSceneImagesDataModule"}),
+        ("--trainer.max_epochs", "3"),
+        ("--data.class_path", None),  # not YAML: jsonargparse says what is wrong with it
+    ]

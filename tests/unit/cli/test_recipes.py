@@ -88,7 +88,8 @@ STACKS = {
 def test_config__paper_recipe_values_on_64_gpus_and_on_one(stack, capsys, monkeypatch):
     recipe = _printed(capsys, monkeypatch, *stack)
     model, trainer, data = recipe["model"], recipe["trainer"], recipe["data"]["init_args"]
-    assert model["model"] == "mae_vit_base_patch16" and model["mask_ratio"] == 0.75 and model["norm_pix_loss"]
+    assert model["model"] == "mae_vit_base_patch16" and model["mask_ratio"] == 0.75
+    assert model["target"] == "norm_pix"
     optim = model["optim"]
     assert optim["base_lr"] == 1.5e-4 and optim["warmup_epochs"] == 40 and trainer["max_epochs"] == 800
     assert data["root"] == "/path/to/imagenet" and data["img_size"] == 224  # from the base file

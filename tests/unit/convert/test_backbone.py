@@ -254,3 +254,27 @@ def test_errors__shape_mismatch_names_key_shapes_and_cause(mae_model, tmp_path):
         load_mae(ckpt, patch_size=8)
     with pytest.raises(ValueError, match="2 blocks but the model 3"):
         load_mae(ckpt, depth=3)
+
+
+def test_init_mae_from__a_decoder_of_another_target_starts_fresh_a_pixel_one_is_kept(tmp_path):
+    """With 6-px RGB patches pixel and HOG targets are both 108 wide: the target, not the shape, decides."""
+    from mae.convert.backbone import init_mae_from
+
+    sizes = dict(img_size=24, patch_size=6, embed_dim=32, depth=1, num_heads=2, decoder_embed_dim=32)
+    sizes.update(decoder_depth=1, decoder_num_heads=2)
+    torch.manual_seed(0)
+    pixel = MaskedAutoencoderViT(**sizes, target="pixel")
+    torch.save({"model": pixel.state_dict()}, tmp_path / "pixel.pth")  # the official layout: a pixel model
+    torch.manual_seed(1)
+    hog = MaskedAutoencoderViT(**sizes, target="hog")
+    fresh = hog.decoder_pred.weight.clone()
+    assert fresh.shape == pixel.decoder_pred.weight.shape
+    report = init_mae_from(hog, tmp_path / "pixel.pth")
+    assert torch.equal(hog.decoder_pred.weight, fresh)
+    assert torch.equal(hog.decoder_embed.weight, pixel.decoder_embed.weight)
+    assert "decoder_pred (the file's predicts target pixel of 3 channels) starts from its initialisation" in (
+        report.notes
+    )
+    norm_pix = MaskedAutoencoderViT(**sizes, target="norm_pix")
+    init_mae_from(norm_pix, tmp_path / "pixel.pth")
+    assert torch.equal(norm_pix.decoder_pred.weight, pixel.decoder_pred.weight)  # pixels both

@@ -53,3 +53,14 @@ def test_hf_state_dict__qkv_split_in_query_key_value_order():
 def test_from_hf_state_dict__unknown_key_is_named():
     with pytest.raises(KeyError, match="vit.pooler.dense.weight"):
         from_hf_state_dict({"vit.pooler.dense.weight": torch.zeros(2, 2)})
+
+
+def test_hf_config__a_hog_decoder_is_refused_its_encoder_is_exported():
+    from mae.convert.huggingface import hf_config_of
+    from mae.errors import ConfigError
+
+    config = MaskedAutoencoderViT(**TINY, target="hog").config
+    with pytest.raises(ConfigError, match="decoder predicts pixels, but this model's predicts target 'hog'"):
+        hf_config_of(config, decoder=True)
+    assert hf_config_of(config, decoder=False)["norm_pix_loss"] is False
+    assert hf_config_of(MaskedAutoencoderViT(**TINY, target="norm_pix").config, decoder=True)["norm_pix_loss"]

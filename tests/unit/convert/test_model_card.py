@@ -1,5 +1,6 @@
 """The model card: the encoder page shows the card of the recorded default run, regenerated here; the
-licence of runs started from the official MAE weights."""
+licence of runs started from the official MAE weights; images seen from the devices as config.yaml stores
+them; accuracies in percent."""
 
 import importlib.util
 from pathlib import Path
@@ -7,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from mae.convert.exports import huggingface
-from mae.convert.model_card import OFFICIAL_LICENSE, RunFacts, card_license, model_card
+from mae.convert.model_card import (
+    OFFICIAL_LICENSE,
+    RunFacts,
+    _evaluations,
+    _images_seen,
+    _recipe,
+    card_license,
+    device_count,
+    model_card,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -49,3 +59,53 @@ def test_card__licence_of_the_weights_the_run_started_from(init_from, init_forma
     card = model_card(facts, huggingface.CARD, "encoder_hf", has_decoder=False)
     assert f"license: {license}" in card
     assert ("CC BY-NC 4.0 (non-commercial use only)" in card) == (license == OFFICIAL_LICENSE)
+
+
+@pytest.mark.parametrize(
+    ("devices", "accelerator", "count"),
+    [
+        (2, "gpu", 2),
+        ("2", "gpu", 2),  # --trainer.devices 2, as config.yaml stores it
+        ([0, 1], "gpu", 2),
+        ("0,1", "gpu", 2),
+        ("1,", "gpu", 1),
+        ("auto", "cpu", 1),
+        ("auto", "gpu", None),
+        ("auto", None, None),
+        (-1, "gpu", None),
+        ("-1", "gpu", None),
+        (True, "gpu", None),
+        ("two", "gpu", None),
+    ],
+)
+def test_device_count__of_trainer_devices_as_config_yaml_stores_them(devices, accelerator, count):
+    assert device_count(devices, accelerator) == count
+
+
+def test_card__images_seen_with_devices_stored_as_text_and_unknown_for_auto():
+    run = {"trainer": {"devices": "2", "num_nodes": 1}, "data": {"init_args": {"batch_size": 8}}}
+    assert _images_seen(5, run) == 5 * 8 * 2
+    run["trainer"] = {"devices": "auto", "accelerator": "gpu"}
+    assert _images_seen(5, run) is None  # not stated rather than guessed
+
+
+def test_card__finetuning_accuracies_logged_as_fractions_are_shown_in_percent(tmp_path):
+    (tmp_path / "metrics.csv").write_text(
+        "epoch,step,val/acc1,val/acc5,val/knn_acc1\n0,9,0.0009,0.5,\n1,19,0.125,0.75,\n1,19,,,42.5\n"
+    )
+    found = {e.name: (e.value, e.epochs) for e in _evaluations(tmp_path / "metrics.csv", {})}
+    assert found == {
+        "kNN top-1": (42.5, 2),  # the kNN monitor logs percent
+        "fine-tuning top-1": (12.5, 2),
+        "fine-tuning top-5": (75.0, 2),
+    }
+
+
+def test_card__names_the_target_of_the_run_and_of_a_run_before_0_5_0():
+    def recipe(**hparams):
+        facts = RunFacts("last.ckpt", "lightning", {}, None, {"mask_ratio": 0.75, "model": "m", **hparams})
+        return "\n".join(_recipe(facts))
+
+    assert "target `hog`, recipe model `m`" in recipe(target="hog")
+    assert "target `norm_pix`" in recipe(norm_pix_loss=True)  # how 0.4.0 and earlier record it
+    assert "target `pixel`" in recipe(norm_pix_loss=False)

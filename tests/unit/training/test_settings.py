@@ -18,6 +18,7 @@ from mae.training.settings import (
     PretrainOptimSettings,
     as_group,
     renamed_for,
+    renamed_key_error,
     upgrade_hparams,
 )
 from tests.helpers import finetune_module, pretrain_module
@@ -98,7 +99,11 @@ def test_renamed_keys__pretraining_keeps_its_own_model_keys():
     encoder_keys = {"model.checkpoint", "model.checkpoint_format", "model.model", "model.model_kwargs"}
     assert set(renamed_for(modules["pretrain"])) == set(RENAMED_KEYS) - encoder_keys
     for name in ("finetune", "detect", "segment"):
-        assert set(renamed_for(modules[name])) == set(RENAMED_KEYS) - {"model.betas"}, name
+        # pretraining's own keys: AdamW's betas and its target
+        assert set(renamed_for(modules[name])) == set(RENAMED_KEYS) - {
+            "model.betas",
+            "model.norm_pix_loss",
+        }, name
     flat = {"base_lr": 1e-3, "attention": "sdpa", "checkpoint": "a.ckpt", "mode": "finetune"}
     grouped = {
         "optim": {"base_lr": 1e-3},
@@ -126,6 +131,26 @@ def test_renamed_in_0_4_0__activation_checkpointing_is_refused_in_a_python_call_
     assert upgrade_hparams({"activation_checkpointing": False, "grad_checkpointing": True}, renamed) == {
         "grad_checkpointing": True
     }
+
+
+def test_renamed_in_0_5_0__norm_pix_loss_is_refused_naming_the_target_of_each_value():
+    from mae.training.pretrain import MAEPretrainModule
+
+    assert RENAMED_IN["model.norm_pix_loss"] == "0.5.0"
+    assert renamed_for(MAEPretrainModule)["model.norm_pix_loss"] == "model.target"
+    assert str(renamed_key_error("model.norm_pix_loss")) == (
+        "model.norm_pix_loss was moved to model.target in 0.5.0: set model.target instead (norm_pix_loss "
+        "true is target norm_pix, norm_pix_loss false is target pixel)"
+    )
+    renamed = RENAMES["0.5.0"]
+    hparams = {"model": "mae_vit_tiny_patch4", "norm_pix_loss": True, "mask_ratio": 0.75}
+    assert upgrade_hparams(hparams, renamed) == {
+        "model": "mae_vit_tiny_patch4",
+        "target": "norm_pix",
+        "mask_ratio": 0.75,
+    }
+    assert upgrade_hparams({"norm_pix_loss": False}, renamed) == {"target": "pixel"}
+    assert upgrade_hparams({"norm_pix_loss": False, "target": "hog"}, renamed) == {"target": "hog"}
 
 
 def test_dense_checkpoint_of_version_0_3_0__loads_with_restore_kwargs_its_checkpointing_renamed(tmp_path):

@@ -22,6 +22,8 @@ from mae.inference.normalization import Normalization
 from mae.models.mae import MaskedAutoencoderViT
 
 DEFAULT_MASK_RATIO = 0.75
+# Where the errors are measured, by the model's target (``mae.models.targets``); another target's own words.
+_ERROR_SPACES = {"norm_pix": "per-patch normalised pixels (norm_pix_loss)", "pixel": "normalised pixels"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +160,7 @@ class ReconstructionScorer(Scorer):
             f"{len(masks.noise)} complementary masks at ratio {settings.mask_ratio}: every patch hidden "
             f"{masks.hidden_count} {times}"
         )
-        space = "per-patch normalised pixels (norm_pix_loss)" if model.norm_pix_loss else "normalised pixels"
+        space = _ERROR_SPACES.get(model.target.name, model.target.described)
         recorded = {
             "checkpoint": str(checkpoint),
             "mask_ratio": settings.mask_ratio,

@@ -23,7 +23,7 @@ def smooth_checkpoint(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("smooth_mae")
     data = RandomImages(n=512, batch_size=64)
     data.data.tensors = (normalised(smooth_images(512, seed=1)), torch.zeros(512, dtype=torch.long))
-    module = pretrain_module(norm_pix_loss=False, optim=dict(warmup_epochs=0, lr=2e-3))
+    module = pretrain_module(target="pixel", optim=dict(warmup_epochs=0, lr=2e-3))
     trainer = make_trainer(folder, max_steps=100, limit_val_batches=0)
     threads = torch.get_num_threads()
     torch.set_num_threads(

@@ -40,6 +40,22 @@ def test_reconstruction_errors__match_one_forward_per_mask_and_the_loss_space():
         torch.testing.assert_close(errors, total / count, rtol=1e-4, atol=1e-5)
 
 
+def test_reconstruction_errors__of_a_hog_model_in_its_targets_space():
+    from mae.models.targets.hog import HOGTarget
+
+    torch.manual_seed(0)
+    model = create_model("mae_vit_tiny_patch4", img_size=SIZE, target="hog", **TINY_KWARGS).eval()
+    imgs = torch.randn(2, 3, SIZE, SIZE)
+    design = complementary_masks(model.grid_size, 0.75, generator=torch.Generator().manual_seed(1))
+    errors = reconstruction_errors(model, imgs, design)
+    total, count = torch.zeros(2, 16), torch.zeros(2, 16)
+    for noise in design.noise:
+        _, pred, mask = model(imgs, 0.75, noise.expand(2, -1))
+        total += ((pred - HOGTarget(4, 3)(imgs)) ** 2).mean(-1) * mask  # (N, L, 2 x 2 x 3 x 9)
+        count += mask
+    torch.testing.assert_close(errors, total / count, rtol=1e-4, atol=1e-5)
+
+
 def test_normal_statistics__standardise_per_position_with_a_floor():
     errors = torch.tensor([[1.0, 0.0, 5.0], [3.0, 0.0, 7.0]])  # position 1: every normal image perfect
     stats = NormalStatistics.of(errors)

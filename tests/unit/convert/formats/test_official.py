@@ -27,7 +27,7 @@ def test_read__heads_and_size_from_args_then_strict_loads_with_the_same_outputs(
     args = argparse.Namespace(model="mae_vit_tiny_patch4", input_size=32, norm_pix_loss=True)
     _write(tiny_mae, tmp_path / "with_args.pth", args)
     ckpt = official.read(CheckpointPath(tmp_path / "with_args.pth"))
-    assert ckpt.format == "official" and ckpt.notes == [] and ckpt.config["norm_pix_loss"]
+    assert ckpt.format == "official" and ckpt.notes == [] and ckpt.config["target"] == "norm_pix"
     assert (ckpt.config["num_heads"], ckpt.config["decoder_num_heads"], ckpt.config["img_size"]) == (
         3,
         4,

@@ -61,3 +61,23 @@ def test_reconstruction_callback__writes_png_and_sends_it_to_the_tracker(tmp_pat
     # the step of the last update
     assert (figure.step, figure.height, figure.width) == (6, 3 * 34 + 2, 4 * 34 + 2)
     assert module.model.training  # mode restored
+
+
+def test_reconstruction_callback__a_hog_model_is_skipped_with_one_note(tmp_path, monkeypatch):
+    module = type("M", (), {})()
+    module.network = module.model = MaskedAutoencoderViT(**TINY, target="hog")
+    module.mask_ratio = 0.75
+    module.device = torch.device("cpu")
+    callback = ReconstructionCallback(num_images=3)
+    trainer = _Trainer(tmp_path, TensorBoardLogger(tmp_path / "tb", name="run", version=0))
+    trainer.is_global_zero = True
+    callback.out_dir = tmp_path / "reconstructions"
+    notes = []
+    monkeypatch.setattr("mae.training.callbacks.reconstruction.rank_zero_info", notes.append)
+    for epoch in (1, 2):
+        callback.monitor(trainer, module, epoch)
+    assert notes == [
+        "reconstruction figures skipped: model.target hog predicts the HOG features (MaskFeat's histograms "
+        "of oriented gradients) of each masked patch, not pixels, so there is no reconstruction to draw"
+    ]
+    assert callback.last_path is None and not (tmp_path / "reconstructions").exists()
