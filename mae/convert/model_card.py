@@ -444,7 +444,7 @@ def _loading(
         load,
         "```",
         "",
-        f"`mae finetune --model.checkpoint {folder_name} ...` fine-tunes it.",
+        f"`mae finetune --model.encoder.checkpoint {folder_name} ...` fine-tunes it.",
         "",
     ]
     return lines

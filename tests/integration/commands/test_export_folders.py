@@ -103,8 +103,10 @@ def test_export_to_timm__loads_in_timm_with_the_same_features_and_a_card_from_th
     assert "mean [0.485, 0.456, 0.406] and std [0.229, 0.224, 0.225]" in card
     assert "embed_dim: 32" in card and "Masked Autoencoders Are Scalable Vision Learners" in card
 
+    # the card's own command line: the option it names fine-tunes the folder
+    assert f"`mae finetune --model.encoder.checkpoint {out.name} ...` fine-tunes it." in card
     finetune = {
-        "model": {"encoder": {"checkpoint": str(out)}, "optim": {"warmup_epochs": 0}},
+        "model": {"optim": {"warmup_epochs": 0}},
         "data": {"class_path": "mae.data.DigitsDataModule", "init_args": {"img_size": 16, "batch_size": 16}},
         "trainer": {
             "max_steps": 1,
@@ -114,7 +116,8 @@ def test_export_to_timm__loads_in_timm_with_the_same_features_and_a_card_from_th
             "logger": csv_logger(tmp_path, "ft"),
         },
     }
-    tuned = run_mae("finetune", "--config", str(write_config(tmp_path, finetune, "finetune")))
+    config = str(write_config(tmp_path, finetune, "finetune"))
+    tuned = run_mae("finetune", "--config", config, "--model.encoder.checkpoint", str(out))
     assert f"from {out} (timm format)" in tuned.stdout + tuned.stderr
 
 
