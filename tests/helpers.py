@@ -5,6 +5,7 @@ CIFAR-format files."""
 import csv
 import io
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -636,3 +637,34 @@ class MlflowServer:
 
     def __exit__(self, *exc) -> None:
         self.kill()
+
+
+# ------------------------------------------------------------------------------------ hostile pickles
+
+
+class CreatesFolder:
+    """A payload: unpickling it creates the folder ``target`` (``os.mkdir``), so a test can assert that
+    nothing ran by the folder's absence."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.target,))
+
+
+def _pickled_string(text: str) -> bytes:
+    """The pickle opcode that pushes ``text`` (SHORT_BINUNICODE)."""
+    data = text.encode()
+    return pickle.SHORT_BINUNICODE + bytes([len(data)]) + data
+
+
+def call_pickle(module: str, name: str, args: tuple[str, ...], stack_global: bool) -> bytes:
+    """A protocol-4 pickle, built opcode by opcode, that calls ``module``.``name``(*args): the global named
+    by GLOBAL (text) or by STACK_GLOBAL (two strings on the stack), as a hostile file would name it."""
+    if stack_global:
+        callee = _pickled_string(module) + _pickled_string(name) + pickle.STACK_GLOBAL
+    else:
+        callee = pickle.GLOBAL + f"{module}\n{name}\n".encode()
+    arguments = pickle.MARK + b"".join(_pickled_string(a) for a in args) + pickle.TUPLE
+    return pickle.PROTO + b"\x04" + callee + arguments + pickle.REDUCE + pickle.STOP

@@ -13,7 +13,7 @@ from PIL import Image
 from mae import load_backbone
 from mae.models import create_model
 from mae.training.checkpointing import check_resume_checkpoint
-from tests.helpers import TINY_KWARGS, RandomImages, make_trainer, pretrain_module
+from tests.helpers import TINY_KWARGS, CreatesFolder, RandomImages, make_trainer, pretrain_module
 
 # ---------------------------------------------------------------- bit depth
 
@@ -205,14 +205,6 @@ def _cifar_finetune(tmp_path, root) -> dict:
     }
 
 
-class _CreatesFolder:
-    def __init__(self, target) -> None:
-        self.target = str(target)
-
-    def __reduce__(self):
-        return (os.mkdir, (self.target,))
-
-
 @pytest.mark.parametrize("name", ["data_batch_1", "batches.meta"])
 def test_cifar_file_that_would_run_code__refused_by_name_before_it_runs(tmp_path, name):
     from tests.helpers import run_mae, write_cifar
@@ -220,7 +212,7 @@ def test_cifar_file_that_would_run_code__refused_by_name_before_it_runs(tmp_path
     write_cifar(tmp_path / "cifar", "cifar10", train_per_batch=4, test=4)
     file = tmp_path / "cifar" / "cifar-10-batches-py" / name
     target = tmp_path / "created_by_the_cifar_file"
-    file.write_bytes(pickle.dumps({"data": _CreatesFolder(target), "label_names": []}))
+    file.write_bytes(pickle.dumps({"data": CreatesFolder(target), "label_names": []}))
     config = _cifar_finetune(tmp_path, tmp_path / "cifar")
     result = run_mae("finetune", config=config, tmp=tmp_path, check=False)
     assert result.returncode == 2, result.stderr[-3000:]

@@ -20,7 +20,7 @@ from mae.convert.sharded_checkpoint import (
 )
 from mae.errors import InputError
 from mae.training.checkpointing import AtomicCheckpointIO, remove_orphan_temporaries
-from tests.helpers import tiny_pretraining_checkpoint
+from tests.helpers import call_pickle, tiny_pretraining_checkpoint
 
 
 def _by_name(optimizer_state: dict) -> dict:
@@ -175,23 +175,6 @@ def test_resume__a_folder_that_is_not_a_sharded_checkpoint_is_named(tmp_path):
     )
 
 
-def _string(text: str) -> bytes:
-    """The pickle opcode that pushes ``text`` (SHORT_BINUNICODE)."""
-    data = text.encode()
-    return pickle.SHORT_BINUNICODE + bytes([len(data)]) + data
-
-
-def _call_pickle(module: str, name: str, args: tuple[str, ...], stack_global: bool) -> bytes:
-    """A protocol-4 pickle, built opcode by opcode, that calls ``module``.``name``(*args): the global named
-    by GLOBAL (text) or by STACK_GLOBAL (two strings on the stack), as a hostile index would name it."""
-    if stack_global:
-        callee = _string(module) + _string(name) + pickle.STACK_GLOBAL
-    else:
-        callee = pickle.GLOBAL + f"{module}\n{name}\n".encode()
-    arguments = pickle.MARK + b"".join(_string(a) for a in args) + pickle.TUPLE
-    return pickle.PROTO + b"\x04" + callee + arguments + pickle.REDUCE + pickle.STOP
-
-
 METADATA_MODULE = "torch.distributed.checkpoint.metadata"  # the module of the index's classes; imports os
 # (module, name, what the call would create): each reaches a function through an allowed module or name.
 BYPASSES = {
@@ -233,7 +216,7 @@ def test_sharded_folder__an_index_reaching_a_function_through_an_allowed_name_ru
     _, folder, _ = sharded
     module, name = BYPASSES[bypass]
     target = tmp_path / "created_by_the_index"
-    index = _call_pickle(module, name, _payload_args(module, name, target), stack_global)
+    index = call_pickle(module, name, _payload_args(module, name, target), stack_global)
     hostile = _forged(folder, tmp_path / "hostile.ckpt", index)
     with pytest.raises(InputError, match=rf"{SHARDS_METADATA} would run code when loaded \(GLOBAL "):
         read_metadata(hostile)
@@ -249,7 +232,7 @@ def test_sharded_folder__mae_export_of_a_forged_index_runs_nothing(sharded, tmp_
 
     _, folder, _ = sharded
     target = tmp_path / "created_by_the_index"
-    index = _call_pickle(METADATA_MODULE, "os.mkdir", (str(target),), stack_global=True)
+    index = call_pickle(METADATA_MODULE, "os.mkdir", (str(target),), stack_global=True)
     hostile = _forged(folder, tmp_path / "hostile.ckpt", index)
     out = tmp_path / "encoder.safetensors"
     result = run_mae("export", "--checkpoint", str(hostile), "--out", str(out), check=False)

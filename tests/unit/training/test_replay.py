@@ -3,7 +3,6 @@ whose output is non-finite is named, a finite forward with non-finite gradients 
 capture folder written by hand is read back and replayed, and a folder that is not one is refused by name."""
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from mae.training.replay import (
     replay_capture,
     replay_step,
 )
-from tests.helpers import TINY_KWARGS
+from tests.helpers import TINY_KWARGS, CreatesFolder
 
 
 class TwoLayers(pl.LightningModule):
@@ -130,16 +129,6 @@ def test_read_capture__a_folder_that_is_not_a_capture_is_refused_by_name(tmp_pat
         read_capture(folder)
 
 
-class _Creates:
-    """An object whose unpickling creates the folder ``target`` (a payload planted in a capture's file)."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = str(target)
-
-    def __reduce__(self):
-        return (os.mkdir, (self.target,))
-
-
 def _pretrain_capture(folder: Path) -> Path:
     """A capture folder of a tiny ``MAEPretrainModule`` step with a NaN planted in the last block's
     ``mlp.fc2`` bias, as the capture callback writes one (``mae.training.pretrain.MAEPretrainModule``: a
@@ -220,9 +209,9 @@ def test_mae_replay__a_file_that_would_run_code_is_refused_by_name_and_nothing_r
     target = tmp_path / "created_by_the_capture"
     if name == "state.ckpt":  # the payload beside real weights, where Lightning would unpickle it
         state = torch.load(folder / name, weights_only=True)
-        torch.save({**state, "payload": _Creates(target)}, folder / name)
+        torch.save({**state, "payload": CreatesFolder(target)}, folder / name)
     else:
-        torch.save(_Creates(target), folder / name)
+        torch.save(CreatesFolder(target), folder / name)
     assert _error(_replay(folder)) == (
         f"error: {folder / name} would run code when loaded: it names posix.mkdir. Only tensors, plain "
         "containers and argparse.Namespace are read from checkpoints; a capture holds only those: replay a "

@@ -3,10 +3,8 @@ files as CIFAR-10's release pickles them (Python 2, protocol 2, ``numpy.core``) 
 read to the same pixels; a file naming anything else is refused by name before any of it runs; a label
 outside the dataset's classes is named with its file."""
 
-import os
 import pickle
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,34 +18,10 @@ from mae.data.sources.cifar_files import (
     read_cifar_pickle,
 )
 from mae.errors import InputError
-from tests.helpers import write_cifar
+from tests.helpers import CreatesFolder, call_pickle, write_cifar
 
 CIFAR10 = CIFAR_LAYOUTS["cifar10"]
 ROWS = np.random.default_rng(0).integers(0, 256, (4, 3072), dtype=np.uint8)
-
-
-def _string(text: str) -> bytes:
-    data = text.encode()
-    return pickle.SHORT_BINUNICODE + bytes([len(data)]) + data
-
-
-def _call_pickle(module: str, name: str, args: tuple[str, ...], stack_global: bool) -> bytes:
-    """A protocol-4 pickle, built opcode by opcode, calling ``module``.``name``(*args), the global named by
-    GLOBAL (text) or STACK_GLOBAL (two strings on the stack)."""
-    if stack_global:
-        callee = _string(module) + _string(name) + pickle.STACK_GLOBAL
-    else:
-        callee = pickle.GLOBAL + f"{module}\n{name}\n".encode()
-    arguments = pickle.MARK + b"".join(_string(a) for a in args) + pickle.TUPLE
-    return pickle.PROTO + b"\x04" + callee + arguments + pickle.REDUCE + pickle.STOP
-
-
-class _Creates:
-    def __init__(self, target: Path) -> None:
-        self.target = str(target)
-
-    def __reduce__(self):
-        return (os.mkdir, (self.target,))
 
 
 def test_read_cifar_batch__cifar10s_own_python2_pickle_reads_without_a_warning(tmp_path):
@@ -92,7 +66,7 @@ def test_read_cifar_pickle__a_file_naming_another_object_is_refused_and_runs_not
     target = tmp_path / "created_by_the_file"
     args = (f"__import__('os').mkdir({str(target)!r})",) if name == "eval" else (str(target),)
     path = tmp_path / "data_batch_1"
-    path.write_bytes(_call_pickle(module, name, args, stack_global))
+    path.write_bytes(call_pickle(module, name, args, stack_global))
     with pytest.raises(InputError, match=rf"{path} would run code when loaded \(GLOBAL {module}\.{name}\)"):
         read_cifar_pickle(path, CIFAR10)
     assert not target.exists()
@@ -100,7 +74,7 @@ def test_read_cifar_pickle__a_file_naming_another_object_is_refused_and_runs_not
 
 def test_read_cifar_pickle__a_latin1_encode_with_another_codec_is_refused(tmp_path):
     path = tmp_path / "test_batch"
-    path.write_bytes(_call_pickle("_codecs", "encode", ("x", "rot13"), stack_global=False))
+    path.write_bytes(call_pickle("_codecs", "encode", ("x", "rot13"), stack_global=False))
     with pytest.raises(
         InputError, match=r"would run code when loaded \(GLOBAL _codecs\.encode with the encod"
     ):
@@ -112,7 +86,7 @@ def test_cifar_files__a_payload_in_any_file_is_refused_by_name_before_it_runs(tm
     write_cifar(tmp_path, "cifar10", train_per_batch=2, test=2)
     folder = tmp_path / "cifar-10-batches-py"
     target = tmp_path / "created_by_the_file"
-    (folder / name).write_bytes(pickle.dumps({"data": _Creates(target), "labels": []}))
+    (folder / name).write_bytes(pickle.dumps({"data": CreatesFolder(target), "labels": []}))
     with pytest.raises(
         InputError, match=rf"{folder / name} would run code when loaded \(GLOBAL posix\.mkdir\)"
     ):
