@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from mae.errors import ConfigError
 from mae.models.mae import MaskedAutoencoderViT
-from mae.models.targets import target_of
+from mae.models.targets import target_class, target_of
 
 # Ours -> hub layout, outside the transformer blocks.
 _TOP_LEVEL = {
@@ -140,7 +140,7 @@ def hf_config_of(config: dict[str, Any], decoder: bool, mask_ratio: float = 0.75
             "export the encoder alone (--encoder-only: ViTMAEModel takes any size) or use --to timm"
         )
     target = target_of(config)
-    if decoder and target not in ("pixel", "norm_pix"):
+    if decoder and not target_class(target).pixels:
         raise ConfigError(
             f"Hugging Face ViTMAEForPreTraining's decoder predicts pixels, but this model's predicts target "
             f"{target!r}; export the encoder alone (--encoder-only), which every target shares"
