@@ -120,6 +120,7 @@ def check_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: s
     )
     _check_record_shapes(config, measured, state, path)
     _check_record_grid(config.get("img_size"), measured["patch_size"], state["pos_embed"].shape[1] - 1, path)
+    _check_target_width(config.get("target_options"), state, path)
     for heads, width_key in (("num_heads", "embed_dim"), ("decoder_num_heads", "decoder_embed_dim")):
         if heads in config and width_key in config and config[width_key] % config[heads]:
             raise InputError(
@@ -183,6 +184,25 @@ def _check_record_shapes(
             f"{path}: its {ARCHITECTURE_KEY} record says "
             f"decoder_type={config.get('decoder_type', 'self')!r}, but its tensors are a "
             f"{measured['decoder_type']!r} decoder's; the record is damaged or was edited"
+        )
+
+
+def _check_target_width(options: Any, state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """A ``features`` record's target width (``target_options`` ``dim``, the teacher's) against the rows of
+    ``decoder_pred`` (when the file has a decoder)."""
+    if options is None:
+        return
+    dim = options.get("dim") if isinstance(options, dict) else None
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record has target_options={options!r}; expected a dict whose "
+            "dim is a positive integer"
+        )
+    rows = state["decoder_pred.weight"].shape[0] if "decoder_pred.weight" in state else dim
+    if rows != dim:
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record says target_options dim={dim}, but its decoder_pred "
+            f"predicts {rows} values per patch; the record is damaged or was edited"
         )
 
 

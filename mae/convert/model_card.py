@@ -291,7 +291,12 @@ def _body(
     c = facts.config
     size = c["img_size"] if isinstance(c["img_size"], int) else "x".join(str(s) for s in c["img_size"])
     what = "encoder and decoder (ViTMAEForPreTraining)" if has_decoder else "encoder"
-    if classifier is None:
+    if classifier is None and _distilled(facts.hparams):
+        about = (
+            f"A Vision Transformer {what} distilled from a frozen teacher's attention relations (TinyMIM, "
+            f"Ren et al., 2023) with `mae distill`, exported for {target.loaded_by}."
+        )
+    elif classifier is None:
         about = (
             f"A Vision Transformer {what} pretrained as a Masked Autoencoder (He et al., 2021) with the "
             f"`mae` package, exported for {target.loaded_by}."
@@ -324,6 +329,7 @@ def _body(
             f"{target_class(target_of(c)).described} of the masked patches.",
             "",
         ]
+    lines += _teacher(c.get("target_options"))  # a features target's: the encoder was trained against it
     if classifier is not None:
         pooled = (
             "the mean of the patch tokens through its fc_norm"
@@ -340,6 +346,27 @@ def _body(
     return "\n".join(lines)
 
 
+def _teacher(options: dict[str, Any] | None) -> list[str]:
+    """The lines naming the teacher of a ``features`` target (its identity, block and normalisation), from
+    a model's ``target_options``; none without one."""
+    t = (options or {}).get("teacher")
+    if not t:
+        return []
+    normalised = "normalised per token (LayerNorm without affine)" if options.get("normalize") else "raw"
+    return [
+        f"Teacher (frozen, not part of these weights): `{t.get('path')}` ({t.get('format')}, sha256 "
+        f"`{t.get('sha256')}`; width {t.get('embed_dim')}, depth {t.get('depth')}, {t.get('patch_size')}-px "
+        f"patches); targets: the tokens of its block {options.get('block')}, {normalised}.",
+        "",
+    ]
+
+
+def _distilled(hparams: dict[str, Any]) -> bool:
+    """Whether a run's ``hparams`` are ``mae distill``'s (``mae.training.distill``): a student and its
+    teacher's identity."""
+    return "teacher_identity" in hparams and "student" in hparams
+
+
 def _recipe(facts: RunFacts) -> list[str]:
     lines = ["## Training", ""]
     h = facts.hparams
@@ -351,6 +378,14 @@ def _recipe(facts: RunFacts) -> list[str]:
             f"{h.get('global_pool')} pooling, mixup {h.get('mixup')}, cutmix {h.get('cutmix')}, label "
             f"smoothing {h.get('label_smoothing')}, drop path {h.get('drop_path_rate')}, layer decay "
             f"{h.get('layer_decay')}."
+        )
+    elif _distilled(h):
+        t = h["teacher_identity"] or {}
+        lines.append(
+            f"Distilled (TinyMIM attention relations, `mae distill`) into a `{h.get('student')}` student "
+            f"from the frozen teacher `{t.get('path')}` ({t.get('format')}, sha256 `{t.get('sha256')}`; "
+            f"width {t.get('embed_dim')}, depth {t.get('depth')}, {t.get('num_heads')} heads), its block "
+            f"{(h.get('teacher') or {}).get('block')} into the student's block {h.get('student_block')}."
         )
     elif h:
         lines.append(

@@ -30,10 +30,10 @@ def mae_forward_flops(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> 
     L = model.num_patches
     kept = num_kept(L, mask_ratio)
     decoded = num_decoded(L - kept, model.decoder_keep_ratio)
-    patch_dim = model.decoder_pred.out_features
+    patch_dim = model.decoder_pred.out_features  # D_target
     width = model.cls_token.shape[-1]
     dec_width = model.mask_token.shape[-1]
-    flops = 2 * L * patch_dim * width
+    flops = 2 * L * model.patch_size**2 * model.config["in_chans"] * width
     flops += sum(_block_flops(1 + kept, width, b.mlp.fc1.out_features) for b in model.blocks)
     layers_read = 1 if model.decoder_encoder_layers is None else len(model.decoder_encoder_layers)
     flops += 2 * layers_read * (1 + kept) * width * dec_width  # decoder_embed of each layer read
@@ -49,6 +49,23 @@ def mae_forward_flops(model: MaskedAutoencoderViT, mask_ratio: float = 0.75) -> 
     return flops
 
 
+def target_flops(model: MaskedAutoencoderViT) -> int:
+    """FLOPs of computing one image's target: for ``features``, the frozen teacher's forward on the full
+    image (its patch embedding and its blocks up to the one read, on L + its prefix tokens); 0 for the
+    pixel and HOG targets (no matmuls)."""
+    teacher = getattr(model.target, "teacher", None)
+    if teacher is None:
+        return 0
+    L = model.num_patches
+    p = teacher.patch_embed.patch_size
+    width = teacher.embed_dim
+    flops = 2 * L * p[0] * p[1] * model.config["in_chans"] * width
+    tokens = L + teacher.num_prefix_tokens
+    read = teacher.blocks[: model.target.block % len(teacher.blocks) + 1]
+    return flops + sum(_block_flops(tokens, width, b.mlp.fc1.out_features) for b in read)
+
+
 def mae_train_flops(model: MaskedAutoencoderViT, batch_size: int, mask_ratio: float = 0.75) -> int:
-    """Forward + backward (about 2x the forward) for a batch."""
-    return 3 * batch_size * mae_forward_flops(model, mask_ratio)
+    """Forward + backward (about 2x the forward) for a batch, and the target's forward (a teacher's: no
+    backward)."""
+    return batch_size * (3 * mae_forward_flops(model, mask_ratio) + target_flops(model))

@@ -15,6 +15,7 @@ Reference: He et al., "Masked Autoencoders Are Scalable Vision Learners" (2021).
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from timm.layers import PatchEmbed, to_2tuple
@@ -70,8 +71,13 @@ class MaskedAutoencoderViT(nn.Module):
             block reads the encoder's output (CrossMAE's learned mixing of layers is left out).
         target: what the decoder regresses for each patch, a name of ``mae.models.targets.TARGETS``:
             "pixel" (the paper's plain target), "norm_pix" (per-patch normalised pixels, as the paper's
-            released models) or "hog" (MaskFeat's histograms of oriented gradients); ``decoder_pred`` is
-            sized by its width. None: from ``norm_pix_loss``, else "pixel".
+            released models), "hog" (MaskFeat's histograms of oriented gradients) or "features" (a frozen
+            teacher's tokens); ``decoder_pred`` is sized by its width. None: from ``norm_pix_loss``, else
+            "pixel".
+        target_options: the target's options (``PatchTarget.option_names``): ``features`` needs its
+            ``dim`` (the teacher's width) and takes ``block``, ``normalize`` and ``teacher`` (the teacher's
+            identity); the teacher itself is handed to ``self.target.set_teacher``, never stored here. None
+            for the other targets. Recorded in ``config`` only when given.
 
     This class is the paper's decoder (``"self"``, 1.0, None); the other switch values are its subclasses
     in ``mae.models.decoder_variants``, which ``create_model`` and ``build_mae`` choose.
@@ -96,6 +102,7 @@ class MaskedAutoencoderViT(nn.Module):
         decoder_keep_ratio: float = 1.0,
         decoder_encoder_layers: list[int] | None = None,
         target: str | None = None,
+        target_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         img_size = to_2tuple(img_size)
@@ -119,6 +126,8 @@ class MaskedAutoencoderViT(nn.Module):
             decoder_keep_ratio=decoder_keep_ratio,
             decoder_encoder_layers=decoder_encoder_layers,
         )
+        if target_options is not None:  # absent otherwise: every other model's record stays as it was
+            self.config["target_options"] = dict(target_options)
         check_img_size(img_size, patch_size)
         for name, dim, heads in (
             ("", embed_dim, num_heads),
@@ -166,7 +175,8 @@ class MaskedAutoencoderViT(nn.Module):
             decoder_embed_dim, decoder_num_heads, decoder_depth, mlp_ratio, norm_layer
         )
         self.decoder_norm = norm_layer(decoder_embed_dim)
-        self.target = build_target(target, patch_size, in_chans)  # no parameters: nothing in the state dict
+        # No parameters, nor a teacher's: nothing in the state dict.
+        self.target = build_target(target, patch_size, in_chans, target_options)
         self.decoder_pred = nn.Linear(decoder_embed_dim, self.target.dim)
 
         self.initialize_weights()

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 
-from mae.convert.architecture import mae_record
+from mae.convert.architecture import ARCHITECTURE_KEY, mae_record
 from mae.convert.backbone import init_mae_from
 from mae.errors import ConfigError, MissingFileError
 from mae.models import MaskedAutoencoderViT, create_model
@@ -25,7 +25,16 @@ from mae.training.optim import (
     weight_decay_groups,
 )
 from mae.training.resolution import ResolutionSchedule, resize_batch
-from mae.training.settings import AUTO_KERNELS, PRETRAIN_OPTIM, KernelChoices, PretrainOptimSettings, as_group
+from mae.training.settings import (
+    AUTO_KERNELS,
+    NO_TEACHER,
+    PRETRAIN_OPTIM,
+    KernelChoices,
+    PretrainOptimSettings,
+    TeacherSettings,
+    as_group,
+)
+from mae.training.teacher import TeacherIdentity, check_same_teacher, check_teacher_settings, load_teacher
 
 
 def sized_mae(name: str, model_kwargs: dict[str, Any] | None, **own: Any) -> MaskedAutoencoderViT:
@@ -78,7 +87,13 @@ class MAEPretrainModule(MAETrainingModule):
         target: what the decoder regresses for each patch (``mae.models.targets.TARGETS``): "norm_pix" (the
             pixels normalised per patch, as the paper's released models; until 0.4.0
             ``norm_pix_loss: true``), "pixel" (the plain pixels; ``norm_pix_loss: false``) or "hog"
-            (MaskFeat's histograms of oriented gradients, 2 x 2 cells x C x 9 bins per patch).
+            (MaskFeat's histograms of oriented gradients, 2 x 2 cells x C x 9 bins per patch) or "features"
+            (the tokens of the frozen teacher ``teacher`` names, D_teacher per patch).
+        teacher: ``model.teacher`` (``mae.training.settings.TeacherSettings``): the frozen encoder of target
+            "features" (its checkpoint, format, block and whether its tokens are normalised); refused with
+            any other target. Read when the module is built; its identity (path, sha256, widths) goes into
+            the hyperparameters (``teacher_identity``), every checkpoint's architecture record and the model
+            card; a resumed run refuses a teacher of another sha256. Never part of the checkpoint.
         optim: the optimiser and its schedule (``mae.training.settings.PretrainOptimSettings``, the paper's:
             base_lr 1.5e-4 per 256 images, min_lr 0, warmup_epochs 40, weight_decay 0.05, AdamW betas
             (0.9, 0.95)).
@@ -118,6 +133,7 @@ class MAEPretrainModule(MAETrainingModule):
         decoder_keep_ratio: float = 1.0,
         decoder_encoder_layers: list[int] | None = None,
         target: str = "norm_pix",
+        teacher: TeacherSettings = NO_TEACHER,
         optim: PretrainOptimSettings = PRETRAIN_OPTIM,
         kernels: KernelChoices = AUTO_KERNELS,
         in_chans: int = 3,
@@ -128,12 +144,12 @@ class MAEPretrainModule(MAETrainingModule):
         grad_checkpointing: bool = False,
     ) -> None:
         super().__init__(as_group(optim, PRETRAIN_OPTIM), as_group(kernels, AUTO_KERNELS))
-        self.save_settings()
+        teacher = as_group(teacher, NO_TEACHER)
+        self.save_settings(teacher=teacher)
         if freeze_encoder_epochs < 0:
             raise ConfigError(f"model.freeze_encoder_epochs must be >= 0, got {freeze_encoder_epochs}")
-        self.model = sized_mae(
-            model,
-            model_kwargs,
+        check_teacher_settings(target, teacher)
+        own = dict(
             img_size=img_size,
             in_chans=in_chans,
             target=target,
@@ -142,6 +158,11 @@ class MAEPretrainModule(MAETrainingModule):
             decoder_keep_ratio=decoder_keep_ratio,
             decoder_encoder_layers=decoder_encoder_layers,
         )
+        self.teacher_identity: TeacherIdentity | None = None
+        if teacher.checkpoint is None:
+            self.model = sized_mae(model, model_kwargs, **own)
+        else:
+            self.model = self._student_of(teacher, model, model_kwargs, own)
         self.model.set_grad_checkpointing(grad_checkpointing)
         self.model.check_mask_ratio(mask_ratio)  # at start-up, once: training steps pass it unchanged
         self.model.check_decoded_patches(mask_ratio)
@@ -167,6 +188,27 @@ class MAEPretrainModule(MAETrainingModule):
         self.freeze_encoder_epochs = freeze_encoder_epochs
         self.epoch_losses: list[float] = []  # mean training loss of each epoch, for the run summary
         self.val_loss = MeanMetric()
+
+    def _student_of(
+        self, teacher: TeacherSettings, name: str, model_kwargs: dict[str, Any] | None, own: dict[str, Any]
+    ) -> MaskedAutoencoderViT:
+        """The MAE ``name`` regressing the tokens of ``teacher``: the teacher read (on the student's patch
+        grid), the student sized by its width, the teacher handed to its target and checked there (block,
+        grid), its identity recorded."""
+        with torch.device("meta"):  # the student's patch grid, before the teacher is read
+            grid = sized_mae(name, model_kwargs, **{**own, "target": "pixel"}).grid_size
+        network, identity = load_teacher(
+            teacher.checkpoint, teacher.format, grid_size=grid, in_chans=own["in_chans"]
+        )
+        rank_zero_info(f"model.teacher: {identity.described()}; block {teacher.block}")
+        options = dict(dim=identity.embed_dim, block=teacher.block, normalize=teacher.normalize)
+        student = sized_mae(
+            name, model_kwargs, **own, target_options={**options, "teacher": identity.record()}
+        )
+        student.target.set_teacher(network, student.grid_size)
+        self.teacher_identity = identity
+        self.save_hyperparameters({**self.hparams, "teacher_identity": identity.record()})
+        return student
 
     def _start_from(self, init_from: str, init_format: str) -> Any:
         """Load the pretrained weights ``init_from`` into ``self.model`` (``init_mae_from``); its report.
@@ -224,6 +266,7 @@ class MAEPretrainModule(MAETrainingModule):
         with self.at_img_size(size):
             self.model.check_mask_ratio(mask_ratio)
             self.model.check_decoded_patches(mask_ratio)
+            self.model.target.check_grid(self.model.grid_size)
 
     @property
     def resolution_summary(self) -> str | None:
@@ -300,6 +343,14 @@ class MAEPretrainModule(MAETrainingModule):
 
     def architecture_record(self) -> dict[str, Any]:
         return mae_record(self.model.config, prefix="model.")
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A resumed run goes on with the teacher it started with, or not at all.
+        super().on_load_checkpoint(checkpoint)
+        args = (checkpoint.get(ARCHITECTURE_KEY) or {}).get("args") or {}
+        recorded = (args.get("target_options") or {}).get("teacher")
+        if self.teacher_identity is not None and recorded:
+            check_same_teacher(recorded, self.teacher_identity)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()

@@ -1,7 +1,7 @@
 """The settings groups several Lightning modules share, each read by LightningCLI as nested keys:
 ``model.optim`` (the optimiser and its warmup + cosine schedule), ``model.kernels`` (the kernel choices)
-and, for the modules trained on a pretrained encoder, ``model.encoder``
-(``mae.training.transfer.EncoderSource``).
+and ``model.teacher`` (the frozen teacher of feature targets and distillation), and, for the modules
+trained on a pretrained encoder, ``model.encoder`` (``mae.training.transfer.EncoderSource``).
 
 Each group is a frozen dataclass checked when built; a module's parameter of that type, with an
 instance as default, gives the group that task's defaults. Its hyperparameters record each group as a
@@ -189,12 +189,34 @@ class KernelChoices:
         )
 
 
+@dataclass(frozen=True)
+class TeacherSettings:
+    """``model.teacher``: the frozen encoder whose tokens a run regresses (``model.target features``; see
+    ``mae.training.teacher``): its ``checkpoint`` (any encoder ``mae.load_backbone`` reads: ours, official
+    MAE, timm or Hugging Face files and folders, our exports; None: no teacher), the checkpoint's ``format``
+    ("auto" or a name of ``mae.convert.sources.FORMATS``), the ``block`` whose output tokens are the targets
+    (0-based, negative from the end: -1 the last) and whether each token is ``normalize``d (a LayerNorm
+    without affine over its channels, as data2vec and MILAN do); checked when built."""
+
+    checkpoint: str | None = None
+    format: str = "auto"
+    block: int = -1
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block, bool) or not isinstance(self.block, int):
+            raise ConfigError(f"model.teacher.block must be an integer block index, got {self.block!r}")
+        if not isinstance(self.normalize, bool):
+            raise ConfigError(f"model.teacher.normalize must be true or false, got {self.normalize!r}")
+
+
 # Each module's defaults: the paper's pretraining and fine-tuning; the kernels "auto", but no compiling
 # for the transfers (shorter runs).
 PRETRAIN_OPTIM = PretrainOptimSettings()
 FINETUNE_OPTIM = OptimSettings()
 AUTO_KERNELS = KernelChoices()
 TRANSFER_KERNELS = KernelChoices(compile=False)
+NO_TEACHER = TeacherSettings()
 
 Group = TypeVar("Group")
 

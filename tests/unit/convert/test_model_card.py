@@ -109,3 +109,25 @@ def test_card__names_the_target_of_the_run_and_of_a_run_before_0_5_0():
     assert "target `hog`, recipe model `m`" in recipe(target="hog")
     assert "target `norm_pix`" in recipe(norm_pix_loss=True)  # how 0.4.0 and earlier record it
     assert "target `pixel`" in recipe(norm_pix_loss=False)
+
+
+def test_card__names_the_teacher_of_a_features_target_by_path_hash_and_block():
+    teacher = {"path": "/runs/t/last.ckpt", "sha256": "ab" * 32, "format": "lightning", "embed_dim": 192}
+    teacher |= {"depth": 12, "patch_size": 16, "num_heads": 3}
+    options = {"dim": 192, "block": 8, "normalize": True, "teacher": teacher}
+    config = dict(img_size=(32, 32), patch_size=4, in_chans=3, embed_dim=64, depth=2, num_heads=4)
+    config |= {"mlp_ratio": 4.0, "layer_norm_eps": 1e-6, "target": "features", "target_options": options}
+    facts = RunFacts("x.ckpt", "lightning", config, None)
+    card = model_card(facts, huggingface.CARD, "encoder_hf", has_decoder=False)
+    assert (
+        f"Teacher (frozen, not part of these weights): `/runs/t/last.ckpt` (lightning, sha256 `{'ab' * 32}`"
+        in card
+    )
+    assert "targets: the tokens of its block 8, normalised per token (LayerNorm without affine)." in card
+    plain = model_card(
+        RunFacts("x.ckpt", "lightning", {**config, "target_options": None}, None),
+        huggingface.CARD,
+        "e",
+        has_decoder=False,
+    )
+    assert "Teacher" not in plain
