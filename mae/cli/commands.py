@@ -52,6 +52,13 @@ COMMANDS = (
         ("pretrain", "loggers", "strategy"),
     ),
     Command(
+        "distill",
+        "mae.cli.distill",
+        "TinyMIM relation distillation of a frozen teacher into a plain timm ViT student (ViT-T/S/B)",
+        TRAIN,
+        ("distill", "loggers", "strategy"),
+    ),
+    Command(
         "finetune",
         "mae.cli.finetune",
         "fine-tuning or linear probing of a pretrained encoder (or only evaluating the result)",

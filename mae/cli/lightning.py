@@ -1,6 +1,6 @@
-"""The LightningCLI machinery of ``mae pretrain``, ``finetune``, ``detect`` and ``segment`` (every model, data
-and trainer key from YAML or flags): stacked configs, the linked model keys, trainer defaults and hardening,
-``--ckpt_path`` resume, and what a finished run prints."""
+"""The LightningCLI machinery of ``mae pretrain``, ``distill``, ``finetune``, ``detect`` and ``segment``
+(every model, data and trainer key from YAML or flags): stacked configs, the linked model keys, trainer
+defaults and hardening, ``--ckpt_path`` resume, and what a finished run prints."""
 
 import sys
 from pathlib import Path
@@ -127,6 +127,13 @@ class PretrainCLI(_MAECLI):
         parser.set_defaults({"knn.every_n_epochs": 0})
         parser.add_lightning_class_args(ProbeCallback, "probe")
         add_batch_size_search(parser)
+
+
+class DistillCLI(_MAECLI):
+    """``mae distill``: the machinery of ``mae pretrain`` (checkpoints, resume, trackers, the non-finite
+    capture), its recipes in ``mae/configs/distill/``."""
+
+    command = "distill"
 
 
 def add_batch_size_search(parser: LightningArgumentParser) -> None:

@@ -24,10 +24,17 @@ def training_modules() -> dict[str, type]:
     callback records (``module_class``): the module of each training command."""
     from mae.dense.tasks.detection import MAEDetectionModule
     from mae.dense.tasks.segmentation import MAESegmentationModule
+    from mae.training.distill import MAEDistillModule
     from mae.training.finetune import MAEFinetuneModule
     from mae.training.pretrain import MAEPretrainModule
 
-    modules = (MAEPretrainModule, MAEFinetuneModule, MAEDetectionModule, MAESegmentationModule)
+    modules = (
+        MAEPretrainModule,
+        MAEDistillModule,
+        MAEFinetuneModule,
+        MAEDetectionModule,
+        MAESegmentationModule,
+    )
     return {f"{module.__module__}.{module.__qualname__}": module for module in modules}
 
 

@@ -290,9 +290,9 @@ def command_parser(name: str) -> Any:
 @cache
 def training_cli_classes() -> dict[str, type]:
     """Training command -> its LightningCLI class (whose ``parse_arguments`` resolves ``--config NAME``)."""
-    from mae.cli.lightning import DenseCLI, FinetuneCLI, PretrainCLI, SegmentCLI
+    from mae.cli.lightning import DenseCLI, DistillCLI, FinetuneCLI, PretrainCLI, SegmentCLI
 
-    return {cli.command: cli for cli in (PretrainCLI, FinetuneCLI, DenseCLI, SegmentCLI)}
+    return {cli.command: cli for cli in (PretrainCLI, DistillCLI, FinetuneCLI, DenseCLI, SegmentCLI)}
 
 
 @cache

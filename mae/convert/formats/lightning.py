@@ -1,4 +1,6 @@
-"""Our checkpoints: the Lightning ``.ckpt`` files ``mae pretrain`` and ``mae finetune`` write.
+"""Our checkpoints: the Lightning ``.ckpt`` files ``mae pretrain``, ``mae finetune`` and ``mae distill`` write
+(a distilled student is recorded as a ``VisionTransformer`` under ``student.``, as a fine-tuned one under
+``vit.``).
 
 The architecture comes from the record of ``mae.convert.architecture`` (checked against the tensors
 first); files written before it (version 0.1) give it through the fine-tuning module's encoder config

@@ -174,6 +174,7 @@ def test_linked_model_img_size_in_a_yaml_is_refused(tmp_path, form, capsys, monk
 # The command that runs each recipe folder's recipes.
 RUN_BY = {
     "pretrain": "pretrain",
+    "distill": "distill",
     "finetune": "finetune",
     "linprobe": "finetune",
     "detect": "detect",
