@@ -1,5 +1,6 @@
 """What the benchmark scripts share: the machine they ran on, this process's resident memory (Linux
-``/proc``), the results file written whole, and the screenshot scripts' window size.
+``/proc``), the output folders claimed at start-up, the results file written whole, mean ± std table cells,
+and the screenshot scripts' window size.
 
 A benchmark imports it as ``harness`` (``python benchmarks/<name>.py`` puts this folder first on the path;
 the tests' ``pythonpath`` setting in pyproject.toml does the same for them).
@@ -9,10 +10,12 @@ import argparse
 import json
 import os
 import platform
+import statistics
 from pathlib import Path
 
 import torch
 
+from mae.errors import OutputExistsError
 from mae.io.atomic import atomic_write
 
 
@@ -45,11 +48,61 @@ def reset_resident_peak() -> None:
         f.write("5")
 
 
+def claim_out(out: Path, written_by: str, outputs: tuple[str, ...], record: str) -> None:
+    """Check at start-up that ``out`` is new, empty, or holds only what the script ``written_by`` wrote there
+    before: its ``record`` (a JSON file of ``{"written_by": ..., "files": [...]}``) lists the files.
+
+    Raises:
+        OutputExistsError: ``out`` is a file, holds files and no record of the script, or holds a file
+            named as one of ``outputs`` that its record does not list.
+    """
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"{out} is a file: --out must be a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    path = out / record
+    written = json.loads(path.read_text()) if path.is_file() else {}
+    if not isinstance(written, dict) or written.get("written_by") != written_by:
+        raise OutputExistsError(
+            f"{out} holds files that {written_by} did not write (no {record} of it): choose a new or empty "
+            "--out folder"
+        )
+    for name in outputs:
+        if (out / name).exists() and name not in written["files"]:
+            raise OutputExistsError(f"{out / name} was not written by {written_by}: move it away and rerun")
+
+
+def claim_work(work: Path, written_by: str, record: str) -> None:
+    """Make ``work`` the script ``written_by``'s working folder (its ``record`` file written first), or
+    check that it is.
+
+    Raises:
+        OutputExistsError: ``work`` holds files and no ``record``.
+    """
+    path = work / record
+    if work.is_dir() and any(work.iterdir()) and not path.is_file():
+        raise OutputExistsError(
+            f"{work} holds files that {written_by} did not write (no {record}): choose a new or "
+            "empty --work folder"
+        )
+    work.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"written_by": written_by}) + "\n")
+
+
 def write_results(path: Path, results: dict) -> None:
     """``results`` as indented JSON at ``path``, written whole (a new file replaces the old at once): a run
     that rewrites it after each case and is interrupted keeps the cases done."""
     text = json.dumps(results, indent=1) + "\n"
     atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def mean_std(values: list[float | None], digits: int = 1) -> str:
+    """A table cell: the mean of ``values`` ± their standard deviation (the mean alone for one value), with
+    ``digits`` decimals; "-" when there is none or one is missing (None)."""
+    if not values or any(v is None for v in values):
+        return "-"
+    mean = f"{statistics.mean(values):.{digits}f}"
+    return mean + (f" ± {statistics.stdev(values):.{digits}f}" if len(values) > 1 else "")
 
 
 def window_size(text: str) -> tuple[int, int]:

