@@ -175,12 +175,30 @@ def make_trainer(tmp_path, **kwargs) -> pl.Trainer:
 
 def tiny_pretraining_checkpoint(folder: Path, steps: int = 2, **module_kwargs) -> Path:
     """``folder/last.ckpt``: our pretraining checkpoint of the tiny model (16x16 inputs; target norm_pix, or
-    as ``module_kwargs`` say) after ``steps`` steps on ``RandomImages``."""
+    as ``module_kwargs`` say) after ``steps`` steps on ``RandomImages``.
+
+    Trained once a test session for each ``steps`` and ``module_kwargs``; a later call writes the same bytes
+    again, a file of the caller's own, and leaves torch's random state as the training did (the training is
+    seeded: a second one writes the file byte for byte and ends in the same state).
+    """
+    key = repr((steps, sorted(module_kwargs.items())))
+    folder.mkdir(parents=True, exist_ok=True)
+    if key in _TINY_CHECKPOINTS:
+        data, rng = _TINY_CHECKPOINTS[key]
+        (folder / "last.ckpt").write_bytes(data)
+        torch.set_rng_state(rng)
+        return folder / "last.ckpt"
     module = pretrain_module(optim=dict(warmup_epochs=0), **module_kwargs)
     trainer = make_trainer(folder, max_steps=steps, limit_val_batches=0)
     trainer.fit(module, datamodule=RandomImages())
     trainer.save_checkpoint(folder / "last.ckpt")
+    _TINY_CHECKPOINTS[key] = ((folder / "last.ckpt").read_bytes(), torch.get_rng_state())
     return folder / "last.ckpt"
+
+
+# tiny_pretraining_checkpoint's files and torch's random state after them, by their arguments, as trained
+# this session (a few hundred KiB each).
+_TINY_CHECKPOINTS: dict[str, tuple[bytes, torch.Tensor]] = {}
 
 
 def csv_logger(tmp: Path, name: str) -> dict:
@@ -607,9 +625,12 @@ class MlflowServer:
             "--workers",
             "1",
         ]
+        # Without MLflow's job runner (GenAI jobs, none used here): 9 more Python processes importing MLflow,
+        # half of the server's start-up on 2 cores, and busy beside the run under test.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.uri = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 120

@@ -1,14 +1,13 @@
 """The architecture page's worked examples ("Add a masking strategy", "Add a data source"), followed step by
 step: each ``<!-- step: ... -->`` edit is applied, in the page's order, to a copy of the package, then the
 result is used as the page says (a model masks with the new strategy; ``mae pretrain`` trains on the new
-data module) in a fresh interpreter that imports the copy. A step whose anchor is no longer in the code
+data module) in a separate process that imports the copy. A step whose anchor is no longer in the code
 fails here, naming it, so the page cannot drift from the code."""
 
 import json
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mae.apps.anomaly.digits import write_digit_anomalies
+from tests.forked_commands import run_forked
 from tests.helpers import REPO, tiny_pretraining_checkpoint, write_image_folder
 
 PAGE = REPO / "docs" / "architecture.md"
@@ -80,16 +80,36 @@ def package_copy(tmp_path: Path, title: str) -> Path:
     return root
 
 
-def run_python(root: Path, code: str, *args: str) -> subprocess.CompletedProcess:
-    """``python -c code *args`` in a fresh interpreter that imports ``mae`` from the copy at ``root``."""
-    command = [sys.executable, "-c", textwrap.dedent(code), *args]
+# ``python -c CODE ARGS`` with ``PYTHONPATH=ROOT``, run as ``python LAUNCHER ROOT CODE ARGS`` in a forked
+# child of the suite's preloaded interpreter (``tests.forked_commands``): torch, Lightning and timm stay
+# imported (the copy imports them unchanged), every ``mae`` module is dropped and imported anew from the
+# copy, checked.
+LAUNCHER = """\
+import sys
+
+root, code = sys.argv[1], sys.argv[2]
+sys.argv = ["-c", *sys.argv[3:]]
+sys.path[0:1] = ["", root]  # python -c: the working folder first; then PYTHONPATH
+for name in [n for n in sys.modules if n == "mae" or n.startswith("mae.")]:
+    del sys.modules[name]
+import mae
+
+assert mae.__file__.startswith(root + "/"), f"mae imported from {mae.__file__}, not from the copy {root}"
+del mae
+exec(compile(code, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+"""
+
+
+def run_python(root: Path, code: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``python -c code *args`` in a process of its own that imports ``mae`` from the copy at ``root`` (its
+    working folder, on its ``PYTHONPATH``; ``HOME`` there too): a forked child of the suite's preloaded
+    interpreter with every ``mae`` module imported anew from the copy (``LAUNCHER``). With ``check``, a
+    non-zero exit fails the test, showing the output's tail."""
+    launcher = root.parent / "launch_copy.py"
+    launcher.write_text(LAUNCHER)
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HOME": str(root)}
-    with subprocess.Popen(
-        command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as p:
-        out, err = p.communicate(timeout=280)
-    result = subprocess.CompletedProcess(command, p.returncode, out, err)
-    assert result.returncode == 0, (out + err)[-4000:]
+    result = run_forked([str(launcher), str(root), textwrap.dedent(code), *args], root, timeout=280, env=env)
+    assert not check or result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result
 
 
@@ -189,25 +209,18 @@ def test_example__add_a_data_source(tmp_path):
         "ImageListDataModule: 12 training images in 3 classes, 4 validation images"
         in trained.stderr + trained.stdout
     )
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            MAE_COMMAND,
-            "pretrain",
-            "--config",
-            "default",
-            *listed[:2],
-            "--data.train_list",
-            str(data / "missing.csv"),
-            *listed[4:],
-            *PRETRAIN_FOR_TWO_STEPS,
-        ],
-        cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HOME": str(root)},
-        capture_output=True,
-        text=True,
-        timeout=280,
+    refused = run_python(
+        root,
+        MAE_COMMAND,
+        "pretrain",
+        "--config",
+        "default",
+        *listed[:2],
+        "--data.train_list",
+        str(data / "missing.csv"),
+        *listed[4:],
+        *PRETRAIN_FOR_TWO_STEPS,
+        check=False,
     )
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert (

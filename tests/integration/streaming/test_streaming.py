@@ -2,12 +2,11 @@
 server started on localhost (moto), mid-epoch resume, two-process DDP, GPU-decode equivalence on the
 CPU, and clear start-up errors for bad shard locations."""
 
+import contextlib
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -25,16 +24,19 @@ from mae.data.sources.shard_format import read_metadata
 from mae.data.sources.subsets import fixed_subset
 from mae.io.storage import StorageError
 from mae.training.callbacks import SigtermCheckpoint
+from tests.forked_commands import ForkedProcess
 from tests.helpers import (
     ID_SIDE,
     REPO,
     TINY_KWARGS,
     RecordIds,
+    free_port,
     image_ids,
     make_trainer,
     pretrain_module,
     read_metrics,
     run_mae,
+    slurm_task_env,
     write_id_images,
     write_image_folder,
 )
@@ -395,10 +397,20 @@ def test_streaming__ddp_ranks_see_disjoint_parts_that_cover_each_epoch(id_shards
     once across the ranks (7 images: uneven). kNN / probe feature sets: the whole split on each rank."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(repo=str(REPO), tmp=str(tmp_path), root=str(id_shards)))
-    finished = subprocess.run(
-        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=400
-    )
-    assert finished.returncode == 0, (finished.stdout + finished.stderr)[-3000:]
+    # the two tasks of a one-node SLURM job, forked (no fresh interpreter for either rank; Lightning's own
+    # launcher: tests/integration/pretrain/test_preemption.py)
+    port, env = free_port(), {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on two cores
+    with contextlib.ExitStack() as stack:
+        tasks = [
+            stack.enter_context(
+                ForkedProcess(
+                    [str(script)], REPO, {**env, **slurm_task_env(rank, 2, 1, port)}, new_session=True
+                )
+            )
+            for rank in (0, 1)
+        ]
+        outputs = ["".join(task.communicate(timeout=400)) for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], "\n".join(out[-3000:] for out in outputs)
     ranks = [json.loads((tmp_path / f"ids_{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
         parts = [[i for e, i in rank["train"] if e == epoch] for rank in ranks]
