@@ -29,7 +29,7 @@ Writes ``results.json`` (after every seed: an interrupted run keeps the seeds do
 std over seeds) to ``--out`` and prints which row wins each metric and by how much against the seeds'
 spread. ``--work`` holds the checkpoints, the runs' logs and (``--data photos``) the photos.
 
-    python benchmarks/targets.py                                  # digits, 3 seeds, about 25 min on 2 cores
+    python benchmarks/targets.py                                  # digits, 3 seeds, about 35 min on 2 cores
     python benchmarks/targets.py --data photos                    # the cats-and-dogs photos
     python benchmarks/targets.py --seeds 0 --targets hog --budget-s 20 --out /tmp/targets   # a quick look
     python benchmarks/targets.py --quick --seeds 0 --out /tmp/targets --work /tmp/targets_work  # seconds
@@ -470,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget-s",
         type=float,
         default=35.0,
-        help="seconds of pretraining per row (default 35: 3 seeds of digits in about 25 min on 2 cores)",
+        help="seconds of pretraining per row (default 35: 3 seeds of digits in about 35 min on 2 cores)",
     )
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/targets_<data>)")
     p.add_argument("--work", type=Path, help="checkpoints, logs, photos (default runs/targets_<data>)")

@@ -229,8 +229,9 @@ def test_mae_replay__a_module_class_outside_the_table_is_refused_and_not_importe
     assert _error(result) == (
         f"error: {folder / 'step.json'}: module_class 'this.s' is not one of the training modules a run "
         "captures (mae.dense.tasks.detection.MAEDetectionModule, "
-        "mae.dense.tasks.segmentation.MAESegmentationModule, mae.training.finetune.MAEFinetuneModule, "
-        "mae.training.pretrain.MAEPretrainModule); a capture folder names the module of the run that wrote it"
+        "mae.dense.tasks.segmentation.MAESegmentationModule, mae.training.distill.MAEDistillModule, "
+        "mae.training.finetune.MAEFinetuneModule, mae.training.pretrain.MAEPretrainModule); a capture folder "
+        "names the module of the run that wrote it"
     )
     assert "Beautiful is better than ugly" not in result.stdout + result.stderr
 
