@@ -125,7 +125,11 @@ def describe(export: FolderExport) -> list[str]:
     model_class = "ViTMAEForPreTraining" if export.has_decoder else "ViTMAEModel"
     if export.classifier is not None:
         model_class = "ViTForImageClassification"
-    return folder_lines(export, f'load with transformers: {model_class}.from_pretrained("{export.folder}")')
+    # ViTMAEModel masks 75 % of the patches unless told otherwise: the encoder's features need every patch.
+    every_patch = ", mask_ratio=0.0" if model_class == "ViTMAEModel" else ""
+    return folder_lines(
+        export, f'load with transformers: {model_class}.from_pretrained("{export.folder}"{every_patch})'
+    )
 
 
 TARGET = ExportTarget(

@@ -132,8 +132,10 @@ def test_export_to_huggingface__with_decoder_then_encoder_only_into_the_same_fol
     mae_model = torch.load(run_checkpoint, weights_only=False)["hyper_parameters"]
     assert hf.config.mask_ratio == mae_model["mask_ratio"] and hf.config.norm_pix_loss
 
-    _export(run_checkpoint, out, "--to", "huggingface", "--encoder-only")  # the same folder, replaced
+    encoder_only = _export(run_checkpoint, out, "--to", "huggingface", "--encoder-only")  # replaced
     assert transformers.ViTMAEModel.from_pretrained(out).config.architectures == ["ViTMAEModel"]
+    # The line printed loads the encoder with every patch: ViTMAEModel masks 75 % of them by default.
+    assert f'ViTMAEModel.from_pretrained("{out}", mask_ratio=0.0)' in encoder_only.stdout
 
 
 def test_export_folder__refuses_foreign_files_and_replaces_its_own_whole(run_checkpoint, tmp_path):
