@@ -112,3 +112,26 @@ def window_size(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give WIDTHxHEIGHT in pixels, e.g. 1200x700") from None
     return width, height
+
+
+def quiet_trainer(folder: Path, callbacks: list, **limits) -> "pl.Trainer":  # noqa: F821
+    """A quiet single-device trainer (no validation, logger or checkpoint) with the run ``limits``.
+    Lightning is imported here, so that the scripts that only time or measure do not pay for it."""
+    import lightning.pytorch as pl
+
+    from mae.training.runtime import default_lightning_precision
+
+    return pl.Trainer(
+        accelerator="auto",
+        devices=1,
+        precision=default_lightning_precision(),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        default_root_dir=folder,
+        **limits,
+    )

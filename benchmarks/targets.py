@@ -57,7 +57,16 @@ import lightning.pytorch as pl
 import photos
 import quality
 import torch
-from harness import claim_out, claim_work, machine, mean_std, reset_resident_peak, resident_kib, write_results
+from harness import (
+    claim_out,
+    claim_work,
+    machine,
+    mean_std,
+    quiet_trainer,
+    reset_resident_peak,
+    resident_kib,
+    write_results,
+)
 from lightning.pytorch.callbacks import Timer
 from memory import return_freed_memory
 
@@ -66,7 +75,6 @@ from mae.io.atomic import atomic_write
 from mae.models import create_model
 from mae.models.targets import TARGETS
 from mae.training.pretrain import MAEPretrainModule
-from mae.training.runtime import default_lightning_precision
 
 WRITTEN_BY = "benchmarks/targets.py"
 RESULTS = "results.json"  # the out folder's record: what this script wrote there
@@ -216,24 +224,6 @@ class StepClock(pl.Callback):
         return statistics.median(self.times)
 
 
-def make_trainer(folder: Path, callbacks: list, **limits) -> pl.Trainer:
-    """A quiet single-device trainer (no validation, logger or checkpoint) with the run ``limits``."""
-    return pl.Trainer(
-        accelerator="auto",
-        devices=1,
-        precision=default_lightning_precision(),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=callbacks,
-        default_root_dir=folder,
-        **limits,
-    )
-
-
 def budget_run(args, qargs, name: str, build, folder: Path) -> dict:
     """Pretrain row ``name`` for ``--budget-s`` seconds. ``build(warmup_epochs)`` makes its module (a fresh
     one each call, after the same seed). A calibration of ``--calibration-steps`` steps measures its
@@ -242,13 +232,13 @@ def budget_run(args, qargs, name: str, build, folder: Path) -> dict:
     ``folder / "pretrained.ckpt"``."""
     data = quality.make_data(qargs, "pretrain")
     clock = StepClock(CALIBRATION_WARMUP)
-    calibration = make_trainer(folder, [clock], max_steps=CALIBRATION_WARMUP + args.calibration_steps)
+    calibration = quiet_trainer(folder, [clock], max_steps=CALIBRATION_WARMUP + args.calibration_steps)
     calibration.fit(build(0.0), datamodule=data)
     per_epoch, calibrated_s = calibration.num_training_batches, clock.step_s()
     planned = max(2, int(SCHEDULE_SHARE * args.budget_s / calibrated_s))
     warmup_epochs = RECIPE["pretrain_warmup_fraction"] * planned / per_epoch
     clock = StepClock(1)
-    trainer = make_trainer(
+    trainer = quiet_trainer(
         folder, [clock], max_steps=planned, max_time=timedelta(seconds=args.budget_s), max_epochs=-1
     )
     trainer.fit(build(warmup_epochs), datamodule=data)
@@ -321,7 +311,7 @@ def step_costs(args, qargs, names: list[str]) -> dict[str, dict]:
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 pl.seed_everything(0)
                 clock = StepClock(1, memory=True)
-                trainer = make_trainer(Path(tmp), [clock], max_steps=1 + args.cost_steps)
+                trainer = quiet_trainer(Path(tmp), [clock], max_steps=1 + args.cost_steps)
                 trainer.fit(row_module(args, ROWS[name], str(teacher), 0.0), datamodule=data)
                 samples[name]["step_s"].append(clock.step_s())
                 samples[name]["peak_mib"].append(clock.peak_mib)

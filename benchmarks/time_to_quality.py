@@ -36,7 +36,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 import yaml
-from harness import mean_std
+from harness import mean_std, quiet_trainer
 
 from mae.convert.backbone import load_backbone
 from mae.data import CIFARDataModule, DigitsDataModule, ImageDataModule, ImageFolderDataModule
@@ -46,7 +46,7 @@ from mae.models import create_model
 from mae.models.flops import mae_train_flops
 from mae.training.optim import weight_decay_groups
 from mae.training.pretrain import MAEPretrainModule
-from mae.training.runtime import default_lightning_precision, set_attention_kernel, training_settings
+from mae.training.runtime import set_attention_kernel, training_settings
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "pretrain" / "default.yaml"
@@ -159,20 +159,7 @@ def pretrain(args: argparse.Namespace, name: str, seed: int, out: Path) -> dict:
         ]
     module = MAEPretrainModule(img_size=size, **{**settings["model"], **switches})
     snapshots = EpochSnapshots(out / "snapshots")
-    trainer = pl.Trainer(
-        max_epochs=settings["epochs"],
-        accelerator="auto",
-        devices=1,
-        precision=default_lightning_precision(),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[snapshots],
-        default_root_dir=out,
-    )
+    trainer = quiet_trainer(out, [snapshots], max_epochs=settings["epochs"])
     trainer.fit(module, datamodule=make_data(args, size, "pretrain", settings["batch_size"]))
     wall = snapshots.rows[-1]["elapsed_s"]
     shown = "->".join(str(side) for _, side in switches["resolution_schedule"]) if variant.phases else size
