@@ -233,7 +233,7 @@ class MaskedAutoencoderViT(nn.Module):
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         nn.init.normal_(self.cls_token, std=0.02)
         nn.init.normal_(self.mask_token, std=0.02)
-        self.apply(_init_linear_and_norm)
+        self.apply(init_linear_and_norm)
 
     @property
     def norm_pix_loss(self) -> bool:
@@ -410,7 +410,9 @@ def vit_blocks(
     )
 
 
-def _init_linear_and_norm(m: nn.Module) -> None:
+def init_linear_and_norm(m: nn.Module) -> None:
+    """MAE's initialisation of one module (``nn.Module.apply``): Xavier-uniform linear weights, zero biases,
+    unit LayerNorms."""
     if isinstance(m, nn.Linear):
         nn.init.xavier_uniform_(m.weight)
         if m.bias is not None:

@@ -15,6 +15,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from mae.errors import ConfigError
+from mae.models.mae import init_linear_and_norm
 from mae.models.pos_embed import sincos_2d
 
 
@@ -76,14 +77,7 @@ def initialize_student(vit: VisionTransformer) -> None:
     nn.init.xavier_uniform_(w.view(w.shape[0], -1))
     if vit.cls_token is not None:
         nn.init.normal_(vit.cls_token, std=0.02)
-    for module in vit.modules():
-        if isinstance(module, nn.Linear):
-            nn.init.xavier_uniform_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+    vit.apply(init_linear_and_norm)
     if vit.pos_embed is not None and vit.num_prefix_tokens == 1 and not vit.no_embed_class:
         with torch.no_grad():
             table = sincos_2d(vit.embed_dim, tuple(vit.patch_embed.grid_size))
