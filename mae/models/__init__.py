@@ -1,8 +1,11 @@
-"""MAE models: the masked autoencoder, its masking strategies, its decoder variants and named sizes."""
+"""MAE models: the ViT masked autoencoder, its masking strategies, its decoder variants, the CNN member
+(``cnn``: SparK, FCMAE) and the named models of both."""
 
+from mae.models.cnn import MaskedAutoencoderCNN
 from mae.models.factory import (
     MODEL_REGISTRY,
     build_mae,
+    build_model,
     create_model,
     mae_vit_base_patch16,
     mae_vit_huge_patch14,
@@ -15,8 +18,10 @@ from mae.models.mae import MaskedAutoencoderViT
 
 __all__ = [
     "MODEL_REGISTRY",
+    "MaskedAutoencoderCNN",
     "MaskedAutoencoderViT",
     "build_mae",
+    "build_model",
     "create_model",
     "mae_vit_base_patch16",
     "mae_vit_huge_patch14",
