@@ -38,6 +38,7 @@ ARCHITECTURE_KEY = "mae_architecture"
 DATA_KEY = "mae_data"
 MAE_CLASS = "MaskedAutoencoderViT"
 VIT_CLASS = "VisionTransformer"
+CNN_MAE_CLASS = "MaskedAutoencoderCNN"
 
 # VisionTransformer arguments that describe the encoder's weights (the rest: head and regularisation).
 _ENCODER_VIT_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio")
@@ -48,8 +49,10 @@ def _jsonable(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def mae_record(config: dict[str, Any], prefix: str = "model.") -> dict[str, Any]:
-    """The record of a ``MaskedAutoencoderViT`` with constructor arguments ``config``."""
-    return {"class": MAE_CLASS, "args": _jsonable(config), "state_dict_prefix": prefix}
+    """The record of a masked autoencoder with constructor arguments ``config``: a ``MaskedAutoencoderViT``,
+    or a ``MaskedAutoencoderCNN`` when ``config`` names the family "cnn"."""
+    cls = CNN_MAE_CLASS if config.get("family") == "cnn" else MAE_CLASS
+    return {"class": cls, "args": _jsonable(config), "state_dict_prefix": prefix}
 
 
 def vit_record(vit_args: dict[str, Any], layer_norm_eps: float, prefix: str = "vit.") -> dict[str, Any]:

@@ -1,10 +1,16 @@
-"""Analytic FLOP count of an MAE training step (matmuls only; 1 multiply-add = 2 FLOPs).
+"""FLOP count of an MAE training step (matmuls and convolutions; 1 multiply-add = 2 FLOPs).
 
-The decoder's count follows its switches as a training step runs them: partial reconstruction
-decodes ``decoder_keep_ratio`` of the masked patches, the cross decoder runs its queries (the
-reconstructed patches) against the cls and visible tokens.
+The ViT's is analytic. The decoder's count follows its switches as a training step runs them: partial
+reconstruction decodes ``decoder_keep_ratio`` of the masked patches, the cross decoder runs its queries
+(the reconstructed patches) against the cls and visible tokens. A CNN's is counted by torch's
+``FlopCounterMode`` on one image: its masked convolutions run densely over the whole map, so the count
+does not depend on the mask ratio (SparK's and FCMAE's masking save no FLOPs).
 """
 
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from mae.models.cnn import MaskedAutoencoderCNN
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.masking import num_decoded, num_kept
 
@@ -65,7 +71,27 @@ def target_flops(model: MaskedAutoencoderViT) -> int:
     return flops + sum(_block_flops(tokens, width, b.mlp.fc1.out_features) for b in read)
 
 
-def mae_train_flops(model: MaskedAutoencoderViT, batch_size: int, mask_ratio: float = 0.75) -> int:
+def cnn_forward_flops(model: MaskedAutoencoderCNN, mask_ratio: float = 0.6) -> int:
+    """FLOPs of one training forward pass of a CNN model for one image, counted on a run of its
+    ``img_size`` in evaluation mode (no running statistic moves) without autograd."""
+    training = model.training
+    model.eval()
+    try:
+        image = torch.zeros(
+            1, model.config["in_chans"], *model.img_size, device=next(model.parameters()).device
+        )
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(image, mask_ratio)
+    finally:
+        model.train(training)
+    return counter.get_total_flops()
+
+
+def mae_train_flops(
+    model: MaskedAutoencoderViT | MaskedAutoencoderCNN, batch_size: int, mask_ratio: float = 0.75
+) -> int:
     """Forward + backward (about 2x the forward) for a batch, and the target's forward (a teacher's: no
     backward)."""
+    if isinstance(model, MaskedAutoencoderCNN):
+        return batch_size * (3 * cnn_forward_flops(model, mask_ratio) + target_flops(model))
     return batch_size * (3 * mae_forward_flops(model, mask_ratio) + target_flops(model))

@@ -338,8 +338,9 @@ class MAEPretrainModule(MAETrainingModule):
         # The checkpoint holds the final size's position embeddings, whatever phase it is saved in, so
         # that it loads into the model its architecture record describes.
         with self.at_img_size():
-            for name in ("pos_embed", "decoder_pos_embed"):
-                checkpoint["state_dict"][f"model.{name}"] = getattr(self.model, name).detach().clone()
+            for name in ("pos_embed", "decoder_pos_embed"):  # the ViT's; a CNN has none
+                if hasattr(self.model, name):
+                    checkpoint["state_dict"][f"model.{name}"] = getattr(self.model, name).detach().clone()
 
     def architecture_record(self) -> dict[str, Any]:
         return mae_record(self.model.config, prefix="model.")
