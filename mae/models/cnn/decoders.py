@@ -146,7 +146,7 @@ class SparKDecoder(CNNDecoder):
         """Scale ``i`` (coarsest 0) of the encoder, normalised over its visible positions, mask tokens at
         the masked ones, projected to the decoder's width there."""
         features = self.densify_norms[i](features)
-        visible = self.context[0].at(features.shape[-2:])
+        visible = self.context[0].at(features.shape[-2:])  # set by the model's forward
         features = torch.where(visible, features, self.mask_tokens[i].to(features.dtype))
         return self.densify_projs[i](features)
 

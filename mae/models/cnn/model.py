@@ -20,6 +20,7 @@ import timm
 import torch
 from timm.layers import to_2tuple
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from mae.errors import ConfigError
 from mae.models.cnn.decoders import CNN_DECODERS, DecoderShape
@@ -196,10 +197,12 @@ class MaskedAutoencoderCNN(nn.Module):
         self.img_size = size
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Activation checkpointing of the encoder's stages (timm's own); the decoder is light and runs
-        as is. The mask stays set after a forward, so the recomputation sees the same sparse layout."""
+        """Activation checkpointing of the masked encoder, as one segment: while autograd records, only its
+        input and its maps are kept, and it runs again in the backward pass, with its mask set again (a
+        segment of timm's own, per stage, would rerun after the mask is cleared: dense, wrong gradients).
+        The decoder is light and runs as is. Gradients are those without it; BatchNorm's running estimates
+        are updated by the rerun too, as with any checkpointed BatchNorm."""
         self.grad_checkpointing = enable
-        self.encoder.set_grad_checkpointing(enable)
 
     def patchify(self, imgs: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) -> (N, L, p*p*C) cells, row-major, pixels ordered (p, p, C) as the ViT's patches."""
@@ -259,10 +262,15 @@ class MaskedAutoencoderCNN(nn.Module):
         Returns:
             The encoder's maps (N, C_i, H/r_i, W/r_i), finest first, zero at masked positions.
         """
-        self.mask_context.set(visible)
-        if visible is not None:
-            imgs = mask_pixels(imgs, visible)
-        return self.encoder.forward_intermediates(imgs, intermediates_only=True)
+        if self.grad_checkpointing and visible is not None and torch.is_grad_enabled():
+            return checkpoint(self._encode, imgs, visible, use_reentrant=False)
+        return self._encode(imgs, visible)
+
+    def _encode(self, imgs: torch.Tensor, visible: torch.Tensor | None) -> list[torch.Tensor]:
+        with self.mask_context.masking(visible):
+            if visible is not None:
+                imgs = mask_pixels(imgs, visible)
+            return self.encoder.forward_intermediates(imgs, intermediates_only=True)
 
     def forward_decoder(self, maps: list[torch.Tensor], visible: torch.Tensor) -> torch.Tensor:
         """(N, L, D_target) predicted targets of every cell, from the sparse ``maps`` and mask tokens."""
@@ -282,8 +290,9 @@ class MaskedAutoencoderCNN(nn.Module):
         """Returns (loss, pred (N, L, D_target), mask (N, L), 1 = masked); ``noise`` (N, L) fixes the masks.
         ``decoder_noise`` (the ViT decoder variants') is ignored: every cell is predicted."""
         mask, visible = self.visible_cells(imgs.shape[0], mask_ratio, noise, imgs.device)
-        maps = self.forward_encoder(imgs, visible)
-        pred = self.forward_decoder(maps, visible)
+        with self.mask_context.masking(visible):  # the decoder's densifying norms read it too
+            maps = self.forward_encoder(imgs, visible)
+            pred = self.forward_decoder(maps, visible)
         return self.forward_loss(imgs, pred, mask), pred, mask
 
     def forward_features(self, imgs: torch.Tensor) -> list[torch.Tensor]:

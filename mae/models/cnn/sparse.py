@@ -11,9 +11,8 @@ only its zeros, differ from the dense op), and GRN's spatial norm, which the zer
 
 ``sparsify(model)`` prepares a timm CNN once: its BatchNorms become their sparse subclasses (same
 parameters and buffers, same state-dict keys: the checkpoint stays the timm model's) and each re-masked op
-gets a forward hook. Both read the mask of ``MaskContext``: with no mask set the model is exactly the timm
-model. The mask stays set after a forward, so activation checkpointing's recomputation in the backward pass
-sees the mask of its forward.
+gets a forward hook. Both read the mask of ``MaskContext``, set only for the duration of a masked forward:
+with no mask set the model is exactly the timm model.
 
 Ops that mix positions in ways this cannot emulate (GroupNorm, squeeze-and-excitation and other global
 pooling inside the stages, attention) are refused by name.
@@ -22,7 +21,8 @@ References: Tian et al., "Designing BERT for Convolutional Networks: Sparse and 
 Modeling" (SparK, ICLR 2023), Sec. 3.1; Woo et al., "ConvNeXt V2" (CVPR 2023), Sec. 3.1.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from timm.layers import BatchNormAct2d, LayerNorm2d
@@ -45,9 +45,21 @@ class MaskContext:
         self._sizes: dict[tuple[int, int], torch.Tensor] = {}
 
     def set(self, visible: torch.Tensor | None) -> None:
-        """Encode the next batches with ``visible`` (N, 1, h, w) bool, or densely (None)."""
+        """Compute sparsely on ``visible`` (N, 1, h, w) bool from now on, or densely (None)."""
         self.visible = visible
         self._sizes = {}
+
+    @contextmanager
+    def masking(self, visible: torch.Tensor | None) -> Iterator[None]:
+        """Inside the block, compute sparsely on ``visible`` (densely for None); after it, as before. Only a
+        model's own forward sets a mask, so its encoder called directly afterwards (a monitor, an export)
+        is the dense timm model."""
+        before = self.visible
+        self.set(visible)
+        try:
+            yield
+        finally:
+            self.set(before)
 
     def at(self, size: tuple[int, int]) -> torch.Tensor:
         """(N, 1, H, W) bool: the visible positions of a feature map of ``size`` (H, W)."""

@@ -95,6 +95,18 @@ def test_grad_checkpointing__gives_the_gradients_of_the_plain_run():
     torch.testing.assert_close(grads[0], grads[1])
 
 
+def test_after_a_masked_forward__the_encoder_called_directly_is_the_dense_timm_model():
+    # Monitors, exports and the anomaly memory call the encoder itself: no mask of a past batch may remain.
+    model = _tiny(encoder="resnet10t").eval()
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    plain = timm.create_model("resnet10t", num_classes=0).eval()
+    plain.load_state_dict(model.encoder.state_dict())
+    with torch.no_grad():
+        model(images, 0.6)
+        assert model.mask_context.visible is None
+        torch.testing.assert_close(model.encoder(images), plain(images), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
