@@ -200,25 +200,28 @@ def _not_sparsifiable(module: nn.Module) -> str | None:
 def sparsify(encoder: nn.Module, used: list[tuple[str, nn.Module]], context: MaskContext) -> None:
     """Make ``encoder`` compute sparsely while ``context`` holds a mask: its BatchNorms among ``used``
     switched to their sparse classes (parameters, buffers and state-dict keys unchanged) and each re-masked
-    op's output multiplied by the visible positions. ``used`` must pass ``check_sparsifiable``."""
+    op's output multiplied by the visible positions. ``used`` must pass ``check_sparsifiable``.
+
+    Each op reads the context from its own ``mask_context`` attribute, never from a closure, so a deep copy
+    of the model (an EMA copy) reads its own copy of the context."""
     for _, module in used:
         sparse = SPARSE_NORMS.get(type(module))
         if sparse is not None:
             module.__class__ = sparse
             module.mask_context = context
         elif isinstance(module, REMASKED):
-            module.register_forward_hook(_remask_hook(context, _channels_last(module)))
+            module.mask_context = context
+            module.register_forward_hook(remask_output)
 
 
-def _remask_hook(context: MaskContext, channels_last: bool) -> Callable:
-    def remask(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
-        if context.visible is None or out.ndim != 4:
-            return None
-        if channels_last:
-            return out * context.at(out.shape[1:3]).permute(0, 2, 3, 1).to(out.dtype)
-        return out * context.at(out.shape[-2:]).to(out.dtype)
-
-    return remask
+def remask_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+    """Forward hook: ``out`` with every masked position zero, while the module's context holds a mask."""
+    context = module.mask_context
+    if context.visible is None or out.ndim != 4:
+        return None
+    if _channels_last(module):
+        return out * context.at(out.shape[1:3]).permute(0, 2, 3, 1).to(out.dtype)
+    return out * context.at(out.shape[-2:]).to(out.dtype)
 
 
 def leaf_modules_run(encoder: nn.Module, run: Callable[[], object]) -> list[tuple[str, nn.Module]]:

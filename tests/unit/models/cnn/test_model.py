@@ -1,6 +1,8 @@
 """``MaskedAutoencoderCNN``: the masking the ViT's, the encoder timm's own model, the loss on masked cells,
 both decoders, and the settings it refuses."""
 
+from copy import deepcopy
+
 import pytest
 import timm
 import torch
@@ -105,6 +107,16 @@ def test_after_a_masked_forward__the_encoder_called_directly_is_the_dense_timm_m
         model(images, 0.6)
         assert model.mask_context.visible is None
         torch.testing.assert_close(model.encoder(images), plain(images), rtol=0, atol=0)
+
+
+def test_a_deep_copy__computes_sparsely_on_its_own_mask_as_the_original_does():
+    # An EMA copy of the model: its ops must read the copy's mask, not the original's (None outside it).
+    model = _tiny("spark", encoder="resnet10t")
+    copy = deepcopy(model)
+    assert copy.encoder.conv1[0].mask_context is copy.mask_context is not model.mask_context
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(6))
+    noise = torch.rand(2, 16, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(copy(images, 0.6, noise)[0], model(images, 0.6, noise)[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
