@@ -95,6 +95,14 @@ class SparKDecoder(CNNDecoder):
             )
         widths = [width // 2**i for i in range(ups + 1)]  # coarsest first
         self.reductions = reductions[::-1]  # coarsest first, as the decoder goes
+        halving = [reductions[-1] // 2**i for i in range(len(reductions))]
+        if list(self.reductions) != halving:
+            raise ConfigError(
+                f"the spark decoder adds the encoder's last {len(reductions)} maps at strides "
+                f"{', '.join(map(str, halving))}; this encoder's are at "
+                f"{', '.join(map(str, self.reductions))}: "
+                "take model.model_kwargs.decoder fcmae, which reads the last map only"
+            )
         self.densify_norms = nn.ModuleList()
         self.densify_projs = nn.ModuleList()
         self.mask_tokens = nn.ParameterList()
