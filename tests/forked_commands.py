@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
+import weakref
 from pathlib import Path
 
 # What every entry point imports before its first step; the server imports them once.
@@ -62,18 +63,33 @@ class ForkedProcess:
 
     ``command`` is ``[script path, *args]`` or ``["-m", module, *args]``. ``new_session``: the child leads a
     session and process group of its own (``Popen(start_new_session=True)``, as a scheduler starts a job),
-    so ``os.killpg(pid, ...)`` signals it and the processes it starts. Closing it (or leaving its ``with``
-    block, also when the test is interrupted) kills a child still running: no orphan is left.
+    so ``os.killpg(pid, ...)`` signals it and the processes it starts. ``sigint_ignored``: it starts with
+    SIGINT ignored, as a script's background job (``cmd &``) starts, which a fresh interpreter leaves
+    ignored. Closing it (or leaving its ``with`` block, also when the test is interrupted) kills a child
+    still running: no orphan is left.
     """
 
     def __init__(
-        self, command: list[str], cwd: Path, env: dict[str, str] | None = None, new_session: bool = False
+        self,
+        command: list[str],
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        new_session: bool = False,
+        sigint_ignored: bool = False,
     ) -> None:
         self.args = [sys.executable, *command]
         self._folder = tempfile.TemporaryDirectory(prefix="forked-command-")
         self._out, self._err = Path(self._folder.name) / "stdout", Path(self._folder.name) / "stderr"
         environment = dict(os.environ if env is None else env)
-        child_args = (command, str(cwd), environment, str(self._out), str(self._err), new_session)
+        child_args = (
+            command,
+            str(cwd),
+            environment,
+            str(self._out),
+            str(self._err),
+            new_session,
+            sigint_ignored,
+        )
         self._child = _context.Process(target=_child_main, args=child_args)
         self._child.start()
         self.pid = self._child.pid
@@ -170,14 +186,20 @@ def _read(path: Path) -> str:
 
 
 def _child_main(
-    command: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool
+    command: list[str],
+    cwd: str,
+    env: dict[str, str],
+    out: str,
+    err: str,
+    new_session: bool,
+    sigint_ignored: bool = False,
 ) -> None:
     """The child: the interpreter state a fresh ``python <command>`` would have, then the command."""
     if new_session:
         os.setsid()
     # Ctrl-C as a terminal's command has it, not as the suite's runner does (a script's background job, as
-    # `cmd &` in a script starts one, ignores SIGINT, and its children inherit that).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # `cmd &` in a script starts one, ignores SIGINT, and its children inherit that: ``sigint_ignored``).
+    signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
     # A forkserver's child inherits "forkserver" as its start method; a fresh interpreter has none set (Linux:
     # fork). Without this, the command's loader workers would start through a new forkserver of their own:
     # ~9 s, and unlike a user's run.
@@ -195,6 +217,7 @@ def _child_main(
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None  # the parent's cached temporary folder: a fresh interpreter reads TMPDIR anew
+    _leave_the_servers_objects_at_exit()
     code = 0
     try:
         if command[0] == "-m":
@@ -218,6 +241,19 @@ def _child_main(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _leave_the_servers_objects_at_exit() -> None:
+    """What the server made before the fork is the server's, shared by every child: the child's exit
+    (``atexit._run_exitfuncs`` below) must not finalise it. A fresh interpreter makes its own at import and
+    removes it at exit; a forked child that did would take it from the server and the children after it
+    (W&B's media staging folder, a ``tempfile.TemporaryDirectory`` made when timm imports wandb: the second
+    run's figures found it gone). The child's own objects and exit functions still run."""
+    for finalizer in list(weakref.finalize._registry):
+        found = finalizer.peek()
+        finalizer.atexit = False
+        if found is not None and isinstance(found[0], tempfile.TemporaryDirectory):
+            atexit.unregister(found[0].cleanup)  # also registered by hand (wandb: `atexit.register(...)`)
 
 
 def _text_stream(fd: int, unbuffered: bool, line_buffering: bool) -> io.TextIOWrapper:

@@ -167,3 +167,35 @@ def test_forked_command__past_its_time_limit_is_killed_and_raises_as_subprocess_
     with pytest.raises(subprocess.TimeoutExpired) as info:
         _forked(str(script), timeout=1)
     assert info.value.output == "started\n"
+
+
+def test_forked_command__a_childs_exit_leaves_the_servers_temporary_folders(tmp_path):
+    """A folder the server made at import (W&B's media staging folder: timm imports wandb) is the server's:
+    the first child to exit must not remove it from under the next one, as it would by running the
+    server's exit functions (``TemporaryDirectory`` cleanups) as its own."""
+    pytest.importorskip("wandb", reason="W&B comes with the tracking extra")
+    script = tmp_path / "media.py"
+    script.write_text(
+        "import os\n"
+        "from wandb.sdk.data_types._private import MEDIA_TMP\n"
+        "print(os.path.isdir(MEDIA_TMP.name))\n"
+    )
+    assert [_forked(str(script)).stdout for _ in range(2)] == ["True\n", "True\n"]
+
+
+def test_forked_command__started_as_a_background_job_sigint_stays_ignored(tmp_path):
+    """``sigint_ignored``: SIGINT ignored, as a fresh interpreter started by ``cmd &`` in a script keeps it;
+    otherwise Python's own Ctrl-C handler, as in a terminal."""
+    from tests.forked_commands import ForkedProcess
+
+    script = tmp_path / "sigint.py"
+    script.write_text(
+        "import signal\n"
+        "handler = signal.getsignal(signal.SIGINT)\n"
+        "print('ignored' if handler == signal.SIG_IGN else handler is signal.default_int_handler)\n"
+    )
+    handlers = []
+    for ignored in (True, False):
+        with ForkedProcess([str(script)], REPO, sigint_ignored=ignored) as child:
+            handlers.append(child.communicate(timeout=60)[0].strip())
+    assert handlers == ["ignored", "True"]

@@ -480,15 +480,23 @@ def default_pretrain_from(root: str) -> tuple[str, ...]:
     )
 
 
+@pytest.fixture(scope="module")
+def bucket_shards(s3, tmp_path_factory) -> str:
+    """``mae shard`` of 24 training and 7 validation id images into the bucket, once for the module (the
+    runs below only read it, each with a cache folder of its own): its ``s3://`` root."""
+    images = write_id_images(tmp_path_factory.mktemp("bucket") / "images", 24)
+    write_id_images(images, 7, split="val", first=100)
+    root = "s3://shards/train_py"
+    run_mae("shard", str(images), "--out", root, "--workers", "1", "--start-method", "fork")
+    return root
+
+
 @pytest.mark.parametrize("workers", [0, 2])
-def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(s3, tmp_path, workers):
+def test_s3__train_py_pretrains_from_a_bucket_with_validation_and_knn(bucket_shards, tmp_path, workers):
     """What a user runs: the shard command writes to the bucket, then ``train.py`` pretrains from it with
     validation and the kNN monitor on (both read the validation split by index, which litdata's ranged
     reads got wrong: its Arrow-batched chunks gave empty samples)."""
-    images = write_id_images(tmp_path / "images", 24)
-    write_id_images(images, 7, split="val", first=100)
-    root = f"s3://shards/train_py_{workers}"
-    run_mae("shard", str(images), "--out", root, "--workers", "1", "--start-method", "fork")
+    root = bucket_shards
     run_mae(
         *default_pretrain_from(root),
         "--data.img_size",

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from mae.apps.page.demo import (
     readable_error,
     serve,
 )
-from tests.helpers import REPO, TINY, run_mae, tiny_pretraining_checkpoint
+from tests.helpers import REPO, TINY, run_mae, start_mae, tiny_pretraining_checkpoint
 
 
 def _skip_unless_ci(reason: str) -> None:
@@ -170,20 +169,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _demo(*args: str, env: dict | None = None, sigint_ignored: bool = False) -> subprocess.Popen:
-    """The page's process; ``sigint_ignored``: started as a script's background job is (SIGINT ignored)."""
-    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
-    return subprocess.Popen(
-        [sys.executable, "-m", "mae", "demo", *args],
-        cwd=REPO,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=ignore,
-    )
-
-
 def test_demo__a_busy_port_is_named_with_how_to_choose_another(checkpoint):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -208,7 +193,7 @@ def test_demo__help_offers_the_page_limits(capsys):
     assert "--max-image-pixels" in text and "--max-upload-mb" in text
 
 
-@pytest.mark.slow  # starts a process of its own
+@pytest.mark.slow  # serves the page from a process of its own
 def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path):
     """Ctrl-C (kill -INT) ends ``mae demo`` and removes its examples' folder; a SIGTERM takes the same handler
     (``test_serve__an_interrupt_that_comes_while_launching_still_closes_the_server``)."""
@@ -219,10 +204,8 @@ def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path
     # started as a script's background job (`cmd &` in a script, some schedulers' wrappers): SIGINT comes
     # in ignored, and Ctrl-C / kill -INT must still stop the page
     environment = {**os.environ, "TMPDIR": str(tmpdir)}
-    process = _demo(
-        "--checkpoint", str(checkpoint), "--port", str(port), env=environment, sigint_ignored=True
-    )
-    try:
+    args = ("--checkpoint", str(checkpoint), "--port", str(port))
+    with start_mae("demo", *args, env=environment, sigint_ignored=True) as process:
         deadline = time.time() + 180
         while time.time() < deadline and process.poll() is None:
             try:
@@ -230,14 +213,10 @@ def test_demo__stopping_the_page_removes_its_example_folder(checkpoint, tmp_path
                 break
             except OSError:
                 time.sleep(0.2)
-        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert process.poll() is None, process.stderr()[-3000:]
         assert list(tmpdir.glob("mae-demo-*")), "the page serves built-in examples from a temporary folder"
         process.send_signal(signal.SIGINT)
-        process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        process.wait(timeout=60)
     assert not list(tmpdir.glob("mae-demo-*"))
 
 
@@ -445,7 +424,9 @@ def test_page__an_empty_or_huge_seed_says_what_is_wrong_and_clears_the_stale_los
     message = _details(browser, "mask seed", first)
     assert "mask seed must be a whole number" in message and "not empty" in message
     assert "masked-patch loss" not in message and _no_panels(browser)
-    time.sleep(11)  # longer than a Gradio toast is shown
+    # on the page, not in a Gradio toast (which is gone after 10 s): no toast is shown, and the message stays
+    time.sleep(1)
+    assert not browser.find_elements(*_by_css("[data-testid=toast-body]"))
     assert browser.find_element(*_by_css("#details")).text == message
     _set_seed(browser, str(2**64))
     assert f"from 0 to {MAX_SEED}" in _details(browser, "mask seed")

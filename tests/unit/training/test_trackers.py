@@ -8,8 +8,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,12 +32,10 @@ from mae.training.trackers import (
     where_to_look,
 )
 from tests.helpers import (
-    REPO,
     TINY_MODEL,
     MlflowServer,
     csv_logger,
     run_mae,
-    run_mae_process,
     start_mae,
     write_config,
     write_image_folder,
@@ -89,21 +85,12 @@ def _env(tmp: Path) -> dict[str, str]:
     }
 
 
-def _sigterm_then_resume(tmp: Path, config: Path, fresh: bool = False) -> tuple[Path, str]:
+def _sigterm_then_resume(tmp: Path, config: Path) -> tuple[Path, str]:
     """Start the run, SIGTERM it once its first epoch's checkpoint is written, then repeat the command
-    line (``--ckpt_path last``) to the end. Returns the run folder and the resumed run's output.
-
-    ``fresh``: each run in a fresh interpreter, not forked from the tests' preloaded one (W&B: timm
-    imports wandb there, and the first forked child to exit removes the media folder wandb made at import)."""
+    line (``--ckpt_path last``) to the end. Returns the run folder and the resumed run's output."""
     run = tmp / "runs" / "tracked" / "version_0"
     args = ("--config", str(config), "--ckpt_path", "last")
-    if fresh:
-        command = [sys.executable, "-m", "mae", "pretrain", *args]
-        start = subprocess.Popen(
-            command, cwd=REPO, env=_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    else:
-        start = start_mae("pretrain", *args, env=_env(tmp))
+    start = start_mae("pretrain", *args, env=_env(tmp))
     with start as proc:
         deadline = time.time() + 180
         while not (run / "checkpoints" / "epoch_0000.ckpt").exists() and time.time() < deadline:
@@ -113,8 +100,7 @@ def _sigterm_then_resume(tmp: Path, config: Path, fresh: bool = False) -> tuple[
         proc.send_signal(signal.SIGTERM)
         out = "".join(part or "" for part in proc.communicate(timeout=120))
     assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
-    finish = run_mae_process if fresh else run_mae
-    result = finish("pretrain", *args, env=_env(tmp), check=False)
+    result = run_mae("pretrain", *args, env=_env(tmp), check=False)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # one run folder
@@ -235,7 +221,7 @@ def _wandb_records(run_folder: Path):
 @pytest.mark.slow  # starts a process of its own
 def test_wandb__offline_scalars_figure_settings_and_one_run_across_a_sigterm_and_resume(tmp_path):
     pytest.importorskip("wandb", reason="W&B comes with the tracking extra")
-    run, out = _sigterm_then_resume(tmp_path, _config(tmp_path, "wandb", project="trackers-test"), fresh=True)
+    run, out = _sigterm_then_resume(tmp_path, _config(tmp_path, "wandb", project="trackers-test"))
     run_id = json.loads((run / TRACKER_FILE).read_text())["wandb"]["id"]
     segments = sorted((run / "wandb").glob("offline-run-*"))
     assert len(segments) == 2 and all(s.name.endswith(f"-{run_id}") for s in segments)  # one run id, twice
