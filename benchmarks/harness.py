@@ -115,8 +115,9 @@ def window_size(text: str) -> tuple[int, int]:
 
 
 def quiet_trainer(folder: Path, callbacks: list, **limits) -> "pl.Trainer":  # noqa: F821
-    """A quiet single-device trainer (no validation, logger or checkpoint) with the run ``limits``.
-    Lightning is imported here, so that the scripts that only time or measure do not pay for it."""
+    """A quiet single-device trainer (no logger or checkpoint; no validation unless ``limits`` set
+    ``limit_val_batches``) with the run ``limits``. Lightning is imported here, so that the scripts that
+    only time or measure do not pay for it."""
     import lightning.pytorch as pl
 
     from mae.training.runtime import default_lightning_precision
@@ -129,9 +130,39 @@ def quiet_trainer(folder: Path, callbacks: list, **limits) -> "pl.Trainer":  # n
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
         callbacks=callbacks,
         default_root_dir=folder,
-        **limits,
+        **{"limit_val_batches": 0, "num_sanity_val_steps": 0, **limits},
     )
+
+
+def _report_to(connection, function, args: tuple) -> None:
+    try:
+        connection.send(function(*args))
+    except BaseException as error:  # the parent reports it
+        connection.send({"error": f"{type(error).__name__}: {error}"})
+
+
+def in_fresh_process(function, *args):
+    """``function(*args)`` (a dict) run in a fresh process of its own (spawned: none of this one's memory
+    is mapped in it, so its peak memory is its own), and its result.
+
+    Raises:
+        RuntimeError: it raised (its error named) or died before it could report.
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe(duplex=False)
+    process = context.Process(target=_report_to, args=(child, function, args))
+    process.start()
+    child.close()
+    try:
+        result = parent.recv()
+    except EOFError:  # it died before it could report
+        process.join()
+        result = {"error": f"the process ended with exit code {process.exitcode}"}
+    process.join()
+    if "error" in result:
+        raise RuntimeError(f"{function.__name__} in a process of its own failed: {result['error']}")
+    return result

@@ -201,6 +201,23 @@ def tiny_pretraining_checkpoint(folder: Path, steps: int = 2, **module_kwargs) -
 _TINY_CHECKPOINTS: dict[str, tuple[bytes, torch.Tensor]] = {}
 
 
+def untrained_cnn_checkpoint(path: Path, encoder: str = "resnet10t", seed: int = 0) -> Path:
+    """``path``: a pretraining checkpoint as ``mae pretrain`` writes one (its architecture record, its state
+    dict under ``model.``) of a ``MaskedAutoencoderCNN`` on the timm ``encoder`` at 32 px (mask unit 8, spark
+    decoder 64 wide), at its seeded initialisation: for the CNN's loading paths, in milliseconds."""
+    from mae.convert.architecture import mae_record
+    from mae.models import create_model
+
+    torch.manual_seed(seed)
+    model = create_model("spark", encoder=encoder, img_size=32, mask_unit=8, decoder_width=64)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    record = mae_record(model.config)
+    torch.save(
+        {"state_dict": state, "pytorch-lightning_version": pl.__version__, "mae_architecture": record}, path
+    )
+    return path
+
+
 def csv_logger(tmp: Path, name: str) -> dict:
     """The ``trainer.logger`` entry of a CLI config: CSV metrics under ``tmp/runs/<name>``."""
     return {
@@ -337,14 +354,17 @@ def run_mae(
     return _checked(result, check)
 
 
-def start_mae(command: str, *args: str, env: dict | None = None, new_session: bool = False):
+def start_mae(
+    command: str, *args: str, env: dict | None = None, new_session: bool = False, sigint_ignored: bool = False
+):
     """``run_mae`` started, not waited for: a ``tests.forked_commands.ForkedProcess`` (``Popen``'s
     ``wait``, ``send_signal``, ``communicate``, and ``wait_for_output``), to signal it; with
-    ``new_session``, the leader of a process group of its own, as a scheduler starts a job. Use it in a
-    ``with`` block: a child still running when the test ends is killed."""
+    ``new_session``, the leader of a process group of its own, as a scheduler starts a job; with
+    ``sigint_ignored``, started as a script's background job (SIGINT ignored). Use it in a ``with`` block: a
+    child still running when the test ends is killed."""
     from tests.forked_commands import ForkedProcess
 
-    return ForkedProcess([*_command(command), *args], REPO, env, new_session)
+    return ForkedProcess([*_command(command), *args], REPO, env, new_session, sigint_ignored)
 
 
 def free_port() -> int:

@@ -34,8 +34,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--pool",
         choices=POOLS,
-        default="cls",
-        help="the normed cls token, the mean patch token, or both side by side",
+        default=None,
+        help="the normed cls token, the mean patch token, or both side by side (default: cls for a ViT; a "
+        "CNN's only pool, avg, the mean of its last map)",
     )
     add_option(parser, "batch_size", default=256)
     add_option(parser, "workers", "image-reading processes", default=2)

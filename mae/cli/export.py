@@ -1,5 +1,5 @@
 """``mae export --checkpoint CKPT --out OUT``: the encoder as one of the targets of
-``mae.convert.exports.targets`` (a plain timm ViT ``.safetensors``, an ONNX file checked with onnxruntime,
+``mae.convert.exports.targets`` (a plain timm model ``.safetensors``, an ONNX file checked with onnxruntime,
 a timm or Hugging Face folder with its model card). ``--to`` names the target; ``--out x.safetensors`` and
 ``--out x.onnx`` are shorthands for ``--to safetensors`` and ``--to onnx``."""
 
@@ -31,7 +31,8 @@ TARGET_FLAGS = {
     "ONNX (--out OUT.onnx; needs the onnx extra)": {
         "pool": (
             "output the pooled embedding (N, D) as kNN / the probe pool it: cls token, mean of the patch "
-            "tokens, or both side by side (default: every token, (N, 1 + L, D))",
+            "tokens, or both side by side (default: every token, (N, 1 + L, D)); a CNN: avg, its last map's "
+            "mean (default: the map, (N, C, h, w))",
             {"choices": POOLS, "default": None},
         ),
         "dynamic_batch": ("any batch size (default: batch 1)", {"action": "store_true"}),
@@ -54,10 +55,11 @@ ONNX_SHARED = {
 def build_parser() -> ArgumentParser:
     parser = command_parser(
         "mae export",
-        "Export a pretrained encoder: --to safetensors (or --out OUT.safetensors) writes a plain timm ViT "
-        "(safetensors + a JSON of its timm arguments); --to onnx (or --out OUT.onnx) an ONNX file of the "
-        "encoder, checked with onnxruntime against torch; --to timm|huggingface --out DIR a folder timm or "
-        "Hugging Face transformers loads, with a README.md model card.",
+        "Export a pretrained encoder: --to safetensors (or --out OUT.safetensors) writes a plain timm model "
+        "(a ViT, or a CNN checkpoint's timm CNN itself: safetensors + a JSON of its timm arguments); --to "
+        "onnx (or --out OUT.onnx) an ONNX file of the encoder, checked with onnxruntime against torch; --to "
+        "timm|huggingface --out DIR a folder timm or Hugging Face transformers loads, with a README.md model "
+        "card.",
     )
     add_checkpoint(parser, FORMATS, "the encoder", required=True)
     out_help = (

@@ -364,6 +364,9 @@ def build(
             raise
         raise refusal from err
     check_torchrun_processes(cli.trainer)
+    check_trainer = getattr(cli.model, "check_trainer", None)  # settings the model cannot train under
+    if check_trainer is not None:
+        check_trainer(cli.trainer)
     harden_trainer(cli.trainer)
     quiet_trainer(cli.trainer)
     fitting = not cli.config.get("validate_only", False)

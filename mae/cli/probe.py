@@ -8,6 +8,7 @@ from jsonargparse import ArgumentParser, Namespace
 from mae.cli.command import parse_and_run
 from mae.cli.command_options import fraction, non_negative_int, positive_int
 from mae.cli.encoder_evaluation import encoder_evaluation_parser
+from mae.convert.pooling import default_pool
 from mae.eval.features import Pool, cache_files, is_cache_file, load_encoder
 from mae.eval.probe import ProbeResult, ProbeSettings, evaluate
 from mae.io.outputs import Output, check_outputs
@@ -25,9 +26,10 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--pool",
-        type=Pool,
-        default="cls",
-        help='features: "cls" token, "avg" of the patch tokens, or "both".',
+        type=Pool | None,
+        default=None,
+        help='features: "cls" token, "avg" of the patch tokens (of a CNN: its last map), or "both"; default '
+        'the encoder\'s own: "cls" for a ViT, "avg" for a CNN.',
     )
     parser.add_argument(
         "--views",
@@ -95,7 +97,8 @@ def run(args: Namespace) -> ProbeResult:
         )
     encoder = load_encoder(args.checkpoint, args.data, args.checkpoint_format, args.device)
     result, val_images, train_views = evaluate(encoder, args.data, settings, args.device, args.cache)
-    print(f"{result} on {val_images} validation images, {args.pool} features of {train_views} training views")
+    pool = args.pool or default_pool(encoder)
+    print(f"{result} on {val_images} validation images, {pool} features of {train_views} training views")
     return result
 
 

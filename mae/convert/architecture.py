@@ -28,10 +28,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
 
+from mae.convert.report import state_dict_mismatch
 from mae.convert.shapes import infer_config
 from mae.errors import ConfigError, InputError
+from mae.models.cnn import MaskedAutoencoderCNN
+from mae.models.factory import build_model
 from mae.models.mae import MaskedAutoencoderViT
 
 ARCHITECTURE_KEY = "mae_architecture"
@@ -39,6 +43,8 @@ DATA_KEY = "mae_data"
 MAE_CLASS = "MaskedAutoencoderViT"
 VIT_CLASS = "VisionTransformer"
 CNN_MAE_CLASS = "MaskedAutoencoderCNN"
+# A fine-tuned CNN classifier's record (``mae.training.finetune``): the timm CNN with its head.
+CNN_CLASSIFIER_CLASS = "TimmCNN"
 
 # VisionTransformer arguments that describe the encoder's weights (the rest: head and regularisation).
 _ENCODER_VIT_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio")
@@ -73,7 +79,7 @@ def encoder_config(record: dict[str, Any], source: str) -> dict[str, Any]:
         ValueError: a record of an unknown class or without the needed arguments, naming ``source``.
     """
     cls, args = record.get("class"), record.get("args") or {}
-    if cls == MAE_CLASS:
+    if cls in (MAE_CLASS, CNN_MAE_CLASS):
         config = dict(args)
     elif cls == VIT_CLASS:
         missing = [k for k in _ENCODER_VIT_ARGS if k not in args]
@@ -81,9 +87,19 @@ def encoder_config(record: dict[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(f"{source}: {ARCHITECTURE_KEY} lacks VisionTransformer arguments {missing}")
         config = {k: args[k] for k in _ENCODER_VIT_ARGS}
         config["layer_norm_eps"] = record.get("layer_norm_eps", 1e-6)
+    elif cls == CNN_CLASSIFIER_CLASS:  # the CNN family's configuration, with the classifier's class count
+        config = {
+            "family": "cnn",
+            "encoder": args.get("encoder"),
+            "in_chans": args.get("in_chans", 3),
+            "img_size": args.get("img_size", 224),
+            "encoder_kwargs": dict(args.get("encoder_kwargs") or {}),
+            "num_classes": args.get("num_classes", 0),
+        }
     else:
         raise ConfigError(
-            f"{source}: {ARCHITECTURE_KEY} names class {cls!r}; expected {MAE_CLASS!r} or {VIT_CLASS!r}"
+            f"{source}: {ARCHITECTURE_KEY} names class {cls!r}; expected {MAE_CLASS!r}, {VIT_CLASS!r}, "
+            f"{CNN_MAE_CLASS!r} or {CNN_CLASSIFIER_CLASS!r}"
         )
     config["img_size"] = (
         tuple(config["img_size"]) if isinstance(config.get("img_size"), list) else config["img_size"]
@@ -217,4 +233,72 @@ def _check_record_grid(size: Any, patch: int, positions: int, path: str | Path) 
         raise InputError(
             f"{path}: its {ARCHITECTURE_KEY} record says img_size={size!r}, but pos_embed holds {positions} "
             f"patch positions of {patch}x{patch} pixels; the record is damaged or was edited"
+        )
+
+
+def check_cnn_record(config: dict[str, Any], state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """A ``MaskedAutoencoderCNN`` record against the checkpoint's own tensors: the model it describes is
+    built on the meta device (no memory: its widths come from the timm name, however damaged the record)
+    and its tensor names and shapes compared with the file's.
+
+    Raises:
+        InputError: naming ``path``: an argument ``MaskedAutoencoderCNN`` does not take, an ``encoder`` timm
+            does not know, arguments it refuses, or tensors that differ from the record's model (by name).
+    """
+    if "num_classes" in config:  # a fine-tuned classifier's (``TimmCNN``): the timm model with its head
+        _check_cnn_classifier_record(config, state, path)
+        return
+    known = (set(inspect.signature(MaskedAutoencoderCNN.__init__).parameters) - {"self"}) | {"family"}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record has arguments MaskedAutoencoderCNN does not take: "
+            f"{unknown} (it takes {sorted(known)}); the record is damaged or from another program"
+        )
+    encoder = config.get("encoder")
+    if not isinstance(encoder, str) or not timm.is_model(encoder):
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record names encoder {encoder!r}, which timm "
+            f"{timm.__version__} does not know; the record is damaged, or the file needs another timm release"
+        )
+    try:
+        with torch.device("meta"):
+            own = build_model(**config).state_dict()
+    except (ConfigError, TypeError, ValueError) as err:
+        raise InputError(f"{path}: its {ARCHITECTURE_KEY} record builds no model: {err}") from None
+    problems = state_dict_mismatch(own, state)
+    if problems:
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record says a {encoder} MaskedAutoencoderCNN (decoder "
+            f"{config.get('decoder', 'spark')!r}), but its tensors differ: "
+            + "; ".join(problems)
+            + "; the record is damaged or was edited"
+        )
+
+
+def _check_cnn_classifier_record(
+    config: dict[str, Any], state: dict[str, torch.Tensor], path: str | Path
+) -> None:
+    """A ``TimmCNN`` record against its tensors (``encoder.<timm key>``): the timm model it names, built on
+    the meta device, has the same tensors outside its classifier (a linear probe's head is a BatchNorm and
+    a linear layer there)."""
+    encoder = config.get("encoder")
+    if not isinstance(encoder, str) or not timm.is_model(encoder):
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record names encoder {encoder!r}, which timm "
+            f"{timm.__version__} does not know; the record is damaged, or the file needs another timm release"
+        )
+    with torch.device("meta"):
+        model = timm.create_model(
+            encoder, num_classes=0, in_chans=config["in_chans"], **config["encoder_kwargs"]
+        )
+    head = f"{model.pretrained_cfg['classifier']}."
+    own = {f"encoder.{k}": v for k, v in model.state_dict().items() if not k.startswith(head)}
+    given = {k: v for k, v in state.items() if not k.startswith(f"encoder.{head}")}
+    problems = state_dict_mismatch(own, given)
+    if problems:
+        raise InputError(
+            f"{path}: its {ARCHITECTURE_KEY} record says a {encoder} classifier, but its tensors differ: "
+            + "; ".join(problems)
+            + "; the record is damaged or was edited"
         )

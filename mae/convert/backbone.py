@@ -13,12 +13,13 @@ from torch import nn
 
 from mae.convert.checkpoint import MAECheckpoint, check_finite
 from mae.convert.classifier import pooling_of
+from mae.convert.families import MODEL_FAMILIES
 from mae.convert.report import LoadReport, load_checked
 from mae.convert.sources import read_checkpoint
 from mae.convert.timm_args import vit_args
 from mae.errors import ConfigError
 from mae.models.decoder_switches import switch_differences
-from mae.models.factory import build_mae
+from mae.models.factory import MaskedAutoencoder, build_mae
 from mae.models.mae import MaskedAutoencoderViT
 from mae.models.patch_grid import check_img_size
 from mae.models.targets import target_class, target_of
@@ -67,12 +68,17 @@ def resample_pos_embed(pos_embed, new_grid: tuple[int, int], old_grid: tuple[int
 
 
 def adapt_patch_embed(
-    state: dict[str, torch.Tensor], in_chans: int, report: LoadReport
+    state: dict[str, torch.Tensor],
+    in_chans: int,
+    report: LoadReport,
+    key: str = "patch_embed.proj.weight",
+    what: str = "patch embedding",
 ) -> dict[str, torch.Tensor]:
-    """``state`` with ``patch_embed.proj.weight`` adapted to ``in_chans`` input channels when the
-    source has another count (timm's ``adapt_input_conv``: summed for 1 channel, repeated and scaled
-    by source / target channels for more), noted in ``report``."""
-    weight = state["patch_embed.proj.weight"]
+    """``state`` with ``key`` (the input convolution's weight: a ViT's patch embedding, a CNN's first
+    convolution) adapted to ``in_chans`` input channels when the source has another count (timm's
+    ``adapt_input_conv``: summed for 1 channel, repeated and scaled by source / target channels for more),
+    noted in ``report``."""
+    weight = state[key]
     if weight.shape[1] == in_chans:
         return state
     if weight.shape[1] == 3:  # every timm release adapts RGB weights
@@ -82,21 +88,19 @@ def adapt_patch_embed(
             adapted = adapt_input_conv(in_chans, weight, base_chans=weight.shape[1])
         except TypeError:
             raise ConfigError(
-                f"{report.source}: adapting its {weight.shape[1]}-channel patch embedding to {in_chans} "
+                f"{report.source}: adapting its {weight.shape[1]}-channel {what} to {in_chans} "
                 "channels needs a newer timm (adapt_input_conv with base_chans): pip install -U timm"
             ) from None
-    state = {**state, "patch_embed.proj.weight": adapted}
+    state = {**state, key: adapted}
     how = "summed over the source's channels" if in_chans == 1 else "repeated and scaled"
-    report.notes.append(
-        f"patch embedding adapted from {weight.shape[1]} to {in_chans} input channels ({how})"
-    )
+    report.notes.append(f"{what} adapted from {weight.shape[1]} to {in_chans} input channels ({how})")
     return state
 
 
 def load_backbone(
     source: str | Path | MAECheckpoint,
     img_size: int | tuple[int, int] | None = None,
-    global_pool: str = "token",
+    global_pool: str | None = None,
     num_classes: int = 0,
     format: str = "auto",
     num_heads: int | None = None,
@@ -104,13 +108,15 @@ def load_backbone(
     **vit_kwargs: Any,
 ) -> VisionTransformer:
     """A timm ``VisionTransformer`` holding the pretrained encoder of ``source``. No masking, ever:
-    every patch is encoded, in spatial (raster) order.
+    every patch is encoded, in spatial (raster) order. For a CNN checkpoint, the timm CNN itself
+    (``timm.create_model(encoder, num_classes=..., in_chans=...)``, ``global_pool`` "avg"; its weights
+    loaded strictly: ``mae.convert.cnn_loading.cnn_backbone``).
 
     Args:
         source: checkpoint path (see ``mae.convert.sources`` for the formats) or a read checkpoint.
         img_size: input size; position embeddings are resampled when it changes the patch grid.
         global_pool: "token" (cls token, after the pretrained final norm) or "avg" (mean of patch
-            tokens, then a new ``fc_norm``, the MAE fine-tuning choice).
+            tokens, then a new ``fc_norm``, the MAE fine-tuning choice); a CNN: "avg" (the default for it).
         num_classes: 0 for features only; otherwise a new (or, if the source has one of that size,
             loaded) linear head.
         format: "auto" or one of ``mae.convert.sources.FORMATS``.
@@ -124,6 +130,23 @@ def load_backbone(
         per-block feature maps. The load report is logged and kept as ``model.load_report``.
     """
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
+    return ckpt.model_family.backbone(
+        ckpt, img_size, global_pool, num_classes, num_heads, in_chans, **vit_kwargs
+    )
+
+
+def vit_backbone(
+    ckpt: MAECheckpoint,
+    img_size: int | tuple[int, int] | None,
+    global_pool: str,
+    num_classes: int,
+    num_heads: int | None,
+    in_chans: int | None,
+    **vit_kwargs: Any,
+) -> VisionTransformer:
+    """``load_backbone`` of a read ViT checkpoint (the ``vit`` row of ``MODEL_FAMILIES``); ``global_pool``
+    None: "token"."""
+    global_pool = global_pool or "token"
     _check_pooling(ckpt, global_pool)
     config = dict(ckpt.config)
     if num_heads is not None:
@@ -179,8 +202,9 @@ def same_prediction(target: str, other: str) -> bool:
 
 def load_mae(
     source: str | Path | MAECheckpoint, format: str = "auto", **overrides: Any
-) -> tuple[MaskedAutoencoderViT, LoadReport]:
-    """A ``MaskedAutoencoderViT`` (encoder and decoder) from a checkpoint that has a decoder.
+) -> tuple[MaskedAutoencoder, LoadReport]:
+    """A ``MaskedAutoencoderViT`` (encoder and decoder) from a checkpoint that has a decoder; a
+    ``MaskedAutoencoderCNN`` from a CNN pretraining checkpoint (``mae.convert.cnn_loading.cnn_mae``).
 
     ``overrides`` change ``MaskedAutoencoderViT`` arguments that the file cannot fix (e.g.
     ``mask_strategy``, ``target`` or its older name ``norm_pix_loss``, ``num_heads``, ``decoder_keep_ratio``);
@@ -192,6 +216,11 @@ def load_mae(
         ValueError: an encoder-only file, or overrides of the file's decoder (naming the key).
     """
     ckpt = source if isinstance(source, MAECheckpoint) else read_checkpoint(source, format)
+    return ckpt.model_family.load_mae(ckpt, overrides)
+
+
+def vit_mae(ckpt: MAECheckpoint, overrides: dict[str, Any]) -> tuple[MaskedAutoencoderViT, LoadReport]:
+    """``load_mae`` of a read ViT checkpoint (the ``vit`` row of ``MODEL_FAMILIES``)."""
     if not ckpt.has_decoder:
         raise ConfigError(
             f"{ckpt.source} holds an encoder only (no decoder_* weights; an exported encoder or a fine-tuned "
@@ -228,7 +257,15 @@ def load_mae(
     return model, report
 
 
-def init_mae_from(model: MaskedAutoencoderViT, source: str | Path, format: str = "auto") -> LoadReport:
+def init_mae_from(model: MaskedAutoencoder, source: str | Path, format: str = "auto") -> LoadReport:
+    """Load pretrained weights into ``model`` to start a new run from them (not a resume), as its family
+    does: ``init_vit_mae_from`` for a ViT, ``mae.convert.cnn_loading.init_cnn_mae_from`` for a CNN (any timm
+    checkpoint of its encoder's architecture)."""
+    family = getattr(model, "family", "vit")
+    return MODEL_FAMILIES[family].init_from(model, source, format)
+
+
+def init_vit_mae_from(model: MaskedAutoencoderViT, source: str | Path, format: str = "auto") -> LoadReport:
     """Load pretrained weights into ``model`` to start a new run from them (not a resume).
 
     The encoder comes from any format ``read_checkpoint`` reads; the decoder too when the file has

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from mae.convert.families import MODEL_FAMILIES, ModelFamily
 from mae.errors import InputError
 
 
@@ -22,6 +23,8 @@ class MAECheckpoint:
         notes: assumptions made where the file did not say (e.g. the number of heads).
         ignored: source tensors with no place in an MAE / ViT (e.g. a Hugging Face pooler).
         data: the ``mae_data`` record of our checkpoints (``mae.convert.architecture``), else None.
+        family: the model family, a key of ``mae.convert.families.MODEL_FAMILIES``: "vit" (every file
+            before 0.5.0) or "cnn" (``state_dict`` then holds ``encoder.<timm key>`` and the decoder's).
     """
 
     source: str
@@ -31,16 +34,21 @@ class MAECheckpoint:
     notes: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     data: dict[str, Any] | None = None  # how the training run normalised images (``mae_data``), when known
+    family: str = "vit"
+
+    @property
+    def model_family(self) -> ModelFamily:
+        """This checkpoint's row of ``MODEL_FAMILIES``."""
+        return MODEL_FAMILIES[self.family]
 
     @property
     def has_decoder(self) -> bool:
-        return "decoder_embed.weight" in self.state_dict
+        return self.model_family.has_decoder(self.state_dict)
 
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:
-        """The timm ``VisionTransformer`` part: everything but ``mask_token`` and ``decoder_*``."""
-        return {
-            k: v for k, v in self.state_dict.items() if not (k.startswith("decoder") or k == "mask_token")
-        }
+        """The timm encoder's tensors in timm's names: a ViT's all but ``mask_token`` and ``decoder_*``, a
+        CNN's ``encoder.`` part without the prefix."""
+        return self.model_family.encoder_state(self.state_dict)
 
 
 def check_finite(state: dict[str, torch.Tensor], source: str | Path) -> None:

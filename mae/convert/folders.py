@@ -30,6 +30,7 @@ from mae.convert.exports.base import ExportRequest
 from mae.convert.model_card import CARD_MARK, CardTarget, RunFacts, model_card, read_run
 from mae.convert.sources import read_checkpoint
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
+from mae.errors import ConfigError
 from mae.io.atomic import replace_folder
 from mae.io.outputs import Output, OutputError
 
@@ -121,6 +122,16 @@ def export_folder(
     """
     check_place(out, source)
     ckpt = read_checkpoint(source, format)
+    refused = ckpt.model_family.refuses.get(target.name)
+    if refused:
+        raise ConfigError(
+            f"{ckpt.source} holds the {ckpt.model_family.described} {ckpt.config.get('encoder')}: {refused}"
+        )
+    if num_heads is not None and ckpt.family != "vit":
+        raise ConfigError(
+            f"--num-heads is a ViT's; {ckpt.source} holds the CNN {ckpt.config['encoder']}, which has no "
+            "attention heads: leave --num-heads out"
+        )
     if num_heads is not None:
         ckpt.config["num_heads"] = num_heads
     decoder = target.check(ckpt, encoder_only)

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from mae.convert.classifier import Classifier
+from mae.convert.families import family_of
 from mae.convert.sharded_checkpoint import is_sharded_checkpoint, read_training_checkpoint
 from mae.convert.sources import MAECheckpoint
 from mae.models.targets import target_class, target_of
@@ -39,6 +40,20 @@ CITATION = """@inproceedings{he2022masked,
   booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
   pages     = {16000--16009},
   year      = {2022}
+}"""
+# The papers of the CNN family's masked pretraining (SparK, ICLR 2023; ConvNeXt V2's FCMAE, CVPR 2023).
+CNN_CITATION = """@inproceedings{tian2023designing,
+  title     = {Designing BERT for Convolutional Networks: Sparse and Hierarchical Masked Modeling},
+  author    = {Tian, Keyu and Jiang, Yi and Diao, Qishuai and Lin, Chen and Wang, Liwei and Yuan, Zehuan},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year      = {2023}
+}
+@inproceedings{woo2023convnext,
+  title     = {ConvNeXt V2: Co-designing and Scaling ConvNets with Masked Autoencoders},
+  author    = {Woo, Sanghyun and Debnath, Shoubhik and Hu, Ronghang and Chen, Xinlei and Liu, Zhuang and
+               Kweon, In So and Xie, Saining},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year      = {2023}
 }"""
 # metrics.csv column -> (evaluation, config.yaml section of its protocol, the factor to percent): the kNN and
 # probe monitors log percent, the fine-tuning module's torchmetrics accuracies fractions.
@@ -267,10 +282,11 @@ def model_card(
         )
         for e in facts.evaluations
     ]
+    kind = "convolutional-network" if family_of(facts.config) == "cnn" else "vision-transformer"
     card_data = ModelCardData(
         license=card_license(facts),
         library_name=library,
-        tags=[task, "masked-autoencoder", "mae", "vision-transformer", library],
+        tags=[task, "masked-autoencoder", "mae", kind, library],
         pipeline_tag=task,
         datasets=[data_name] if facts.run_config else None,
         model_name=folder_name if results else None,
@@ -291,7 +307,16 @@ def _body(
     c = facts.config
     size = c["img_size"] if isinstance(c["img_size"], int) else "x".join(str(s) for s in c["img_size"])
     what = "encoder and decoder (ViTMAEForPreTraining)" if has_decoder else "encoder"
-    if classifier is None and _distilled(facts.hparams):
+    cnn = family_of(c) == "cnn"
+    if cnn:
+        about = (
+            f"A convolutional network, timm's `{c['encoder']}`, pretrained by sparse masked image modelling "
+            "(the masked cells of the input set to zero and kept at zero after every convolution, "
+            "normalisation statistics over the visible cells only: SparK, Tian et al., 2023; ConvNeXt V2's "
+            f"FCMAE, Woo et al., 2023) with the `mae` package; its encoder, the timm model itself, exported "
+            f"for {target.loaded_by}."
+        )
+    elif classifier is None and _distilled(facts.hparams):
         about = (
             f"A Vision Transformer {what} distilled from a frozen teacher's attention relations (TinyMIM, "
             f"Ren et al., 2023) with `mae distill`, exported for {target.loaded_by}."
@@ -316,13 +341,9 @@ def _body(
         "",
         "## Architecture",
         "",
-        "| input | patch | channels | width | depth | heads | MLP ratio | LayerNorm eps |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {size} | {c['patch_size']} | {c['in_chans']} | {c['embed_dim']} | {c['depth']} "
-        f"| {c['num_heads']} | {c['mlp_ratio']:g} | {c['layer_norm_eps']:g} |",
-        "",
+        *(_cnn_architecture(c, size) if cnn else _vit_architecture(c, size)),
     ]
-    if has_decoder:
+    if has_decoder and not cnn:
         lines += [
             f"Decoder: width {c['decoder_embed_dim']}, depth {c['decoder_depth']}, "
             f"{c['decoder_num_heads']} heads; target `{target_of(c)}`: the loss is the MSE on "
@@ -340,10 +361,64 @@ def _body(
     lines += _recipe(facts)
     lines += _data(facts, data_name)
     lines += _results(facts)
-    lines += _loading(target, folder_name, has_decoder, classifier)
+    lines += _loading(target, folder_name, has_decoder, classifier, c.get("encoder") if cnn else None)
     lines += _licence(facts)
-    lines += ["## Citation", "", "```bibtex", CITATION, "```", ""]
+    lines += ["## Citation", "", "```bibtex", *([CNN_CITATION] if cnn else []), CITATION, "```", ""]
     return "\n".join(lines)
+
+
+def _vit_architecture(c: dict[str, Any], size: str) -> list[str]:
+    """The ViT's architecture table."""
+    return [
+        "| input | patch | channels | width | depth | heads | MLP ratio | LayerNorm eps |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {size} | {c['patch_size']} | {c['in_chans']} | {c['embed_dim']} | {c['depth']} "
+        f"| {c['num_heads']} | {c['mlp_ratio']:g} | {c['layer_norm_eps']:g} |",
+        "",
+    ]
+
+
+# The CNN family's decoders (``mae.models.cnn.decoders``), in words.
+_CNN_DECODERS = {
+    "spark": "SparK's light hierarchical decoder (mask tokens filled in at every scale, upsampled)",
+    "fcmae": "FCMAE's ConvNeXt-V2 block decoder",
+}
+
+
+def _cnn_architecture(c: dict[str, Any], size: str) -> list[str]:
+    """The CNN's architecture table and its pretraining decoder (not part of these weights)."""
+    lines = [
+        "| input | timm model | channels | mask unit | pretraining decoder | decoder width |",
+        "|---|---|---|---|---|---|",
+        f"| {size} | `{c['encoder']}` | {c['in_chans']} | {c.get('mask_unit', '-')} px "
+        f"| {c.get('decoder', '-')} | {c.get('decoder_width', '-')} |",
+        "",
+    ]
+    if "decoder" in c:
+        target = target_of(c)
+        lines += [
+            f"Pretraining: {c.get('mask_unit')}-px cells masked, decoded by "
+            f"{_CNN_DECODERS.get(c['decoder'], c['decoder'])} (width {c.get('decoder_width')}, not part of "
+            f"these weights); the loss is the MSE on {target_class(target).described} of the masked cells.",
+            "",
+        ]
+    return lines
+
+
+def _cnn_usage(folder_name: str, encoder: str) -> list[str]:
+    """The card's code for a CNN's timm folder: timm builds the network and computes its features."""
+    return [
+        "import timm",
+        "",
+        f'model = timm.create_model("local-dir:{folder_name}", pretrained=True).eval()  # hf-hub:USER/REPO',
+        "config = timm.data.resolve_data_config({}, model=model)",
+        "transform = timm.data.create_transform(**config)  # resize, centre crop, normalise as trained",
+        "maps = model.forward_features(transform(image).unsqueeze(0))  # (1, C, H/32, W/32), the last stage",
+        "embedding = model.forward_head(maps, pre_logits=True)  # (1, C): the mean of the map",
+        "",
+        f'# or timm alone by name: timm.create_model("{encoder}", num_classes=0) and load_state_dict of',
+        f'# safetensors.torch.load_file("{folder_name}/model.safetensors"), strict',
+    ]
 
 
 def _teacher(options: dict[str, Any] | None) -> list[str]:
@@ -386,6 +461,11 @@ def _recipe(facts: RunFacts) -> list[str]:
             f"from the frozen teacher `{t.get('path')}` ({t.get('format')}, sha256 `{t.get('sha256')}`; "
             f"width {t.get('embed_dim')}, depth {t.get('depth')}, {t.get('num_heads')} heads), its block "
             f"{(h.get('teacher') or {}).get('block')} into the student's block {h.get('student_block')}."
+        )
+    elif h and family_of(facts.config) == "cnn":
+        lines.append(
+            f"Sparse masked pretraining of a CNN: mask ratio {h.get('mask_ratio')} "
+            f"({h.get('mask_strategy')} masking), target `{target_of(h)}`, recipe model `{h.get('model')}`."
         )
     elif h:
         lines.append(
@@ -457,9 +537,16 @@ def _results(facts: RunFacts) -> list[str]:
 
 
 def _loading(
-    target: CardTarget, folder_name: str, has_decoder: bool, classifier: Classifier | None
+    target: CardTarget,
+    folder_name: str,
+    has_decoder: bool,
+    classifier: Classifier | None,
+    cnn_encoder: str | None = None,
 ) -> list[str]:
-    if classifier is None:
+    if cnn_encoder is not None and classifier is None:
+        usage = _cnn_usage(folder_name, cnn_encoder)
+        load = f'backbone = mae.load_backbone("{folder_name}")  # the timm {cnn_encoder}'
+    elif classifier is None:
         usage = target.usage(folder_name, has_decoder)
         load = f'backbone = mae.load_backbone("{folder_name}")  # a timm VisionTransformer'
     else:

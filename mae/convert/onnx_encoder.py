@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from timm.layers import to_2tuple
 from torch import nn
 
 from mae.convert.backbone import load_backbone
 from mae.convert.checkpoint import MAECheckpoint
 from mae.convert.onnx import DEFAULT_ATOL, check_opset, write_onnx
-from mae.convert.pooling import POOLS, Pool, pooled
+from mae.convert.pooling import POOLS, Pool, encoder_family, pooled
 from mae.convert.sources import read_checkpoint
 from mae.data.views.normalize import check_statistics, normalization
 from mae.errors import ConfigError
@@ -40,7 +41,10 @@ class OnnxEncoder(nn.Module):
 
     @property
     def output_name(self) -> str:
-        return "embedding" if self.pool else "tokens"
+        """The output's name: "embedding" pooled; else a ViT's "tokens", a CNN's "maps"."""
+        if self.pool:
+            return "embedding"
+        return "maps" if encoder_family(self.backbone) == "cnn" else "tokens"
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self._encode(pixels)
@@ -132,8 +136,19 @@ def input_metadata(stats: InputStatistics, size: tuple[int, int], batch: str = "
     }
 
 
-def output_text(model: OnnxEncoder, dims: torch.Size, grid: tuple[int, int], batch: str = "N") -> str:
-    """The file's ``mae.output``: what its output holds, ``dims`` its shape without the ``batch``."""
+def output_text(model: OnnxEncoder, dims: torch.Size, grid: tuple[int, int] | None, batch: str = "N") -> str:
+    """The file's ``mae.output``: what its output holds, ``dims`` its shape without the ``batch``; ``grid``
+    the ViT's patch grid, None for a CNN."""
+    if grid is None:  # a CNN: its last map, or that map pooled
+        if model.pool is None:
+            return (
+                f"{model.output_name}: float32 ({batch}, {dims[0]}, {dims[1]}, {dims[2]}): the CNN's last "
+                f"feature map, {dims[0]} channels on a {dims[1]}x{dims[2]} grid (every cell, no masking)."
+            )
+        return (
+            f"{model.output_name}: float32 ({batch}, {dims[0]}): the CNN's last feature map, pooled as timm "
+            "pools it."
+        )
     if model.pool is None:
         return (
             f"{model.output_name}: float32 ({batch}, {dims[0]}, {dims[1]}): the cls token, then the "
@@ -185,9 +200,14 @@ def export_onnx(
     check_opset(opset)  # before the checkpoint is read
     ckpt = read_checkpoint(source, format)
     backbone = load_backbone(ckpt, img_size=img_size, num_heads=num_heads).eval()
-    stats = input_statistics(ckpt, backbone.patch_embed.proj.in_channels, mean, std)
+    if ckpt.family == "cnn":  # any input size: the one asked for, else the one it was trained at
+        in_chans, size = ckpt.config["in_chans"], to_2tuple(img_size or ckpt.config["img_size"])
+        grid = None
+    else:
+        in_chans, size = backbone.patch_embed.proj.in_channels, tuple(backbone.patch_embed.img_size)
+        grid = backbone.patch_embed.grid_size
+    stats = input_statistics(ckpt, in_chans, mean, std)
     model = OnnxEncoder(backbone, pool).eval()
-    size = tuple(backbone.patch_embed.img_size)
     example = torch.randn(
         2 if dynamic_batch else 1, stats.in_chans, *size, generator=torch.Generator().manual_seed(0)
     )
@@ -196,7 +216,7 @@ def export_onnx(
     batch = "N" if dynamic_batch else "1"  # a file exported for batch 1 takes nothing else
     metadata = {
         **input_metadata(stats, size, batch),
-        "mae.output": output_text(model, dims, backbone.patch_embed.grid_size, batch),
+        "mae.output": output_text(model, dims, grid, batch),
         "mae.pool": pool or "none",
         "mae.source": Path(source).name,
         "mae.source_format": ckpt.format,

@@ -34,11 +34,12 @@ class LoadReport:
 
 
 def _summarise(keys: list[str]) -> str:
-    """Collapse per-block keys: ``decoder_blocks.0-7.* (96 tensors)``."""
+    """Collapse per-block keys: ``decoder_blocks.0-7.* (96 tensors)``; a CNN's decoder (every key under
+    ``decoder.``) as ``decoder.* (N tensors)``."""
     groups: dict[str, list[str]] = {}
     for key in keys:
-        m = re.match(r"^(.*?blocks)\.(\d+)\.", key)
-        groups.setdefault(f"{m.group(1)}.*" if m else key, []).append(key)
+        m = re.match(r"^(decoder)\.|^(.*?blocks)\.(\d+)\.", key)
+        groups.setdefault(f"{m.group(1) or m.group(2)}.*" if m else key, []).append(key)
     return ", ".join(k if len(v) == 1 and k == v[0] else f"{k} ({len(v)} tensors)" for k, v in groups.items())
 
 

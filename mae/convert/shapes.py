@@ -64,7 +64,8 @@ def _patch_embedding(state: dict[str, torch.Tensor], source: str | Path) -> tupl
     if "patch_embed.proj.weight" not in state or "pos_embed" not in state:
         raise InputError(
             f"{source} is not a ViT / MAE state dict: no patch_embed.proj.weight or pos_embed (keys start "
-            f"{sorted(state)[:5]})"
+            f"{sorted(state)[:5]}); a CNN's bare state dict does not name its timm model: give its timm "
+            "folder or our export of it, or start a CNN model from it with model.init_from"
         )
     proj = state["patch_embed.proj.weight"]
     if proj.ndim != 4:

@@ -9,6 +9,7 @@ exported encoders (``mae export --out OUT.safetensors``) and plain timm state di
 module there and one row here.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 from mae.convert.checkpoint import MAECheckpoint, check_finite
@@ -93,7 +94,7 @@ def ema_checkpoint(ckpt: MAECheckpoint) -> MAECheckpoint:
             f"{ckpt.source}: its EMA weights do not match its weights (names or shapes); the file is damaged "
             "or was edited"
         )
-    return MAECheckpoint(ckpt.source, ckpt.format, state, ckpt.config, ckpt.notes, ckpt.ignored, ckpt.data)
+    return replace(ckpt, state_dict=state)
 
 
 __all__ = [

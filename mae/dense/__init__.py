@@ -20,10 +20,11 @@ from mae.dense.data import (
     SegmentationDataModule,
 )
 from mae.dense.metrics import DetectionMetrics, SegmentationMetrics
-from mae.dense.models import SimpleFeaturePyramid, UperNetHead, feature_pyramid
+from mae.dense.models import CNNFeaturePyramid, SimpleFeaturePyramid, UperNetHead, feature_pyramid
 from mae.dense.tasks import MAEDetectionModule, MAESegmentationModule, PredictionFigures
 
 __all__ = [
+    "CNNFeaturePyramid",
     "DetectionDataModule",
     "DetectionMetrics",
     "DigitScenesDataModule",

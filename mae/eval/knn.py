@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+from mae.convert.pooling import default_pool
 from mae.data import ImageDataModule
 from mae.errors import ConfigError
 from mae.eval.features import FeatureStore, evaluation_subsets, l2_normalised, pooled
@@ -68,7 +69,8 @@ def knn_evaluate(
     announce: Callable[[int, int], None] | None = None,
     notes: bool = True,
 ) -> tuple[float, float, int]:
-    """(top-1 %, top-5 %, number of queries) of kNN on ``model``'s cls token (L2-normalised, float):
+    """(top-1 %, top-5 %, number of queries) of kNN on ``model``'s features pooled by default (the cls token
+    of a ViT, the mean of a CNN's last map: ``mae.convert.pooling.default_pool``; L2-normalised, float):
     ``data``'s training split (evaluation transform; a fixed subset of ``max_train`` images when
     larger) is the memory bank, its validation split (a fixed subset of ``max_val`` images when larger)
     the queries. A ``k`` above the memory bank's size is lowered to it, with a note on stderr.
@@ -90,7 +92,7 @@ def knn_evaluate(
             f"{len(train_set)} vote",
             file=sys.stderr,
         )
-    encode = l2_normalised(pooled(model, "cls"))
+    encode = l2_normalised(pooled(model, default_pool(model)))
     train, val = (
         FeatureStore.extract(
             encode,

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from mae.convert.pooling import check_pool, default_pool
 from mae.data import ImageDataModule
 from mae.errors import ConfigError
 from mae.eval.features import FeatureStore, Pool, evaluation_subsets, pooled
@@ -71,12 +72,13 @@ def check_training(max_epochs: int, patience: int, holdout: float) -> None:
 @dataclass(frozen=True)
 class ProbeSettings:
     """A probe run's settings, checked when built (by the command, the callback): ``pool`` "cls",
-    "avg" or "both"; ``views`` of each training image (1: the evaluation view; more: that many with
+    "avg" or "both" (None: the encoder's default, ``mae.convert.pooling.default_pool``: "cls" for a ViT,
+    "avg" for a CNN); ``views`` of each training image (1: the evaluation view; more: that many with
     the training augmentation); the (lr, weight decay) grid (None: ``DEFAULT_LRS`` /
     ``DEFAULT_WEIGHT_DECAYS``); the heads' ``max_epochs`` and early-stop ``patience``; the
     ``holdout`` fraction that chooses the head; the ``seed`` of the split and of the heads."""
 
-    pool: Pool = "cls"
+    pool: Pool | None = None
     views: int = 1
     lrs: tuple[float, ...] | None = None
     weight_decays: tuple[float, ...] | None = None
@@ -91,7 +93,8 @@ class ProbeSettings:
         object.__setattr__(self, "weight_decays", tuple(weight_decays))
         check_grid(list(self.lrs), list(self.weight_decays))
         check_training(self.max_epochs, self.patience, self.holdout)
-        pooled(torch.nn.Identity(), self.pool)  # a bad pool name fails now
+        if self.pool is not None:
+            check_pool(self.pool)  # a bad pool name fails now
         if self.views < 1:
             raise ConfigError(f"probe views must be >= 1, got {self.views}")
 
@@ -123,7 +126,7 @@ def evaluate(
             f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
             f"{data.num_labels}"
         )
-    encoder = pooled(model, settings.pool)
+    encoder = pooled(model, settings.pool or default_pool(model))
     encode = lambda imgs: encoder(data.normalize(imgs))  # noqa: E731  (augmented views may be uint8)
     feature_train, val_set = data.feature_datasets()
     if val_set is None:

@@ -34,8 +34,20 @@ def attention_weights(attn: nn.Module, x: torch.Tensor, queries: slice = slice(N
 
 
 def _last_attention(model: nn.Module) -> nn.Module:
-    """The ``Attention`` module of the encoder's last block (a timm ViT or an MAE)."""
-    attn = getattr(model.blocks[-1], "attn", None)
+    """The ``Attention`` module of the encoder's last block (a timm ViT or an MAE).
+
+    Raises:
+        ConfigError: a CNN (no attention blocks), naming it, or a block without timm's ``Attention``.
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not len(blocks) or getattr(model, "family", "vit") == "cnn":
+        config = getattr(model, "config", None)
+        name = config.get("encoder") if isinstance(config, dict) else None
+        raise ConfigError(
+            f"attention maps need a ViT, and the encoder is the CNN {name or type(model).__name__}, which "
+            "has no attention: leave --attention out (reconstructions of a CNN need no attention maps)"
+        )
+    attn = getattr(blocks[-1], "attn", None)
     if attn is None or not all(hasattr(attn, name) for name in ("qkv", "num_heads", "head_dim", "scale")):
         raise ConfigError(
             f"the last block's attention is a {type(attn).__name__}, not timm's Attention (qkv, num_heads, "

@@ -10,7 +10,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from torch.distributed.tensor import DTensor
 
-from mae.convert.architecture import ARCHITECTURE_KEY, MAE_CLASS
+from mae.convert.architecture import ARCHITECTURE_KEY, CNN_MAE_CLASS, MAE_CLASS
 from mae.convert.report import state_dict_mismatch
 from mae.convert.sharded_checkpoint import (
     is_sharded_checkpoint,
@@ -112,6 +112,7 @@ def check_resume_checkpoint(path: str | Path, module: pl.LightningModule) -> int
             f"--ckpt_path {path} is not a Lightning training checkpoint (no state_dict / optimizer_states); "
             f"to start from pretrained weights use model.encoder.checkpoint instead"
         )
+    check_same_cnn(path, ckpt.get(ARCHITECTURE_KEY), module)
     check_same_decoder_switches(path, ckpt.get(ARCHITECTURE_KEY), module)
     problems = state_dict_mismatch(module.state_dict(), ckpt["state_dict"])
     if problems:
@@ -139,6 +140,41 @@ def check_same_decoder_switches(path: Path, saved: dict | None, module: pl.Light
             + "; model.".join(differences)
             + ". Set them to the checkpoint's values to resume it, or start a new run from its weights with "
             "model.init_from"
+        )
+
+
+# What a CNN pretraining run resumes with unchanged: the timm model, the decoder and the mask grid.
+CNN_KEYS = ("encoder", "decoder", "mask_unit")
+
+
+def check_same_cnn(path: Path, saved: dict | None, module: pl.LightningModule) -> None:
+    """A CNN pretraining run resumes with its model family, timm ``encoder``, ``decoder`` and ``mask_unit``
+    (the mask grid); a ViT run does not resume as a CNN, nor a CNN run as a ViT.
+
+    Raises:
+        ConfigError: naming the checkpoint's and this config's class, or each differing
+            ``model.model_kwargs.<key>`` with both values, and the fix.
+    """
+    record = getattr(module, "architecture_record", lambda: None)()
+    if not saved or not record or CNN_MAE_CLASS not in (saved.get("class"), record.get("class")):
+        return
+    if saved.get("class") != record.get("class"):
+        classes = f"holds a {saved.get('class')} and this config builds a {record.get('class')}"
+        raise ConfigError(
+            f"--ckpt_path {path} {classes}: resume it with the model of the run that wrote it (its "
+            "config.yaml), or start a new run"
+        )
+    before, now = saved.get("args") or {}, record["args"]
+    differences = [
+        f"{key} {before.get(key)!r} (this config: {now.get(key)!r})"
+        for key in CNN_KEYS
+        if before.get(key) != now.get(key)
+    ]
+    if differences:
+        raise ConfigError(
+            f"--ckpt_path {path} was written with another CNN model than this config builds: "
+            "model.model_kwargs." + "; model.model_kwargs.".join(differences) + ". Set them to the "
+            "checkpoint's values to resume it, or start a new run from its weights with model.init_from"
         )
 
 

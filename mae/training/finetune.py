@@ -1,8 +1,26 @@
-"""The fine-tuning / linear-probing ``LightningModule``: a timm ViT classifier from a pretrained encoder.
+"""The fine-tuning / linear-probing ``LightningModule``: a timm classifier from a pretrained encoder, a ViT
+or a CNN of the SparK / FCMAE family (the timm CNN itself, its classifier timm's own: ``fc`` of a ResNet,
+``head.fc`` of a ConvNeXt).
 
 Fine-tuning follows the paper's end-to-end protocol (layer-wise lr decay, drop path, mixup/cutmix,
 label smoothing, AdamW); linear probing its frozen-encoder protocol (cls token, BatchNorm without
-affine before the linear head, LARS, no weight decay).
+affine before the linear head, LARS, no weight decay). A CNN pools its last map ("avg", timm's own
+pooling; "token" is refused), its layer decay counts timm's blocks (``group_matcher``: a ResNet's
+``layerN.M``, a ConvNeXt's ``stages.N.blocks.M`` and downsamplings, the stem the lowest), and its linear
+probe puts the BatchNorm before the linear layer at timm's classifier path.
+
+The checkpoint records the classifier's architecture (``architecture_record``) so that
+``mae.load_backbone`` and the exports rebuild it without the pretraining file:
+
+- ViT: ``{"class": "VisionTransformer", "args": <timm VisionTransformer arguments> + "head",
+  "layer_norm_eps", "state_dict_prefix": "vit."}`` (``mae.convert.architecture.vit_record``).
+- CNN: ``{"class": CNN_CLASSIFIER_CLASS ("TimmCNN"), "args": {"encoder": <timm name>, "num_classes": K,
+  "in_chans": C, "global_pool": "avg", "img_size": [H, W], "drop_path_rate": x, "encoder_kwargs": {...},
+  "head": "linear" | "batchnorm_linear"}, "state_dict_prefix": "vit."}``: the model is
+  ``timm.create_model(encoder, num_classes=K, in_chans=C, global_pool="avg", **encoder_kwargs)``, its
+  state dict under ``vit.`` is timm's (a linear probe's head: ``<classifier>.0.*`` the BatchNorm's running
+  statistics, ``<classifier>.1.*`` the linear layer, where ``<classifier>`` is timm's
+  ``pretrained_cfg["classifier"]``: ``fc`` or ``head.fc``).
 """
 
 from typing import Any, Literal
@@ -10,7 +28,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from timm.data import Mixup
-from timm.layers import trunc_normal_
+from timm.layers import to_2tuple, trunc_normal_
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import Lars, param_groups_layer_decay
 from torch import nn
@@ -20,17 +38,28 @@ from torchmetrics.classification import MulticlassAccuracy
 from mae.convert.architecture import vit_record
 from mae.convert.backbone import vit_args
 from mae.convert.classifier import PROBE_NORM_EPS
+from mae.convert.families import family_of
 from mae.errors import ConfigError
 from mae.training.optim import ParamGroupPlan
 from mae.training.transfer import TransferModule
 
+# The architecture record's class of a fine-tuned CNN classifier (module doc): a timm CNN with its head.
+CNN_CLASSIFIER_CLASS = "TimmCNN"
+
+
+def classifier_path(model: nn.Module) -> str:
+    """The dotted name of a timm model's classifier layer: ``pretrained_cfg["classifier"]`` ("fc" of a
+    ResNet, "head.fc" of a ConvNeXt), "head" for a ViT built without a pretrained config."""
+    return getattr(model, "pretrained_cfg", None) and model.pretrained_cfg.get("classifier") or "head"
+
 
 class MAEFinetuneModule(TransferModule):
-    """A ViT classifier initialised from a pretrained MAE encoder.
+    """A ViT (or CNN) classifier initialised from a pretrained MAE encoder.
 
     Args:
         mode: "finetune" (all weights) or "linprobe" (frozen encoder, BatchNorm + linear head).
-        global_pool: "avg" (mean of patch tokens + fc_norm, the paper's fine-tuning) or "token" (cls).
+        global_pool: "avg" (mean of patch tokens + fc_norm, the paper's fine-tuning; a CNN's: the mean
+            of its last map) or "token" (cls; a ViT's only).
         mixup: mixup alpha (paper 0.8); 0 disables.
         cutmix: cutmix alpha (paper 1.0); 0 disables.
         label_smoothing: (paper 0.1).
@@ -87,29 +116,53 @@ class MAEFinetuneModule(TransferModule):
     def _classifier(self, global_pool: str, head_init_std: float) -> nn.Module:
         """The pretrained encoder as a timm classifier with ``global_pool``; a head the checkpoint does
         not hold drawn with std ``head_init_std``; for the linear probe, the encoder frozen and a
-        BatchNorm before the head. Records ``vit_args`` and ``layer_norm_eps`` for its checkpoints."""
+        BatchNorm before the head. Records the classifier's timm arguments for its checkpoints."""
         vit_kwargs = dict(
             global_pool=global_pool, num_classes=self.num_classes, drop_path_rate=self.drop_path_rate
         )
         vit, config, ckpt = self.pretrained_vit(**vit_kwargs)
+        self.family = family_of(config)
         # The classifier's timm arguments, recorded in checkpoints so mae.load_backbone rebuilds it exactly.
-        self.vit_args = {**vit_args({**config, "img_size": tuple(vit.patch_embed.img_size)}), **vit_kwargs}
-        self.layer_norm_eps = config["layer_norm_eps"]
-        if ckpt is None or "head.weight" in vit.load_report.missing:  # a new head
-            trunc_normal_(vit.head.weight, std=head_init_std)
-            nn.init.zeros_(vit.head.bias)
+        if self.family == "cnn":
+            self.vit_args = {
+                "encoder": config["encoder"],
+                "num_classes": self.num_classes,
+                "in_chans": self.in_chans,
+                "global_pool": "avg",
+                "img_size": list(to_2tuple(self.img_size)),
+                "drop_path_rate": self.drop_path_rate,
+                "encoder_kwargs": {
+                    k: v for k, v in config.get("encoder_kwargs", {}).items() if k != "drop_path_rate"
+                },
+            }
+            self.layer_norm_eps = None
+        else:
+            self.vit_args = {
+                **vit_args({**config, "img_size": tuple(vit.patch_embed.img_size)}),
+                **vit_kwargs,
+            }
+            self.layer_norm_eps = config["layer_norm_eps"]
+        path = classifier_path(vit)
+        head = vit.get_submodule(path)
+        if ckpt is None or f"{path}.weight" in vit.load_report.missing:  # a new head
+            trunc_normal_(head.weight, std=head_init_std)
+            nn.init.zeros_(head.bias)
         if self.mode == "linprobe":
             for p in vit.parameters():
                 p.requires_grad = False
-            norm = nn.BatchNorm1d(vit.head.in_features, affine=False, eps=PROBE_NORM_EPS)
-            vit.head = nn.Sequential(norm, vit.head)
-            for p in vit.head.parameters():
+            norm = nn.BatchNorm1d(head.in_features, affine=False, eps=PROBE_NORM_EPS)
+            vit.set_submodule(path, nn.Sequential(norm, head))
+            for p in vit.get_submodule(path).parameters():
                 p.requires_grad = True
         return vit
 
     def architecture_record(self) -> dict[str, Any]:
+        head = "batchnorm_linear" if self.mode == "linprobe" else "linear"
+        if self.family == "cnn":
+            args = {**self.vit_args, "head": head}
+            return {"class": CNN_CLASSIFIER_CLASS, "args": args, "state_dict_prefix": "vit."}
         record = vit_record(self.vit_args, self.layer_norm_eps, prefix="vit.")
-        record["args"]["head"] = "batchnorm_linear" if self.mode == "linprobe" else "linear"
+        record["args"]["head"] = head
         return record
 
     def forward(self, imgs: torch.Tensor) -> torch.Tensor:
@@ -148,7 +201,9 @@ class MAEFinetuneModule(TransferModule):
         """The recipe's groups on the unwrapped classifier: LARS on the probe's head (trust ratio on its
         weight only), or layer-wise lr decay with weight decay on weights only."""
         if self.mode == "linprobe":
-            head = [p for p in self.vit.head.parameters() if p.requires_grad]
+            head = [
+                p for p in self.vit.get_submodule(classifier_path(self.vit)).parameters() if p.requires_grad
+            ]
             return [
                 {"params": [p for p in head if p.ndim > 1], "always_adapt": True, "name": "weights"},
                 {"params": [p for p in head if p.ndim <= 1], "always_adapt": False, "name": "biases"},
@@ -156,7 +211,7 @@ class MAEFinetuneModule(TransferModule):
         return param_groups_layer_decay(
             self.vit,
             self.optim.weight_decay,
-            no_weight_decay_list=self.vit.no_weight_decay(),
+            no_weight_decay_list=getattr(self.vit, "no_weight_decay", set)(),  # a CNN has none
             layer_decay=self.layer_decay,
         )
 

@@ -2,11 +2,13 @@
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from timm.optim import param_groups_weight_decay
+from timm.optim import Lamb, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import nn
 from torch.optim import Optimizer
@@ -51,6 +53,25 @@ def encoder_decoder_groups(model: nn.Module, groups: list[dict]) -> list[dict]:
                     {**group, "params": params, "name": name, "lr_scale": 1.0, "encoder": part == "encoder"}
                 )
     return out
+
+
+def adamw(groups: list[dict], lr: float, betas: tuple[float, float], fused: bool) -> Optimizer:
+    """torch's AdamW (the MAE paper's optimiser); ``fused``: its single-kernel form."""
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+
+
+def lamb(groups: list[dict], lr: float, betas: tuple[float, float], fused: bool) -> Optimizer:
+    """timm's LAMB (You et al. 2020; SparK's optimiser): Adam's moments, each tensor's update scaled by
+    its trust ratio ||w|| / ||update||. No clipping inside it (timm clips at 1.0 by default): the trainer's
+    ``gradient_clip_val`` clips, as for AdamW (SparK clips at 5). ``fused`` has no LAMB form: ignored."""
+    return Lamb(groups, lr=lr, betas=betas, max_grad_norm=None)
+
+
+# ``model.optim.optimizer`` of pretraining: name -> (parameter groups, lr, betas, fused) -> optimizer.
+PRETRAIN_OPTIMIZERS: dict[str, Callable[[list[dict], float, tuple[float, float], bool], Optimizer]] = {
+    "adamw": adamw,
+    "lamb": lamb,
+}
 
 
 # Name segments that wrappers insert (FSDP, activation checkpointing, torch.compile).

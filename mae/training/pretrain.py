@@ -3,11 +3,14 @@
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
 from torchmetrics import MeanMetric
 
 from mae.convert.architecture import ARCHITECTURE_KEY, mae_record
@@ -19,12 +22,14 @@ from mae.models.flops import mae_train_flops
 from mae.models.masking import MaskStrategy, sample_noise
 from mae.training.base import MAETrainingModule
 from mae.training.optim import (
+    PRETRAIN_OPTIMIZERS,
     ParamGroupPlan,
     encoder_decoder_groups,
     per_device_batch_size,
     weight_decay_groups,
 )
 from mae.training.resolution import ResolutionSchedule, resize_batch
+from mae.training.runtime import TrainingSettings
 from mae.training.settings import (
     AUTO_KERNELS,
     NO_TEACHER,
@@ -34,6 +39,7 @@ from mae.training.settings import (
     TeacherSettings,
     as_group,
 )
+from mae.training.sharding import is_sharded
 from mae.training.teacher import TeacherIdentity, check_same_teacher, check_teacher_settings, load_teacher
 
 
@@ -227,6 +233,7 @@ class MAEPretrainModule(MAETrainingModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
+            self.check_trainer(self.trainer)
             if self.resolution is not None and (self.trainer.max_epochs or -1) < 1:
                 raise ConfigError(
                     f"model.resolution_schedule starts its phases at fractions of trainer.max_epochs, which "
@@ -396,9 +403,71 @@ class MAEPretrainModule(MAETrainingModule):
         self.log("val/loss", self.val_loss, prog_bar=True)
 
     def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
+        return PRETRAIN_OPTIMIZERS[self.optim.optimizer](
             self.param_groups.groups(self.model),
-            lr=lr,
-            betas=self.optim.betas,
-            fused=(self.settings or self.resolve_settings()).fused_adamw,
+            lr,
+            self.optim.betas,
+            (self.settings or self.resolve_settings()).fused_adamw,
         )
+
+    # ------------------------------------------------------------------ the CNN family
+    @property
+    def is_cnn(self) -> bool:
+        """Whether the model is a CNN (``mae.models.cnn.MaskedAutoencoderCNN``), not a ViT."""
+        return getattr(self.model, "family", "vit") == "cnn"
+
+    @property
+    def encoder(self) -> nn.Module:
+        """What the monitors evaluate: the MAE (ViT), or a CNN's encoder, the plain timm model (outside the
+        MAE's own forward no mask is set: ``mae.models.cnn.sparse.MaskContext.masking``)."""
+        return self.model.encoder if self.is_cnn else self.model
+
+    def check_trainer(self, trainer: pl.Trainer) -> None:
+        """Refuse, before any work, the trainer settings a CNN model cannot train under.
+
+        Raises:
+            ConfigError: ``trainer.sync_batchnorm`` (Lightning would swap the sparse BatchNorms for
+                torch's SyncBatchNorm, which normalises over masked positions too), FSDP2 (naming the
+                strategy and DDP instead), ``model.kernels.compile: true``.
+        """
+        if not self.is_cnn:
+            return
+        self._refuse_compile()
+        name = self.model.config["encoder"]
+        if getattr(trainer._accelerator_connector, "_layer_sync", None) is not None:
+            raise ConfigError(
+                f"trainer.sync_batchnorm: true would replace the CNN {name}'s sparse BatchNorms (statistics "
+                "over visible positions only) by torch's SyncBatchNorm, over masked positions too: set "
+                "trainer.sync_batchnorm: false (each process then normalises over its own batch, as SparK "
+                "pretrains)"
+            )
+        if is_sharded(trainer):
+            raise ConfigError(
+                f"trainer.strategy {type(trainer.strategy).__name__} (FSDP2) shards a ViT's blocks; a CNN "
+                f"model ({name}) trains under trainer.strategy: ddp: its timm encoder runs through "
+                "forward_intermediates and, in the monitors and exports, on its own, where FSDP2's "
+                "per-module gathering does not reach, and it fits one device (ResNet-50 25M, "
+                "ConvNeXt-V2-B 89M parameters)"
+            )
+
+    def resolve_settings(self, steps: float | None = None) -> TrainingSettings:
+        """As ``MAETrainingModule.resolve_settings``; for a CNN model, ``kernels.compile: auto`` is off
+        and ``true`` refused: its sparse BatchNorm gathers the visible positions (a shape that depends on
+        the mask), on which torch.compile breaks its graph and fails to compile the backward.
+
+        Raises:
+            ConfigError: ``model.kernels.compile: true`` for a CNN model.
+        """
+        settings = super().resolve_settings(steps)
+        if not self.is_cnn or not settings.compile:
+            return settings
+        self._refuse_compile()
+        return replace(settings, compile=False)
+
+    def _refuse_compile(self) -> None:
+        if self.is_cnn and self.kernels.compile is True:
+            raise ConfigError(
+                f"model.kernels.compile: true cannot compile the CNN model ({self.model.config['encoder']}): "
+                "its sparse BatchNorm gathers the visible positions of each batch (a shape that depends on "
+                "the mask), which torch.compile cannot compile; set model.kernels.compile: auto or false"
+            )

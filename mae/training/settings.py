@@ -152,17 +152,20 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class PretrainOptimSettings(OptimSettings):
-    """``model.optim`` of pretraining: as ``OptimSettings`` (the paper's pretraining defaults), and AdamW's
-    ``betas``."""
+    """``model.optim`` of pretraining: as ``OptimSettings`` (the paper's pretraining defaults), the
+    ``optimizer`` ("adamw", the MAE paper's; "lamb", SparK's: ``mae.training.optim.PRETRAIN_OPTIMIZERS``)
+    and its ``betas``."""
 
     base_lr: float = 1.5e-4
     min_lr: float = 0.0
     warmup_epochs: float = 40.0
     betas: tuple[float, float] = (0.9, 0.95)
+    optimizer: Literal["adamw", "lamb"] = "adamw"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "betas", tuple(self.betas))  # a list from YAML or a checkpoint
+        check_setting("optim.optimizer", self.optimizer, ("adamw", "lamb"))
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,11 @@ def load_teacher(
             "last.ckpt of a `mae pretrain` run"
         )
     ckpt = read_checkpoint(path, checkpoint_format)
+    if ckpt.family != "vit":
+        raise ConfigError(
+            f"{setting} {checkpoint} holds the CNN {ckpt.config.get('encoder')}; a teacher must be a ViT "
+            "(its tokens are the targets, one per patch): give a ViT checkpoint"
+        )
     if grid_size is not None:
         if img_size is not None:
             raise ValueError("load_teacher takes img_size or grid_size, not both")

@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from timm.layers import to_2tuple
-from timm.models import VisionTransformer
+from torch import nn
 
 from mae.convert.architecture import DATA_KEY
 from mae.convert.backbone import build_vit, load_backbone, pooling_of
+from mae.convert.families import family_of
 from mae.convert.sharded_checkpoint import read_training_checkpoint
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.errors import ConfigError, MissingFileError, check_at_least
@@ -40,6 +42,41 @@ from mae.training.settings import (
 
 # Where version 0.2 kept the encoder's architecture in a trained checkpoint: beside its hyperparameters.
 ENCODER_KEY_V0_2 = "mae_encoder_config"
+# Arguments a ViT encoder takes and a CNN has no use for: a CNN takes inputs of any size as it is.
+_VIT_ONLY = ("dynamic_img_size",)
+
+
+def check_cnn_pool(global_pool: str | None, encoder: str) -> None:
+    """Raises ConfigError when ``global_pool`` (None: the default) is not "avg" for the CNN ``encoder``."""
+    if global_pool not in (None, "avg"):
+        raise ConfigError(
+            f"model.global_pool {global_pool!r} pools a ViT's cls token; {encoder} is a CNN, which has "
+            "none: use model.global_pool avg (the mean of its last map, timm's own pooling)"
+        )
+
+
+def build_cnn(
+    config: dict[str, Any],
+    in_chans: int,
+    global_pool: str | None = None,
+    num_classes: int = 0,
+    **timm_kwargs: Any,
+) -> nn.Module:
+    """A freshly initialised timm CNN of the encoder in ``config`` (``encoder``: the timm name, and the
+    pretraining's ``encoder_kwargs``), taking ``in_chans`` channels, average-pooled, with a new
+    ``num_classes`` head (0: none); ``timm_kwargs`` (``drop_path_rate``, ...) go to ``timm.create_model``."""
+    check_cnn_pool(global_pool, config["encoder"])
+    for name in _VIT_ONLY:
+        timm_kwargs.pop(name, None)
+    kwargs = {**config.get("encoder_kwargs", {}), **timm_kwargs}
+    return timm.create_model(
+        config["encoder"],
+        pretrained=False,
+        num_classes=num_classes,
+        in_chans=in_chans,
+        global_pool="avg",
+        **kwargs,
+    )
 
 
 def check_checkpoint_exists(checkpoint: str | None) -> None:
@@ -59,7 +96,9 @@ class EncoderSource:
     (ours, an export, official MAE, timm or Hugging Face; see ``mae.load_backbone``; ``checkpoint_format``:
     "auto" or a format name of ``mae.convert.sources.FORMATS``), else (``checkpoint`` None) a fresh encoder
     of the MAE size ``model`` (e.g. "mae_vit_base_patch16") with the ``MaskedAutoencoderViT`` overrides
-    ``model_kwargs`` (e.g. depth)."""
+    ``model_kwargs`` (e.g. depth); for a CNN, ``model`` "spark" or "fcmae" with the
+    ``MaskedAutoencoderCNN`` overrides (e.g. ``{encoder: resnet10t}``): the same timm CNN at random
+    initialisation, for the pretrained-vs-scratch comparison."""
 
     checkpoint: str | None = None
     checkpoint_format: str = "auto"
@@ -73,31 +112,52 @@ class EncoderSource:
         record: dict[str, Any] | None = None,
         global_pool: str | None = None,
         **vit_kwargs: Any,
-    ) -> tuple[VisionTransformer, dict[str, Any], MAECheckpoint | None]:
-        """The encoder as a timm ViT at ``img_size`` with ``vit_kwargs``, its MAE config and the read
-        checkpoint (None unless built from ``checkpoint``, which is then read once and its load report
-        logged). ``record``: the encoder's recorded architecture (a trained module's ``encoder_config``);
-        when given, the encoder is built from it alone (every weight then comes from the trained
-        checkpoint's state dict). ``global_pool``: None loads every norm the checkpoint holds
-        (``pooling_of``; "token" otherwise).
+    ) -> tuple[nn.Module, dict[str, Any], MAECheckpoint | None]:
+        """The encoder as a timm model at ``img_size`` with ``vit_kwargs`` (a ViT, or the timm CNN itself
+        for a CNN encoder, which takes any input size: ``dynamic_img_size`` is left out for it), its
+        config (MAE arguments, ``family_of`` tells which) and the read checkpoint (None unless built
+        from ``checkpoint``, which is then read once and its load report logged). ``record``: the
+        encoder's recorded architecture (a trained module's ``encoder_config``); when given, the encoder
+        is built from it alone (every weight then comes from the trained checkpoint's state dict).
+        ``global_pool``: None loads every norm the checkpoint holds (``pooling_of``; "token" otherwise);
+        a CNN pools "avg" only.
 
         Raises:
             MissingFileError: ``checkpoint`` is needed and does not exist, naming
                 ``model.encoder.checkpoint``.
+            ConfigError: a ``global_pool`` other than "avg" for a CNN.
         """
         if record is not None:
-            return build_vit(record, img_size, global_pool or "token", **vit_kwargs), dict(record), None
+            return self._fresh(record, img_size, in_chans, global_pool, vit_kwargs), dict(record), None
         check_checkpoint_exists(self.checkpoint)
         if self.checkpoint is None:
             with torch.device("meta"):
                 sized = create_model(
                     self.model, img_size=img_size, in_chans=in_chans, **(self.model_kwargs or {})
                 )
-            return build_vit(sized.config, img_size, global_pool or "token", **vit_kwargs), sized.config, None
+            return self._fresh(sized.config, img_size, in_chans, global_pool, vit_kwargs), sized.config, None
         ckpt = read_checkpoint(self.checkpoint, self.checkpoint_format)
+        if ckpt.family == "cnn":
+            check_cnn_pool(global_pool, ckpt.config["encoder"])
+            global_pool = "avg"
+            for name in _VIT_ONLY:
+                vit_kwargs.pop(name, None)
         vit = load_backbone(ckpt, img_size, global_pool or pooling_of(ckpt), in_chans=in_chans, **vit_kwargs)
         rank_zero_info(str(vit.load_report))
         return vit, vit.load_report.config, ckpt
+
+    @staticmethod
+    def _fresh(
+        config: dict[str, Any],
+        img_size: int | tuple[int, int],
+        in_chans: int,
+        global_pool: str | None,
+        vit_kwargs: dict[str, Any],
+    ) -> nn.Module:
+        """A randomly initialised encoder of the architecture ``config``: a timm ViT, or the timm CNN."""
+        if family_of(config) == "cnn":
+            return build_cnn(config, in_chans, global_pool, **vit_kwargs)
+        return build_vit(config, img_size, global_pool or "token", **vit_kwargs)
 
 
 def encoder_record(config: dict[str, Any], in_chans: int) -> dict[str, Any]:
@@ -134,7 +194,8 @@ class TransferModule(MAETrainingModule):
         grad_checkpointing: activation checkpointing of every encoder block (timm's
             ``set_grad_checkpointing``; the dense tasks' pyramid runs its blocks checkpointed): far less
             activation memory for about a third more step time; the same losses and gradients.
-        encoder_config: the encoder's architecture (``MaskedAutoencoderViT`` arguments). Leave it None: the
+        encoder_config: the encoder's architecture (``MaskedAutoencoderViT`` arguments; a CNN's
+            ``MaskedAutoencoderCNN`` arguments, naming its timm ``encoder``). Leave it None: the
             module fills it in from ``encoder`` when it builds the encoder, and its checkpoints record it,
             so that ``load_from_checkpoint`` builds the same encoder (its weights from the checkpoint's
             state dict) without reading ``encoder.checkpoint`` again. When set, ``encoder`` is not read.
@@ -173,7 +234,7 @@ class TransferModule(MAETrainingModule):
 
     def pretrained_vit(
         self, global_pool: str | None = None, **vit_kwargs: Any
-    ) -> tuple[VisionTransformer, dict[str, Any], MAECheckpoint | None]:
+    ) -> tuple[nn.Module, dict[str, Any], MAECheckpoint | None]:
         """The encoder at ``img_size`` with ``vit_kwargs`` (``EncoderSource.build``), its MAE config and
         the read checkpoint; records its architecture in the hyperparameters (``encoder_config``)."""
         vit, config, ckpt = self.encoder_source.build(

@@ -61,6 +61,10 @@ REVIEWED_IMPORTS = {
         "imported it while parsing the user's config, as a subclass of Lightning's Logger (LightningCLI "
         "builds every class_path of a config: a config is the user's program, not data)"
     ),
+    ("convert/families.py", "call"): (
+        "the loader modules of MODEL_FAMILIES' rows, literals passed to _later (imported at the first call "
+        "because they sit above the readers), never a file's text"
+    ),
     ("cli/moved_classes.py", "new_class_path"): (
         "the new modules of mae.training.settings.MOVES (a table of literals, followed by present_modules), "
         "never the config's text"

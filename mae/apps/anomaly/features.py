@@ -5,7 +5,12 @@ Euclidean distance to its nearest one. ``mae anomaly --method features`` runs it
 - Features: the encoder run on every patch (no masking, evaluation mode), the patch tokens (no cls token)
   of the last block, or of 2-3 chosen blocks concatenated (``feature_blocks``), without the final norm,
   each averaged over its ``neighbourhood`` x ``neighbourhood`` patches (3: PatchCore's local
-  aggregation; the average of the neighbours inside the image at the border).
+  aggregation; the average of the neighbours inside the image at the border). A CNN's "blocks" are its
+  stages (timm's ``feature_info``: a ResNet's stem and layer1-4, a ConvNeXt's four stages), by default its
+  stride-8 and stride-16 ones (``default_feature_blocks``: a ResNet's layer2 and layer3, PatchCore's
+  choice, mid-level features neither too local nor too ImageNet-specific); maps of coarser stages are
+  resized bilinearly to the finest chosen one before they are concatenated, as PatchCore does, and the
+  patch grid is that map's.
 - Memory bank: the greedy k-center coreset (``coreset``) of the normal images' patch vectors, chosen on a
   seeded Gaussian random projection to ``PROJECTION_DIM`` dimensions, as PatchCore's sampler does.
 - Scores: each test patch's distance to its nearest bank vector (``nearest_distances``: ``torch.cdist`` in
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from scipy import ndimage
-from timm.models.vision_transformer import VisionTransformer
+from torch import nn
 from torch.nn import functional as F
 
 from mae.errors import ConfigError
@@ -32,11 +37,27 @@ QUERY_BLOCK = 1024  # test patch vectors per distance block
 BANK_BLOCK = 16384  # bank vectors per distance block: 1024 x 16384 float32 distances = 64 MiB
 SIGMA = 4.0  # the maps' Gaussian smoothing, pixels (PatchCore's)
 MAX_BLOCKS = 3  # blocks whose outputs may be concatenated
+# A CNN's default stages, from the end: the stride-8 and stride-16 maps of a ResNet (layer2, layer3:
+# PatchCore's; its stem counts as a stage in timm's feature_info) and of a ConvNeXt (stages 1 and 2).
+CNN_FEATURE_BLOCKS = (-3, -2)
+
+
+def feature_depth(encoder: nn.Module) -> int:
+    """The blocks ``--feature-blocks`` counts: a ViT's transformer blocks, a CNN's stages (timm's
+    ``feature_info``: a ResNet's 5 with its stem, a ConvNeXt's 4)."""
+    blocks = getattr(encoder, "blocks", None)
+    return len(blocks) if blocks is not None else len(encoder.feature_info)
+
+
+def default_feature_blocks(encoder: nn.Module) -> list[int] | None:
+    """The blocks read when none are chosen: None (the last) for a ViT, ``CNN_FEATURE_BLOCKS`` for a CNN."""
+    return None if hasattr(encoder, "blocks") else list(CNN_FEATURE_BLOCKS)
 
 
 def feature_blocks(blocks: Sequence[int] | None, depth: int) -> list[int]:
     """The encoder blocks whose outputs are the features, as indices in [0, depth), ascending: ``blocks``
-    given as indices from the first block (0) or from the end (-1 the last); None: the last block.
+    given as indices from the first block (0) or from the end (-1 the last); None: the last block. A
+    CNN's blocks are its stages (``feature_depth``).
 
     Raises:
         ConfigError: more than ``MAX_BLOCKS`` blocks, a block outside the encoder's depth or one named
@@ -62,24 +83,41 @@ def feature_blocks(blocks: Sequence[int] | None, depth: int) -> list[int]:
 
 
 @torch.no_grad()
-def patch_features(
-    encoder: VisionTransformer,
+def feature_maps(
+    encoder: nn.Module,
     imgs: torch.Tensor,
     blocks: Sequence[int],
     neighbourhood: int = DEFAULT_NEIGHBOURHOOD,
 ) -> torch.Tensor:
-    """(N, C, H, W) normalised input -> (N, L, D * len(blocks)) float32 patch vectors, row-major over the
-    (H/p, W/p) grid: the outputs of ``blocks`` (indices in [0, depth)) concatenated, each patch's the mean
-    over its ``neighbourhood`` x ``neighbourhood`` patches (odd; 1: none; at the border, those inside)."""
+    """(N, C, H, W) normalised input -> (N, D', h, w) float32 feature maps: the outputs of ``blocks``
+    (indices in [0, depth)) of a timm ViT (h, w = H/p, W/p) or CNN (h, w: the finest chosen stage's; the
+    coarser maps resized to it, bilinear) concatenated along channels, each position's the mean over its
+    ``neighbourhood`` x ``neighbourhood`` positions (odd; 1: none; at the border, those inside)."""
     outputs = encoder.forward_intermediates(
         imgs, indices=list(blocks), norm=False, output_fmt="NCHW", intermediates_only=True
     )
-    grid = torch.cat(outputs, dim=1).float()  # (N, D * len(blocks), H/p, W/p)
+    size = max((o.shape[-2:] for o in outputs), key=lambda s: s[0] * s[1])  # the finest map's
+    outputs = [
+        o if o.shape[-2:] == size else F.interpolate(o, size=size, mode="bilinear", align_corners=False)
+        for o in outputs
+    ]
+    grid = torch.cat(outputs, dim=1).float()  # (N, D * len(blocks), h, w)
     if neighbourhood > 1:
         grid = F.avg_pool2d(
             grid, neighbourhood, stride=1, padding=neighbourhood // 2, count_include_pad=False
         )
-    return grid.flatten(2).transpose(1, 2)
+    return grid
+
+
+def patch_features(
+    encoder: nn.Module,
+    imgs: torch.Tensor,
+    blocks: Sequence[int],
+    neighbourhood: int = DEFAULT_NEIGHBOURHOOD,
+) -> torch.Tensor:
+    """(N, C, H, W) normalised input -> (N, L, D') float32 patch vectors, row-major over the (h, w) grid of
+    ``feature_maps``."""
+    return feature_maps(encoder, imgs, blocks, neighbourhood).flatten(2).transpose(1, 2)
 
 
 def greedy_k_center(points: torch.Tensor, k: int, start: int = 0) -> torch.Tensor:
@@ -164,7 +202,7 @@ class FeatureMemory:
     ``patch_features``, and the (K, D) ``bank`` of normal patch vectors on the encoder's device (None until
     it is fitted: ``features`` makes the vectors it is chosen from)."""
 
-    encoder: VisionTransformer
+    encoder: nn.Module
     blocks: list[int]
     neighbourhood: int
     bank: torch.Tensor | None = None
@@ -173,6 +211,16 @@ class FeatureMemory:
         """(N, C, H, W) -> (N, L, D') patch vectors (``patch_features``), on the encoder's device."""
         device = next(self.encoder.parameters()).device
         return patch_features(self.encoder, imgs.to(device), self.blocks, self.neighbourhood)
+
+    def grid_size(self, img_size: tuple[int, int], in_chans: int) -> tuple[int, int]:
+        """(h, w): the patch grid of (H, W) = ``img_size`` inputs: a ViT's patches, a CNN's finest chosen
+        map (measured on one blank image: its size follows the stages' padding)."""
+        patch_embed = getattr(self.encoder, "patch_embed", None)
+        if patch_embed is not None:
+            return tuple(patch_embed.grid_size)
+        device = next(self.encoder.parameters()).device
+        blank = torch.zeros(1, in_chans, *img_size, device=device)
+        return tuple(feature_maps(self.encoder, blank, self.blocks, 1).shape[-2:])
 
     def errors(self, imgs: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) -> (N, L): each patch's distance to its nearest bank vector (feature units)."""

@@ -25,7 +25,8 @@ class EmbedSettings:
     """What ``mae embed`` does: embed ``images`` (files, or folders of them) with the encoder of
     ``checkpoint`` into the index ``out`` (``.parquet``, or ``.npy`` with its ``.csv`` and ``.json``).
 
-    ``pool``: "cls", "avg" or "both"; ``img_size`` (pixels), ``mean`` / ``std`` (one per channel): the
+    ``pool``: "cls", "avg" or "both", None: the encoder's default (a ViT's cls token, a CNN's "avg");
+    ``img_size`` (pixels), ``mean`` / ``std`` (one per channel): the
     checkpoint's when None; ``part_size``: images per resumable part; ``max_image_pixels``: larger images are
     skipped; ``map``: also draw the index's t-SNE map to this PNG."""
 
@@ -33,7 +34,7 @@ class EmbedSettings:
     checkpoint: str | Path
     out: Path
     checkpoint_format: str = "auto"
-    pool: Pool = "cls"
+    pool: Pool | None = None
     batch_size: int = 256
     workers: int = 2
     part_size: int = 4096

@@ -8,9 +8,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import timm
 import torch
+from timm.layers import to_2tuple
 
 from mae.convert.backbone import load_backbone
+from mae.convert.pooling import default_pool
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.errors import ConfigError
@@ -32,14 +35,25 @@ def weights_fingerprint(ckpt: MAECheckpoint, decoder: bool = False) -> str:
     return digest.hexdigest()
 
 
+def encoder_width(ckpt: MAECheckpoint) -> int:
+    """D: the width of the features of ``ckpt``'s encoder, read from its config without loading it: a ViT's
+    ``embed_dim``, a CNN's last map's channels (its timm model's ``num_features``, built on the meta
+    device)."""
+    if "embed_dim" in ckpt.config:
+        return ckpt.config["embed_dim"]
+    with torch.device("meta"):
+        return timm.create_model(ckpt.config["encoder"], pretrained=False, num_classes=0).num_features
+
+
 @dataclass
 class Embedder:
     """A frozen encoder and how its inputs are made.
 
     Attributes:
-        encoder: a timm ``VisionTransformer`` in evaluation mode on its device.
+        encoder: a timm ``VisionTransformer``, or a timm CNN (ResNet, ConvNeXt: a CNN checkpoint's), in
+            evaluation mode on its device.
         norm: the normalisation of its inputs (``in_chans`` channels).
-        pool: "cls", "avg" or "both" (``mae.eval.features.pooled``).
+        pool: "cls", "avg" or "both" (``mae.eval.features.pooled``; a CNN: "avg", its last map's mean).
         img_size: (H, W) input size in pixels.
         checkpoint: the checkpoint's path, absolute.
         fingerprint: ``weights_fingerprint`` of the checkpoint.
@@ -55,8 +69,9 @@ class Embedder:
 
     @property
     def dim(self) -> int:
-        """The length of one vector: the encoder's width, twice it for "both"."""
-        return self.encoder.embed_dim * (2 if self.pool == "both" else 1)
+        """The length of one vector: the encoder's width (timm's ``num_features``: a ViT's embed_dim, a
+        CNN's last map's channels), twice it for "both"."""
+        return self.encoder.num_features * (2 if self.pool == "both" else 1)
 
     @property
     def device(self) -> torch.device:
@@ -78,7 +93,7 @@ class Embedder:
 
 def load_embedder(
     checkpoint: str | os.PathLike | MAECheckpoint,
-    pool: Pool = "cls",
+    pool: Pool | None = None,
     format: str = "auto",
     img_size: int | tuple[int, int] | None = None,
     norm: Normalization | None = None,
@@ -88,13 +103,15 @@ def load_embedder(
 ) -> Embedder:
     """The encoder of ``checkpoint`` (a path or a read checkpoint; at ``img_size``, default the
     checkpoint's) and its inputs' normalisation: ``norm`` when given, else the one the checkpoint records
-    (``Normalization.of``). ``fingerprint``: its ``weights_fingerprint`` when already computed.
+    (``Normalization.of``). ``pool``: None pools as the encoder does by default (``default_pool``: the cls
+    token of a ViT, the mean of a CNN's last map). ``fingerprint``: its ``weights_fingerprint`` when already
+    computed.
 
     Raises:
         FileNotFoundError, ValueError: an unreadable checkpoint, an unknown pool, or a file of another
             channel count than 3 that records no mean / std.
     """
-    if pool not in POOLS:
+    if pool is not None and pool not in POOLS:
         raise ConfigError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
     ckpt = checkpoint if isinstance(checkpoint, MAECheckpoint) else read_checkpoint(checkpoint, format)
     in_chans = ckpt.config["in_chans"]
@@ -105,7 +122,12 @@ def load_embedder(
             f"{len(norm.mean)} values: give one per channel"
         )
     encoder = load_backbone(ckpt, img_size=img_size).to(device).eval()
-    size = tuple(encoder.patch_embed.img_size)
+    if hasattr(encoder, "patch_embed"):  # a ViT: the size its position embeddings were resampled to
+        size = tuple(encoder.patch_embed.img_size)
+    else:  # a CNN takes any size: the one asked for, else the one it was trained at
+        size = tuple(to_2tuple(img_size or encoder.load_report.config["img_size"]))
+    pool = pool or default_pool(encoder)
+    pooled(encoder, pool)  # a pool the encoder cannot give ("cls" of a CNN) is refused now, naming it
     return Embedder(
         encoder,
         norm,

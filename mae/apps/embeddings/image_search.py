@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from mae.apps.embeddings.embedder import Embedder, load_embedder, weights_fingerprint
+from mae.apps.embeddings.embedder import Embedder, encoder_width, load_embedder, weights_fingerprint
 from mae.apps.embeddings.embedding_index import EmbeddingIndex
 from mae.apps.embeddings.similarity import cosine_top_k
 from mae.convert.sources import read_checkpoint
@@ -42,7 +42,7 @@ def index_embedder(
                 "--checkpoint with the same weights (in any format)"
             )
     ckpt = read_checkpoint(checkpoint, format)
-    dim = ckpt.config["embed_dim"] * (2 if meta.pool == "both" else 1)
+    dim = encoder_width(ckpt) * (2 if meta.pool == "both" else 1)
     rebuild = f"mae embed --checkpoint {checkpoint} --pool {meta.pool} ... --out {index.path.name}"
     if dim != meta.dim:
         raise ConfigError(

@@ -8,7 +8,7 @@ from mae.convert.checkpoint import MAECheckpoint
 from mae.convert.exports.base import ExportRequest, ExportTarget
 from mae.convert.formats import exported_encoder
 from mae.convert.sources import ema_checkpoint, read_checkpoint
-from mae.convert.timm_args import timm_architecture
+from mae.errors import ConfigError
 from mae.io.outputs import Output
 
 
@@ -36,6 +36,11 @@ def encoder_checkpoint(
     ckpt = read_checkpoint(source, format)
     if ema:
         ckpt = ema_checkpoint(ckpt)
+    if num_heads and ckpt.family != "vit":
+        raise ConfigError(
+            f"--num-heads is a ViT's; {ckpt.source} holds the CNN {ckpt.config['encoder']}, which has no "
+            "attention heads: leave --num-heads out"
+        )
     if num_heads:
         ckpt = replace(ckpt, config={**ckpt.config, "num_heads": num_heads})
     return ckpt
@@ -46,7 +51,7 @@ def export(request: ExportRequest) -> EncoderExport:
         request.checkpoint, request.checkpoint_format, request.num_heads, request.options.get("ema", False)
     )
     weights, sidecar = exported_encoder.write(ckpt, request.out)
-    return EncoderExport(weights, sidecar, timm_architecture(ckpt.config), list(ckpt.notes))
+    return EncoderExport(weights, sidecar, ckpt.model_family.timm_architecture(ckpt.config), list(ckpt.notes))
 
 
 def describe(export: EncoderExport) -> list[str]:

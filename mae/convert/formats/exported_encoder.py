@@ -22,9 +22,9 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from mae.convert.checkpoint import MAECheckpoint, check_finite
+from mae.convert.families import CNN_PREFIX, cnn_features_state, family_of
 from mae.convert.formats.base import CheckpointFormat, CheckpointPath
 from mae.convert.shapes import infer_config
-from mae.convert.timm_args import timm_architecture, timm_model_args
 from mae.errors import ConfigError
 from mae.io.atomic import atomic_write
 
@@ -47,9 +47,13 @@ def detect(checkpoint: CheckpointPath) -> bool:
 
 def read(checkpoint: CheckpointPath) -> MAECheckpoint:
     record = json.loads(checkpoint.path.with_suffix(".json").read_text())
+    recorded = record.get("mae", {})
+    if isinstance(recorded, dict) and family_of(recorded) == "cnn":  # the record is the CNN's config
+        config = {**recorded, "img_size": tuple(recorded["img_size"])}
+        state = {f"{CNN_PREFIX}{k}": v for k, v in checkpoint.contents.items()}
+        return MAECheckpoint(str(checkpoint.path), "timm", state, config, family="cnn")
     args = record.get("model_args", {})
     hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
-    recorded = record.get("mae", {})
     hints.update({k: v for k, v in recorded.items() if k in ("layer_norm_eps", "norm_pix_loss", "target")})
     config, notes = infer_config(checkpoint.contents, hints, checkpoint.path)
     return MAECheckpoint(str(checkpoint.path), "timm", checkpoint.contents, config, notes)
@@ -61,7 +65,7 @@ def check(ckpt: MAECheckpoint) -> None:
     Raises:
         ConfigError: a LayerNorm eps other than timm's 1e-6, naming the value.
     """
-    if ckpt.config["layer_norm_eps"] != 1e-6:
+    if ckpt.model_family.layer_norm_eps and ckpt.config["layer_norm_eps"] != 1e-6:
         raise ConfigError(
             f"{ckpt.source} uses LayerNorm eps {ckpt.config['layer_norm_eps']:g}; a timm ViT uses 1e-6, so "
             "its features would differ: use mae.load_backbone for this checkpoint instead"
@@ -79,15 +83,19 @@ def write(ckpt: MAECheckpoint, out: Path) -> tuple[Path, Path]:
     if out.suffix != ".safetensors":
         raise ConfigError(f"export target {out} must end in .safetensors (or .onnx for an ONNX file)")
     check(ckpt)
+    family = ckpt.model_family
     record = {
-        "architecture": timm_architecture(ckpt.config),
-        "model_args": timm_model_args(ckpt.config),
+        "architecture": family.timm_architecture(ckpt.config),
+        "model_args": family.timm_model_args(ckpt.config),
         "mae": {**ckpt.config, "img_size": list(ckpt.config["img_size"])},
         "source": ckpt.source,
         "source_format": ckpt.format,
     }
     sidecar = out.with_suffix(".json")
-    tensors = {k: v.detach().contiguous() for k, v in ckpt.encoder_state_dict().items()}
+    state = ckpt.encoder_state_dict()
+    if ckpt.family == "cnn":  # the features: a fine-tuned classifier's head left out, as num_classes=0 has
+        state = cnn_features_state(ckpt.config, state)
+    tensors = {k: v.detach().contiguous() for k, v in state.items()}
     check_finite(tensors, ckpt.source)
     atomic_write(out, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     atomic_write(sidecar, lambda tmp: tmp.write_text(json.dumps(record, indent=2)))

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, check_record, encoder_config
+from mae.convert.architecture import ARCHITECTURE_KEY, DATA_KEY, encoder_config
 from mae.convert.checkpoint import MAECheckpoint
+from mae.convert.families import CNN_PREFIX, FAMILY_OF_CLASS, MODEL_FAMILIES, TIMM_LAYOUT_CLASSES
 from mae.convert.formats.base import CheckpointFormat, CheckpointPath
 from mae.convert.shapes import infer_config
 from mae.errors import InputError
@@ -50,8 +51,11 @@ def read_dict(path: Path, obj: dict) -> MAECheckpoint:
             f"{path}: its {ARCHITECTURE_KEY} record says the weights are under {prefix!r}, but none are"
         )
     config = encoder_config(record, str(path))
-    check_record(config, state, path)
-    return MAECheckpoint(str(path), "lightning", state, config, data=obj.get(DATA_KEY))
+    family = FAMILY_OF_CLASS[record["class"]]
+    if record["class"] in TIMM_LAYOUT_CLASSES:  # a timm CNN's own names: the CNN family's layout
+        state = {f"{CNN_PREFIX}{k}": v for k, v in state.items()}
+    MODEL_FAMILIES[family].check_record(config, state, path)
+    return MAECheckpoint(str(path), "lightning", state, config, data=obj.get(DATA_KEY), family=family)
 
 
 def _read_v0_1(path: Path, obj: dict) -> MAECheckpoint:

@@ -19,11 +19,11 @@ from timm.models import save_for_hf
 
 from mae.convert.checkpoint import MAECheckpoint, check_finite
 from mae.convert.classifier import Classifier, linear_head
+from mae.convert.families import CNN_PREFIX, cnn_features_state
 from mae.convert.formats.base import CheckpointFormat, CheckpointPath
 from mae.convert.formats.huggingface import folder_weights
 from mae.convert.shapes import infer_config
-from mae.convert.timm_args import timm_architecture, timm_model_args
-from mae.errors import ConfigError
+from mae.errors import ConfigError, InputError
 
 
 def folder_config(folder: Path) -> dict | None:
@@ -45,10 +45,45 @@ def read(checkpoint: CheckpointPath) -> MAECheckpoint:
     folder = checkpoint.path
     config = folder_config(folder)
     args = config.get("model_args") or {}
-    hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
     state = folder_weights(folder)
+    if "patch_embed.proj.weight" not in state:  # not a ViT: the timm model it names
+        return _read_cnn(folder, config, state)
+    hints = {k: args[k] for k in ("img_size", "num_heads") if k in args}
     ckpt_config, notes = infer_config(state, hints, folder)
     return MAECheckpoint(str(folder), "timm", state, ckpt_config, notes, data=_data_record(config))
+
+
+# timm.create_model arguments a folder's model_args may hold that are not the encoder's own.
+_NOT_ENCODER_ARGS = ("num_classes", "in_chans", "global_pool", "pretrained_cfg")
+
+
+def _read_cnn(folder: Path, config: dict, state: dict) -> MAECheckpoint:
+    """A timm folder of a CNN (``architecture`` a timm model without a patch embedding: ``resnet50``,
+    ``convnextv2_atto``), in the CNN family's layout (``encoder.<timm key>``; its head, if any, kept).
+
+    Raises:
+        InputError: an ``architecture`` timm does not know, naming it and the folder.
+    """
+    architecture = config["architecture"]
+    if not isinstance(architecture, str) or not timm.is_model(architecture):
+        raise InputError(
+            f"{folder}/config.json names architecture {architecture!r}, which timm {timm.__version__} does "
+            "not know (and its weights have no ViT patch embedding)"
+        )
+    args = config.get("model_args") or {}
+    data = _data_record(config)
+    channels = args.get("in_chans") or (data or {}).get("in_chans") or 3
+    size = (data or {}).get("img_size") or [224, 224]
+    encoder_kwargs = {k: v for k, v in args.items() if k not in _NOT_ENCODER_ARGS}
+    ckpt_config = {
+        "family": "cnn",
+        "encoder": architecture,
+        "img_size": tuple(size),
+        "in_chans": channels,
+        "encoder_kwargs": encoder_kwargs,
+    }
+    prefixed = {f"{CNN_PREFIX}{k}": v for k, v in state.items()}
+    return MAECheckpoint(str(folder), "timm", prefixed, ckpt_config, data=data, family="cnn")
 
 
 def _data_record(config: dict) -> dict | None:
@@ -71,6 +106,8 @@ def check(ckpt: MAECheckpoint) -> None:
     Raises:
         ConfigError: a LayerNorm eps other than timm's 1e-6, naming the value.
     """
+    if not ckpt.model_family.layer_norm_eps:  # a CNN: the timm model itself
+        return
     eps = ckpt.config["layer_norm_eps"]
     if eps != 1e-6:
         raise ConfigError(
@@ -95,12 +132,15 @@ def write(
     (in place of those of the timm model whose name builds it).
     """
     check(ckpt)
-    args = timm_model_args(ckpt.config)
+    family = ckpt.model_family
+    args = family.timm_model_args(ckpt.config)
     state = ckpt.encoder_state_dict()
+    if ckpt.family == "cnn":  # the features: a fine-tuned classifier's head left out, as num_classes=0 has
+        state = cnn_features_state(ckpt.config, state)
     if classifier is not None:
         args.update(num_classes=classifier.num_classes, global_pool=classifier.global_pool)
         state = linear_head(state)
-    model = timm.create_model(timm_architecture(ckpt.config), pretrained=False, **args)
+    model = timm.create_model(family.timm_architecture(ckpt.config), pretrained=False, **args)
     check_finite(state, ckpt.source)
     model.load_state_dict(state, strict=True)
     own = {"pretrained_cfg": {"tag": "mae", "license": license}}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timm.layers import LayerNorm2d
+from timm.layers import LayerNorm2d, to_2tuple
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torch.nn import functional as F
@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from mae.compat.timm import embed_positions
 from mae.convert.backbone import load_backbone, pooling_of
 from mae.convert.sources import MAECheckpoint, read_checkpoint
+from mae.dense.models.cnn_pyramid import CNNFeaturePyramid
 from mae.dense.models.windows import block_in_windows, default_global_blocks, window_position_bias
 from mae.errors import ConfigError
 from mae.training.settings import refuse_renamed_arguments, renamed_for
@@ -39,6 +40,16 @@ from mae.training.settings import refuse_renamed_arguments, renamed_for
 SCALES = (4.0, 2.0, 1.0, 0.5)
 AVAILABLE_SCALES = (4.0, 2.0, 1.0, 0.5, 0.25)
 FEATURE_NAMES = ("0", "1", "2", "3", "pool")  # torchvision's FPN backbone keys
+# This pyramid's own settings (DenseTrainingModule's too) and their defaults: a CNN's pyramid
+# (``CNNFeaturePyramid``) has no use for them, so any other value is refused for it by name.
+VIT_PYRAMID_DEFAULTS: dict[str, Any] = {
+    "block": None,
+    "window_size": None,
+    "global_blocks": None,
+    "relative_position": False,
+    "scales": SCALES,
+    "max_tokens": None,
+}
 
 
 def _rescale(dim: int, scale: float) -> tuple[nn.Module, int]:
@@ -226,6 +237,11 @@ class SimpleFeaturePyramid(nn.Module):
         return {"min_size": side, "max_size": side}
 
     @property
+    def encoder(self) -> VisionTransformer:
+        """The encoder (``vit``), by the name every pyramid gives its own (``CNNFeaturePyramid``'s too)."""
+        return self.vit
+
+    @property
     def strides(self) -> tuple[float, ...]:
         """Each output map's stride in input pixels, in ``FEATURE_NAMES`` order."""
         p = self.patch_size[0]
@@ -300,13 +316,33 @@ def default_max_tokens(vit: VisionTransformer) -> int:
     return max(64 * height * width, 4096)
 
 
-def feature_pyramid(source: "str | Path | MAECheckpoint", *args: Any, **kwargs: Any) -> SimpleFeaturePyramid:
-    """A ``SimpleFeaturePyramid`` over the pretrained encoder of ``source`` (any checkpoint format
-    ``mae.load_backbone`` reads, fine-tuned classifiers included).
+def check_cnn_pyramid_args(args: dict[str, Any], encoder: str) -> None:
+    """Raises ConfigError when ``args`` set an option of this pyramid (``VIT_PYRAMID_DEFAULTS``) to anything
+    but its default, naming it: the CNN ``encoder``'s pyramid (``CNNFeaturePyramid``) is its stage maps."""
+    for name, default in VIT_PYRAMID_DEFAULTS.items():
+        value = args.get(name, default)
+        if name == "scales" and value is not None:
+            same = tuple(float(scale) for scale in value) == default
+        else:
+            same = value == default
+        if not same:
+            raise ConfigError(
+                f"model.{name} {value!r} is an option of the ViT's feature pyramid; {encoder} is a CNN, "
+                f"whose pyramid is its own stride-4 to 32 stage maps under an FPN: leave model.{name} unset"
+            )
 
-    ``args`` and the keyword arguments ``SimpleFeaturePyramid`` takes (``out_channels``, ``block``,
-    ``window_size``, ...) go to the pyramid; the other keyword arguments to ``mae.load_backbone``
-    (``format``, ``in_chans``, ``drop_path_rate``, ...)."""
+
+def feature_pyramid(
+    source: "str | Path | MAECheckpoint", *args: Any, **kwargs: Any
+) -> "SimpleFeaturePyramid | CNNFeaturePyramid":
+    """The feature pyramid of the pretrained encoder of ``source`` (any checkpoint format
+    ``mae.load_backbone`` reads, fine-tuned classifiers included), as ``PYRAMIDS`` has it for its family:
+    a ViT's ``SimpleFeaturePyramid``, a CNN's ``CNNFeaturePyramid``.
+
+    ``args`` and the keyword arguments the pyramid takes (``out_channels``, ``block``, ``window_size``, ...;
+    a CNN's: ``out_channels``, ``grad_checkpointing``, the ViT's options refused by name) go to the pyramid;
+    the other keyword arguments to ``mae.load_backbone`` (``format``, ``in_chans``, ``drop_path_rate``,
+    ...)."""
     pyramid_names = set(inspect.signature(SimpleFeaturePyramid).parameters) - {"vit", "renamed"}
     # an old name goes to the pyramid, which refuses it naming the new one
     pyramid_names |= {old.removeprefix("model.") for old in renamed_for(SimpleFeaturePyramid)}
@@ -314,5 +350,16 @@ def feature_pyramid(source: "str | Path | MAECheckpoint", *args: Any, **kwargs: 
     ckpt = source
     if not isinstance(ckpt, MAECheckpoint):
         ckpt = read_checkpoint(ckpt, kwargs.pop("format", "auto"))
+    family = ckpt.family
+    if family == "cnn":
+        check_cnn_pyramid_args(pyramid, ckpt.config["encoder"])
+        pyramid = {name: value for name, value in pyramid.items() if name not in VIT_PYRAMID_DEFAULTS}
+        encoder = load_backbone(ckpt, global_pool="avg", **kwargs)
+        size = tuple(to_2tuple(ckpt.config["img_size"]))  # the pretraining's
+        return PYRAMIDS[family](encoder, *args, pretraining_size=size, **pyramid)
     vit = load_backbone(ckpt, global_pool=pooling_of(ckpt), dynamic_img_size=True, **kwargs)
-    return SimpleFeaturePyramid(vit, *args, **pyramid)
+    return PYRAMIDS[family](vit, *args, **pyramid)
+
+
+# Each encoder family's pyramid: a ViT's built from one map, a CNN's from its own stage maps.
+PYRAMIDS: dict[str, type[nn.Module]] = {"vit": SimpleFeaturePyramid, "cnn": CNNFeaturePyramid}

@@ -9,8 +9,10 @@ from timm.layers import to_2tuple
 from timm.optim import param_groups_layer_decay
 from torch import nn
 
+from mae.convert.families import family_of
 from mae.data.views.normalize import normalization
-from mae.dense.models.pyramid import SCALES, SimpleFeaturePyramid, default_max_tokens
+from mae.dense.models.cnn_pyramid import CNNFeaturePyramid
+from mae.dense.models.pyramid import SCALES, SimpleFeaturePyramid, check_cnn_pyramid_args, default_max_tokens
 from mae.errors import ConfigError
 from mae.training.optim import ParamGroupPlan
 from mae.training.settings import refuse_renamed_arguments
@@ -34,14 +36,17 @@ def layer_decay_groups(
 ) -> list[dict]:
     """Optimizer groups of ``network``: its encoder ``vit`` with layer-wise lr decay (timm's groups: the
     last block at ``layer_decay``, each block below one more factor, the embeddings the most, as ViTDet
-    and BEiT do), every other parameter (pyramid, heads) at the full lr; weight decay on weights only."""
+    and BEiT do; a CNN's blocks as its ``group_matcher`` counts them, a ResNet's ``layerN.M``, a ConvNeXt's
+    ``stages.N.blocks.M`` and downsamplings, the stem the lowest), every other parameter (pyramid, heads)
+    at the full lr; weight decay on weights only."""
+    no_weight_decay = getattr(vit, "no_weight_decay", set)()  # a CNN has none: its 1-D weights are skipped
     groups = param_groups_layer_decay(
-        vit, weight_decay, no_weight_decay_list=vit.no_weight_decay(), layer_decay=layer_decay
+        vit, weight_decay, no_weight_decay_list=no_weight_decay, layer_decay=layer_decay
     )
     for group in groups:
         # timm counts layers up to the encoder's last parametrised one; the pyramid's encoder has lost its
-        # final norm, which timm would put above the last block. One more factor keeps the
-        # last block at layer_decay.
+        # final norm (a CNN's: its head), which timm would put above the last block. One more factor keeps
+        # the last block at layer_decay.
         group["lr_scale"] *= layer_decay
     in_vit = {id(p) for p in vit.parameters()}
     rest = [(name, p) for name, p in network.named_parameters() if id(p) not in in_vit and p.requires_grad]
@@ -86,7 +91,7 @@ class DenseTrainingModule(TransferModule):
     # Hyperparameters the module fills in when it builds: not settings a config chose, so not named when a
     # checkpoint does not fit.
     RESOLVED_AT_BUILD = ("encoder_config", "mean", "std")
-    pyramid: SimpleFeaturePyramid
+    pyramid: SimpleFeaturePyramid | CNNFeaturePyramid
 
     def __init__(
         self,
@@ -115,10 +120,20 @@ class DenseTrainingModule(TransferModule):
 
     def build_encoder(self) -> None:
         """``self.pyramid``: the encoder (``TransferModule.pretrained_vit``, any input size) under the
-        pyramid; ``self.mean`` / ``self.std``: ``model.mean`` / ``model.std``, or the pretraining run's
-        (``input_normalization``), recorded in the hyperparameters."""
-        vit, _, ckpt = self.pretrained_vit(dynamic_img_size=True, drop_path_rate=self.drop_path_rate)
-        self.pyramid = SimpleFeaturePyramid(vit, **self.pyramid_args, max_tokens=self._largest_input(vit))
+        pyramid of its family (a ViT's ``SimpleFeaturePyramid``, a CNN's ``CNNFeaturePyramid``, which
+        refuses the ViT pyramid's settings by name); ``self.mean`` / ``self.std``: ``model.mean`` /
+        ``model.std``, or the pretraining run's (``input_normalization``), recorded in the hyperparameters."""
+        vit, config, ckpt = self.pretrained_vit(dynamic_img_size=True, drop_path_rate=self.drop_path_rate)
+        if family_of(config) == "cnn":
+            check_cnn_pyramid_args(self.pyramid_args, config["encoder"])
+            self.pyramid = CNNFeaturePyramid(
+                vit,
+                self.pyramid_args["out_channels"],
+                self.grad_checkpointing,
+                pretraining_size=to_2tuple((ckpt.config if ckpt else config)["img_size"]),
+            )
+        else:
+            self.pyramid = SimpleFeaturePyramid(vit, **self.pyramid_args, max_tokens=self._largest_input(vit))
         self.mean, self.std = input_normalization(
             ckpt and ckpt.data, self.in_chans, self.given_mean, self.given_std
         )
@@ -162,12 +177,14 @@ class DenseTrainingModule(TransferModule):
 
     def plan_param_groups(self) -> None:
         """The parameter groups, fixed by name now (a strategy may wrap the parameters later)."""
-        groups = layer_decay_groups(self.network, self.pyramid.vit, self.optim.weight_decay, self.layer_decay)
+        groups = layer_decay_groups(
+            self.network, self.pyramid.encoder, self.optim.weight_decay, self.layer_decay
+        )
         self.param_groups = ParamGroupPlan.from_groups(self.network, groups)
 
     @property
     def encoder(self) -> nn.Module:
-        return self.pyramid.vit
+        return self.pyramid.encoder
 
     def build_optimizer(self, lr: float) -> torch.optim.Optimizer:
         groups = self.param_groups.groups(self.network)
@@ -184,7 +201,7 @@ class DenseTrainingModule(TransferModule):
         }
         return {
             "class": DENSE_CLASS,
-            "args": {**args, "module": type(self).__name__},
+            "args": {**args, "module": type(self).__name__, "pyramid": type(self.pyramid).__name__},
             "state_dict_prefix": f"{self.network_attribute}.",
         }
 

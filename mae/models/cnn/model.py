@@ -299,12 +299,6 @@ class MaskedAutoencoderCNN(nn.Module):
         """The encoder on the whole image, no masking: its (N, C_i, H/r_i, W/r_i) maps, finest first."""
         return self.forward_encoder(imgs, None)
 
-    def unmasked_encoder(self) -> nn.Module:
-        """The encoder with no mask set: exactly the timm model (what the monitors and the pooled features
-        read), until the next masked forward sets one."""
-        self.mask_context.set(None)
-        return self.encoder
-
 
 def build_encoder(name: str, in_chans: int, encoder_kwargs: dict[str, Any] | None) -> nn.Module:
     """``timm.create_model(name, num_classes=0, in_chans=in_chans, **encoder_kwargs)``.

@@ -13,8 +13,9 @@ from mae.training.callbacks.monitor import FeatureMonitor
 
 class KNNCallback(FeatureMonitor):
     """Every ``every_n_epochs`` epochs (and after the last), log ``val/knn_acc1`` / ``val/knn_acc5``
-    of the encoder's cls token (``mae.eval.knn.knn_evaluate`` on the data module; the run, its data and
-    its lines on stderr as ``FeatureMonitor`` says).
+    of the encoder's default pooled features (a ViT's cls token, a CNN's mean map;
+    ``mae.eval.knn.knn_evaluate`` on the data module; the run, its data and its lines on stderr as
+    ``FeatureMonitor`` says).
 
     Args:
         every_n_epochs: period in epochs; 0 disables the monitor.

@@ -6,6 +6,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from mae.convert.pooling import encoder_family
 from mae.data import ImageDataModule
 from mae.errors import ConfigError
 from mae.eval.probe import Pool, ProbeSettings, evaluate
@@ -20,7 +21,7 @@ class ProbeCallback(FeatureMonitor):
 
     Args:
         every_n_epochs: period in epochs; 0 disables the monitor.
-        pool: "cls", "avg" or "both".
+        pool: "cls", "avg" or "both"; a CNN takes "avg" alone.
         lrs, weight_decays: the grid (default: ``mae.eval.probe.DEFAULT_LRS`` / ``DEFAULT_WEIGHT_DECAYS``).
         max_epochs, patience: the heads' training cap and early stop.
         max_train: training-split size cap (a fixed random subset).
@@ -47,6 +48,11 @@ class ProbeCallback(FeatureMonitor):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # At start-up, not at the first probe epoch hours into the run.
+        if self.every_n_epochs and encoder_family(pl_module.network) == "cnn" and self.settings.pool != "avg":
+            raise ConfigError(
+                f"probe.pool {self.settings.pool}: a CNN's features are maps, with no cls token; set "
+                "probe.pool: avg (the mean of its last map, as timm pools it)"
+            )
         data = trainer.datamodule
         if self.every_n_epochs and isinstance(data, ImageDataModule) and data.num_labels < 2:
             raise ConfigError(

@@ -507,3 +507,57 @@ def test_embed__map_of_copies_of_one_image_draws_every_point_at_one_place(checkp
         "point the same way (copies of one image?): no t-SNE, every point drawn at one place" in result.stdout
     )
     assert len(EmbeddingIndex(out)) == 5 and map_record(figure)["panels"][0]["same_direction"]
+
+
+def test_embed__a_cnn_checkpoint_embeds_its_pooled_last_map_avg_by_default_and_refuses_cls(tmp_path, capsys):
+    """A CNN's vectors: timm's own pooling of its last map (``forward_head(pre_logits=True)``) of a timm
+    model loaded here with the checkpoint's encoder tensors; their length its channels (512), its input
+    size the pretraining's (32 px), "avg" recorded; the cls token asked for is refused, naming the pool."""
+    import timm
+
+    from mae.apps.embeddings.image_search import index_embedder
+    from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
+    from tests.helpers import untrained_cnn_checkpoint
+
+    checkpoint = untrained_cnn_checkpoint(tmp_path / "cnn.ckpt", "resnet10t")
+    files = [tmp_path / "root" / "a" / f"{i}.png" for i in range(3)]
+    pixels = [write_png(f, seed=i, size=32) for i, f in enumerate(files)]
+    out = tmp_path / "index.parquet"
+    invoke(
+        "embed",
+        ["--checkpoint", str(checkpoint), str(tmp_path / "root"), "--out", str(out), "--workers", "0"],
+    )
+    paths, _, vectors = read_parquet(out)
+    assert paths == [str(f) for f in files] and vectors.shape == (3, 512)
+    reference = timm.create_model("resnet10t", num_classes=0).eval()
+    saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+    reference.load_state_dict(
+        {k[len("model.encoder.") :]: v for k, v in saved.items() if "model.encoder." in k}
+    )
+    x = torch.stack([torch.from_numpy(p).permute(2, 0, 1).float() / 255 for p in pixels])
+    x = (x - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    with torch.no_grad():
+        expected = reference.forward_head(reference.forward_features(x), pre_logits=True)
+    np.testing.assert_allclose(vectors, expected.numpy(), atol=1e-5)
+    record = json.loads(pq.read_schema(out).metadata[b"mae_embeddings"])
+    assert record["pool"] == "avg" and record["dim"] == 512 and record["img_size"] == [32, 32]
+    # a search's encoder: the index's width checked against the CNN's, its query embedded alike
+    searcher = index_embedder(EmbeddingIndex(out), checkpoint)
+    assert searcher.pool == "avg" and searcher.dim == 512 and searcher.img_size == (32, 32)
+    query = searcher(searcher.load(files[1])[None])
+    np.testing.assert_allclose(query.numpy(), vectors[1:2], atol=1e-5)
+    with pytest.raises(ValueError, match="pool 'cls' reads a cls token, and the CNN resnet10t has none"):
+        invoke(
+            "embed",
+            [
+                "--checkpoint",
+                str(checkpoint),
+                str(files[0]),
+                "--out",
+                str(tmp_path / "x.parquet"),
+                "--pool",
+                "cls",
+                "--workers",
+                "0",
+            ],
+        )

@@ -46,9 +46,8 @@ def test_configs__the_required_recipes_exist():
 def test_config__parses_and_builds(config, monkeypatch):
     monkeypatch.chdir(config.parents[2])
     monkeypatch.setattr("sys.argv", ["train.py"])
-    overrides = (
-        ["--model.model_kwargs", '{"depth": 1, "decoder_depth": 1}'] if "imagenet" in config.name else []
-    )
+    light = '{"depth": 1, "decoder_depth": 1}' if "vit" in config.name else '{"encoder": "resnet10t"}'
+    overrides = ["--model.model_kwargs", light] if "imagenet" in config.name else []
     cli = PretrainCLI(
         MAEPretrainModule,
         ImageDataModule,
@@ -58,7 +57,7 @@ def test_config__parses_and_builds(config, monkeypatch):
     )
     assert isinstance(cli.model, MAEPretrainModule) and isinstance(cli.datamodule, ImageDataModule)
     assert cli.model.hparams.img_size == cli.datamodule.img_size  # one input size for data and model
-    assert cli.model.model.patch_embed.img_size == tuple([cli.datamodule.img_size] * 2)
+    assert cli.model.img_size == tuple([cli.datamodule.img_size] * 2)  # the model's own input size
 
 
 def _cli(*args: str) -> PretrainCLI:

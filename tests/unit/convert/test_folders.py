@@ -2,6 +2,7 @@
 the same features (and, with the decoder, the same loss; for a fine-tuned classifier, the same logits) in
 fp32; what a target cannot hold is refused; a link is written through."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,23 @@ def test_export_folder__the_current_folder_is_refused_before_anything_is_read(tm
         "here",
         "x.ckpt",
     ]
+
+
+def test_timm_folder__a_cnn_encoder_timm_builds_by_itself_and_huggingface_is_refused(tmp_path):
+    from tests.helpers import untrained_cnn_checkpoint
+
+    checkpoint = untrained_cnn_checkpoint(tmp_path / "cnn.ckpt")
+    export_folder(checkpoint, tmp_path / "timm", timm_target.FOLDER)
+    config = json.loads((tmp_path / "timm" / "config.json").read_text())
+    assert config["architecture"] == "resnet10t" and config["num_classes"] == 0
+    assert config["pretrained_cfg"]["input_size"] == [3, 32, 32] and "mean" in config["pretrained_cfg"]
+    loaded = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    reference = load_backbone(checkpoint).eval()
+    imgs = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded.forward_features(imgs), reference.forward_features(imgs))
+    with pytest.raises(
+        ConfigError, match="holds the convolutional network resnet10t: --to huggingface writes"
+    ):
+        export_folder(checkpoint, tmp_path / "hf", hf_target.FOLDER)
+    assert not (tmp_path / "hf").exists()

@@ -131,3 +131,24 @@ def test_card__names_the_teacher_of_a_features_target_by_path_hash_and_block():
         has_decoder=False,
     )
     assert "Teacher" not in plain
+
+
+def test_card__a_cnn_names_its_timm_model_mask_unit_decoder_and_papers_and_no_vit_words():
+    from mae.convert.exports import timm as timm_target
+
+    config = {
+        "family": "cnn",
+        "encoder": "resnet10t",
+        "decoder": "spark",
+        "img_size": (32, 32),
+        "in_chans": 3,
+    }
+    config |= {"mask_unit": 8, "decoder_width": 64, "decoder_depth": 1, "target": "norm_pix"}
+    facts = RunFacts("x.ckpt", "lightning", config, None, {"mask_ratio": 0.6, "model": "spark"})
+    card = model_card(facts, timm_target.CARD, "resnet_timm", has_decoder=False)
+    assert "timm's `resnet10t`" in card and "| 32x32 | `resnet10t` | 3 | 8 px | spark | 64 |" in card
+    assert "SparK, Tian et al., 2023" in card and "@inproceedings{woo2023convnext" in card
+    assert "Sparse masked pretraining of a CNN: mask ratio 0.6" in card and "convolutional-network" in card
+    assert 'timm.create_model("local-dir:resnet_timm", pretrained=True)' in card
+    for vit_word in ("Vision Transformer", "VisionTransformer", "vision-transformer", "ViTMAE", "cls token"):
+        assert vit_word not in card, vit_word

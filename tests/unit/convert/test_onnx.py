@@ -240,3 +240,19 @@ def test_onnx_export__without_the_onnx_extra_an_error_line_naming_it(
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith('error: ONNX export needs the onnx extra: pip install -e ".[onnx]"')
     assert not (tmp_path / "e.onnx").exists()
+
+
+def test_onnx_export__a_cnn_encoder_its_last_map_as_torch_computes_it(tmp_path):
+    from mae import load_backbone
+    from tests.helpers import untrained_cnn_checkpoint
+
+    checkpoint = untrained_cnn_checkpoint(tmp_path / "cnn.ckpt")
+    out = tmp_path / "cnn.onnx"
+    invoke("export", ["--checkpoint", str(checkpoint), "--out", str(out)])
+    imgs = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    (maps,) = onnxruntime.InferenceSession(str(out)).run(None, {"pixels": imgs.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(maps, load_backbone(checkpoint).eval().forward_features(imgs), atol=1e-5)
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert meta["mae.output"].startswith("maps: float32 (1, 512, 1, 1): the CNN's last feature map")
+    assert "ViT" not in meta["mae.output"] and "token" not in meta["mae.output"]

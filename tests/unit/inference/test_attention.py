@@ -141,3 +141,12 @@ def test_page_outputs__the_attention_toggle_adds_its_picture_and_leaves_the_pane
         assert np.array_equal(np.asarray(a), np.asarray(b))  # the reconstruction panels do not change
     bad = page_outputs(session, photo, "p.png", 0.75, "random", None, "patch", True)
     assert bad[:5] == [None] * 5 and "mask seed" in bad[5]
+
+
+def test_last_block_attention__a_cnn_is_refused_naming_it():
+    from mae.errors import ConfigError
+    from mae.models import create_model
+
+    cnn = create_model("spark", encoder="resnet10t", img_size=32, mask_unit=8, decoder_width=64)
+    with pytest.raises(ConfigError, match="attention maps need a ViT, and the encoder is the CNN resnet10t"):
+        last_block_attention(cnn, torch.zeros(1, 3, 32, 32))

@@ -51,3 +51,43 @@ def test_atomic_save__a_folder_that_is_no_checkpoint_is_refused_and_kept(tmp_pat
         AtomicCheckpointIO().save_checkpoint({"step": 2}, path)
     assert (path / "notes.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+# ---------------------------------------------------------------- resuming a CNN run
+
+
+def _cnn_checkpoint(path, **model_kwargs):
+    """A training checkpoint (state, optimizer states, architecture record) of a SparK resnet10t module."""
+    from tests.helpers import pretrain_module
+
+    kwargs = dict(encoder="resnet10t", mask_unit=8, decoder_width=64, **model_kwargs)
+    module = pretrain_module(model="spark", img_size=32, model_kwargs=kwargs)
+    ckpt = {
+        "state_dict": module.state_dict(),
+        "optimizer_states": [{}],
+        "global_step": 3,
+        "mae_architecture": module.architecture_record(),
+    }
+    torch.save(ckpt, path)
+    return path
+
+
+def test_check_resume__a_cnn_run_resumes_only_with_its_encoder_decoder_and_mask_unit(tmp_path):
+    from mae.errors import ConfigError
+    from mae.training.checkpointing import check_resume_checkpoint
+    from tests.helpers import pretrain_module
+
+    path = _cnn_checkpoint(tmp_path / "last.ckpt")
+    same = dict(encoder="resnet10t", mask_unit=8, decoder_width=64)
+    assert check_resume_checkpoint(path, pretrain_module(model="spark", img_size=32, model_kwargs=same)) == 3
+    other = pretrain_module(model="spark", img_size=32, model_kwargs={**same, "mask_unit": 16})
+    refused = (
+        rf"^--ckpt_path {path} was written with another CNN model than this config builds: "
+        r"model.model_kwargs.mask_unit 8 \(this config: 16\)\. Set them"
+    )
+    with pytest.raises(ConfigError, match=refused):
+        check_resume_checkpoint(path, other)
+    with pytest.raises(
+        ConfigError, match=rf"^--ckpt_path {path} holds a MaskedAutoencoderCNN and this config "
+    ):
+        check_resume_checkpoint(path, pretrain_module())

@@ -257,3 +257,76 @@ def test_trained_classifier_built_by_the_cli__loads_with_lightnings_load_from_ch
     images = torch.randn(2, loaded.in_chans, loaded.img_size, loaded.img_size)
     with torch.no_grad():
         assert torch.equal(cli.model.eval()(images), loaded.eval()(images))
+
+
+# ---------------------------------------------------------------------------------------------- a CNN encoder
+def _labelled_32px(**kwargs) -> LabelledImages:
+    """``LabelledImages`` at 32x32 px: a CNN model takes multiples of its largest stride."""
+    data = LabelledImages(**kwargs)
+    images, labels = data.data.tensors
+    data.data.tensors = (nn.functional.interpolate(images, size=32), labels)
+    return data
+
+
+def test_cnn_finetune__random_timm_resnet_with_timms_head_layer_decay_per_block_and_its_record(
+    tmp_path,
+):
+    """model.encoder.model spark without a checkpoint: the timm ResNet itself at random initialisation, its
+    classifier timm's ``fc``, layer decay over timm's blocks (stem lowest, the head at 1), no decay on 1-D
+    weights; the record rebuilds it in timm alone, and load_from_checkpoint without the record's file."""
+    import timm
+
+    encoder = dict(model="spark", model_kwargs=dict(encoder="resnet10t", mask_unit=8, decoder_width=64))
+    module = finetune_module(encoder=encoder, img_size=32, layer_decay=0.5, drop_path_rate=0.0)
+    assert type(module.vit) is type(timm.create_model("resnet10t")) and module.vit.fc.out_features == 3
+    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(module, datamodule=_labelled_32px(batch_size=8))
+    names = {id(p): n for n, p in module.vit.named_parameters()}
+    scale = {
+        names[id(p)]: (g["lr_scale"], g["weight_decay"])
+        for g in trainer.optimizers[0].param_groups
+        for p in g["params"]
+    }
+    # timm's group_matcher: stem 0, layer1.0 .. layer4.0 -> 1 .. 4, the head above: 0.5 ** (5 - id)
+    assert scale["conv1.0.weight"] == (0.5**5, 0.05) and scale["layer1.0.conv1.weight"] == (0.5**4, 0.05)
+    assert scale["layer4.0.conv2.weight"] == (0.5, 0.05) and scale["layer4.0.bn2.weight"] == (0.5, 0.0)
+    assert scale["fc.weight"] == (1.0, 0.05) and scale["fc.bias"] == (1.0, 0.0)
+    record = module.architecture_record()
+    assert record["class"] == "TimmCNN" and record["state_dict_prefix"] == "vit."
+    args = record["args"]
+    assert args["encoder"] == "resnet10t" and args["head"] == "linear" and args["global_pool"] == "avg"
+    rebuilt = timm.create_model(
+        args["encoder"], num_classes=args["num_classes"], in_chans=args["in_chans"], **args["encoder_kwargs"]
+    )
+    rebuilt.load_state_dict(module.vit.state_dict(), strict=True)
+    trainer.save_checkpoint(tmp_path / "trained.ckpt")
+    loaded = MAEFinetuneModule.load_from_checkpoint(tmp_path / "trained.ckpt")
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(module.eval()(images), loaded.eval()(images))
+        assert torch.equal(rebuilt.eval()(images), module(images))
+
+
+def test_cnn_linprobe__batchnorm_before_timms_convnext_classifier_frozen_encoder_and_no_token_pool(tmp_path):
+    from tests.helpers import untrained_cnn_checkpoint
+
+    checkpoint = untrained_cnn_checkpoint(tmp_path / "pre.ckpt", "convnextv2_atto")
+    settings = dict(encoder=dict(checkpoint=str(checkpoint)), img_size=32, num_classes=3)
+    settings.update(optim=dict(warmup_epochs=0), mixup=0, cutmix=0, drop_path_rate=0, label_smoothing=0)
+    module = MAEFinetuneModule(mode="linprobe", **settings)
+    head = module.vit.head.fc
+    assert isinstance(head[0], nn.BatchNorm1d) and not head[0].affine and head[1].out_features == 3
+    before = {k: v.clone() for k, v in module.vit.state_dict().items() if not k.startswith("head.fc")}
+    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(module, datamodule=_labelled_32px(batch_size=8))
+    assert type(trainer.optimizers[0]).__name__ == "Lars"
+    assert {n for n, p in module.vit.named_parameters() if p.requires_grad} == {
+        "head.fc.1.weight",
+        "head.fc.1.bias",
+    }
+    assert all(torch.equal(module.vit.state_dict()[k], v) for k, v in before.items())
+    assert module.architecture_record()["args"]["head"] == "batchnorm_linear"
+    with pytest.raises(
+        ValueError, match="model.global_pool 'token' pools a ViT's cls token; convnextv2_atto is a CNN"
+    ):
+        MAEFinetuneModule(global_pool="token", **settings)

@@ -2,15 +2,20 @@ import math
 
 import pytest
 import torch
+from timm.optim import Lamb
 from torch import nn
 
+from mae.errors import ConfigError
 from mae.models import MaskedAutoencoderViT
 from mae.training.optim import (
+    PRETRAIN_OPTIMIZERS,
     effective_batch_size,
     scaled_lr,
     warmup_cosine_scheduler,
     weight_decay_groups,
 )
+from mae.training.runtime import TrainingSettings
+from mae.training.settings import PretrainOptimSettings
 from tests.helpers import TINY, finetune_module, official_lr, pretrain_module
 
 
@@ -156,3 +161,52 @@ def test_schedule_settings__both_modules_refuse_them_at_build():
             build(optim=dict(warmup_epochs=-1))
         with pytest.raises(ValueError, match="need warmup_epochs >= 0"):
             build(optim=dict(lr=0.0))
+
+
+# ---------------------------------------------------------------- CNN models, LAMB
+
+CNN = dict(model="spark", img_size=32, model_kwargs=dict(encoder="resnet10t", mask_unit=8, decoder_width=64))
+
+
+def test_encoder_decoder_groups__a_cnn_decoder_is_its_decoder_parameters_the_rest_its_timm_encoder():
+    module = pretrain_module(**CNN, freeze_encoder_epochs=1)
+    plan = module.param_groups
+    part = {name: plan.settings[index]["encoder"] for name, index in plan.group_of.items()}
+    names = dict(module.model.named_parameters())
+    trained = {name for name, p in names.items() if p.requires_grad}
+    assert {name for name in part if part[name]} == {name for name in trained if name.startswith("encoder.")}
+    assert {name for name in part if not part[name]} == {
+        name for name in trained if name.startswith("decoder.")
+    }
+    assert any("mask_token" in name for name in part if not part[name])  # SparK's per-scale mask tokens
+
+
+def test_pretrain_optimizer__lamb_is_timms_lamb_without_its_own_clipping():
+    """One LAMB step against the formula (You et al. 2020, Alg. 2): u = m / (sqrt(v) + eps) + wd * w (one
+    bias-corrected step: m = g, v = g^2), then w - lr * (||w|| / ||u||) * u on a decayed tensor and w - lr * u
+    on one without decay (timm and SparK adapt decayed tensors only). The gradient's norm (40) is far above
+    timm's default clipping (1.0), which would change both."""
+    torch.manual_seed(0)
+    weight, bias = nn.Parameter(torch.randn(4, 5)), nn.Parameter(torch.randn(5))
+    grads = [g * 40 / g.norm() for g in (torch.randn(4, 5), torch.randn(5))]
+    for p, g in zip((weight, bias), grads, strict=True):
+        p.grad = g.clone()
+    start = [weight.detach().clone(), bias.detach().clone()]
+    groups = [{"params": [weight], "weight_decay": 0.1}, {"params": [bias], "weight_decay": 0.0}]
+    optimizer = PRETRAIN_OPTIMIZERS["lamb"](groups, 0.1, (0.9, 0.95), True)
+    assert isinstance(optimizer, Lamb)
+    optimizer.step()
+    update = grads[0] / (grads[0].abs() + 1e-6) + 0.1 * start[0]
+    assert torch.allclose(
+        weight.detach(), start[0] - 0.1 * (start[0].norm() / update.norm()) * update, atol=1e-6
+    )
+    assert torch.allclose(bias.detach(), start[1] - 0.1 * grads[1] / (grads[1].abs() + 1e-6), atol=1e-6)
+
+
+def test_pretrain_optim__an_unknown_optimizer_is_refused_by_name():
+    assert PretrainOptimSettings().optimizer == "adamw"  # the MAE paper's, the default
+    with pytest.raises(ConfigError, match=r"^model.optim.optimizer must be one of adamw, lamb; got 'sgd'"):
+        PretrainOptimSettings(optimizer="sgd")
+    module = pretrain_module(optim=dict(optimizer="lamb", warmup_epochs=0))
+    module.settings = TrainingSettings(precision="fp32", attention="sdpa", compile=False, fused_adamw=True)
+    assert isinstance(module.build_optimizer(1e-3), Lamb)

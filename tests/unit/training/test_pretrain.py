@@ -164,3 +164,47 @@ def test_module__accumulation_longer_than_an_epoch_still_updates_every_epoch(tmp
     assert module.effective_batch == 16  # lr scaled by the accumulation the run asked for
     assert trainer.global_step == 2  # 3 batches < 4 accumulated: one update at each epoch end
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+
+
+# ---------------------------------------------------------------- a CNN model
+
+CNN = dict(model="spark", img_size=32, model_kwargs=dict(encoder="resnet10t", mask_unit=8, decoder_width=64))
+
+
+def test_cnn_module__the_monitors_evaluate_the_plain_timm_encoder_a_vit_module_the_mae():
+    from timm.models.resnet import ResNet
+
+    cnn = pretrain_module(**CNN)
+    assert type(cnn.encoder) is ResNet and cnn.encoder is cnn.model.encoder
+    vit = pretrain_module()
+    assert vit.encoder is vit.model
+
+
+def test_cnn_module__sync_batchnorm_fsdp2_and_compile_are_refused_by_name():
+    from types import SimpleNamespace
+
+    from mae.errors import ConfigError
+    from mae.training.sharding import FSDP2Strategy
+
+    module = pretrain_module(**CNN)
+    synced = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp", sync_batchnorm=True, logger=False)
+    with pytest.raises(ConfigError, match=r"^trainer.sync_batchnorm: true would replace the CNN resnet10t's"):
+        module.check_trainer(synced)
+    sharded = SimpleNamespace(
+        _accelerator_connector=SimpleNamespace(_layer_sync=None), strategy=FSDP2Strategy()
+    )
+    with pytest.raises(ConfigError, match=r"^trainer.strategy FSDP2Strategy \(FSDP2\) shards a ViT's blocks"):
+        module.check_trainer(sharded)
+    module.check_trainer(pl.Trainer(accelerator="cpu", devices=1, logger=False))  # the plain trainer: fine
+    pretrain_module().check_trainer(synced)  # a ViT has no BatchNorm to replace
+    compiled = pretrain_module(**CNN, kernels=dict(compile=True))
+    with pytest.raises(ConfigError, match=r"^model.kernels.compile: true cannot compile the CNN model"):
+        compiled.check_trainer(pl.Trainer(accelerator="cpu", devices=1, logger=False))
+
+
+def test_cnn_module__compile_auto_is_off_for_a_cnn_on_for_a_long_vit_run(tmp_path):
+    trainer = make_trainer(tmp_path)
+    for module, compiled in ((pretrain_module(**CNN), False), (pretrain_module(), True)):
+        trainer.strategy.connect(module)
+        module.trainer = trainer
+        assert module.resolve_settings(None).compile is compiled  # None: a long run, where compiling pays

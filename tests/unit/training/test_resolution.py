@@ -186,3 +186,26 @@ def test_resume__continues_in_the_phase_of_its_epoch(tmp_path, stopped_after):
     expected = {0: (8, 8), 1: (8, 8), 2: (16, 16), 3: (16, 16)}
     assert record.train == {e: expected[e] for e in range(stopped_after, 4)}
     assert resumed.global_step == 4 * STEPS_PER_EPOCH and resumed.img_size == (16, 16)
+
+
+def test_schedule__a_cnn_trains_each_phase_at_its_size_and_a_size_off_its_stride_is_refused(tmp_path):
+    """A CNN has no position embedding: a phase changes its mask grid only (16-px cells: 2x2, then 4x4);
+    a size that is no multiple of resnet10t's stride 32 is refused at build, naming the phase."""
+    from torch.utils.data import TensorDataset
+
+    cnn = dict(
+        model="spark", img_size=64, model_kwargs=dict(encoder="resnet10t", mask_unit=16, decoder_width=64)
+    )
+    with pytest.raises(
+        ConfigError, match=r"^model.resolution_schedule\[0\] \[0, 48\]: at 48x48 px.*stride 32"
+    ):
+        pretrain_module(**cnn, resolution_schedule=[[0, 48], [0.5, 64]])
+    module = pretrain_module(**cnn, mask_ratio=0.5, resolution_schedule=[[0, 32], [0.5, 64]])
+    data = RandomImages(n=4, batch_size=4)
+    data.data = TensorDataset(torch.randn(4, 3, 64, 64), torch.zeros(4, dtype=torch.long))
+    grids = []
+    record = Callback()
+    record.on_train_batch_start = lambda trainer, pl_module, *_: grids.append(pl_module.model.grid_size)
+    trainer = make_trainer(tmp_path, max_epochs=2, limit_val_batches=0, callbacks=[record])
+    trainer.fit(module, datamodule=data)
+    assert grids == [(2, 2), (4, 4)] and module.resolution_summary == "32x32 px (step 0), 64x64 px (step 1)"

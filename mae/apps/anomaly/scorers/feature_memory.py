@@ -16,7 +16,9 @@ from mae.apps.anomaly.features import (
     SIGMA,
     FeatureMemory,
     coreset,
+    default_feature_blocks,
     feature_blocks,
+    feature_depth,
 )
 from mae.apps.anomaly.saved_scorer import SavedScorer, check_saved_preprocessing, saved_checkpoint
 from mae.apps.anomaly.scorers.base import ModelInputs, NormalImages, Reading, Scorer, ScorerSettings, option
@@ -26,7 +28,8 @@ from mae.errors import UsageError
 
 @dataclass(frozen=True, kw_only=True)
 class FeatureMemorySettings(ScorerSettings):
-    """``feature_blocks``: the encoder blocks whose patch tokens are concatenated (None: the last);
+    """``feature_blocks``: the encoder blocks whose patch tokens are concatenated (None: the last; a CNN's
+    stages, None: its stride-8 and stride-16 ones, ``mae.apps.anomaly.features.CNN_FEATURE_BLOCKS``);
     ``neighbourhood``: patches averaged per side, odd; ``coreset_fraction``: of the normal patch vectors
     kept in the bank, in (0, 1]; ``seed``: the coreset's projection and first pick; ``top_k`` 1, the
     highest patch (PatchCore's image score).
@@ -40,7 +43,8 @@ class FeatureMemorySettings(ScorerSettings):
         None,
         int,
         f"the encoder blocks whose patch tokens are concatenated, 1 to {MAX_BLOCKS} (0 the first, -1 the "
-        "last; default: the last)",
+        "last; default: the last). A CNN's blocks are its stages, resized to the finest chosen (default: -3 "
+        "-2, the stride-8 and 16 maps, PatchCore's layer2 and layer3 of a ResNet)",
         many=True,
     )
     neighbourhood: int = option(
@@ -99,7 +103,8 @@ class FeatureMemoryScorer(Scorer):
     ) -> "FeatureMemoryScorer":
         norm = inputs.normalization(len(inputs.mean or ()))
         embedder = reading.embedder(inputs.checkpoint, inputs.img_size, norm)
-        blocks = feature_blocks(settings.feature_blocks, len(embedder.encoder.blocks))
+        chosen = settings.feature_blocks or default_feature_blocks(embedder.encoder)
+        blocks = feature_blocks(chosen, feature_depth(embedder.encoder))
         settings = replace(settings, feature_blocks=blocks)
         memory = FeatureMemory(embedder.encoder, blocks, settings.neighbourhood)
         features = file_errors(
@@ -165,7 +170,7 @@ class FeatureMemoryScorer(Scorer):
         return cls(
             settings=settings,
             size=embedder.img_size,
-            grid_size=tuple(embedder.encoder.patch_embed.grid_size),
+            grid_size=memory.grid_size(embedder.img_size, embedder.norm.in_chans),
             norm=embedder.norm,
             saved=saved,
             recorded=recorded,

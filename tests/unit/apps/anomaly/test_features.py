@@ -118,3 +118,35 @@ def test_maps_smoothed_by_a_gaussian_and_the_image_score_the_highest_patch(tmp_p
     assert smoothed.scores.tolist() == [5.0, 2.0] == plain.scores.tolist()
     torch.testing.assert_close(smoothed.maps, smooth_maps(plain.maps, 4.0))
     assert smoothed.maps.max() < plain.maps.max()
+
+
+@pytest.mark.parametrize(
+    ("name", "depth", "default"), [("resnet10t", 5, [2, 3]), ("convnextv2_atto", 4, [1, 2])]
+)
+def test_cnn_features__middle_stages_resized_to_the_finest_and_concatenated(name, depth, default):
+    """A CNN's blocks are its stages: by default the stride-8 and stride-16 ones (a ResNet's layer2 and
+    layer3, PatchCore's); the coarser map resized bilinearly to the finer one's grid, then concatenated,
+    each position averaged over its 3 x 3 neighbours; the grid is the finer map's."""
+    import timm
+    from torch.nn import functional as F
+
+    from mae.apps.anomaly.features import FeatureMemory, default_feature_blocks, feature_depth
+
+    encoder = timm.create_model(name, num_classes=0).eval()
+    assert feature_depth(encoder) == depth
+    blocks = feature_blocks(default_feature_blocks(encoder), depth)
+    assert blocks == default and [encoder.feature_info[b]["reduction"] for b in blocks] == [8, 16]
+    imgs = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():  # by hand: every stage's map, the two chosen, the coarser upsampled
+        maps = encoder.forward_intermediates(imgs, intermediates_only=True)
+    fine, coarse = maps[blocks[0]], maps[blocks[1]]
+    up = F.interpolate(coarse, size=fine.shape[-2:], mode="bilinear", align_corners=False)
+    grid = F.avg_pool2d(torch.cat([fine, up], 1), 3, stride=1, padding=1, count_include_pad=False)
+    features = patch_features(encoder, imgs, blocks, neighbourhood=3)
+    assert features.shape == (2, 64, fine.shape[1] + coarse.shape[1])  # 8 x 8 positions at stride 8
+    torch.testing.assert_close(features, grid.flatten(2).transpose(1, 2))
+    assert FeatureMemory(encoder, blocks, 3).grid_size((64, 64), 3) == (8, 8)
+    assert FeatureMemory(encoder, [depth - 1], 3).grid_size((64, 48), 3) == (
+        2,
+        2 if name == "resnet10t" else 1,
+    )

@@ -31,3 +31,20 @@ def test_export__two_files_and_a_line_that_loads_them_with_timm_alone(tmp_path):
         f'load with timm alone: timm.create_model("{export.architecture}", pretrained=True'
     )
     assert all(o.ours(o.path) for o in safetensors.TARGET.outputs(out))
+
+
+def test_export__a_cnn_encoder_loads_strictly_into_timms_model_of_its_name(tmp_path):
+    import pytest
+    import timm
+    from safetensors.torch import load_file
+
+    from mae.errors import ConfigError
+    from tests.helpers import untrained_cnn_checkpoint
+
+    checkpoint = untrained_cnn_checkpoint(tmp_path / "cnn.ckpt")
+    export = safetensors.export(ExportRequest(str(checkpoint), tmp_path / "enc.safetensors"))
+    assert export.architecture == "resnet10t"
+    timm.create_model("resnet10t", num_classes=0).load_state_dict(load_file(export.weights), strict=True)
+    assert 'timm.create_model("resnet10t", pretrained=True' in "\n".join(safetensors.describe(export))
+    with pytest.raises(ConfigError, match="--num-heads is a ViT's; .* holds the CNN resnet10t"):
+        safetensors.export(ExportRequest(str(checkpoint), tmp_path / "heads.safetensors", num_heads=4))

@@ -51,3 +51,20 @@ def test_write__refuses_another_suffix_and_an_eps_timm_does_not_use(tiny_mae, tm
     with pytest.raises(ConfigError, match="LayerNorm eps 1e-05"):
         exported_encoder.write(odd, tmp_path / "enc.safetensors")
     assert not list(tmp_path.iterdir())
+
+
+def test_write_then_read__a_cnn_encoder_is_timms_state_dict_and_its_record_the_cnn_config(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from mae.convert.sources import read_checkpoint
+    from tests.helpers import untrained_cnn_checkpoint
+
+    ckpt = read_checkpoint(untrained_cnn_checkpoint(tmp_path / "cnn.ckpt"))
+    weights, sidecar = exported_encoder.write(ckpt, tmp_path / "enc.safetensors")
+    record = json.loads(sidecar.read_text())
+    assert record["architecture"] == "resnet10t" and record["model_args"] == {"num_classes": 0, "in_chans": 3}
+    timm.create_model("resnet10t", num_classes=0).load_state_dict(load_file(weights), strict=True)
+    read = exported_encoder.read(CheckpointPath(weights))
+    assert read.family == "cnn" and read.config == ckpt.config and not read.has_decoder
+    assert all(torch.equal(v, ckpt.state_dict[k]) for k, v in read.state_dict.items())

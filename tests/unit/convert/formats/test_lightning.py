@@ -16,7 +16,14 @@ from mae.convert.sources import read_checkpoint
 from mae.data import DigitsDataModule
 from mae.errors import InputError
 from mae.training.checkpointing import check_resume_checkpoint
-from tests.helpers import LabelledImages, RandomImages, finetune_module, make_trainer, pretrain_module
+from tests.helpers import (
+    LabelledImages,
+    RandomImages,
+    finetune_module,
+    make_trainer,
+    pretrain_module,
+    untrained_cnn_checkpoint,
+)
 
 DATA = Path(__file__).resolve().parents[3] / "data"
 # Written by train.py / finetune.py at version 0.1 (commit 2a6ada0): 1 epoch on the digits at 8x8,
@@ -208,3 +215,40 @@ def test_read__a_record_that_disagrees_with_the_tensors_is_refused_by_name(tmp_p
     torch.save(ckpt, tmp_path / "edited.ckpt")
     with pytest.raises(InputError, match=r"edited.ckpt: its mae_architecture record says embed_dim=.*edited"):
         lightning.read(CheckpointPath(tmp_path / "edited.ckpt"))
+
+
+def _edited_cnn_checkpoint(tmp_path: Path, **args) -> Path:
+    """A CNN pretraining checkpoint (resnet10t) whose record's arguments were edited to ``args``."""
+    saved = torch.load(untrained_cnn_checkpoint(tmp_path / "cnn.ckpt"), weights_only=False)
+    saved[ARCHITECTURE_KEY]["args"].update(args)
+    torch.save(saved, tmp_path / "edited.ckpt")
+    return tmp_path / "edited.ckpt"
+
+
+def test_read__a_cnn_checkpoint_as_the_cnn_family_with_its_record_and_tensors(tmp_path):
+    ckpt = read_checkpoint(untrained_cnn_checkpoint(tmp_path / "cnn.ckpt"))
+    assert ckpt.family == "cnn" and ckpt.format == "lightning"
+    assert ckpt.config["encoder"] == "resnet10t" and ckpt.config["img_size"] == (32, 32)
+    assert "encoder.conv1.0.weight" in ckpt.state_dict and "decoder.proj.weight" in ckpt.state_dict
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            {"encoder": "resnet18"},
+            r"record says a resnet18 MaskedAutoencoderCNN .* its tensors differ: .*conv1",
+        ),
+        ({"decoder_width": 2**20}, r"record says a resnet10t MaskedAutoencoderCNN .* has shape"),
+        ({"encoder": "resnet_of_nobody"}, r"names encoder 'resnet_of_nobody', which timm .* does not know"),
+        ({"embed_dim": 768}, r"arguments MaskedAutoencoderCNN does not take: \['embed_dim'\]"),
+        ({"mask_unit": 5}, r"record builds no model: .*mask_unit 5 must divide"),
+    ],
+)
+def test_read__a_cnn_record_that_disagrees_with_its_tensors_is_refused_naming_the_file(
+    tmp_path, args, message
+):
+    path = _edited_cnn_checkpoint(tmp_path, **args)
+    with pytest.raises(InputError, match=message) as err:
+        read_checkpoint(path)
+    assert str(err.value).startswith(f"{path}: its mae_architecture record")

@@ -10,7 +10,7 @@ import torch
 from mae.convert.checkpoint import MAECheckpoint
 from mae.convert.formats import timm_folder
 from mae.convert.formats.base import CheckpointPath
-from mae.errors import ConfigError
+from mae.errors import ConfigError, InputError
 from tests.unit.convert.formats.conftest import same_outputs
 
 DATA_CONFIG = {
@@ -55,3 +55,34 @@ def test_detect__a_config_json_without_timm_keys_is_not_timms(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "vit_mae"}')
     torch.save({}, tmp_path / "pytorch_model.bin")
     assert not timm_folder.detect(CheckpointPath(tmp_path))
+
+
+def test_read__a_timm_folder_of_a_cnn_is_the_cnn_family_and_loads_as_that_timm_model(tmp_path):
+    from timm.models import save_for_hf
+
+    from mae import load_backbone
+    from mae.convert.sources import read_checkpoint
+
+    torch.manual_seed(0)
+    model = timm.create_model("convnextv2_atto", num_classes=0, in_chans=1).eval()
+    data_config = {"input_size": (1, 32, 32), "mean": (0.5,), "std": (0.25,)}
+    save_for_hf(model, str(tmp_path), {}, {"num_classes": 0, "in_chans": 1}, data_config=data_config)
+    ckpt = read_checkpoint(tmp_path)
+    assert ckpt.family == "cnn" and ckpt.config["encoder"] == "convnextv2_atto" and not ckpt.has_decoder
+    assert ckpt.config["in_chans"] == 1 and ckpt.data["mean"] == [0.5]
+    backbone = load_backbone(tmp_path).eval()  # strict: every tensor, head norm included
+    assert type(backbone) is type(model) and not backbone.load_report.missing
+    imgs = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(backbone.forward_features(imgs), model.forward_features(imgs))
+
+
+def test_read__a_timm_folder_naming_no_timm_model_is_refused_by_name(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"stem.weight": torch.zeros(2, 3, 1, 1)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text('{"architecture": "resnet_of_nobody", "pretrained_cfg": {}}')
+    with pytest.raises(
+        InputError, match=r"names architecture 'resnet_of_nobody', which timm .* does not know"
+    ):
+        timm_folder.read(CheckpointPath(tmp_path))
