@@ -35,16 +35,13 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from mae.convert.architecture import vit_record
+from mae.convert.architecture import CNN_CLASSIFIER_CLASS, vit_record
 from mae.convert.backbone import vit_args
 from mae.convert.classifier import PROBE_NORM_EPS
 from mae.convert.families import family_of
 from mae.errors import ConfigError
 from mae.training.optim import ParamGroupPlan
 from mae.training.transfer import TransferModule
-
-# The architecture record's class of a fine-tuned CNN classifier (module doc): a timm CNN with its head.
-CNN_CLASSIFIER_CLASS = "TimmCNN"
 
 
 def classifier_path(model: nn.Module) -> str:

@@ -78,7 +78,7 @@ def test_default_spark__trains_logs_knn_and_its_checkpoint_names_the_cnn(spark_r
 
 
 def test_default_spark__group_sigterm_saves_and_the_same_command_resumes(tmp_path):
-    pause = {"class_path": "tests.helpers.PauseAt", "init_args": {"moment": "step", "step": 2, "seconds": 30}}
+    pause = {"class_path": "tests.helpers.PauseAt", "init_args": {"moment": "step", "step": 2}}
     override = _override(tmp_path, "term", trainer={"callbacks": [pause]})
     command = ("--config", "default_spark", "--config", str(override), "--ckpt_path", "last")
     with start_mae("pretrain", *command, new_session=True) as proc:

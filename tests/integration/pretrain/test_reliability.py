@@ -113,7 +113,7 @@ def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
         (["--model.mask_ratio", "1.0"], r"mask_ratio must be in [0, 1)"),
         (["--data.batch_size", "0"], "batch_size must be >= 1"),
         (["--data.batch_size", "many"], "batch_size"),
-        (["--model.model", "mae_vit_gigantic"], "valid names: mae_vit_base_patch16"),
+        (["--model.model", "mae_vit_gigantic"], "valid names: fcmae, mae_vit_base_patch16"),
         (["--model.mask_strategy", "rows"], "mask_strategy"),
         (["--model.img_size", "64"], "model.img_size is taken from data.img_size"),
     ],
