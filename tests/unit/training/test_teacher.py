@@ -20,7 +20,7 @@ from mae.errors import ConfigError, InputError, MissingFileError
 from mae.models import MaskedAutoencoderViT
 from mae.training.settings import TeacherSettings
 from mae.training.teacher import check_same_teacher, check_teacher_settings, checkpoint_sha256, load_teacher
-from tests.helpers import RandomImages, make_trainer, pretrain_module
+from tests.helpers import RandomImages, make_trainer, pretrain_module, untrained_cnn_checkpoint
 
 SMALL = dict(
     img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=2, decoder_embed_dim=16, decoder_depth=1
@@ -97,6 +97,12 @@ def test_checkpoint_sha256__a_folder_copied_elsewhere_has_the_same_hash_and_new_
 def test_load_teacher__a_missing_file_names_the_key(tmp_path):
     with pytest.raises(MissingFileError, match=r"model.teacher.checkpoint .*nope.ckpt does not exist"):
         load_teacher(tmp_path / "nope.ckpt")
+
+
+def test_load_teacher__a_cnn_checkpoint_is_refused_naming_its_encoder(tmp_path):
+    cnn = untrained_cnn_checkpoint(tmp_path / "spark.ckpt", encoder="resnet10t")
+    with pytest.raises(ConfigError, match=r"spark.ckpt holds the CNN resnet10t; a teacher must be a ViT"):
+        load_teacher(cnn)
 
 
 def test_check_teacher_settings__a_teacher_without_features_and_features_without_a_teacher_are_refused():
