@@ -39,7 +39,7 @@ from mae.models.masking import (
 from mae.models.patch_grid import check_img_size
 from mae.models.pos_embed import sincos_2d
 from mae.models.targets import build_target
-from mae.models.targets.pixel import patchify
+from mae.models.targets.pixel import patchify, unpatchify
 
 
 class MaskedAutoencoderViT(nn.Module):
@@ -260,13 +260,7 @@ class MaskedAutoencoderViT(nn.Module):
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """``(N, L, p*p*C)`` patches -> (N, C, H, W) images; inverse of ``patchify``."""
-        N = x.shape[0]
-        p = self.patch_size
-        h, w = self.grid_size
-        C = x.shape[-1] // (p * p)
-        x = x.reshape(N, h, w, p, p, C)
-        x = torch.einsum("nhwpqc->nchpwq", x)
-        return x.reshape(N, C, h * p, w * p)
+        return unpatchify(x, self.patch_size, self.grid_size)
 
     def check_mask_ratio(self, mask_ratio: float) -> None:
         """Raise ``ValueError`` for a ratio this model cannot mask at: outside [0, 1), one its strategy

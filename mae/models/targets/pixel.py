@@ -15,6 +15,17 @@ def patchify(imgs: torch.Tensor, p: int) -> torch.Tensor:
     return x.reshape(N, h * w, p * p * C)
 
 
+def unpatchify(x: torch.Tensor, p: int, grid_size: tuple[int, int]) -> torch.Tensor:
+    """``(N, L, p*p*C)`` patches of an (h, w) ``grid_size`` -> (N, C, h*p, w*p) images; inverse of
+    ``patchify``."""
+    N = x.shape[0]
+    h, w = grid_size
+    C = x.shape[-1] // (p * p)
+    x = x.reshape(N, h, w, p, p, C)
+    x = torch.einsum("nhwpqc->nchpwq", x)
+    return x.reshape(N, C, h * p, w * p)
+
+
 class PixelTarget(PatchTarget):
     """Each patch's pixels, (p, p, C) ordered: D_target = p*p*C (768 for 16-px RGB patches)."""
 
