@@ -42,12 +42,12 @@ class MaskContext:
 
     def __init__(self) -> None:
         self.visible: torch.Tensor | None = None
-        self._sizes: dict[tuple[int, int], torch.Tensor] = {}
+        self._cache: dict[tuple, torch.Tensor] = {}
 
     def set(self, visible: torch.Tensor | None) -> None:
         """Compute sparsely on ``visible`` (N, 1, h, w) bool from now on, or densely (None)."""
         self.visible = visible
-        self._sizes = {}
+        self._cache = {}
 
     @contextmanager
     def masking(self, visible: torch.Tensor | None) -> Iterator[None]:
@@ -63,10 +63,27 @@ class MaskContext:
 
     def at(self, size: tuple[int, int]) -> torch.Tensor:
         """(N, 1, H, W) bool: the visible positions of a feature map of ``size`` (H, W)."""
-        size = (int(size[0]), int(size[1]))
-        if size not in self._sizes:
-            self._sizes[size] = resize_mask(self.visible, size)
-        return self._sizes[size]
+        key = ("bool", int(size[0]), int(size[1]))
+        if key not in self._cache:
+            self._cache[key] = resize_mask(self.visible, key[1:])
+        return self._cache[key]
+
+    def multiplier(self, size: tuple[int, int], dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+        """``at(size)`` as 1/0 of ``dtype``, (N, 1, H, W) or, ``channels_last``, (N, H, W, 1): what a
+        re-masked op's output is multiplied by; made once a forward for each map size and layout."""
+        key = ("multiplier", int(size[0]), int(size[1]), dtype, channels_last)
+        if key not in self._cache:
+            mask = self.at(size).to(dtype)
+            self._cache[key] = mask.permute(0, 2, 3, 1) if channels_last else mask
+        return self._cache[key]
+
+    def indices(self, size: tuple[int, int]) -> torch.Tensor:
+        """(K,) the flat indices, in (N, H, W) order, of the visible positions of a map of ``size``: found
+        once a forward for each size (on a GPU, one host sync, not one per BatchNorm)."""
+        key = ("indices", int(size[0]), int(size[1]))
+        if key not in self._cache:
+            self._cache[key] = self.at(size).flatten().nonzero().squeeze(1)
+        return self._cache[key]
 
 
 def resize_mask(visible: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -103,13 +120,12 @@ class _SparseBatchNorm:
         context = getattr(self, "mask_context", None)
         if context is None or context.visible is None:
             return super().forward(x)
-        visible = context.at(x.shape[-2:])[:, 0]  # (N, H, W)
-        x_last = x.permute(0, 2, 3, 1)
-        kept = x_last[visible]  # (K, C), the visible positions of every image
+        index = context.indices(x.shape[-2:])  # (K,) the visible positions of every image
+        x_last = x.permute(0, 2, 3, 1)  # (N, H, W, C)
+        kept = x_last.reshape(-1, x.shape[1]).index_select(0, index)  # (K, C)
         normed = super().forward(kept[:, :, None, None])[:, :, 0, 0]
-        out = x_last.new_zeros(x_last.shape, dtype=normed.dtype)
-        out[visible] = normed
-        return out.permute(0, 3, 1, 2)
+        out = normed.new_zeros(x_last.numel() // x.shape[1], x.shape[1]).index_copy(0, index, normed)
+        return out.reshape(x_last.shape).permute(0, 3, 1, 2)
 
 
 class SparseBatchNorm2d(_SparseBatchNorm, nn.BatchNorm2d):
@@ -219,9 +235,9 @@ def remask_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Te
     context = module.mask_context
     if context.visible is None or out.ndim != 4:
         return None
-    if _channels_last(module):
-        return out * context.at(out.shape[1:3]).permute(0, 2, 3, 1).to(out.dtype)
-    return out * context.at(out.shape[-2:]).to(out.dtype)
+    channels_last = _channels_last(module)
+    size = out.shape[1:3] if channels_last else out.shape[-2:]
+    return out * context.multiplier(size, out.dtype, channels_last)
 
 
 def leaf_modules_run(encoder: nn.Module, run: Callable[[], object]) -> list[tuple[str, nn.Module]]:
