@@ -30,6 +30,7 @@ from mae.convert.architecture import (
     check_record,
 )
 from mae.convert.timm_args import timm_architecture, timm_model_args
+from mae.errors import ConfigError
 
 CNN_PREFIX = "encoder."  # where a CNN checkpoint's timm tensors sit
 
@@ -51,6 +52,9 @@ class ModelFamily:
         backbone: ``load_backbone``'s work once the checkpoint is read (``mae.convert.backbone``).
         load_mae: ``load_mae``'s work once the checkpoint is read.
         init_from: ``init_mae_from(model, source, format)`` for a model of the family.
+        features_state: ``features_state(config, state)``: the encoder's tensors as a feature extractor
+            (no classifier) holds them, from ``encoder_state``'s: a CNN classifier's head left out.
+        has_heads: whether its encoder has attention heads (``--num-heads`` applies).
     """
 
     name: str
@@ -65,6 +69,8 @@ class ModelFamily:
     backbone: Callable[..., Any]
     load_mae: Callable[..., Any]
     init_from: Callable[..., Any]
+    features_state: Callable[[dict[str, Any], dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    has_heads: bool
 
 
 def _later(module: str, name: str) -> Callable[..., Any]:
@@ -93,6 +99,13 @@ def cnn_timm_model_args(config: dict[str, Any]) -> dict[str, Any]:
     return {**(config.get("encoder_kwargs") or {}), "num_classes": 0, "in_chans": config["in_chans"]}
 
 
+def cnn_features_state(config: dict[str, Any], state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A CNN encoder's timm tensors without its classifier (``pretrained_cfg["classifier"]``: a fine-tuned
+    classifier's head): the features, as ``timm.create_model(encoder, num_classes=0)`` holds them."""
+    head = f"{get_pretrained_cfg_value(config['encoder'], 'classifier')}."
+    return {k: v for k, v in state.items() if not k.startswith(head)}
+
+
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     "vit": ModelFamily(
         name="vit",
@@ -107,6 +120,8 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         backbone=_later("mae.convert.backbone", "vit_backbone"),
         load_mae=_later("mae.convert.backbone", "vit_mae"),
         init_from=_later("mae.convert.backbone", "init_vit_mae_from"),
+        features_state=lambda config, state: state,
+        has_heads=True,
     ),
     "cnn": ModelFamily(
         name="cnn",
@@ -124,6 +139,8 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         backbone=_later("mae.convert.cnn_loading", "cnn_backbone"),
         load_mae=_later("mae.convert.cnn_loading", "cnn_mae"),
         init_from=_later("mae.convert.cnn_loading", "init_cnn_mae_from"),
+        features_state=cnn_features_state,
+        has_heads=False,
     ),
 }
 # The family of each class an architecture record (``mae_architecture``) names.
@@ -132,14 +149,17 @@ FAMILY_OF_CLASS = {MAE_CLASS: "vit", VIT_CLASS: "vit", CNN_MAE_CLASS: "cnn", CNN
 TIMM_LAYOUT_CLASSES = (CNN_CLASSIFIER_CLASS,)
 
 
-def cnn_features_state(config: dict[str, Any], state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A CNN encoder's timm tensors without its classifier (``pretrained_cfg["classifier"]``: a fine-tuned
-    classifier's head): the features, as ``timm.create_model(encoder, num_classes=0)`` holds them."""
-    head = f"{get_pretrained_cfg_value(config['encoder'], 'classifier')}."
-    return {k: v for k, v in state.items() if not k.startswith(head)}
-
-
 def family_of(config: dict[str, Any]) -> str:
     """The family of a model configuration without a record class: the one it names (``family``), else
     "cnn" when it names a timm encoder (a CNN classifier's record), else "vit" (every file before 0.5.0)."""
     return config.get("family") or ("cnn" if "encoder" in config else "vit")
+
+
+def check_num_heads(ckpt: Any, num_heads: int | None) -> None:
+    """Raise ``ConfigError`` when ``--num-heads`` is given for a checkpoint (``MAECheckpoint``) of a family
+    without attention heads."""
+    if num_heads is not None and not ckpt.model_family.has_heads:
+        raise ConfigError(
+            f"--num-heads is a ViT's; {ckpt.source} holds the {ckpt.model_family.name.upper()} "
+            f"{ckpt.config.get('encoder')}, which has no attention heads: leave --num-heads out"
+        )

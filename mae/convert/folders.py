@@ -27,6 +27,7 @@ import torch
 from mae.convert.checkpoint import MAECheckpoint, check_finite
 from mae.convert.classifier import Classifier, classifier_of, linear_head
 from mae.convert.exports.base import ExportRequest
+from mae.convert.families import check_num_heads
 from mae.convert.model_card import CARD_MARK, CardTarget, RunFacts, model_card, read_run
 from mae.convert.sources import read_checkpoint
 from mae.data.views.normalize import IMAGENET_MEAN, IMAGENET_STD
@@ -127,11 +128,7 @@ def export_folder(
         raise ConfigError(
             f"{ckpt.source} holds the {ckpt.model_family.described} {ckpt.config.get('encoder')}: {refused}"
         )
-    if num_heads is not None and ckpt.family != "vit":
-        raise ConfigError(
-            f"--num-heads is a ViT's; {ckpt.source} holds the CNN {ckpt.config['encoder']}, which has no "
-            "attention heads: leave --num-heads out"
-        )
+    check_num_heads(ckpt, num_heads)
     if num_heads is not None:
         ckpt.config["num_heads"] = num_heads
     decoder = target.check(ckpt, encoder_only)

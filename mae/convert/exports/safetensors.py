@@ -6,9 +6,9 @@ from pathlib import Path
 
 from mae.convert.checkpoint import MAECheckpoint
 from mae.convert.exports.base import ExportRequest, ExportTarget
+from mae.convert.families import check_num_heads
 from mae.convert.formats import exported_encoder
 from mae.convert.sources import ema_checkpoint, read_checkpoint
-from mae.errors import ConfigError
 from mae.io.outputs import Output
 
 
@@ -36,11 +36,7 @@ def encoder_checkpoint(
     ckpt = read_checkpoint(source, format)
     if ema:
         ckpt = ema_checkpoint(ckpt)
-    if num_heads and ckpt.family != "vit":
-        raise ConfigError(
-            f"--num-heads is a ViT's; {ckpt.source} holds the CNN {ckpt.config['encoder']}, which has no "
-            "attention heads: leave --num-heads out"
-        )
+    check_num_heads(ckpt, num_heads)
     if num_heads:
         ckpt = replace(ckpt, config={**ckpt.config, "num_heads": num_heads})
     return ckpt

@@ -22,7 +22,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from mae.convert.checkpoint import MAECheckpoint, check_finite
-from mae.convert.families import CNN_PREFIX, cnn_features_state, family_of
+from mae.convert.families import CNN_PREFIX, family_of
 from mae.convert.formats.base import CheckpointFormat, CheckpointPath
 from mae.convert.shapes import infer_config
 from mae.errors import ConfigError
@@ -93,8 +93,7 @@ def write(ckpt: MAECheckpoint, out: Path) -> tuple[Path, Path]:
     }
     sidecar = out.with_suffix(".json")
     state = ckpt.encoder_state_dict()
-    if ckpt.family == "cnn":  # the features: a fine-tuned classifier's head left out, as num_classes=0 has
-        state = cnn_features_state(ckpt.config, state)
+    state = ckpt.model_family.features_state(ckpt.config, state)  # a CNN classifier's head left out
     tensors = {k: v.detach().contiguous() for k, v in state.items()}
     check_finite(tensors, ckpt.source)
     atomic_write(out, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))

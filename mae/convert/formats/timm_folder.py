@@ -19,7 +19,7 @@ from timm.models import save_for_hf
 
 from mae.convert.checkpoint import MAECheckpoint, check_finite
 from mae.convert.classifier import Classifier, linear_head
-from mae.convert.families import CNN_PREFIX, cnn_features_state
+from mae.convert.families import CNN_PREFIX
 from mae.convert.formats.base import CheckpointFormat, CheckpointPath
 from mae.convert.formats.huggingface import folder_weights
 from mae.convert.shapes import infer_config
@@ -135,8 +135,7 @@ def write(
     family = ckpt.model_family
     args = family.timm_model_args(ckpt.config)
     state = ckpt.encoder_state_dict()
-    if ckpt.family == "cnn":  # the features: a fine-tuned classifier's head left out, as num_classes=0 has
-        state = cnn_features_state(ckpt.config, state)
+    state = ckpt.model_family.features_state(ckpt.config, state)  # a CNN classifier's head left out
     if classifier is not None:
         args.update(num_classes=classifier.num_classes, global_pool=classifier.global_pool)
         state = linear_head(state)
