@@ -36,7 +36,7 @@ from mae.models.masking import (
     sample_noise,
 )
 from mae.models.targets import build_target
-from mae.models.targets.pixel import patchify
+from mae.models.targets.pixel import patchify, unpatchify
 
 # The ViT decoder switches a CNN model is built with by the pretraining module: only their paper values.
 _VIT_SWITCHES = {"decoder_type": "self", "decoder_keep_ratio": 1.0, "decoder_encoder_layers": None}
@@ -210,11 +210,7 @@ class MaskedAutoencoderCNN(nn.Module):
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, L, p*p*C) cells -> (N, C, H, W); inverse of ``patchify``."""
-        N, p = x.shape[0], self.patch_size
-        h, w = self.grid_size
-        C = x.shape[-1] // (p * p)
-        x = x.reshape(N, h, w, p, p, C)
-        return torch.einsum("nhwpqc->nchpwq", x).reshape(N, C, h * p, w * p)
+        return unpatchify(x, self.patch_size, self.grid_size)
 
     # ------------------------------------------------------------------ masking
     def check_mask_ratio(self, mask_ratio: float) -> None:
