@@ -114,6 +114,13 @@ SHARED_OPTIONS = {
     ),
     "device": SharedOption(("--device",), "cpu, cuda, cuda:1, ...", {"default": None}, DEVICE_DEFAULT),
     "k": SharedOption(("-k",), "neighbours", {"type": positive_int}),
+    "feature_blocks": SharedOption(
+        ("--feature-blocks",),
+        "the encoder blocks whose features are read, 0 the first, -1 the last (a CNN's: its stages); several "
+        "are concatenated, each pooled as the last block is (a ViT block through the encoder's final norm)",
+        {"type": argparse_int, "nargs": "+", "default": None},
+        "the last block",
+    ),
     "max_image_pixels": SharedOption(
         ("--max-image-pixels",),
         "the largest image read, in pixels (a larger one is refused as a decompression bomb)",

@@ -38,6 +38,7 @@ def build_parser() -> ArgumentParser:
         help="the normed cls token, the mean patch token, or both side by side (default: cls for a ViT; a "
         "CNN's only pool, avg, the mean of its last map)",
     )
+    add_option(parser, "feature_blocks")
     add_option(parser, "batch_size", default=256)
     add_option(parser, "workers", "image-reading processes", default=2)
     for name in ("img_size", "mean", "std"):

@@ -6,7 +6,7 @@ References: Wu et al., "Unsupervised Feature Learning via Non-Parametric Instanc
 """
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -68,12 +68,16 @@ def knn_evaluate(
     progress: bool = True,
     announce: Callable[[int, int], None] | None = None,
     notes: bool = True,
+    blocks: Sequence[int] | None = None,
 ) -> tuple[float, float, int]:
     """(top-1 %, top-5 %, number of queries) of kNN on ``model``'s features pooled by default (the cls token
     of a ViT, the mean of a CNN's last map: ``mae.convert.pooling.default_pool``; L2-normalised, float):
     ``data``'s training split (evaluation transform; a fixed subset of ``max_train`` images when
     larger) is the memory bank, its validation split (a fixed subset of ``max_val`` images when larger)
     the queries. A ``k`` above the memory bank's size is lowered to it, with a note on stderr.
+
+    ``blocks``: read these encoder blocks instead of the last (negative from the end; their pooled vectors
+    concatenated: ``mae.convert.pooling.pooled``).
 
     ``progress``: show the feature extraction's progress on stderr (``mae.io.progress``);
     ``announce``: called with (memory-bank images, queries) once they are known, before any feature
@@ -82,6 +86,7 @@ def knn_evaluate(
     Raises:
         ConfigError: the data module has no validation split.
     """
+    encode = l2_normalised(pooled(model, default_pool(model), blocks))  # a bad block fails before extraction
     train_set, val_set = data.feature_datasets()
     if val_set is None:
         raise ConfigError(f"kNN evaluation needs a validation split; {type(data).__name__} has none")
@@ -92,7 +97,6 @@ def knn_evaluate(
             f"{len(train_set)} vote",
             file=sys.stderr,
         )
-    encode = l2_normalised(pooled(model, default_pool(model)))
     train, val = (
         FeatureStore.extract(
             encode,

@@ -26,6 +26,7 @@ class EmbedSettings:
     ``checkpoint`` into the index ``out`` (``.parquet``, or ``.npy`` with its ``.csv`` and ``.json``).
 
     ``pool``: "cls", "avg" or "both", None: the encoder's default (a ViT's cls token, a CNN's "avg");
+    ``feature_blocks``: the encoder blocks read (negative from the end; several concatenated), None: the last;
     ``img_size`` (pixels), ``mean`` / ``std`` (one per channel): the
     checkpoint's when None; ``part_size``: images per resumable part; ``max_image_pixels``: larger images are
     skipped; ``map``: also draw the index's t-SNE map to this PNG."""
@@ -35,6 +36,7 @@ class EmbedSettings:
     out: Path
     checkpoint_format: str = "auto"
     pool: Pool | None = None
+    feature_blocks: list[int] | None = None
     batch_size: int = 256
     workers: int = 2
     part_size: int = 4096
@@ -80,6 +82,7 @@ def embed_files(settings: EmbedSettings) -> IndexMeta:
         settings.normalization(),
         settings.device,
         settings.max_image_pixels,
+        blocks=settings.feature_blocks,
     )
     meta = embed_images(
         embedder,
@@ -101,7 +104,8 @@ def print_index(meta: IndexMeta, out: Path) -> None:
     for skip in meta.skipped:
         print(f"skipped {skip['path']}: {skip['error']}", file=sys.stderr)
     skipped = "" if not meta.skipped else f", {len(meta.skipped)} unreadable image(s) skipped (listed above)"
+    blocks = "" if meta.feature_blocks is None else f" of blocks {', '.join(map(str, meta.feature_blocks))}"
     print(
-        f"wrote {out}: {meta.count} vectors of length {meta.dim} ({meta.pool} pooling, input "
+        f"wrote {out}: {meta.count} vectors of length {meta.dim} ({meta.pool} pooling{blocks}, input "
         f"{meta.img_size[1]}x{meta.img_size[0]}){skipped}"
     )

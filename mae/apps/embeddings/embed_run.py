@@ -289,6 +289,7 @@ def _index_meta(embedder: Embedder, items: list[ImageItem]) -> IndexMeta:
         list(norm.mean),
         list(norm.std),
         inputs_digest(items),
+        feature_blocks=embedder.blocks,
     )
 
 

@@ -13,7 +13,7 @@ import torch
 from timm.layers import to_2tuple
 
 from mae.convert.backbone import load_backbone
-from mae.convert.pooling import default_pool
+from mae.convert.pooling import default_pool, pooled_width, stored_blocks
 from mae.convert.sources import MAECheckpoint, read_checkpoint
 from mae.data import DEFAULT_MAX_PIXELS
 from mae.errors import ConfigError
@@ -35,14 +35,15 @@ def weights_fingerprint(ckpt: MAECheckpoint, decoder: bool = False) -> str:
     return digest.hexdigest()
 
 
-def encoder_width(ckpt: MAECheckpoint) -> int:
-    """D: the width of the features of ``ckpt``'s encoder, read from its config without loading it: a ViT's
-    ``embed_dim``, a CNN's last map's channels (its timm model's ``num_features``, built on the meta
-    device)."""
+def vector_width(ckpt: MAECheckpoint, pool: Pool, blocks: list[int] | None = None) -> int:
+    """D of the vectors ``ckpt``'s encoder gives pooled by ``pool`` from ``blocks`` (None: the last),
+    read from its config without loading it: a ViT's ``embed_dim`` per block (twice it for "both"), a CNN's
+    chosen stages' channels (its timm model built on the meta device)."""
     if "embed_dim" in ckpt.config:
-        return ckpt.config["embed_dim"]
+        return ckpt.config["embed_dim"] * (2 if pool == "both" else 1) * len(blocks or [None])
     with torch.device("meta"):
-        return timm.create_model(ckpt.config["encoder"], pretrained=False, num_classes=0).num_features
+        network = timm.create_model(ckpt.config["encoder"], pretrained=False, num_classes=0)
+    return pooled_width(network, pool, blocks)
 
 
 @dataclass
@@ -57,6 +58,8 @@ class Embedder:
         img_size: (H, W) input size in pixels.
         checkpoint: the checkpoint's path, absolute.
         fingerprint: ``weights_fingerprint`` of the checkpoint.
+        max_pixels: larger images are refused.
+        blocks: the encoder blocks read (indices from 0, several concatenated: ``pooled``); None: the last.
     """
 
     encoder: torch.nn.Module
@@ -66,12 +69,13 @@ class Embedder:
     checkpoint: str
     fingerprint: str
     max_pixels: int | None = DEFAULT_MAX_PIXELS
+    blocks: list[int] | None = None
 
     @property
     def dim(self) -> int:
         """The length of one vector: the encoder's width (timm's ``num_features``: a ViT's embed_dim, a
-        CNN's last map's channels), twice it for "both"."""
-        return self.encoder.num_features * (2 if self.pool == "both" else 1)
+        CNN's last map's channels), twice it for "both", per block read (``pooled_width``)."""
+        return pooled_width(self.encoder, self.pool, self.blocks)
 
     @property
     def device(self) -> torch.device:
@@ -88,7 +92,7 @@ class Embedder:
     @torch.no_grad()
     def __call__(self, imgs: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) normalised input -> (N, D) float32 vectors on the CPU."""
-        return pooled(self.encoder, self.pool)(imgs.to(self.device)).cpu()
+        return pooled(self.encoder, self.pool, self.blocks)(imgs.to(self.device)).cpu()
 
 
 def load_embedder(
@@ -100,12 +104,14 @@ def load_embedder(
     device: str | torch.device = "cpu",
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     fingerprint: str | None = None,
+    blocks: list[int] | None = None,
 ) -> Embedder:
     """The encoder of ``checkpoint`` (a path or a read checkpoint; at ``img_size``, default the
     checkpoint's) and its inputs' normalisation: ``norm`` when given, else the one the checkpoint records
     (``Normalization.of``). ``pool``: None pools as the encoder does by default (``default_pool``: the cls
     token of a ViT, the mean of a CNN's last map). ``fingerprint``: its ``weights_fingerprint`` when already
-    computed.
+    computed. ``blocks``: the encoder blocks read (negative from the end; None: the last), kept resolved
+    (``stored_blocks``: None for the last alone).
 
     Raises:
         FileNotFoundError, ValueError: an unreadable checkpoint, an unknown pool, or a file of another
@@ -127,7 +133,7 @@ def load_embedder(
     else:  # a CNN takes any size: the one asked for, else the one it was trained at
         size = tuple(to_2tuple(img_size or encoder.load_report.config["img_size"]))
     pool = pool or default_pool(encoder)
-    pooled(encoder, pool)  # a pool the encoder cannot give ("cls" of a CNN) is refused now, naming it
+    pooled(encoder, pool, blocks)  # a pool the encoder cannot give ("cls" of a CNN), a block it lacks: now
     return Embedder(
         encoder,
         norm,
@@ -136,4 +142,5 @@ def load_embedder(
         str(Path(ckpt.source).absolute()),
         fingerprint or weights_fingerprint(ckpt),
         max_pixels,
+        stored_blocks(encoder, blocks),
     )

@@ -29,7 +29,9 @@ METADATA_KEY = b"mae_embeddings"
 SUFFIXES = (".parquet", ".npy")
 REBUILD = "rebuild the index with mae embed"
 # What makes two runs' vectors comparable (and a stopped run resumable): everything but the outcome.
-RUN_FIELDS = ("fingerprint", "pool", "dim", "img_size", "in_chans", "mean", "std", "inputs")
+RUN_FIELDS = ("fingerprint", "pool", "dim", "img_size", "in_chans", "mean", "std", "inputs", "feature_blocks")
+# Fields a record written before they existed lacks, and what such a record means by them.
+LATER_FIELDS = {"feature_blocks": None}
 
 
 @dataclass
@@ -46,6 +48,7 @@ class IndexMeta:
         inputs: SHA-256 of the listed images (paths and labels, in order): the run's inputs.
         count: N, the rows written.
         skipped: {"path", "error"} of each image that could not be read.
+        feature_blocks: the encoder blocks read, from 0 (several: concatenated); None: the last alone.
     """
 
     checkpoint: str
@@ -60,6 +63,7 @@ class IndexMeta:
     count: int = 0
     skipped: list[dict[str, str]] = field(default_factory=list)
     version: int = INDEX_VERSION
+    feature_blocks: list[int] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -77,7 +81,7 @@ class IndexMeta:
                     f"{source} is an index of version {version!r}; this code reads version "
                     f"{INDEX_VERSION}: rebuild it with mae embed"
                 )
-            return cls(**{f.name: record[f.name] for f in fields(cls)})
+            return cls(**{f.name: _field(record, f.name) for f in fields(cls)})
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
             raise InputError(
                 f"{source} has a damaged index record ({err}): rebuild it with mae embed"
@@ -89,6 +93,11 @@ class IndexMeta:
 
     def norm(self) -> Normalization:
         return Normalization(self.in_chans, tuple(self.mean), tuple(self.std))
+
+
+def _field(record: dict, name: str):
+    """``record[name]``; a field added since version 1 (``LATER_FIELDS``) missing means its old meaning."""
+    return record.get(name, LATER_FIELDS[name]) if name in LATER_FIELDS else record[name]
 
 
 @dataclass

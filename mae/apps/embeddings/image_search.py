@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from mae.apps.embeddings.embedder import Embedder, encoder_width, load_embedder, weights_fingerprint
+from mae.apps.embeddings.embedder import Embedder, load_embedder, vector_width, weights_fingerprint
 from mae.apps.embeddings.embedding_index import EmbeddingIndex
 from mae.apps.embeddings.similarity import cosine_top_k
 from mae.convert.sources import read_checkpoint
@@ -42,8 +42,10 @@ def index_embedder(
                 "--checkpoint with the same weights (in any format)"
             )
     ckpt = read_checkpoint(checkpoint, format)
-    dim = encoder_width(ckpt) * (2 if meta.pool == "both" else 1)
-    rebuild = f"mae embed --checkpoint {checkpoint} --pool {meta.pool} ... --out {index.path.name}"
+    dim = vector_width(ckpt, meta.pool, meta.feature_blocks)
+    chosen = meta.feature_blocks
+    blocks = "" if chosen is None else f" --feature-blocks {' '.join(map(str, chosen))}"
+    rebuild = f"mae embed --checkpoint {checkpoint} --pool {meta.pool}{blocks} ... --out {index.path.name}"
     if dim != meta.dim:
         raise ConfigError(
             f"{index.path} holds vectors of length {meta.dim} ({meta.pool} pooling of "
@@ -69,6 +71,7 @@ def index_embedder(
         device=device,
         max_pixels=max_pixels,
         fingerprint=fingerprint,
+        blocks=meta.feature_blocks,
     )
 
 

@@ -6,6 +6,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from mae.convert.pooling import feature_depth, resolve_blocks
 from mae.data import ImageDataModule
 from mae.eval.knn import knn_evaluate
 from mae.training.callbacks.monitor import FeatureMonitor
@@ -23,6 +24,8 @@ class KNNCallback(FeatureMonitor):
         temperature: vote temperature.
         max_train: memory-bank size cap (a fixed random subset of the training split).
         max_val: query count cap (a fixed random subset of the validation split).
+        feature_blocks: the encoder blocks read (negative from the end; several concatenated:
+            ``mae.convert.pooling.pooled``); None: the last. Checked against the encoder when the run starts.
     """
 
     section = "knn"
@@ -34,16 +37,28 @@ class KNNCallback(FeatureMonitor):
         temperature: PositiveFloat = 0.07,
         max_train: PositiveInt = 50_000,
         max_val: PositiveInt = 50_000,
+        feature_blocks: list[int] | None = None,
     ):
         super().__init__(every_n_epochs, max_train, max_val, k=k, temperature=temperature)
-        self.k, self.temperature = k, temperature
+        self.k, self.temperature, self.feature_blocks = k, temperature, feature_blocks
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.every_n_epochs:  # a block the encoder does not have fails now, not at the first kNN epoch
+            resolve_blocks(self.feature_blocks, feature_depth(pl_module.encoder), option="knn.feature_blocks")
 
     def measure(
         self, encoder: nn.Module, data: ImageDataModule, trainer: pl.Trainer, device: torch.device
     ) -> dict[str, float]:
         extraction = self.extraction(trainer)
         acc1, acc5, _ = knn_evaluate(
-            encoder, data, self.k, self.temperature, device, notes=trainer.is_global_zero, **extraction
+            encoder,
+            data,
+            self.k,
+            self.temperature,
+            device,
+            notes=trainer.is_global_zero,
+            blocks=self.feature_blocks,
+            **extraction,
         )
         return {"val/knn_acc1": acc1, "val/knn_acc5": acc5}
 

@@ -118,7 +118,7 @@ def test_knn__command_line(pretrained):
         "3",
         *_knn_data(tmp),
     )
-    assert "kNN (k=3, T=0.07) on 6 validation images: top-1" in result.stdout
+    assert "kNN (k=3, T=0.07) on 6 validation images, block 1 of 1: top-1" in result.stdout
 
 
 def test_finetuned_checkpoint__loads_back_as_a_backbone(finetuned):
@@ -140,9 +140,9 @@ def test_knn__command_line_evaluates_with_the_given_k_and_temperature(pretrained
     calls = []
     evaluate = knn_command.knn_evaluate
 
-    def recorded(encoder, data, k, temperature, device):
-        calls.append((k, temperature))
-        return evaluate(encoder, data, k, temperature, device)
+    def recorded(encoder, data, k, temperature, device, blocks):
+        calls.append((k, temperature, blocks))
+        return evaluate(encoder, data, k, temperature, device, blocks=blocks)
 
     monkeypatch.setattr(knn_command, "knn_evaluate", recorded)
     tmp, ckpt = pretrained
@@ -154,7 +154,11 @@ def test_knn__command_line_evaluates_with_the_given_k_and_temperature(pretrained
             "5",
             "--temperature",
             "0.5",
+            "--feature-blocks",
+            "-1",
             *_knn_data(tmp),
         ]
     )
-    assert calls == [(5, 0.5)] and "kNN (k=5, T=0.5)" in capsys.readouterr().out
+    assert calls == [(5, 0.5, [-1])] and "kNN (k=5, T=0.5) on 6 validation images, block 1 of 1" in (
+        capsys.readouterr().out
+    )

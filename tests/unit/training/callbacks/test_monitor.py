@@ -88,3 +88,17 @@ def test_periodic_monitor__runs_every_n_epochs_and_after_the_last_only(tmp_path)
 def test_feature_monitor__a_setting_built_in_python_is_checked_by_its_annotation(monitor, settings, refused):
     with pytest.raises(ConfigError, match=refused):
         monitor(**settings)
+
+
+def test_knn_monitor__a_feature_block_the_encoder_lacks_fails_when_the_run_starts():
+    from types import SimpleNamespace
+
+    from mae.errors import ConfigError
+    from mae.training.callbacks.knn import KNNCallback
+    from tests.helpers import tiny_mae
+
+    module = SimpleNamespace(encoder=tiny_mae())  # 2 blocks
+    KNNCallback(feature_blocks=[0, -1]).on_fit_start(None, module)
+    with pytest.raises(ConfigError, match=r"knn.feature_blocks 2 is not a block of this encoder of depth 2"):
+        KNNCallback(feature_blocks=[2]).on_fit_start(None, module)
+    KNNCallback(every_n_epochs=0, feature_blocks=[2]).on_fit_start(None, module)  # off: not checked
