@@ -20,6 +20,7 @@ from mae.apps.anomaly.scorers.choice import choose_scorer, option_names, saved_s
 from mae.cli.command import command_parser, parse_and_run
 from mae.cli.command_options import (
     DECODER_CHECKPOINT,
+    SHARED_OPTIONS,
     add_checkpoint,
     add_option,
     argparse_float,
@@ -62,7 +63,11 @@ def build_parser() -> ArgumentParser:
 
 
 def _add(parser: ArgumentParser, option: Option) -> None:
-    """``option`` as an argument of ``parser`` (or of a group)."""
+    """``option`` as an argument of ``parser`` (or of a group); one every command shares
+    (``--feature-blocks``) through ``add_option``, its help the scorer's own words."""
+    if option.name in SHARED_OPTIONS:
+        add_option(parser, option.name, option.help, default=option.default)
+        return
     if option.kind is bool:
         parser.add_argument(option.flag, action="store_true", help=option.help)
         return

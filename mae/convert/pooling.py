@@ -53,7 +53,7 @@ def feature_depth(encoder: torch.nn.Module) -> int:
     blocks = getattr(encoder, "blocks", None)
     if blocks is not None:
         return len(blocks)
-    return len(_timm_cnn(encoder).feature_info)
+    return len(timm_cnn(encoder).feature_info)
 
 
 def resolve_blocks(
@@ -97,7 +97,7 @@ def pooled_width(encoder: torch.nn.Module, pool: Pool, blocks: Sequence[int] | N
     sum of a CNN's chosen stages' widths (timm's ``feature_info``)."""
     chosen = resolve_blocks(blocks, feature_depth(encoder))
     if encoder_family(encoder) == "cnn":
-        info = _timm_cnn(encoder).feature_info
+        info = timm_cnn(encoder).feature_info
         return sum(info[i]["num_chs"] for i in chosen)
     width = getattr(encoder, "num_features", None) or encoder.config["embed_dim"]  # a timm ViT's, an MAE's
     return width * (2 if pool == "both" else 1) * len(chosen)
@@ -166,7 +166,7 @@ def block_tokens(model: torch.nn.Module, imgs: torch.Tensor, blocks: Sequence[in
     return outputs
 
 
-def _timm_cnn(model: torch.nn.Module) -> torch.nn.Module:
+def timm_cnn(model: torch.nn.Module) -> torch.nn.Module:
     """The timm network of a CNN encoder: a ``MaskedAutoencoderCNN``'s ``encoder`` (the dense timm model
     outside the MAE's own forward), else the model itself."""
     config = getattr(model, "config", None)  # a MaskedAutoencoderCNN's, naming its timm model
@@ -188,7 +188,7 @@ def _pooled_maps(
             f"pool {pool!r} reads a cls token, and the CNN {name} has none (its features are (N, C, h, w) "
             "maps): use pool 'avg'"
         )
-    network = _timm_cnn(model)
+    network = timm_cnn(model)
     head = getattr(network, "forward_head", None)
     last = len(network.feature_info) - 1
 

@@ -76,7 +76,9 @@ class ProbeSettings:
     "avg" for a CNN); ``views`` of each training image (1: the evaluation view; more: that many with
     the training augmentation); the (lr, weight decay) grid (None: ``DEFAULT_LRS`` /
     ``DEFAULT_WEIGHT_DECAYS``); the heads' ``max_epochs`` and early-stop ``patience``; the
-    ``holdout`` fraction that chooses the head; the ``seed`` of the split and of the heads."""
+    ``holdout`` fraction that chooses the head; the ``seed`` of the split and of the heads; the encoder
+    ``blocks`` read (negative from the end; None: the last; several: their pooled vectors concatenated,
+    ``mae.convert.pooling.pooled``; checked against the encoder when it is known)."""
 
     pool: Pool | None = None
     views: int = 1
@@ -86,9 +88,12 @@ class ProbeSettings:
     patience: int = 10
     holdout: float = 0.1
     seed: int = 0
+    blocks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lrs", tuple(self.lrs or DEFAULT_LRS))
+        if self.blocks is not None:
+            object.__setattr__(self, "blocks", tuple(self.blocks))
         weight_decays = DEFAULT_WEIGHT_DECAYS if self.weight_decays is None else self.weight_decays
         object.__setattr__(self, "weight_decays", tuple(weight_decays))
         check_grid(list(self.lrs), list(self.weight_decays))
@@ -119,31 +124,23 @@ def evaluate(
     validation images) once they are known, before any feature is extracted.
 
     Raises:
-        ValueError: the data has fewer than 2 classes or no validation split.
+        ConfigError: the data has fewer than 2 classes or no validation split; a block outside the encoder
+            (``settings.blocks``, named as ``--feature-blocks``).
     """
-    if data.num_labels < 2:
-        raise ConfigError(
-            f"a linear probe needs labelled data with 2 or more classes; {type(data).__name__} has "
-            f"{data.num_labels}"
-        )
-    encoder = pooled(model, settings.pool or default_pool(model))
-    encode = lambda imgs: encoder(data.normalize(imgs))  # noqa: E731  (augmented views may be uint8)
-    feature_train, val_set = data.feature_datasets()
-    if val_set is None:
-        raise ConfigError(f"a linear probe is scored on a validation split; {type(data).__name__} has none")
-    augmented = settings.views > 1
-    train_set = (
-        data.build_datasets(data.train_transform(), data.eval_transform())[0] if augmented else feature_train
+    encoder = pooled(model, settings.pool or default_pool(model), settings.blocks)  # a bad block fails now
+    train, val = extract_splits(
+        encoder,
+        data,
+        "linear probe",
+        views=settings.views,
+        seed=settings.seed,
+        device=device,
+        cache=cache,
+        max_train=max_train,
+        max_val=max_val,
+        progress=progress,
+        announce=announce,
     )
-    train_set, val_set = evaluation_subsets(train_set, val_set, max_train, max_val, announce)
-    torch.manual_seed(settings.seed)
-    prefix = lambda split: None if cache is None else f"{cache}.{split}"  # noqa: E731
-    shown = lambda split: f"linear probe: features of the {split} split" if progress else None  # noqa: E731
-    loading = (data.batch_size, data.num_workers, device)
-    train = FeatureStore.extract(
-        encode, train_set, *loading, settings.views, prefix("train"), shown("training")
-    )
-    val = FeatureStore.extract(encode, val_set, *loading, 1, prefix("val"), shown("validation"))
     result = _train_heads(
         train,
         val,
@@ -157,6 +154,53 @@ def evaluate(
         progress=progress,
     )
     return result, len(val), len(train)
+
+
+def extract_splits(
+    encode: Callable[[torch.Tensor], torch.Tensor],
+    data: ImageDataModule,
+    name: str,
+    *,
+    views: int = 1,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    cache: str | Path | None = None,
+    max_train: int | None = None,
+    max_val: int | None = None,
+    progress: bool = True,
+    announce: Callable[[int, int], None] | None = None,
+) -> tuple[FeatureStore, FeatureStore]:
+    """(training, validation) features of the probe ``name`` ("linear probe"): ``encode`` ((N, C, H, W)
+    normalised images -> (N, D) float) over ``data``'s training split (``views`` views of each image: 1
+    the evaluation view, more that many with the training augmentation, drawn from ``seed``; a fixed
+    subset of ``max_train`` images when larger) and over its validation split (a fixed subset of
+    ``max_val``), into ``cache`` (``<cache>.train``, ``<cache>.val``: memory-mapped ``.npy`` files) when
+    given, else in memory; ``progress`` and ``announce`` as ``evaluate`` says.
+
+    Raises:
+        ConfigError: the data has fewer than 2 classes or no validation split.
+    """
+    article = "an" if name[0] in "aeiou" else "a"
+    if data.num_labels < 2:
+        raise ConfigError(
+            f"{article} {name} needs labelled data with 2 or more classes; {type(data).__name__} has "
+            f"{data.num_labels}"
+        )
+    normalised = lambda imgs: encode(data.normalize(imgs))  # noqa: E731  (augmented views may be uint8)
+    feature_train, val_set = data.feature_datasets()
+    if val_set is None:
+        raise ConfigError(f"{article} {name} is scored on a validation split; {type(data).__name__} has none")
+    train_set = (
+        data.build_datasets(data.train_transform(), data.eval_transform())[0] if views > 1 else feature_train
+    )
+    train_set, val_set = evaluation_subsets(train_set, val_set, max_train, max_val, announce)
+    torch.manual_seed(seed)
+    prefix = lambda split: None if cache is None else f"{cache}.{split}"  # noqa: E731
+    shown = lambda split: f"{name}: features of the {split} split" if progress else None  # noqa: E731
+    loading = (data.batch_size, data.num_workers, device)
+    train = FeatureStore.extract(normalised, train_set, *loading, views, prefix("train"), shown("training"))
+    val = FeatureStore.extract(normalised, val_set, *loading, 1, prefix("val"), shown("validation"))
+    return train, val
 
 
 def train_probe(
@@ -209,12 +253,12 @@ def _train_heads(
 ) -> ProbeResult:
     """``train_probe`` on settings checked already; ``progress``: show the epochs' progress on stderr."""
     generator = np.random.default_rng(seed)
-    fit_rows, held_rows = _holdout_rows(train, holdout, num_classes, generator)
-    mean, std = _moments(train, fit_rows, chunk)
+    fit_rows, held_rows = holdout_rows(train, holdout, num_classes, generator)
+    mean, std = feature_moments(train, fit_rows, chunk)
     torch.manual_seed(seed)
     heads = _Heads([(lr, wd) for lr in lrs for wd in weight_decays], mean.numel() + 1, num_classes)
-    lowest_loss = torch.full((len(heads.grid),), math.inf)  # each head's lowest held-out loss: the stop
-    best_epoch, stale = 0, 0
+    plateau = LossPlateau(len(heads.grid), patience)
+    best_epoch = 0
     with Progress(max_epochs, "linear probe: training the heads", "epochs", progress) as shown:
         for epoch in range(1, max_epochs + 1):
             order = generator.permutation(fit_rows)
@@ -226,18 +270,12 @@ def _train_heads(
             if heads.keep_best(held, held_loss):
                 best_epoch = epoch
             shown.update(1)
-            # converged when no head's held-out loss has improved (by 0.1 %) for ``patience`` epochs
-            if (held_loss < lowest_loss * 0.999).any():
-                stale = 0
-            else:
-                stale += 1
-                if stale >= patience:
-                    break
-            lowest_loss = torch.minimum(lowest_loss, held_loss)
+            if plateau.reached(held_loss):
+                break
     return heads.result(val, mean, std, chunk, best_epoch)
 
 
-def _holdout_rows(
+def holdout_rows(
     train: FeatureStore, holdout: float, num_classes: int, generator: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """(rows trained on, rows held out) of ``train``: a class-stratified ``holdout`` fraction of its images
@@ -257,6 +295,21 @@ def _holdout_rows(
             "evaluation, mae knn)"
         )
     return (fit_images[None] + images * np.arange(train.views)[:, None]).ravel(), held_images
+
+
+class LossPlateau:
+    """The probes' stop: reached once no head's held-out loss has improved on its lowest by 0.1 % for
+    ``patience`` epochs in a row."""
+
+    def __init__(self, heads: int, patience: int) -> None:
+        self.lowest = torch.full((heads,), math.inf)
+        self.patience, self.stale = patience, 0
+
+    def reached(self, held_loss: torch.Tensor) -> bool:
+        """Take an epoch's held-out losses (heads,); whether training should stop now."""
+        self.stale = 0 if (held_loss < self.lowest * 0.999).any() else self.stale + 1
+        self.lowest = torch.minimum(self.lowest, held_loss)
+        return self.stale >= self.patience
 
 
 class _Heads:
@@ -289,18 +342,18 @@ class _Heads:
 
     def keep_best(self, held: torch.Tensor, held_loss: torch.Tensor) -> bool:
         """Keep each head's weights where its held-out accuracy ``held`` (H,) improved; whether the head
-        chosen now (``_choose``) improved."""
+        chosen now (``choose_head``) improved."""
         improved = (held > self.best_acc) | ((held == self.best_acc) & (held_loss < self.best_loss))
         self.best_weight[improved] = self.weight[improved]
         self.best_acc = torch.where(improved, held, self.best_acc)
         self.best_loss = torch.where(improved, held_loss, self.best_loss)
-        return bool(improved[_choose(self.best_acc, self.best_loss)])
+        return bool(improved[choose_head(self.best_acc, self.best_loss)])
 
     def result(
         self, val: FeatureStore, mean: torch.Tensor, std: torch.Tensor, chunk: int, epochs: int
     ) -> ProbeResult:
         """The chosen head's settings and accuracies, scored on ``val``, after ``epochs`` epochs."""
-        choice = _choose(self.best_acc, self.best_loss)
+        choice = choose_head(self.best_acc, self.best_loss)
         chosen = self.best_weight[choice : choice + 1]
         top1, top5, _ = _evaluate(val, np.arange(len(val)), chosen, mean, std, chunk)
         grid = [
@@ -325,7 +378,9 @@ def _stratified_split(
     return np.setdiff1d(np.arange(len(labels)), held), held
 
 
-def _moments(store: FeatureStore, rows: np.ndarray, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_moments(store: FeatureStore, rows: np.ndarray, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, standard deviation) (D,) each of ``store``'s features over ``rows`` (read ``chunk`` at a time),
+    the deviation at least 1e-6."""
     total = total_sq = None
     for feats, _ in store.chunks(rows, chunk):
         feats = feats.double()
@@ -341,7 +396,7 @@ def _standardised(feats: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return torch.cat([x, torch.ones(len(x), 1)], dim=1)  # the constant input of the bias
 
 
-def _choose(accuracy: torch.Tensor, loss: torch.Tensor) -> int:
+def choose_head(accuracy: torch.Tensor, loss: torch.Tensor) -> int:
     """The head with the best held-out accuracy; among equals, the lowest held-out loss."""
     best = accuracy == accuracy.max()
     return int(torch.where(best, loss, torch.full_like(loss, math.inf)).argmin())

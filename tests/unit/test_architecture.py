@@ -21,7 +21,7 @@ def _layers_table():
 
 LAYERS_TABLE = _layers_table()
 LAYERS = [modules for modules, _ in LAYERS_TABLE.LAYERS]
-MEASUREMENT = {"mae.eval", "mae.eval.features", "mae.eval.knn", "mae.eval.probe"}
+MEASUREMENT = {"mae.eval", "mae.eval.attentive_probe", "mae.eval.features", "mae.eval.knn", "mae.eval.probe"}
 
 
 def _modules() -> dict[str, Path]:

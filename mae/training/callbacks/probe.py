@@ -6,7 +6,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from mae.convert.pooling import encoder_family
+from mae.convert.pooling import encoder_family, feature_depth, resolve_blocks
 from mae.data import ImageDataModule
 from mae.errors import ConfigError
 from mae.eval.probe import Pool, ProbeSettings, evaluate
@@ -26,6 +26,9 @@ class ProbeCallback(FeatureMonitor):
         max_epochs, patience: the heads' training cap and early stop.
         max_train: training-split size cap (a fixed random subset).
         max_val: validation-split size cap (a fixed random subset).
+        feature_blocks: the encoder blocks read (negative from the end; several: their pooled vectors
+            concatenated, ``mae.convert.pooling.pooled``); None: the last. Checked against the encoder when
+            the run starts.
     """
 
     section = "probe"
@@ -40,14 +43,24 @@ class ProbeCallback(FeatureMonitor):
         patience: PositiveInt = 10,
         max_train: PositiveInt = 50_000,
         max_val: PositiveInt = 50_000,
+        feature_blocks: list[int] | None = None,
     ) -> None:
         super().__init__(every_n_epochs, max_train, max_val, max_epochs=max_epochs, patience=patience)
         self.settings = ProbeSettings(
-            pool, lrs=lrs, weight_decays=weight_decays, max_epochs=max_epochs, patience=patience
+            pool,
+            lrs=lrs,
+            weight_decays=weight_decays,
+            max_epochs=max_epochs,
+            patience=patience,
+            blocks=feature_blocks,
         )
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # At start-up, not at the first probe epoch hours into the run.
+        if self.every_n_epochs:  # a block the encoder does not have
+            resolve_blocks(
+                self.settings.blocks, feature_depth(pl_module.encoder), option="probe.feature_blocks"
+            )
         if self.every_n_epochs and encoder_family(pl_module.network) == "cnn" and self.settings.pool != "avg":
             raise ConfigError(
                 f"probe.pool {self.settings.pool}: a CNN's features are maps, with no cls token; set "

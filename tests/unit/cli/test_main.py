@@ -104,6 +104,7 @@ def test_one_spelling__every_command_spells_every_shared_option_the_same(command
         "workers": 2,
         "device": 5,
         "k": 2,
+        "feature_blocks": 4,  # knn, probe, embed, anomaly
         "max_image_pixels": 7,
         "mean": 4,
         "std": 4,

@@ -13,6 +13,7 @@ from mae.cli.main import invoke
 from mae.eval.probe import FeatureStore, ProbeResult, pooled, train_probe
 from tests.helpers import (
     TINY_MODEL,
+    TWO_BLOCK_KWARGS,
     csv_logger,
     folder_flags,
     read_metrics,
@@ -127,6 +128,23 @@ def test_probe_command__on_a_checkpoint_and_a_folder(checkpoint, pool, extra, tm
     )
 
 
+def test_probe_command__feature_blocks_concatenated_and_checked_before_any_extraction(
+    checkpoint, tmp_path, capsys
+):
+    tiny_pretraining_checkpoint(tmp_path, model_kwargs=TWO_BLOCK_KWARGS)  # 2 blocks, width 32
+    data = folder_flags(checkpoint / "data", batch_size=8)
+    args = ["--checkpoint", str(tmp_path / "last.ckpt"), *data, "--cache", str(tmp_path / "cache")]
+    invoke("probe", [*args, "--feature-blocks", "0", "-1", "--max-epochs", "2"])
+    assert "cls features of blocks 1+2 of 2 (concatenated), 24 training views" in capsys.readouterr().out
+    assert np.load(tmp_path / "cache.train.feats.npy").shape == (24, 2 * 32)
+    invoke("probe", [*args, "--max-epochs", "2"])
+    assert "cls features of block 2 of 2, 24 training views" in capsys.readouterr().out
+    (tmp_path / "cache.train.feats.npy").unlink()
+    with pytest.raises(ValueError, match="--feature-blocks 2 is not a block of this encoder of depth 2"):
+        invoke("probe", [*args, "--feature-blocks", "2"])
+    assert not (tmp_path / "cache.train.feats.npy").exists()
+
+
 def test_probe_command__a_cache_prefix_over_the_users_files_is_refused_its_own_reused(
     checkpoint, tmp_path, capsys
 ):
@@ -194,11 +212,11 @@ def test_probe__augmented_views_of_a_held_out_image_are_never_trained_on(monkeyp
         np.concatenate([train.feats, train.feats + 0.01]), np.concatenate([train.labels] * 2), 2
     )
     seen = {}
-    split, moments = probe._stratified_split, probe._moments
+    split, moments = probe._stratified_split, probe.feature_moments
     monkeypatch.setattr(probe, "_stratified_split", lambda *a: seen.setdefault("split", split(*a)))
     monkeypatch.setattr(
         probe,
-        "_moments",
+        "feature_moments",
         lambda store, rows, chunk: seen.setdefault("fit", rows) is not None and moments(store, rows, chunk),
     )
     result = train_probe(two_views, val, 10, max_epochs=2)

@@ -42,9 +42,9 @@ class FeatureMemorySettings(ScorerSettings):
     feature_blocks: list[int] | None = option(
         None,
         int,
-        f"the encoder blocks whose patch tokens are concatenated, 1 to {MAX_BLOCKS} (0 the first, -1 the "
-        "last; default: the last). A CNN's blocks are its stages, resized to the finest chosen (default: -3 "
-        "-2, the stride-8 and 16 maps, PatchCore's layer2 and layer3 of a ResNet)",
+        "default: the last block; a CNN's -3 -2, its stride-8 and 16 stages (PatchCore's layer2 and layer3 "
+        f"of a ResNet). 1 to {MAX_BLOCKS} blocks, their patch tokens concatenated (a CNN's maps resized to "
+        "the finest chosen)",
         many=True,
     )
     neighbourhood: int = option(
