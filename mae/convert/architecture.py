@@ -17,7 +17,10 @@ so that tools given only the checkpoint (``mae reconstruct``, the demo page) pre
 images exactly as training did.
 
 ``MaskedAutoencoderViT`` args are its ``config``; ``VisionTransformer`` args are timm's (a linear-probe
-classifier's head is a BatchNorm + linear, recorded as ``"head": "batchnorm_linear"``). Readers
+classifier's head is a BatchNorm + linear, recorded as ``"head": "batchnorm_linear"``). A joint checkpoint
+(``mae finetune`` mode joint: ``mae.training.joint.joint_record``) is a ``MaskedAutoencoderViT`` record whose
+state also holds a classifier (``fc_norm.*``, ``head.*``: timm's global-average-pooling head), described
+under ``"classifier": {"global_pool": "avg", "num_classes": K, "head": "linear"}``. Readers
 rebuild the model from this record alone, once ``check_record`` has checked it against the tensors;
 checkpoints written before the contract (version 0.1) are read through ``mae.convert.formats.lightning``'s
 older path.

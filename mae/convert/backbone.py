@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 # The decoder switches that change what the decoder's weights compute (not ``decoder_keep_ratio``,
 # which only chooses how many patches a training step reconstructs).
 _DECODER_ARCHITECTURE = ("decoder_type", "decoder_encoder_layers")
+# A joint checkpoint's classifier (``mae.training.joint``), which an MAE read from it leaves aside.
+_CLASSIFIER = ["fc_norm.*", "head.*"]
 
 
 def build_vit(
@@ -175,8 +177,10 @@ def vit_backbone(
 
 
 def _check_pooling(ckpt: MAECheckpoint, global_pool: str) -> None:
-    """Refuse token pooling of an encoder fine-tuned with average pooling (it has no final norm)."""
-    if global_pool == "token" and pooling_of(ckpt) == "avg":
+    """Refuse token pooling of an encoder fine-tuned with average pooling (it has no final norm; a joint
+    checkpoint's final norm, its MAE's, serves the cls token)."""
+    no_final_norm = "norm.weight" not in ckpt.encoder_state_dict()
+    if global_pool == "token" and pooling_of(ckpt) == "avg" and no_final_norm:
         raise ConfigError(
             f"{ckpt.source} is an encoder fine-tuned with global average pooling (an fc_norm, no final "
             "norm), so its cls token has no trained norm to pass through: load it with global_pool='avg' "
@@ -252,7 +256,10 @@ def vit_mae(ckpt: MAECheckpoint, overrides: dict[str, Any]) -> tuple[MaskedAutoe
         state.pop("pos_embed")
         state.pop("decoder_pos_embed", None)
         report.notes.append("fixed sin-cos position embeddings rebuilt for the new image size")
-    load_checked(model, state, report, allowed_missing=["pos_embed", "decoder_pos_embed"])
+    # A joint checkpoint's classifier (mae.training.joint) beside its MAE: not part of the MAE.
+    load_checked(
+        model, state, report, allowed_missing=["pos_embed", "decoder_pos_embed"], allowed_ignored=_CLASSIFIER
+    )
     log.info("%s", report)
     return model, report
 

@@ -6,6 +6,10 @@ patch tokens through ``fc_norm`` (the paper's fine-tuning; no final ``norm``), o
 after the final ``norm``. Its head is a linear layer (``head.weight``, ``head.bias``), or for a linear probe
 a BatchNorm without affine parameters before it (``head.0.*``, ``head.1.*``), which in evaluation is an
 affine map and folds into the linear layer (``linear_head``).
+
+A joint checkpoint (``mae finetune`` mode joint, ``mae.training.joint``) is an MAE that holds such a
+classifier too: ``fc_norm`` and ``head`` pool "avg", beside the final ``norm`` its MAE (and any feature
+reader) reads; the classifier leaves that norm aside (``linear_head``).
 """
 
 from dataclasses import dataclass
@@ -36,11 +40,11 @@ class Classifier:
 
 
 def pooling_of(ckpt: MAECheckpoint) -> str:
-    """The ``global_pool`` that loads every norm ``ckpt`` holds: "avg" for an encoder fine-tuned with
-    global average pooling (an ``fc_norm`` and no final ``norm``), else "token". Feature users that keep
-    neither norm (the dense pyramid) load either kind of checkpoint this way."""
-    state = ckpt.encoder_state_dict()
-    return "avg" if "fc_norm.weight" in state and "norm.weight" not in state else "token"
+    """The ``global_pool`` of the classifier ``ckpt`` holds, which loads its ``fc_norm``: "avg" for an
+    encoder fine-tuned with global average pooling (an ``fc_norm``; no final ``norm``, or a joint
+    checkpoint's, which is its MAE's), else "token". Feature users that keep neither norm (the dense
+    pyramid) load either kind of checkpoint this way."""
+    return "avg" if "fc_norm.weight" in ckpt.encoder_state_dict() else "token"
 
 
 def classifier_of(ckpt: MAECheckpoint) -> Classifier | None:
@@ -55,9 +59,13 @@ def classifier_of(ckpt: MAECheckpoint) -> Classifier | None:
 
 
 def linear_head(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` (a classifier's encoder state dict) with its head as one linear layer: a linear probe's
-    BatchNorm (evaluation mode: running statistics) folded into the linear layer after it,
-    ``W' = W / s``, ``b' = b - W' mean`` with ``s = sqrt(var + eps)``; any other head as it is."""
+    """``state`` (a classifier's encoder state dict) as the timm classifier of ``classifier_of`` holds it:
+    its head as one linear layer (a linear probe's BatchNorm (evaluation mode: running statistics) folded
+    into the linear layer after it, ``W' = W / s``, ``b' = b - W' mean`` with ``s = sqrt(var + eps)``; any
+    other head as it is), and without the final ``norm`` of a joint checkpoint, which pools through
+    ``fc_norm`` (the norm is its MAE's: timm's average-pooling classifier has none)."""
+    if "fc_norm.weight" in state:
+        state = {k: v for k, v in state.items() if not k.startswith("norm.")}
     if "head.1.weight" not in state:
         return dict(state)
     weight, bias = state["head.1.weight"].double(), state["head.1.bias"].double()

@@ -2,6 +2,9 @@
 or a CNN of the SparK / FCMAE family (the timm CNN itself, its classifier timm's own: ``fc`` of a ResNet,
 ``head.fc`` of a ConvNeXt).
 
+The joint objective (``mode: joint``, ``mae.training.joint``) trains the classifier and MAE reconstruction
+together on one encoder; its checkpoint is an MAE record whose state holds the classifier too.
+
 Fine-tuning follows the paper's end-to-end protocol (layer-wise lr decay, drop path, mixup/cutmix,
 label smoothing, AdamW); linear probing its frozen-encoder protocol (cls token, BatchNorm without
 affine before the linear head, LARS, no weight decay). A CNN pools its last map ("avg", timm's own
@@ -40,8 +43,18 @@ from mae.convert.backbone import vit_args
 from mae.convert.classifier import PROBE_NORM_EPS
 from mae.convert.families import family_of
 from mae.errors import ConfigError
+from mae.training.joint import (
+    JOINT,
+    JointMAE,
+    JointSettings,
+    build_joint_network,
+    check_joint_mode,
+    joint_record,
+    validation_noise,
+)
 from mae.training.optim import ParamGroupPlan
-from mae.training.transfer import TransferModule
+from mae.training.settings import as_group, plain
+from mae.training.transfer import TransferModule, encoder_record
 
 
 def classifier_path(model: nn.Module) -> str:
@@ -54,13 +67,17 @@ class MAEFinetuneModule(TransferModule):
     """A ViT (or CNN) classifier initialised from a pretrained MAE encoder.
 
     Args:
-        mode: "finetune" (all weights) or "linprobe" (frozen encoder, BatchNorm + linear head).
+        mode: "finetune" (all weights), "linprobe" (frozen encoder, BatchNorm + linear head) or "joint"
+            (classification and MAE reconstruction in one run, ``mae.training.joint``: the whole MAE,
+            decoder included, with the classifier; its checkpoint is both).
         global_pool: "avg" (mean of patch tokens + fc_norm, the paper's fine-tuning; a CNN's: the mean
             of its last map) or "token" (cls; a ViT's only).
         mixup: mixup alpha (paper 0.8); 0 disables.
         cutmix: cutmix alpha (paper 1.0); 0 disables.
         label_smoothing: (paper 0.1).
         head_init_std: std of the new head's trunc-normal init (paper: 2e-5; linear probe 0.01).
+        joint: the joint objective's settings (``mae.training.joint.JointSettings``: reconstruction_weight,
+            classify, mask_ratio), mode "joint" only.
         **kwargs: passed on whole to ``mae.training.transfer.TransferModule``, which takes and keeps them:
             the encoder (``encoder``: checkpoint, checkpoint_format, model, model_kwargs; encoder_config), the
             input and classes (img_size, in_chans, num_classes), drop_path_rate, layer_decay, the optimiser
@@ -74,23 +91,32 @@ class MAEFinetuneModule(TransferModule):
 
     def __init__(
         self,
-        mode: Literal["finetune", "linprobe"] = "finetune",
+        mode: Literal["finetune", "linprobe", "joint"] = "finetune",
         global_pool: Literal["avg", "token"] = "avg",
         mixup: float = 0.8,
         cutmix: float = 1.0,
         label_smoothing: float = 0.1,
         head_init_std: float = 2e-5,
+        joint: JointSettings = JOINT,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if mode not in ("finetune", "linprobe"):
-            raise ConfigError(f"model.mode must be 'finetune' or 'linprobe', got {mode!r}")
+        if mode not in ("finetune", "linprobe", "joint"):
+            raise ConfigError(f"model.mode must be 'finetune', 'linprobe' or 'joint', got {mode!r}")
         if mode == "linprobe" and (mixup > 0 or cutmix > 0 or self.drop_path_rate > 0):
             raise ConfigError(
                 "linear probing trains on frozen features: set mixup, cutmix and drop_path_rate to 0"
             )
+        joint = as_group(joint, JOINT)
+        check_joint_mode(mode, joint, global_pool, mixup, cutmix)
+        self.save_hyperparameters({**self.hparams, "joint": plain(joint)})
         self.mode = mode
-        self.vit = self._classifier(global_pool, head_init_std)
+        self.joint = joint if mode == "joint" else None  # the joint objective's settings, in its mode only
+        if self.joint is not None:
+            self.vit = self._joint_network(head_init_std)
+            self.val_mae_loss = MeanMetric()
+        else:
+            self.vit = self._classifier(global_pool, head_init_std)
         # Fixed by name now: a strategy (FSDP) may flatten the parameters before the optimizer is built.
         self.param_groups = ParamGroupPlan.from_groups(self.vit, self._param_groups())
         self.mixup = None
@@ -153,7 +179,28 @@ class MAEFinetuneModule(TransferModule):
                 p.requires_grad = True
         return vit
 
+    def _joint_network(self, head_init_std: float) -> JointMAE:
+        """The joint objective's network (``mae.training.joint.build_joint_network``): the MAE of the
+        pretrained checkpoint (decoder included when it has one) with the classifier; records its
+        architecture in the hyperparameters (``encoder_config``: the whole MAE's)."""
+        network, _ = build_joint_network(
+            self.encoder_source,
+            self.encoder_config,
+            self.img_size,
+            self.in_chans,
+            self.num_classes,
+            self.drop_path_rate,
+            head_init_std,
+        )
+        network.check_mask_ratio(self.joint.mask_ratio)
+        network.set_grad_checkpointing(self.grad_checkpointing)
+        self.encoder_config = self.hparams.encoder_config = encoder_record(network.config, self.in_chans)
+        self.family = "vit"
+        return network
+
     def architecture_record(self) -> dict[str, Any]:
+        if self.joint is not None:  # an MAE whose state holds the classifier too: both views of one file
+            return joint_record(self.vit, prefix="vit.")
         head = "batchnorm_linear" if self.mode == "linprobe" else "linear"
         if self.family == "cnn":
             args = {**self.vit_args, "head": head}
@@ -166,6 +213,12 @@ class MAEFinetuneModule(TransferModule):
         """(N, C, H, W) -> (N, num_classes) logits."""
         return self.vit(imgs)
 
+    @property
+    def augmentation(self) -> str:
+        """The ``data.augmentation`` recipe this mode trains with (another is noted when the run starts):
+        the joint objective's is fine-tuning's."""
+        return "finetune" if self.mode == "joint" else self.mode
+
     def on_fit_start(self) -> None:
         super().on_fit_start()
         datamodule = self.trainer.datamodule
@@ -173,15 +226,29 @@ class MAEFinetuneModule(TransferModule):
         if self.mixup is not None and batch_size % 2:
             raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {batch_size}")
         augmentation = getattr(datamodule, "augmentation", None)
-        if augmentation not in (None, self.mode):
+        if augmentation not in (None, self.augmentation):
             rank_zero_info(f"note: model.mode is {self.mode!r} but data.augmentation is {augmentation!r}")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         imgs, targets = batch
+        if self.joint is not None:
+            return self._joint_step(imgs, targets)
         if self.mixup is not None:
             imgs, targets = self.mixup(imgs, targets)  # training only: validation sees clean images
         loss = self.train_criterion(self(imgs), targets)
         self.log_training_loss(loss, imgs.shape[0])
+        return loss
+
+    def _joint_step(self, imgs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The joint objective's training step (``mae.training.joint``): its loss, logged with its two
+        parts (``train/cls_loss``, ``train/mae_loss``)."""
+        logits, mae_loss = self.vit.forward_joint(imgs, self.joint.mask_ratio, self.joint.classify)
+        cls_loss = self.train_criterion(logits, targets)
+        loss = self.joint.combine(cls_loss, mae_loss)
+        self.log_training_loss(loss, imgs.shape[0])
+        if not self.replaying:
+            parts = {"train/cls_loss": cls_loss, "train/mae_loss": mae_loss}
+            self.log_dict(parts, on_step=True, on_epoch=True, batch_size=imgs.shape[0])
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -193,6 +260,11 @@ class MAEFinetuneModule(TransferModule):
         self.log("val/loss", self.val_loss)
         self.log("val/acc1", self.val_acc1, prog_bar=True)
         self.log("val/acc5", self.val_acc5)
+        if self.joint is not None:  # the reconstruction on the same masks every epoch
+            ratio = self.joint.mask_ratio
+            noise = validation_noise(self.vit, imgs.shape[0], ratio, batch_idx, imgs.device)
+            self.val_mae_loss.update(self.vit.reconstruction_loss(imgs, ratio, noise), weight=imgs.shape[0])
+            self.log("val/mae_loss", self.val_mae_loss)
 
     def _param_groups(self) -> list[dict]:
         """The recipe's groups on the unwrapped classifier: LARS on the probe's head (trust ratio on its

@@ -146,19 +146,21 @@ def test_finetune_configs__the_required_recipes_exist():
         "linprobe/imagenet_vit_base.yaml",
         "finetune/imagenet_vit_large.yaml",
         "finetune/imagenet_vit_huge.yaml",
+        "finetune/default_joint.yaml",
+        "finetune/photos_joint.yaml",
     } <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
-    from mae.cli.lightning import FinetuneCLI
+    from mae.cli.finetune import FinetuneMonitorsCLI  # mae finetune's: the kNN and probe monitors too
     from mae.data import ImageDataModule
     from tests.helpers import write_cifar, write_image_folder
 
     monkeypatch.chdir(config.parents[2])
     monkeypatch.setattr("sys.argv", ["finetune.py"])
     data = []
-    if "imagenet" in config.name:
+    if "imagenet" in config.name or "photos" in config.name:  # image folders
         write_image_folder(tmp_path / "train", ["a", "b"], per_class=1)
         data = ["--data.root", str(tmp_path)]
     elif "cifar" in config.name:
@@ -169,7 +171,7 @@ def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
     light = []
     if "imagenet" in config.name or "vit_base" in config.name:
         light = ["--model.encoder.model_kwargs", '{"depth": 1}']
-    cli = FinetuneCLI(
+    cli = FinetuneMonitorsCLI(
         MAEFinetuneModule,
         ImageDataModule,
         subclass_mode_data=True,
@@ -178,8 +180,8 @@ def test_finetune_config__parses_and_builds(config, monkeypatch, tmp_path):
     )
     assert cli.model.hparams.num_classes == cli.datamodule.num_labels
     assert cli.model.hparams.img_size == cli.datamodule.img_size
-    # none: the digits probe (plain scans)
-    assert cli.datamodule.augmentation in (cli.model.hparams.mode, "none")
+    # none: the digits probe (plain scans); the joint objective trains with fine-tuning's augmentations
+    assert cli.datamodule.augmentation in (cli.model.augmentation, "none")
 
 
 def _uses_lightnings_own_load(module_class: type) -> bool:
