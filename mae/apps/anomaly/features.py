@@ -12,7 +12,8 @@ Euclidean distance to its nearest one. ``mae anomaly --method features`` runs it
   resized bilinearly to the finest chosen one before they are concatenated, as PatchCore does, and the
   patch grid is that map's.
 - Memory bank: the greedy k-center coreset (``coreset``) of the normal images' patch vectors, chosen on a
-  seeded Gaussian random projection to ``PROJECTION_DIM`` dimensions, as PatchCore's sampler does.
+  seeded Gaussian random projection to ``PROJECTION_DIM`` dimensions, as PatchCore's sampler does; exact,
+  in rounds of batched distance updates (``greedy_k_center``).
 - Scores: each test patch's distance to its nearest bank vector (``nearest_distances``: ``torch.cdist`` in
   blocks of ``QUERY_BLOCK`` test rows x ``BANK_BLOCK`` bank rows, so the distances held at once never
   exceed one block's, 64 MiB at float32, whatever the bank's size). The image score is the highest patch
@@ -28,11 +29,19 @@ from scipy import ndimage
 from torch import nn
 from torch.nn import functional as F
 
+from mae.convert.pooling import feature_depth, resolve_blocks  # noqa: F401 (feature_depth: read from here too)
 from mae.errors import ConfigError
 
 DEFAULT_FRACTION = 0.1  # of the normal patch vectors kept in the bank (PatchCore: 1-10 %)
 DEFAULT_NEIGHBOURHOOD = 3  # patches averaged around each, per side (PatchCore's 3 x 3)
 PROJECTION_DIM = 128  # the coreset's distances are measured on a random projection to this many dimensions
+CANDIDATES = 1024  # the points each round of the greedy coreset considers (benchmarks/coreset.py)
+UPDATE_BLOCK = 4096  # points per distance block of a round's update: 4096 x 1024 float32 = 16 MiB
+# The coreset's float32 squared distances |x|^2 + |y|^2 - 2 x.y are rounded by at most ROUNDING float32 eps
+# times the largest |x|^2 (measured: under 5 eps times |x|^2 + |y|^2 at D = 16 and 128); when the largest
+# is under PRECISION_MARGIN times that, greedy_k_center goes on in float64.
+ROUNDING = 16
+PRECISION_MARGIN = 100
 QUERY_BLOCK = 1024  # test patch vectors per distance block
 BANK_BLOCK = 16384  # bank vectors per distance block: 1024 x 16384 float32 distances = 64 MiB
 SIGMA = 4.0  # the maps' Gaussian smoothing, pixels (PatchCore's)
@@ -42,44 +51,21 @@ MAX_BLOCKS = 3  # blocks whose outputs may be concatenated
 CNN_FEATURE_BLOCKS = (-3, -2)
 
 
-def feature_depth(encoder: nn.Module) -> int:
-    """The blocks ``--feature-blocks`` counts: a ViT's transformer blocks, a CNN's stages (timm's
-    ``feature_info``: a ResNet's 5 with its stem, a ConvNeXt's 4)."""
-    blocks = getattr(encoder, "blocks", None)
-    return len(blocks) if blocks is not None else len(encoder.feature_info)
-
-
 def default_feature_blocks(encoder: nn.Module) -> list[int] | None:
     """The blocks read when none are chosen: None (the last) for a ViT, ``CNN_FEATURE_BLOCKS`` for a CNN."""
     return None if hasattr(encoder, "blocks") else list(CNN_FEATURE_BLOCKS)
 
 
 def feature_blocks(blocks: Sequence[int] | None, depth: int) -> list[int]:
-    """The encoder blocks whose outputs are the features, as indices in [0, depth), ascending: ``blocks``
-    given as indices from the first block (0) or from the end (-1 the last); None: the last block. A
-    CNN's blocks are its stages (``feature_depth``).
+    """The encoder blocks whose outputs are the features, as indices in [0, depth), ascending (``blocks``
+    from the first block (0) or from the end (-1 the last); None: the last): ``resolve_blocks`` with at
+    most ``MAX_BLOCKS``.
 
     Raises:
         ConfigError: more than ``MAX_BLOCKS`` blocks, a block outside the encoder's depth or one named
             twice, naming the value and the depth.
     """
-    if blocks is None:
-        return [depth - 1]
-    if not 1 <= len(blocks) <= MAX_BLOCKS:
-        raise ConfigError(
-            f"--feature-blocks takes 1 to {MAX_BLOCKS} blocks, got {len(blocks)}: {list(blocks)}"
-        )
-    chosen = []
-    for block in blocks:
-        if not -depth <= block < depth:
-            raise ConfigError(
-                f"--feature-blocks {block} is not a block of this encoder of depth {depth}: give 0 to "
-                f"{depth - 1}, or -1 (the last) to -{depth}"
-            )
-        chosen.append(block % depth)
-    if len(set(chosen)) != len(chosen):
-        raise ConfigError(f"--feature-blocks {list(blocks)} names a block twice (depth {depth})")
-    return sorted(chosen)
+    return resolve_blocks(blocks, depth, MAX_BLOCKS)
 
 
 @torch.no_grad()
@@ -120,28 +106,121 @@ def patch_features(
     return feature_maps(encoder, imgs, blocks, neighbourhood).flatten(2).transpose(1, 2)
 
 
-def greedy_k_center(points: torch.Tensor, k: int, start: int = 0) -> torch.Tensor:
+def _point_rows(points: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(M, D) points -> (M, D + 2) rows [x, |x|^2, 1] of ``dtype``, x the point less the points' mean
+    (smaller norms: less rounding in |x|^2 + |y|^2 - 2 x.y)."""
+    count, dim = points.shape
+    rows = torch.empty(count, dim + 2, dtype=dtype, device=points.device)
+    rows[:, :dim] = points.to(dtype) - points.to(dtype).mean(dim=0)
+    rows[:, dim] = rows[:, :dim].square().sum(dim=1)
+    rows[:, dim + 1] = 1.0
+    return rows
+
+
+def _center_rows(rows: torch.Tensor) -> torch.Tensor:
+    """(C, D + 2) point rows [x, |x|^2, 1] -> the same points as center rows [-2 x, 1, |x|^2]."""
+    return torch.cat([-2 * rows[:, :-2], rows[:, -1:], rows[:, -2:-1]], dim=1)
+
+
+def _squared_distances(rows: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
+    """(R, C) squared Euclidean distances, clamped at 0, between (R, D + 2) point ``rows`` and (C, D + 2)
+    ``centers`` rows (``_center_rows``): one matrix product, |x|^2 + |y|^2 - 2 x.y."""
+    return (rows @ centers.T).clamp_(min=0)
+
+
+def _lower_nearest(nearest: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor) -> None:
+    """Lower (M,) ``nearest`` squared distances in place to each of the (M, D + 2) point ``rows``'
+    distance to the points ``picked`` (indices), in blocks of ``UPDATE_BLOCK`` rows x ``CANDIDATES``
+    picks; the picked points' own entries become -1 (picked: never a candidate again)."""
+    for p in range(0, len(picked), CANDIDATES):
+        centers = _center_rows(rows[picked[p : p + CANDIDATES]])
+        for b in range(0, len(rows), UPDATE_BLOCK):
+            block = nearest[b : b + UPDATE_BLOCK]  # a view: written through
+            closest = _squared_distances(rows[b : b + UPDATE_BLOCK], centers).amin(dim=1)
+            torch.minimum(block, closest, out=block)
+    nearest.index_fill_(0, picked, -1.0)
+
+
+def _picks_among(distances: torch.Tensor, nearest: torch.Tensor, tau: float, most: int) -> list[int]:
+    """Greedy k-center inside one round's candidates (CPU tensors: the loop's steps are too small for a
+    GPU): up to ``most`` picks (indices into the candidates), each the candidate of largest ``nearest``
+    (C,), which then falls to its row of the (C, C) squared ``distances``, for as long as that largest is
+    at least ``tau`` (the largest of the points that are no candidates, which can only have fallen since)
+    and not negative (-1: picked in an earlier round)."""
+    nearest = nearest.clone()
+    picks = []
+    while len(picks) < most:
+        best = int(nearest.argmax())
+        if nearest[best].item() < max(tau, 0.0):
+            break
+        picks.append(best)
+        torch.minimum(nearest, distances[best], out=nearest)
+        nearest[best] = -float("inf")
+    return picks
+
+
+def greedy_k_center(
+    points: torch.Tensor, k: int, start: int = 0, candidates: int = CANDIDATES
+) -> torch.Tensor:
     """Greedy k-center selection: from ``start``, each next pick the point farthest (Euclidean) from every
-    point picked so far.
+    point picked so far; never a point twice (duplicates of picked points, at distance 0, come last).
+
+    The plain greedy's picks, in rounds instead of one pass over all the points per pick: each point's
+    squared distance to its nearest pick so far is kept; a round takes the ``candidates`` points farthest
+    from the picks and runs the greedy among them alone (their (C, C) distances) for as long as the
+    farthest candidate is at least as far as every other point was at the round's start -- so each pick
+    is the one the plain greedy would make -- then lowers every point's distance to the round's picks in
+    matrix products (|x|^2 + |y|^2 - 2 x.y, clamped at 0). In float32 while the largest squared distance
+    is at least ``PRECISION_MARGIN`` times float32's rounding of it, then (all distances recomputed) in
+    float64. Ties and rounding may pick another point of the same distance: the coverage radius is the
+    plain greedy's.
 
     Args:
         points: (M, D) float.
         k: picks, 1 to M.
         start: the first pick's index.
+        candidates: the points a round considers (``CANDIDATES``; small values only for the tests).
 
     Returns:
-        (k,) long indices into ``points``, in pick order, on its device. Time O(k M D); memory two (M, D)
-        tensors.
+        (k,) long indices into ``points``, distinct, in pick order, on its device. Time O(k M D) in matrix
+        products, in 2-3 k / ``candidates`` rounds (benchmarks/coreset.py); memory one (M, D + 2) float32
+        copy (float64 after the switch), one ``UPDATE_BLOCK`` x ``candidates`` block and the (C, C)
+        candidates' distances. A few host syncs a round, none a pick.
+
+    Raises:
+        ConfigError: k outside 1 to M or ``start`` outside [0, M).
     """
+    count = len(points)
+    if not 1 <= k <= count or not 0 <= start < count:
+        raise ConfigError(
+            f"greedy_k_center takes 1 to {count} picks from a start in [0, {count}): got k={k}, start={start}"
+        )
+    rows = _point_rows(points, torch.float32)
+    # below this, a squared distance's float32 rounding is over 1 / PRECISION_MARGIN of it
+    coarse = PRECISION_MARGIN * ROUNDING * torch.finfo(torch.float32).eps * float(rows[:, -2].max())
+    nearest = torch.full((count,), float("inf"), device=points.device)  # squared; -1 once picked
     picks = torch.empty(k, dtype=torch.long, device=points.device)
-    pick = torch.tensor([start], device=points.device)
-    nearest = torch.full((len(points),), float("inf"), device=points.device)
-    for i in range(k):
-        picks[i] = pick[0]
-        center = points.index_select(0, pick)  # no host sync: the loop runs ahead on a GPU
-        nearest = torch.minimum(nearest, torch.linalg.vector_norm(points - center, dim=1))
-        pick = nearest.argmax().view(1)
-    return picks
+    picks[0] = start
+    new, done = picks[:1], 1
+    while True:
+        _lower_nearest(nearest, rows, new)
+        if done == k:
+            return picks
+        top = nearest.topk(min(candidates + 1, count))
+        if rows.dtype == torch.float32 and float(top.values[0]) < coarse:
+            rows = _point_rows(points, torch.float64)
+            nearest = torch.full((count,), float("inf"), dtype=torch.float64, device=points.device)
+            _lower_nearest(nearest, rows, picks[:done])
+            top = nearest.topk(min(candidates + 1, count))
+        chosen = top.indices[:candidates]
+        tau = float(top.values[candidates]) if len(top.values) > candidates else -float("inf")
+        if rows.dtype == torch.float32:
+            tau = max(tau, coarse)  # the picks below it are the next round's, in float64
+        distances = _squared_distances(rows[chosen], _center_rows(rows[chosen]))
+        found = _picks_among(distances.cpu(), top.values[:candidates].cpu(), tau, k - done)
+        new = chosen[torch.tensor(found, device=points.device)]
+        picks[done : done + len(new)] = new
+        done += len(new)
 
 
 def coreset(features: torch.Tensor, fraction: float, seed: int = 0) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""The feature memory (``mae.apps.anomaly.features``): the greedy coreset and the blockwise
-nearest-neighbour search against brute-force numpy, the features against the encoder's blocks run by hand,
-the blocks' indices, and the smoothing against a Gaussian kernel."""
+"""The feature memory (``mae.apps.anomaly.features``): the greedy coreset (its rounds against the plain
+greedy's one pass per pick) and the blockwise nearest-neighbour search against brute-force numpy, the
+features against the encoder's blocks run by hand, the blocks' indices, and the smoothing against a
+Gaussian kernel."""
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from timm.models.vision_transformer import VisionTransformer
 from mae.apps.anomaly import layout
 from mae.apps.anomaly.evaluation import score_test_set
 from mae.apps.anomaly.features import (
+    CANDIDATES,
     PROJECTION_DIM,
     coreset,
     feature_blocks,
@@ -18,6 +20,7 @@ from mae.apps.anomaly.features import (
     patch_features,
     smooth_maps,
 )
+from mae.errors import ConfigError
 
 
 def numpy_greedy(points: np.ndarray, k: int, start: int) -> list[int]:
@@ -30,11 +33,66 @@ def numpy_greedy(points: np.ndarray, k: int, start: int) -> list[int]:
     return picks
 
 
-def test_greedy_k_center__same_picks_in_the_same_order_as_brute_force():
+def plain_greedy(points: np.ndarray, k: int, start: int) -> tuple[list[int], float]:
+    """Greedy k-center as one pass over all the points per pick (float64), and its coverage radius: the
+    largest distance of a point to its nearest pick."""
+    nearest = np.full(len(points), np.inf)
+    picks = [start]
+    while True:
+        nearest = np.minimum(nearest, np.linalg.norm(points - points[picks[-1]], axis=1))
+        if len(picks) == k:
+            return picks, float(nearest.max())
+        picks.append(int(nearest.argmax()))
+
+
+def radius(points: np.ndarray, picks: torch.Tensor) -> float:
+    """The largest distance of a row of ``points`` to its nearest row among ``picks`` (float64)."""
+    points = torch.tensor(points, dtype=torch.float64)
+    return float(torch.cdist(points, points[picks]).min(dim=1).values.max())
+
+
+def point_sets() -> dict[str, np.ndarray]:
+    """(600, 16) seeded points: Gaussian; 20 tight clusters far from their mean (the squared distances'
+    expansion cancels most there: the greedy goes on in float64); 120 distinct points 5 times each,
+    shuffled."""
+    rng = np.random.default_rng(0)
+    centres = 100 + 10 * rng.normal(size=(20, 16))
+    clustered = np.repeat(centres, 30, axis=0) + 0.01 * rng.normal(size=(600, 16))
+    duplicated = np.repeat(rng.normal(size=(120, 16)), 5, axis=0)[rng.permutation(600)]
+    return {"gaussian": rng.normal(size=(600, 16)), "clustered": clustered, "duplicated": duplicated}
+
+
+@pytest.mark.parametrize("candidates", [1, 2, 7, CANDIDATES])
+def test_greedy_k_center__same_picks_in_the_same_order_as_brute_force(candidates):
     points = np.random.default_rng(0).normal(size=(50, 5))
     for start in (0, 17, 49):
-        picks = greedy_k_center(torch.tensor(points, dtype=torch.float32), 12, start)
+        picks = greedy_k_center(torch.tensor(points, dtype=torch.float32), 12, start, candidates)
         assert picks.tolist() == numpy_greedy(points, 12, start)
+
+
+@pytest.mark.parametrize("name", ["gaussian", "clustered", "duplicated"])
+@pytest.mark.parametrize("candidates", [8, 64, CANDIDATES])
+def test_greedy_k_center__rounds_cover_as_the_plain_greedy(name, candidates):
+    """Rounds of picks among the farthest candidates, each round's distances updated in one matrix
+    product: the coverage radius of the plain greedy, and every pick a new point."""
+    points = point_sets()[name]
+    for k, start in ((20, 5), (120, 0), (250, 599)):  # 250: more than the duplicated set's distinct points
+        picks = greedy_k_center(torch.tensor(points, dtype=torch.float32), k, start, candidates)
+        _, expected = plain_greedy(points, k, start)
+        assert picks[0] == start and len(set(picks.tolist())) == k
+        assert radius(points, picks) == pytest.approx(expected, rel=1e-5, abs=1e-4)
+    assert expected == 0 if name == "duplicated" else expected > 0
+
+
+def test_greedy_k_center__one_pick_every_pick_and_refused_counts():
+    points = torch.tensor(point_sets()["duplicated"][:40], dtype=torch.float32)
+    assert greedy_k_center(points, 1, 7).tolist() == [7]
+    for candidates in (4, CANDIDATES):
+        every = greedy_k_center(points, 40, 7, candidates)
+        assert every[0] == 7 and sorted(every.tolist()) == list(range(40))
+    for k, start in ((0, 0), (41, 0), (5, 40), (5, -1)):
+        with pytest.raises(ConfigError, match=f"takes 1 to 40 picks .* got k={k}, start={start}"):
+            greedy_k_center(points, k, start)
 
 
 def test_coreset__greedy_on_a_seeded_random_projection():
@@ -45,11 +103,26 @@ def test_coreset__greedy_on_a_seeded_random_projection():
     projected = (features @ torch.randn(PROJECTION_DIM + 22, PROJECTION_DIM, generator=generator)).numpy()
     start = int(torch.randint(50, (1,), generator=generator))
     assert picked.tolist() == sorted(numpy_greedy(projected.astype(np.float64), 10, start))
-    assert picked.tolist() != coreset(features, 0.2, seed=4).tolist()  # the seed matters
+    assert picked.tolist() == coreset(features, 0.2, seed=3).tolist()  # the seed decides
+    assert picked.tolist() != coreset(features, 0.2, seed=4).tolist()
     assert coreset(features, 1.0).tolist() == list(range(50))
     assert len(coreset(features, 0.001)) == 1  # at least one vector
     with pytest.raises(ValueError, match=r"--coreset-fraction must be in \(0, 1\], got 0"):
         coreset(features, 0)
+
+
+def test_coreset__several_rounds_cover_as_the_plain_greedy_on_the_projection():
+    """1,200 picks of 3,000 projected vectors: rounds of ``CANDIDATES``, the plain greedy's radius."""
+    features = torch.randn(3000, PROJECTION_DIM + 64, generator=torch.Generator().manual_seed(2))
+    picked = coreset(features, 0.4, seed=5)
+    generator = torch.Generator().manual_seed(5)
+    projected = features @ torch.randn(PROJECTION_DIM + 64, PROJECTION_DIM, generator=generator)
+    start = int(torch.randint(3000, (1,), generator=generator))
+    picks, expected = plain_greedy(projected.double().numpy(), 1200, start)
+    assert len(picked) == 1200 > CANDIDATES and start in picked
+    assert picked.tolist() == sorted(set(picked.tolist()))
+    assert radius(projected.double().numpy(), picked) == pytest.approx(expected, rel=1e-5)
+    assert len(set(picked.tolist()) & set(picks)) > 0.99 * 1200  # the same picks, but for ties and rounding
 
 
 @pytest.mark.parametrize(("query_block", "bank_block"), [(5, 7), (37, 53), (1, 100), (64, 4)])
