@@ -187,10 +187,10 @@ def table(results: dict) -> str:
     """The results as markdown: the curve, then the choice of ``CANDIDATES``."""
     meta = results["meta"]
     lines = [
-        "| data | M | k | projection s | selection s | selection CPU s | plain greedy s | speed-up | "
-        "radius (projection) | ratio to plain | radius (original D) | ratio to plain | random subset's | "
-        "load before / after |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| vectors (data, M) | k | projection s | selection s | selection CPU s | plain greedy s | "
+        "speed-up | radius (projection) | ratio to plain (projection) | radius (original D) | "
+        "ratio to plain (original D) | random subset's | load before / after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(row, key, digits=3):
@@ -206,7 +206,7 @@ def table(results: dict) -> str:
             else "-"
         )
         lines.append(
-            f"| {row['data']}{' (rerun)' if row.get('rerun') else ''} | {row['M']:,} | {row['k']:,} | "
+            f"| {row['data']}, {row['M']:,}{', rerun' if row.get('rerun') else ''} | {row['k']:,} | "
             f"{row['projection_s']:.2f} | {row['selection_s']:.2f} | {row['selection_cpu_s']:.1f} | "
             f"{plain} | {speedup} | {row['radius']:.3f} | {cell(row, 'radius_ratio', 4)} | "
             f"{cell(row, 'radius_original')} | {ratio_original} | {cell(row, 'random_radius_original')} | "
@@ -229,11 +229,12 @@ def table(results: dict) -> str:
     if sweep:
         lines += [
             "",
-            "| data | M | k | candidates | selection s | selection CPU s | radius | load before / after |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| candidates a round (data, M) | k | selection s | selection CPU s | radius | "
+            "load before / after |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         lines += [
-            f"| {r['data']} | {r['M']:,} | {r['k']:,} | {r['candidates']} | {r['selection_s']:.2f} | "
+            f"| {r['candidates']}, {r['data']}, {r['M']:,} | {r['k']:,} | {r['selection_s']:.2f} | "
             f"{r['selection_cpu_s']:.1f} | {r['radius']:.3f} | {r['load_before']} / {r['load_after']} |"
             for r in sweep
         ]
@@ -251,7 +252,8 @@ def size(text: str) -> int:
     return int(value)
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options (what ``parse`` reads, before its own checks)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--sizes", type=size, nargs="+", default=[10**4, 3 * 10**4, 10**5, 2 * 10**5, 5 * 10**5, 10**6]
@@ -270,6 +272,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/coreset"))
     p.add_argument("--resume", action="store_true", help="keep the --out results' cases, measure the rest")
     p.add_argument("--quick", action="store_true", help="small sizes: the script end to end in seconds")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if not 0 < args.fraction < 1:
         p.error(f"--fraction must be strictly between 0 and 1, got {args.fraction}")

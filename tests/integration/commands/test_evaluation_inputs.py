@@ -60,7 +60,7 @@ def test_knn_command__k_above_the_memory_bank_is_lowered_with_a_note_and_extract
     # not a terminal: a line every 30 s and one at the end
     assert "kNN: features of the training split: 12/12 images (100%)" in result.stderr
     assert "kNN: features of the validation split: 6/6 images (100%)" in result.stderr
-    assert "on 6 validation images: top-1" in result.stdout
+    assert "on 6 validation images, block 1 of 1: top-1" in result.stdout
 
 
 def _pretraining_config(tmp_path, **sections) -> dict:
