@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import anomaly
+from feature_blocks import data_flags
 from harness import claim_out, machine
 
 from mae.cli.main import invoke
@@ -68,17 +69,7 @@ def train(run: Path, photos: Path, epochs: int) -> None:
 
 def measure(checkpoint: Path, photos: Path) -> dict:
     """kNN, linear-probe and attentive-probe top-1 (%) of ``checkpoint``'s last block on the photos."""
-    data = [
-        "--data.class_path",
-        "mae.data.ImageFolderDataModule",
-        "--data.init_args.root",
-        str(photos),
-        "--data.init_args.img_size",
-        "32",
-        "--data.init_args.num_workers",
-        "0",
-    ]
-    common = ["--checkpoint", str(checkpoint), *data]
+    common = ["--checkpoint", str(checkpoint), *data_flags("photos", photos)]
     cpu = time.process_time()
     knn1, _ = invoke("knn", common)
     probe = invoke("probe", common).val_acc1
