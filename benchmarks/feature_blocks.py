@@ -23,14 +23,13 @@ it is refused when it holds files this script did not write.
 """
 
 import argparse
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
 import anomaly
-from harness import claim_out, machine
+from harness import claim_out, machine, write_results
 
 from mae.cli.main import invoke
 from mae.convert.backbone import load_backbone
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     text = "\n\n".join(sections) + "\n"
     atomic_write(args.out / "results.md", lambda tmp: tmp.write_text(text))
-    atomic_write(args.out / RECORD, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
+    write_results(args.out / RECORD, record)
     print("\n\n".join(sections))
     return record
 

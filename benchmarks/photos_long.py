@@ -26,7 +26,7 @@ from pathlib import Path
 
 import anomaly
 from feature_blocks import data_flags
-from harness import claim_out, machine
+from harness import claim_out, machine, write_results
 
 from mae.cli.main import invoke
 from mae.io.atomic import atomic_write
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     plot(curves, args.out / "curves.png.tmp.png")
     atomic_write(args.out / "curves.png", lambda tmp: (args.out / "curves.png.tmp.png").replace(tmp))
     atomic_write(args.out / "results.md", lambda tmp: tmp.write_text(text))
-    atomic_write(args.out / RECORD, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
+    write_results(args.out / RECORD, record)
     print(text)
     return record
 

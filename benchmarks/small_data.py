@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import claim_out, claim_work, machine
+from harness import claim_out, claim_work, machine, write_results
 
 from mae.cli.main import invoke
 from mae.io.atomic import atomic_write
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "results.md", lambda tmp: tmp.write_text(text))
-    atomic_write(args.out / RECORD, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
+    write_results(args.out / RECORD, record)
     print(text)
     return record
 
